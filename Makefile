@@ -1,0 +1,50 @@
+# Boomerang — every target installs what it needs through `setup`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard proto/boomerang/v1/*.proto)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup proto lint test test-fast demo bench up migrate clean
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Boomerang needs Python 3.11 or newer; found " + sys.version.split()[0])'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+setup: $(STAMP) ## Create .venv and install Boomerang with pinned dependencies (idempotent)
+
+proto: setup ## Regenerate the Python stubs in libs/boomerang/v1 from proto/
+	$(BIN)/python -m boomerang.protogen libs
+
+lint: setup ## Lint the protos (buf, STANDARD rules) and check the stubs match proto/
+	$(BIN)/buf lint
+	$(BIN)/python -m boomerang.protogen --check libs
+
+test: setup ## Run every test: unit, integration (real Postgres), end-to-end (processes)
+	$(BIN)/python -m pytest -q
+
+test-fast: setup ## Run unit tests only
+	$(BIN)/python -m pytest -q tests/unit
+
+demo: setup ## The main job: replay AWS's multi-turn experiment on simulated engines
+	$(BIN)/boomerang demo
+
+bench: setup ## Measure plan latency, registration rate, expiry lag, gateway overhead
+	$(BIN)/boomerang bench
+
+up: setup ## Run every service locally (embedded Postgres when none is configured)
+	$(BIN)/boomerang up --sim 1x1
+
+migrate: setup ## Apply database migrations to BOOMERANG_DATABASE_URL
+	$(BIN)/boomerang migrate
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,35 @@
+"""Flags shared by service subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any, Awaitable
+
+
+def add_common_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags every service takes; each overrides its `BOOMERANG_*` variable."""
+    parser.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL)")
+    parser.add_argument("--db-pool-size", type=int, help="connections per process (BOOMERANG_DB_POOL_SIZE)")
+    parser.add_argument("--grace-seconds", type=float, help="drain time on SIGTERM (BOOMERANG_GRACE_SECONDS)")
+    parser.add_argument("--log-level", help="logging level (BOOMERANG_LOG_LEVEL)")
+
+
+def common_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The common flags given on the command line."""
+    return {
+        "database_url": args.database_url,
+        "db_pool_size": args.db_pool_size,
+        "grace_seconds": args.grace_seconds,
+        "log_level": args.log_level,
+    }
+
+
+def run_async(coro: Awaitable[Any]) -> Any:
+    """Run a service's main coroutine on uvloop."""
+    import uvloop
+
+    return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+__all__ = ["add_common_flags", "common_overrides", "run_async", "asyncio"]

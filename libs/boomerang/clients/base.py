@@ -1,0 +1,53 @@
+"""What every typed Boomerang client shares: channels, deadlines, the one client error."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, TypeVar
+
+import grpc
+
+from boomerang.errors import BoomerangError
+from boomerang.grpcutil.retry import retry_service_config
+from boomerang.grpcutil.server import grpc_channel_options
+from boomerang.grpcutil.status import from_rpc_error
+from boomerang.telemetry import grpc_client_interceptors
+
+
+class BoomerangClientError(Exception):
+    """A failed call: the gRPC code, the stable reason, the message and any bad fields."""
+
+    def __init__(self, method: str, error: BoomerangError):
+        super().__init__(f"{method}: {error}")
+        self.method = method
+        self.error = error
+
+    @property
+    def code(self) -> str:
+        """The canonical code name, e.g. `FAILED_PRECONDITION`."""
+        return self.error.code.value
+
+    @property
+    def reason(self) -> str:
+        """The stable machine-readable reason, e.g. `STALE_GENERATION`."""
+        return self.error.reason
+
+
+def aio_channel(target: str, services: list[str], max_message_bytes: int = 16 * 1024 * 1024) -> grpc.aio.Channel:
+    """An insecure asyncio channel that retries UNAVAILABLE for the given services."""
+    options: list[tuple[str, Any]] = [
+        *grpc_channel_options(max_message_bytes),
+        ("grpc.service_config", retry_service_config(services)),
+        ("grpc.enable_retries", 1),
+    ]
+    return grpc.aio.insecure_channel(target, options=options, interceptors=grpc_client_interceptors())
+
+
+T = TypeVar("T")
+
+
+async def call(method: str, fn: Callable[..., Awaitable[T]], request: Any, timeout: float | None) -> T:
+    """Invoke a stub method with a deadline, turning failures into BoomerangClientError."""
+    try:
+        return await fn(request, timeout=timeout)
+    except grpc.aio.AioRpcError as err:
+        raise BoomerangClientError(method, from_rpc_error(err)) from None

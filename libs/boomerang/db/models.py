@@ -1,0 +1,105 @@
+"""The database schema as SQLAlchemy Core tables (the migrations create it; tests compare).
+
+`leases` holds one row per retained turn, never one per block; `lease_events` is the
+append-only audit trail, partitioned by day so retention drops partitions, never rows.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+LIVE_STATES = ("RETAINED", "CLAIMED")
+
+engines = Table(
+    "engines",
+    metadata,
+    Column("engine_id", Text, primary_key=True),
+    Column("role", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("side_channel_host", Text, nullable=False, server_default=""),
+    Column("side_channel_port", Integer, nullable=False, server_default="0"),
+    Column("http_base_url", Text, nullable=False, server_default=""),
+    Column("generation", BigInteger, nullable=False),
+    Column("kv_blocks_ttl_seconds", Integer, nullable=False),
+    Column("block_size", Integer, nullable=False),
+    Column("tp_size", Integer, nullable=False, server_default="1"),
+    Column("dcp_size", Integer, nullable=False, server_default="1"),
+    Column("pp_size", Integer, nullable=False, server_default="1"),
+    Column("bytes_per_block", BigInteger, nullable=False, server_default="0"),
+    Column("kv_recompute_threshold", Integer, nullable=False, server_default="64"),
+    Column("status", Text, nullable=False),
+    Column("registered_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("in_flight_requests", Integer, nullable=False, server_default="0"),
+    Column("queued_prompt_tokens", BigInteger, nullable=False, server_default="0"),
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("lease_id", UUID(as_uuid=False), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("conversation_id", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("engine_id", Text, nullable=False),
+    Column("engine_generation", BigInteger, nullable=False),
+    Column("remote_request_id", Text, nullable=False),
+    Column("block_ids", JSONB, nullable=False),
+    Column("num_blocks", Integer, nullable=False),
+    Column("num_tokens", BigInteger, nullable=False),
+    Column("block_size", Integer, nullable=False),
+    Column("chain", LargeBinary, nullable=False),
+    Column("tail_hash", LargeBinary, nullable=False),
+    Column("remote_host", Text, nullable=False),
+    Column("remote_port", Integer, nullable=False),
+    Column("tp_size", Integer, nullable=False),
+    Column("dcp_size", Integer, nullable=False),
+    Column("pp_size", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("version", BigInteger, nullable=False, server_default="1"),
+    Column("claim_id", Text),
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    UniqueConstraint("engine_id", "engine_generation", "remote_request_id"),
+)
+
+lease_events = Table(
+    "lease_events",
+    metadata,
+    Column("event_id", BigInteger, primary_key=True),
+    Column("created_at", DateTime(timezone=True), primary_key=True, server_default=text("now()")),
+    Column("lease_id", UUID(as_uuid=False), nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("conversation_id", Text, nullable=False),
+    Column("from_state", Text),
+    Column("to_state", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("request_id", Text, nullable=False, server_default=""),
+    Column("claim_id", Text, nullable=False, server_default=""),
+    Column("details", JSONB),
+    postgresql_partition_by="RANGE (created_at)",
+)

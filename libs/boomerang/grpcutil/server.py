@@ -1,0 +1,92 @@
+"""Running an asyncio gRPC service: health, reflection, telemetry, graceful drain.
+
+On SIGTERM or SIGINT every registered service reports NOT_SERVING at once (so load
+balancers stop sending), in-flight calls get `grace_seconds` to finish, then the server
+stops. Once listening the process prints one line, `BOOMERANG_READY <name> <host:port>`,
+that scripts and tests wait for (a port of 0 binds a free port, printed here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServiceSpec:
+    """One gRPC service to host: its full name and how to add its servicer."""
+
+    full_name: str
+    add: Callable[[Any, grpc.aio.Server], None]
+    servicer: Any
+
+
+@dataclass
+class ServerOptions:
+    """How to run the server."""
+
+    name: str
+    listen: str
+    grace_seconds: float = 10.0
+    max_message_bytes: int = 16 * 1024 * 1024
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default_factory=tuple)
+
+
+def grpc_channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Channel options shared by servers and clients."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+async def serve(
+    options: ServerOptions,
+    services: Sequence[ServiceSpec],
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and return."""
+    server = grpc.aio.server(
+        interceptors=list(options.interceptors),
+        options=grpc_channel_options(options.max_message_bytes),
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for spec in services:
+        spec.add(spec.servicer, server)
+    names = [spec.full_name for spec in services]
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(options.listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {options.listen}: address in use or not local")
+    host = options.listen.rpartition(":")[0]
+    await server.start()
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"BOOMERANG_READY {options.name} {host}:{port}", flush=True)
+    log.info("%s listening on %s:%d", options.name, host, port)
+    try:
+        await stop.wait()
+    finally:
+        log.info("%s draining (grace %.1fs)", options.name, options.grace_seconds)
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(options.grace_seconds)
+        if on_stop is not None:
+            await on_stop()
+        log.info("%s stopped", options.name)

@@ -1,0 +1,138 @@
+"""The one place where domain errors become gRPC statuses, and back again on the client.
+
+Servicer methods are wrapped with `@rpc`: a `BoomerangError` is sent as its canonical code
+with `google.rpc.ErrorInfo` (domain `boomerang.dev`, a stable reason) and, for bad input,
+`google.rpc.BadRequest` field violations; a lost database becomes UNAVAILABLE; anything
+else is logged and sent as INTERNAL without internals.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Awaitable, Callable, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from boomerang.errors import BoomerangError, Code, FieldViolation
+
+log = logging.getLogger(__name__)
+ERROR_DOMAIN = "boomerang.dev"
+
+_GRPC_CODES = {
+    Code.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    Code.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    Code.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Code.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Code.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Code.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+_FROM_GRPC = {v: k for k, v in _GRPC_CODES.items()}
+
+
+def to_status(err: BoomerangError) -> grpc.Status:
+    """A rich gRPC status for a domain error."""
+    code = _GRPC_CODES[err.code]
+    details = []
+    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=ERROR_DOMAIN, metadata=err.metadata)
+    details.append(info)
+    if err.violations:
+        details.append(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                    for v in err.violations
+                ]
+            )
+        )
+    packed = []
+    for detail in details:
+        any_msg = any_pb2.Any()
+        any_msg.Pack(detail)
+        packed.append(any_msg)
+    proto = status_pb2.Status(code=getattr(code_pb2, code.name), message=err.message, details=packed)
+    return rpc_status.to_status(proto)
+
+
+def _is_database_outage(exc: BaseException) -> bool:
+    """True for errors that mean Postgres is unreachable, not that the request is wrong."""
+    import asyncpg
+    import sqlalchemy.exc
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(
+            seen,
+            (
+                OSError,
+                ConnectionError,
+                TimeoutError,
+                asyncpg.exceptions.CannotConnectNowError,
+                asyncpg.exceptions.ConnectionDoesNotExistError,
+                asyncpg.exceptions.InterfaceError,
+                asyncpg.exceptions.AdminShutdownError,
+                sqlalchemy.exc.DisconnectionError,
+                sqlalchemy.exc.TimeoutError,
+            ),
+        ):
+            return True
+        if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.connection_invalidated:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def error_for_exception(exc: BaseException) -> BoomerangError:
+    """The domain error to report for any exception raised while serving."""
+    if isinstance(exc, BoomerangError):
+        return exc
+    if _is_database_outage(exc):
+        return BoomerangError(Code.UNAVAILABLE, "DATABASE_UNAVAILABLE", "the database is unreachable; retry later")
+    log.exception("unexpected error while serving a call")
+    return BoomerangError(Code.INTERNAL, "INTERNAL", "internal error; see the service log")
+
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]) -> Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
+    """Wrap a servicer method so every failure leaves as a proper status."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this is the translation boundary
+            await context.abort_with_status(to_status(error_for_exception(exc)))
+            raise AssertionError("unreachable: abort_with_status raises")  # pragma: no cover
+
+    return wrapper
+
+
+def from_rpc_error(err: grpc.RpcError) -> BoomerangError:
+    """The domain error a client received (code, reason and field violations)."""
+    code = _FROM_GRPC.get(err.code(), Code.INTERNAL) if hasattr(err, "code") else Code.INTERNAL
+    reason, violations = code.value, []
+    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
+    if status is not None:
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                violations = [FieldViolation(v.field, v.description) for v in bad.field_violations]
+    message = err.details() if hasattr(err, "details") else str(err)
+    return BoomerangError(code, reason, message or "", violations)

@@ -1,0 +1,130 @@
+"""Token chains: how Boomerang proves a new prompt extends what a decode node holds.
+
+A sequence of token ids is cut into blocks of `block_size` tokens. Whole block `i` gets
+
+    h[i] = xxh3_128( h[i-1] ‖ le_u32(token) for each token of block i ),   h[-1] = SEED
+
+so `h[i]` commits to every token of blocks 0..i. A trailing partial block of `r` tokens
+(0 < r < block_size) gets
+
+    tail = xxh3_128( h[last] ‖ b"tail" ‖ le_u32(r) ‖ le_u32(token) for each of its tokens )
+
+Two sequences share exactly `k` leading whole blocks iff their first `k` hashes are equal,
+and because each hash covers its whole prefix, equality is monotone: a binary search over
+block positions finds the longest common prefix in O(log n) hash comparisons. The verified
+prefix is that many whole blocks, plus the partial tail when both sequences are the same
+length and their tails match (the sequences are then identical). It never exceeds the true
+common token prefix.
+
+The hash is xxh3-128 (xxhash ≥ 0.8), 16 bytes per block, not a cryptographic hash: chains
+compare sequences of one tenant's own conversation, never secrets. The same function runs
+in Postgres (`boomerang_common_tokens`, migration 0001) so a claim is one SQL statement.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+import xxhash
+
+HASH_BYTES = 16
+SEED = b"boomerang.tokenchain.v1\x00\x00\x00\x00\x00\x00\x00\x00\x00"[:HASH_BYTES]
+MAX_TOKEN_ID = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChain:
+    """The chained block hashes of one token sequence."""
+
+    block_size: int
+    num_tokens: int
+    block_hashes: bytes  # whole blocks, HASH_BYTES each, concatenated
+    tail_hash: bytes  # empty when num_tokens % block_size == 0
+
+    @property
+    def num_blocks(self) -> int:
+        """Whole blocks in the chain."""
+        return len(self.block_hashes) // HASH_BYTES
+
+    def block_hash(self, index: int) -> bytes:
+        """The chained hash of whole block `index`."""
+        start = index * HASH_BYTES
+        return self.block_hashes[start : start + HASH_BYTES]
+
+    def validate(self) -> None:
+        """Raise ValueError when the fields contradict each other."""
+        if not 1 <= self.block_size <= 1024:
+            raise ValueError(f"block_size must be 1 to 1024, got {self.block_size}")
+        if self.num_tokens < 0:
+            raise ValueError(f"num_tokens must be non-negative, got {self.num_tokens}")
+        if len(self.block_hashes) % HASH_BYTES:
+            raise ValueError(f"block_hashes must be a multiple of {HASH_BYTES} bytes")
+        expected = self.num_tokens // self.block_size
+        if self.num_blocks != expected:
+            raise ValueError(
+                f"block_hashes holds {self.num_blocks} blocks but num_tokens={self.num_tokens}"
+                f" with block_size={self.block_size} needs {expected}"
+            )
+        has_tail = self.num_tokens % self.block_size != 0
+        if has_tail and len(self.tail_hash) != HASH_BYTES:
+            raise ValueError(f"tail_hash must be {HASH_BYTES} bytes for a partial last block")
+        if not has_tail and self.tail_hash:
+            raise ValueError("tail_hash must be empty when num_tokens is a multiple of block_size")
+
+
+def _pack(tokens: Sequence[int]) -> bytes:
+    try:
+        return struct.pack(f"<{len(tokens)}I", *tokens)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be integers 0 to {MAX_TOKEN_ID}") from exc
+
+
+def build_chain(token_ids: Sequence[int], block_size: int) -> TokenChain:
+    """Hash `token_ids` into a chain of `block_size`-token blocks."""
+    if not 1 <= block_size <= 1024:
+        raise ValueError(f"block_size must be 1 to 1024, got {block_size}")
+    packed = _pack(token_ids)
+    stride = block_size * 4
+    whole = len(token_ids) // block_size
+    prev = SEED
+    out = bytearray()
+    for i in range(whole):
+        prev = xxhash.xxh3_128_digest(prev + packed[i * stride : (i + 1) * stride])
+        out += prev
+    tail = b""
+    rest = len(token_ids) - whole * block_size
+    if rest:
+        tail = xxhash.xxh3_128_digest(
+            prev + b"tail" + struct.pack("<I", rest) + packed[whole * stride :]
+        )
+    return TokenChain(block_size, len(token_ids), bytes(out), tail)
+
+
+def common_blocks(a: TokenChain, b: TokenChain) -> int:
+    """Leading whole blocks two chains share (binary search; chains must share block size)."""
+    if a.block_size != b.block_size:
+        raise ValueError("chains with different block sizes cannot be compared")
+    lo, hi = 0, min(a.num_blocks, b.num_blocks)
+    # Invariant: the first `lo` blocks match; none past `hi` can.
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a.block_hash(mid - 1) == b.block_hash(mid - 1):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def common_tokens(a: TokenChain, b: TokenChain) -> int:
+    """Tokens of the verified common prefix: whole shared blocks, or all when identical."""
+    blocks = common_blocks(a, b)
+    if (
+        a.num_tokens == b.num_tokens
+        and blocks == a.num_blocks
+        and a.tail_hash
+        and a.tail_hash == b.tail_hash
+    ):
+        return a.num_tokens
+    return blocks * a.block_size

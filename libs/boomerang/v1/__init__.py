@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs for boomerang.v1 (run `make proto`)."""

@@ -1,0 +1,240 @@
+from boomerang.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClaimOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLAIM_OUTCOME_UNSPECIFIED: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_CLAIMED: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_NO_LEASE: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_EXPIRING: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_PREFIX_MISMATCH: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_BELOW_THRESHOLD: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_ENGINE_INVALID: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_ALREADY_CLAIMED: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: _ClassVar[ClaimOutcome]
+CLAIM_OUTCOME_UNSPECIFIED: ClaimOutcome
+CLAIM_OUTCOME_CLAIMED: ClaimOutcome
+CLAIM_OUTCOME_NO_LEASE: ClaimOutcome
+CLAIM_OUTCOME_EXPIRING: ClaimOutcome
+CLAIM_OUTCOME_PREFIX_MISMATCH: ClaimOutcome
+CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimOutcome
+CLAIM_OUTCOME_ENGINE_INVALID: ClaimOutcome
+CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome
+CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome
+
+class RegisterEngineRequest(_message.Message):
+    __slots__ = ("engine", "request_id")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    engine: _types_pb2.Engine
+    request_id: str
+    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class RegisterEngineResponse(_message.Message):
+    __slots__ = ("engine", "invalidated_leases")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    INVALIDATED_LEASES_FIELD_NUMBER: _ClassVar[int]
+    engine: _types_pb2.Engine
+    invalidated_leases: int
+    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., invalidated_leases: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("engine_id", "registration_generation", "in_flight_requests", "queued_prompt_tokens")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    registration_generation: int
+    in_flight_requests: int
+    queued_prompt_tokens: int
+    def __init__(self, engine_id: _Optional[str] = ..., registration_generation: _Optional[int] = ..., in_flight_requests: _Optional[int] = ..., queued_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("engine",)
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    engine: _types_pb2.Engine
+    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ...) -> None: ...
+
+class RegisterRetainedBlocksRequest(_message.Message):
+    __slots__ = ("tenant", "conversation_id", "engine_id", "engine_generation", "remote_request_id", "block_groups", "num_tokens", "token_chain", "finish_time_unix", "remote_host", "remote_port", "model", "request_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_HOST_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_PORT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    conversation_id: str
+    engine_id: str
+    engine_generation: int
+    remote_request_id: str
+    block_groups: _containers.RepeatedCompositeFieldContainer[_types_pb2.BlockIdGroup]
+    num_tokens: int
+    token_chain: _types_pb2.TokenChain
+    finish_time_unix: float
+    remote_host: str
+    remote_port: int
+    model: str
+    request_id: str
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., engine_id: _Optional[str] = ..., engine_generation: _Optional[int] = ..., remote_request_id: _Optional[str] = ..., block_groups: _Optional[_Iterable[_Union[_types_pb2.BlockIdGroup, _Mapping]]] = ..., num_tokens: _Optional[int] = ..., token_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class RegisterRetainedBlocksResponse(_message.Message):
+    __slots__ = ("lease", "created", "superseded_leases")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_LEASES_FIELD_NUMBER: _ClassVar[int]
+    lease: _types_pb2.Lease
+    created: bool
+    superseded_leases: int
+    def __init__(self, lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ..., created: _Optional[bool] = ..., superseded_leases: _Optional[int] = ...) -> None: ...
+
+class ClaimReuseRequest(_message.Message):
+    __slots__ = ("tenant", "conversation_id", "prompt_chain", "min_reusable_tokens", "min_remaining_seconds", "claim_id", "model")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    MIN_REUSABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MIN_REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    conversation_id: str
+    prompt_chain: _types_pb2.TokenChain
+    min_reusable_tokens: int
+    min_remaining_seconds: float
+    claim_id: str
+    model: str
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., min_reusable_tokens: _Optional[int] = ..., min_remaining_seconds: _Optional[float] = ..., claim_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class ClaimReuseResponse(_message.Message):
+    __slots__ = ("outcome", "lease", "reusable_tokens", "remaining_seconds")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    REUSABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    outcome: ClaimOutcome
+    lease: _types_pb2.Lease
+    reusable_tokens: int
+    remaining_seconds: float
+    def __init__(self, outcome: _Optional[_Union[ClaimOutcome, str]] = ..., lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ..., reusable_tokens: _Optional[int] = ..., remaining_seconds: _Optional[float] = ...) -> None: ...
+
+class ReleaseClaimRequest(_message.Message):
+    __slots__ = ("tenant", "lease_id", "claim_id", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    lease_id: str
+    claim_id: str
+    reason: str
+    def __init__(self, tenant: _Optional[str] = ..., lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReleaseClaimResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: _types_pb2.Lease
+    def __init__(self, lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ...) -> None: ...
+
+class MarkConsumedRequest(_message.Message):
+    __slots__ = ("tenant", "lease_id", "claim_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    lease_id: str
+    claim_id: str
+    def __init__(self, tenant: _Optional[str] = ..., lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ...) -> None: ...
+
+class MarkConsumedResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: _types_pb2.Lease
+    def __init__(self, lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ...) -> None: ...
+
+class InvalidateEngineRequest(_message.Message):
+    __slots__ = ("engine_id", "below_generation", "reason", "request_id")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    BELOW_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    below_generation: int
+    reason: str
+    request_id: str
+    def __init__(self, engine_id: _Optional[str] = ..., below_generation: _Optional[int] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class InvalidateEngineResponse(_message.Message):
+    __slots__ = ("invalidated_leases",)
+    INVALIDATED_LEASES_FIELD_NUMBER: _ClassVar[int]
+    invalidated_leases: int
+    def __init__(self, invalidated_leases: _Optional[int] = ...) -> None: ...
+
+class GetConversationRequest(_message.Message):
+    __slots__ = ("tenant", "conversation_id", "include_events")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    conversation_id: str
+    include_events: bool
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., include_events: _Optional[bool] = ...) -> None: ...
+
+class GetConversationResponse(_message.Message):
+    __slots__ = ("leases", "events")
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[_types_pb2.Lease]
+    events: _containers.RepeatedCompositeFieldContainer[_types_pb2.LeaseEvent]
+    def __init__(self, leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.LeaseEvent, _Mapping]]] = ...) -> None: ...
+
+class ListLeasesRequest(_message.Message):
+    __slots__ = ("tenant", "engine_id", "states", "page_size", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    engine_id: str
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.LeaseState]
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., engine_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.LeaseState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListLeasesResponse(_message.Message):
+    __slots__ = ("leases", "next_page_token")
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[_types_pb2.Lease]
+    next_page_token: str
+    def __init__(self, leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListEnginesRequest(_message.Message):
+    __slots__ = ("model", "role")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    role: _types_pb2.EngineRole
+    def __init__(self, model: _Optional[str] = ..., role: _Optional[_Union[_types_pb2.EngineRole, str]] = ...) -> None: ...
+
+class ListEnginesResponse(_message.Message):
+    __slots__ = ("engines",)
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    engines: _containers.RepeatedCompositeFieldContainer[_types_pb2.Engine]
+    def __init__(self, engines: _Optional[_Iterable[_Union[_types_pb2.Engine, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,100 @@
+"""Rows from the repository to protobuf messages."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Mapping
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from boomerang.v1 import types_pb2 as tpb
+
+_ROLE = {"PREFILL": tpb.ENGINE_ROLE_PREFILL, "DECODE": tpb.ENGINE_ROLE_DECODE}
+_STATUS = {"ACTIVE": tpb.ENGINE_STATUS_ACTIVE, "DEAD": tpb.ENGINE_STATUS_DEAD}
+LEASE_STATE = {
+    "RETAINED": tpb.LEASE_STATE_RETAINED,
+    "CLAIMED": tpb.LEASE_STATE_CLAIMED,
+    "CONSUMED": tpb.LEASE_STATE_CONSUMED,
+    "EXPIRED": tpb.LEASE_STATE_EXPIRED,
+    "SUPERSEDED": tpb.LEASE_STATE_SUPERSEDED,
+    "INVALIDATED": tpb.LEASE_STATE_INVALIDATED,
+}
+LEASE_STATE_NAME = {v: k for k, v in LEASE_STATE.items()}
+
+
+def ts(value: datetime | None) -> Timestamp | None:
+    """A protobuf Timestamp for an aware datetime."""
+    if value is None:
+        return None
+    out = Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
+def engine(row: Mapping[str, Any]) -> tpb.Engine:
+    """An Engine message from an engines row."""
+    return tpb.Engine(
+        engine_id=row["engine_id"],
+        role=_ROLE[row["role"]],
+        model=row["model"],
+        side_channel_host=row["side_channel_host"],
+        side_channel_port=row["side_channel_port"],
+        http_base_url=row["http_base_url"],
+        registration_generation=row["generation"],
+        kv_blocks_ttl_seconds=row["kv_blocks_ttl_seconds"],
+        block_size=row["block_size"],
+        tp_size=row["tp_size"],
+        dcp_size=row["dcp_size"],
+        pp_size=row["pp_size"],
+        bytes_per_block=row["bytes_per_block"],
+        kv_recompute_threshold=row["kv_recompute_threshold"],
+        status=_STATUS[row["status"]],
+        register_time=ts(row["registered_at"]),
+        heartbeat_time=ts(row["heartbeat_at"]),
+        in_flight_requests=row["in_flight_requests"],
+        queued_prompt_tokens=row["queued_prompt_tokens"],
+        retained_blocks=int(row["retained_blocks"]),
+    )
+
+
+def lease(row: Mapping[str, Any]) -> tpb.Lease:
+    """A Lease message from a leases row."""
+    return tpb.Lease(
+        lease_id=row["lease_id"],
+        tenant=row["tenant"],
+        conversation_id=row["conversation_id"],
+        engine_id=row["engine_id"],
+        engine_generation=row["engine_generation"],
+        remote_request_id=row["remote_request_id"],
+        block_groups=[tpb.BlockIdGroup(block_ids=g) for g in row["block_ids"]],
+        num_tokens=row["num_tokens"],
+        block_size=row["block_size"],
+        state=LEASE_STATE[row["state"]],
+        version=row["version"],
+        claim_id=row["claim_id"] or "",
+        finish_time=ts(row["finished_at"]),
+        create_time=ts(row["created_at"]),
+        expire_time=ts(row["expires_at"]),
+        update_time=ts(row["updated_at"]),
+        remote_host=row["remote_host"],
+        remote_port=row["remote_port"],
+        tp_size=row["tp_size"],
+        dcp_size=row["dcp_size"],
+        pp_size=row["pp_size"],
+        model=row["model"],
+    )
+
+
+def event(row: Mapping[str, Any]) -> tpb.LeaseEvent:
+    """A LeaseEvent message from a lease_events row."""
+    return tpb.LeaseEvent(
+        event_id=row["event_id"],
+        lease_id=row["lease_id"],
+        from_state=LEASE_STATE.get(row["from_state"] or "", tpb.LEASE_STATE_UNSPECIFIED),
+        to_state=LEASE_STATE[row["to_state"]],
+        reason=row["reason"],
+        actor=row["actor"],
+        request_id=row["request_id"],
+        event_time=ts(row["created_at"]),
+        claim_id=row["claim_id"],
+    )

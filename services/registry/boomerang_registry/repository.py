@@ -1,0 +1,659 @@
+"""The registry's SQL edge: every statement that reads or changes lease state.
+
+Each public method is one transaction, and every lease state change in it appends its
+`lease_events` row in the same statement. Expiry is always decided against the database's
+`now()`. The claim is a single statement on the `(tenant, conversation_id)` live-lease
+index; the prefix comparison runs inside it (`boomerang_common_tokens`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from boomerang.errors import BoomerangError, Code, failed_precondition, not_found
+from boomerang_registry.domain import (
+    Candidate,
+    ClaimOutcome,
+    ClaimQuery,
+    EngineSpec,
+    LeaseState,
+    RetainedBlocks,
+    explain_no_claim,
+)
+
+Row = Mapping[str, Any]
+
+LEASE_COLUMNS = """
+    l.lease_id::text AS lease_id, l.tenant, l.conversation_id, l.model, l.engine_id,
+    l.engine_generation, l.remote_request_id, l.block_ids, l.num_blocks, l.num_tokens,
+    l.block_size, l.state, l.version, l.claim_id, l.finished_at, l.created_at, l.expires_at,
+    l.updated_at, l.remote_host, l.remote_port, l.tp_size, l.dcp_size, l.pp_size
+"""
+
+ENGINE_COLUMNS = """
+    e.engine_id, e.role, e.model, e.side_channel_host, e.side_channel_port, e.http_base_url,
+    e.generation, e.kv_blocks_ttl_seconds, e.block_size, e.tp_size, e.dcp_size, e.pp_size,
+    e.bytes_per_block, e.kv_recompute_threshold, e.status, e.registered_at, e.heartbeat_at,
+    e.in_flight_requests, e.queued_prompt_tokens,
+    COALESCE((SELECT sum(num_blocks) FROM leases r
+              WHERE r.engine_id = e.engine_id AND r.state IN ('RETAINED', 'CLAIMED')), 0)
+        AS retained_blocks
+"""
+
+# Moves the leases selected by {where} to :to_state and appends one event per lease.
+TRANSITION_SQL = """
+WITH old AS (
+    SELECT lease_id, state FROM leases WHERE {where} FOR UPDATE
+), moved AS (
+    UPDATE leases l SET state = CAST(:to_state AS text), version = l.version + 1,
+           updated_at = now() {extra_set}
+    FROM old WHERE l.lease_id = old.lease_id
+    RETURNING l.lease_id, l.tenant, l.conversation_id, l.claim_id, old.state AS from_state
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state,
+                              reason, actor, request_id, claim_id)
+    SELECT lease_id, tenant, conversation_id, from_state, CAST(:to_state AS text),
+           CAST(:reason AS text), CAST(:actor AS text), CAST(:request_id AS text),
+           COALESCE(claim_id, CAST(:event_claim_id AS text))
+    FROM moved
+)
+SELECT lease_id::text AS lease_id FROM moved
+"""
+
+REGISTER_SQL = """
+WITH eng AS (
+    SELECT * FROM engines WHERE engine_id = :engine_id FOR SHARE
+), ins AS (
+    INSERT INTO leases (lease_id, tenant, conversation_id, model, engine_id, engine_generation,
+                        remote_request_id, block_ids, num_blocks, num_tokens, block_size, chain,
+                        tail_hash, remote_host, remote_port, tp_size, dcp_size, pp_size, state,
+                        finished_at, expires_at)
+    SELECT CAST(:lease_id AS uuid), :tenant, :conversation_id,
+           COALESCE(NULLIF(:model, ''), eng.model), eng.engine_id, :generation,
+           :remote_request_id, CAST(:block_ids AS jsonb), :num_blocks, :num_tokens,
+           :block_size, :chain, :tail_hash,
+           COALESCE(NULLIF(:remote_host, ''), eng.side_channel_host),
+           COALESCE(NULLIF(:remote_port, 0), eng.side_channel_port),
+           eng.tp_size, eng.dcp_size, eng.pp_size, 'RETAINED',
+           LEAST(COALESCE(CAST(:finished_at AS timestamptz), now()), now()),
+           LEAST(COALESCE(CAST(:finished_at AS timestamptz), now()), now())
+             + make_interval(secs => eng.kv_blocks_ttl_seconds - CAST(:margin AS float8))
+    FROM eng
+    WHERE eng.generation = :generation AND eng.status = 'ACTIVE'
+      AND eng.role = 'DECODE' AND eng.block_size = :block_size
+    ON CONFLICT (engine_id, engine_generation, remote_request_id) DO NOTHING
+    RETURNING lease_id, tenant, conversation_id, finished_at
+), sup_old AS (
+    SELECT l.lease_id, l.state FROM leases l, ins
+    WHERE l.tenant = ins.tenant AND l.conversation_id = ins.conversation_id
+      AND l.state = 'RETAINED' AND l.finished_at <= ins.finished_at
+    FOR UPDATE OF l
+), sup AS (
+    UPDATE leases l SET state = 'SUPERSEDED', version = l.version + 1, updated_at = now()
+    FROM sup_old WHERE l.lease_id = sup_old.lease_id
+    RETURNING l.lease_id, l.tenant, l.conversation_id
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, details)
+    SELECT lease_id, tenant, conversation_id, NULL, 'RETAINED', 'REGISTERED', :actor,
+           :request_id, NULL FROM ins
+    UNION ALL
+    SELECT sup.lease_id, sup.tenant, sup.conversation_id, 'RETAINED', 'SUPERSEDED',
+           'SUPERSEDED', :actor, :request_id,
+           jsonb_build_object('superseded_by', (SELECT lease_id::text FROM ins))
+    FROM sup
+)
+SELECT (SELECT count(*) FROM ins) AS inserted, (SELECT count(*) FROM sup) AS superseded
+"""
+
+CLAIM_SQL = """
+WITH prior AS (
+    SELECT l.lease_id FROM leases l
+    WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
+      AND l.claim_id = :claim_id AND l.state IN ('CLAIMED', 'CONSUMED')
+), cands AS (
+    SELECT l.lease_id, l.state, l.expires_at,
+           (e.status = 'ACTIVE' AND e.generation = l.engine_generation) AS engine_ok,
+           (l.block_size = :block_size) AS block_size_ok,
+           CASE WHEN l.block_size = :block_size THEN
+               boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens,
+                                       :chain, :tail_hash, :num_tokens, l.block_size)
+           ELSE 0 END AS common_tokens,
+           EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
+    FROM leases l JOIN engines e ON e.engine_id = l.engine_id
+    WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
+      AND l.state IN ('RETAINED', 'CLAIMED')
+      AND (:model = '' OR l.model = :model)
+), pick AS (
+    SELECT lease_id, common_tokens FROM cands
+    WHERE NOT EXISTS (SELECT 1 FROM prior) AND state = 'RETAINED' AND engine_ok
+      AND common_tokens >= :min_tokens AND common_tokens > 0
+      AND remaining_seconds > :min_remaining
+    ORDER BY common_tokens DESC, expires_at DESC
+    LIMIT 1
+), claimed AS (
+    UPDATE leases l SET state = 'CLAIMED', claim_id = :claim_id, version = l.version + 1,
+                        updated_at = now()
+    FROM pick
+    WHERE l.lease_id = pick.lease_id AND l.state = 'RETAINED'
+      AND l.expires_at > now() + make_interval(secs => CAST(:min_remaining AS float8))
+    RETURNING l.lease_id, l.tenant, l.conversation_id, pick.common_tokens
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, claim_id, details)
+    SELECT lease_id, tenant, conversation_id, 'RETAINED', 'CLAIMED', 'CLAIMED', :actor,
+           :claim_id, :claim_id, jsonb_build_object('reusable_tokens', common_tokens)
+    FROM claimed
+)
+SELECT 'claimed' AS kind, lease_id::text AS lease_id, NULL::text AS state, TRUE AS engine_ok,
+       TRUE AS block_size_ok, common_tokens, NULL::float8 AS remaining_seconds
+FROM claimed
+UNION ALL
+SELECT 'prior', lease_id::text, NULL, TRUE, TRUE, NULL, NULL FROM prior
+UNION ALL
+SELECT 'candidate', lease_id::text, state, engine_ok, block_size_ok, common_tokens,
+       remaining_seconds
+FROM cands
+"""
+
+# Where a released claim goes: back to RETAINED only while live, valid and newest.
+RELEASE_TARGET_SQL = """
+SELECT CASE
+    WHEN l.expires_at <= now() THEN 'EXPIRED'
+    WHEN e.status <> 'ACTIVE' OR e.generation <> l.engine_generation THEN 'INVALIDATED'
+    WHEN EXISTS (SELECT 1 FROM leases n WHERE n.tenant = l.tenant
+                 AND n.conversation_id = l.conversation_id
+                 AND n.state IN ('RETAINED', 'CLAIMED') AND n.finished_at > l.finished_at)
+        THEN 'SUPERSEDED'
+    ELSE 'RETAINED' END
+FROM leases l JOIN engines e ON e.engine_id = l.engine_id
+WHERE l.lease_id = CAST(:id AS uuid)
+"""
+
+LIVE_LEASE_FILTER = "state IN ('RETAINED', 'CLAIMED')"
+
+
+def _encode_page_token(created_at: datetime, lease_id: str) -> str:
+    raw = json.dumps([created_at.isoformat(), lease_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_page_token(token: str) -> tuple[datetime, str]:
+    """The (created_at, lease_id) position a page token encodes; ValueError when malformed."""
+    try:
+        created, lease_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return datetime.fromisoformat(created), str(uuid.UUID(lease_id))
+    except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad token
+        raise ValueError("page_token is not one this service issued") from exc
+
+
+class RegistryRepository:
+    """Postgres access for the registry; one transaction per method."""
+
+    def __init__(self, engine: AsyncEngine, ttl_margin_seconds: float, actor: str = "registry"):
+        self.engine = engine
+        self.ttl_margin_seconds = ttl_margin_seconds
+        self.actor = actor
+
+    # -- engines -------------------------------------------------------------------------
+
+    async def register_engine(self, spec: EngineSpec, request_id: str) -> tuple[Row, int]:
+        """Upsert an engine generation; invalidate older generations' leases."""
+        async with self.engine.begin() as conn:
+            current = (
+                await conn.execute(
+                    text("SELECT generation FROM engines WHERE engine_id = :id FOR UPDATE"),
+                    {"id": spec.engine_id},
+                )
+            ).scalar_one_or_none()
+            if current is not None and spec.generation < current:
+                raise failed_precondition(
+                    "STALE_GENERATION",
+                    f"engine {spec.engine_id!r} is at generation {current}; "
+                    f"generation {spec.generation} is older and cannot register",
+                )
+            await conn.execute(
+                text(
+                    """
+                INSERT INTO engines (engine_id, role, model, side_channel_host, side_channel_port,
+                    http_base_url, generation, kv_blocks_ttl_seconds, block_size, tp_size,
+                    dcp_size, pp_size, bytes_per_block, kv_recompute_threshold, status)
+                VALUES (:engine_id, :role, :model, :side_channel_host, :side_channel_port,
+                    :http_base_url, :generation, :kv_blocks_ttl_seconds, :block_size, :tp_size,
+                    :dcp_size, :pp_size, :bytes_per_block, :kv_recompute_threshold, 'ACTIVE')
+                ON CONFLICT (engine_id) DO UPDATE SET
+                    role = EXCLUDED.role, model = EXCLUDED.model,
+                    side_channel_host = EXCLUDED.side_channel_host,
+                    side_channel_port = EXCLUDED.side_channel_port,
+                    http_base_url = EXCLUDED.http_base_url,
+                    kv_blocks_ttl_seconds = EXCLUDED.kv_blocks_ttl_seconds,
+                    block_size = EXCLUDED.block_size, tp_size = EXCLUDED.tp_size,
+                    dcp_size = EXCLUDED.dcp_size, pp_size = EXCLUDED.pp_size,
+                    bytes_per_block = EXCLUDED.bytes_per_block,
+                    kv_recompute_threshold = EXCLUDED.kv_recompute_threshold,
+                    status = 'ACTIVE', heartbeat_at = now(),
+                    registered_at = CASE WHEN engines.generation < EXCLUDED.generation
+                                         THEN now() ELSE engines.registered_at END,
+                    generation = EXCLUDED.generation
+                """
+                ),
+                {**spec.__dict__, "role": spec.role.value},
+            )
+            invalidated = 0
+            if current is not None and spec.generation > current:
+                invalidated = await self._transition(
+                    conn,
+                    "engine_id = :engine_id AND engine_generation < :below AND " + LIVE_LEASE_FILTER,
+                    {"engine_id": spec.engine_id, "below": spec.generation},
+                    LeaseState.INVALIDATED,
+                    "GENERATION_ADVANCED",
+                    request_id,
+                )
+            row = await self._engine(conn, spec.engine_id)
+            assert row is not None
+            return row, invalidated
+
+    async def heartbeat(self, engine_id: str, generation: int, in_flight: int, queued: int) -> Row:
+        """Record liveness and load for the engine's current generation."""
+        async with self.engine.begin() as conn:
+            current = (
+                await conn.execute(
+                    text(
+                        """
+                    UPDATE engines SET heartbeat_at = now(), status = 'ACTIVE',
+                        in_flight_requests = :in_flight, queued_prompt_tokens = :queued
+                    WHERE engine_id = :engine_id AND generation = :generation
+                    RETURNING engine_id"""
+                    ),
+                    {"engine_id": engine_id, "generation": generation, "in_flight": in_flight, "queued": queued},
+                )
+            ).scalar_one_or_none()
+            if current is None:
+                known = (
+                    await conn.execute(
+                        text("SELECT generation FROM engines WHERE engine_id = :id"), {"id": engine_id}
+                    )
+                ).scalar_one_or_none()
+                if known is None:
+                    raise not_found("ENGINE_NOT_FOUND", f"engine {engine_id!r} is not registered; call RegisterEngine first")
+                raise failed_precondition(
+                    "STALE_GENERATION" if generation < known else "GENERATION_NOT_REGISTERED",
+                    f"engine {engine_id!r} is registered at generation {known}, not {generation}; "
+                    "call RegisterEngine with the engine's current generation",
+                )
+            row = await self._engine(conn, engine_id)
+            assert row is not None
+            return row
+
+    async def invalidate_engine(self, engine_id: str, below_generation: int, reason: str, request_id: str) -> int:
+        """End an engine's live leases (older generations only when `below_generation` > 0)."""
+        async with self.engine.begin() as conn:
+            found = (
+                await conn.execute(
+                    text("SELECT generation FROM engines WHERE engine_id = :id FOR UPDATE"), {"id": engine_id}
+                )
+            ).scalar_one_or_none()
+            if found is None:
+                raise not_found("ENGINE_NOT_FOUND", f"engine {engine_id!r} is not registered")
+            where = "engine_id = :engine_id AND " + LIVE_LEASE_FILTER
+            params: dict[str, Any] = {"engine_id": engine_id}
+            if below_generation > 0:
+                where += " AND engine_generation < :below"
+                params["below"] = below_generation
+            else:
+                await conn.execute(text("UPDATE engines SET status = 'DEAD' WHERE engine_id = :id"), {"id": engine_id})
+            return await self._transition(conn, where, params, LeaseState.INVALIDATED, reason, request_id)
+
+    async def list_engines(self, model: str, role: str) -> list[Row]:
+        """Engines with their retained blocks, by id."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    f"SELECT {ENGINE_COLUMNS} FROM engines e "
+                    "WHERE (:model = '' OR e.model = :model) AND (:role = '' OR e.role = :role) "
+                    "ORDER BY e.engine_id"
+                ),
+                {"model": model, "role": role},
+            )
+            return [r._mapping for r in rows]
+
+    # -- leases --------------------------------------------------------------------------
+
+    async def register_blocks(self, req: RetainedBlocks) -> tuple[Row, bool, int]:
+        """Record a retained turn as a lease (idempotent); returns (lease, created, superseded)."""
+        lease_id = str(uuid.uuid4())
+        params = {
+            "lease_id": lease_id,
+            "tenant": req.tenant,
+            "conversation_id": req.conversation_id,
+            "model": req.model,
+            "engine_id": req.engine_id,
+            "generation": req.engine_generation,
+            "remote_request_id": req.remote_request_id,
+            "block_ids": json.dumps(req.block_groups),
+            "num_blocks": req.num_blocks,
+            "num_tokens": req.num_tokens,
+            "block_size": req.chain.block_size,
+            "chain": req.chain.block_hashes,
+            "tail_hash": req.chain.tail_hash,
+            "remote_host": req.remote_host,
+            "remote_port": req.remote_port,
+            "finished_at": req.finish_time,
+            "margin": self.ttl_margin_seconds,
+            "actor": self.actor,
+            "request_id": req.request_id,
+        }
+        async with self.engine.begin() as conn:
+            counts = (await conn.execute(text(REGISTER_SQL), params)).one()
+            if counts.inserted:
+                lease = await self._lease(conn, lease_id)
+                assert lease is not None
+                return lease, True, int(counts.superseded)
+            return await self._explain_register_conflict(conn, req), False, 0
+
+    async def _explain_register_conflict(self, conn: AsyncConnection, req: RetainedBlocks) -> Row:
+        existing = (
+            await conn.execute(
+                text(
+                    f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.engine_id = :e "
+                    "AND l.engine_generation = :g AND l.remote_request_id = :r"
+                ),
+                {"e": req.engine_id, "g": req.engine_generation, "r": req.remote_request_id},
+            )
+        ).first()
+        if existing is not None:
+            lease = existing._mapping
+            if (lease["tenant"], lease["conversation_id"]) != (req.tenant, req.conversation_id):
+                raise BoomerangError(
+                    Code.ALREADY_EXISTS,
+                    "REQUEST_ALREADY_REGISTERED",
+                    f"remote_request_id {req.remote_request_id!r} of engine {req.engine_id!r} is "
+                    "already registered for another conversation",
+                )
+            return lease
+        engine = await self._engine(conn, req.engine_id)
+        if engine is None:
+            raise failed_precondition(
+                "ENGINE_NOT_REGISTERED",
+                f"engine {req.engine_id!r} is not registered; call RegisterEngine first",
+            )
+        if engine["role"] != "DECODE":
+            raise failed_precondition("NOT_A_DECODE_ENGINE", f"engine {req.engine_id!r} is a prefill engine")
+        if engine["generation"] != req.engine_generation:
+            raise failed_precondition(
+                "STALE_GENERATION" if req.engine_generation < engine["generation"] else "GENERATION_NOT_REGISTERED",
+                f"engine {req.engine_id!r} is at generation {engine['generation']}, "
+                f"not {req.engine_generation}",
+            )
+        if engine["status"] != "ACTIVE":
+            raise failed_precondition("ENGINE_DEAD", f"engine {req.engine_id!r} is not active")
+        raise failed_precondition(
+            "BLOCK_SIZE_MISMATCH",
+            f"token_chain.block_size {req.chain.block_size} differs from engine "
+            f"{req.engine_id!r}'s block size {engine['block_size']}",
+        )
+
+    async def claim(self, q: ClaimQuery) -> tuple[ClaimOutcome, Row | None, int, float]:
+        """Claim the best live lease in one statement; returns (outcome, lease, tokens, remaining)."""
+        params = {
+            "tenant": q.tenant,
+            "conversation_id": q.conversation_id,
+            "claim_id": q.claim_id,
+            "block_size": q.chain.block_size,
+            "chain": q.chain.block_hashes,
+            "tail_hash": q.chain.tail_hash,
+            "num_tokens": q.chain.num_tokens,
+            "model": q.model,
+            "min_tokens": q.min_reusable_tokens,
+            "min_remaining": q.min_remaining_seconds,
+            "actor": self.actor,
+        }
+        async with self.engine.begin() as conn:
+            rows = [r._mapping for r in await conn.execute(text(CLAIM_SQL), params)]
+            by_kind: dict[str, list[Row]] = {}
+            for row in rows:
+                by_kind.setdefault(row["kind"], []).append(row)
+            chosen = (by_kind.get("claimed") or by_kind.get("prior") or [None])[0]
+            if chosen is not None:
+                lease = await self._lease(conn, chosen["lease_id"])
+                assert lease is not None
+                tokens = chosen["common_tokens"]
+                if tokens is None:  # a retried claim: recompute its verified length
+                    tokens = await self._common_tokens(conn, lease["lease_id"], q)
+                remaining = await self._remaining(conn, lease["lease_id"])
+                return ClaimOutcome.CLAIMED, lease, int(tokens), remaining
+            candidates = [
+                Candidate(
+                    lease_id=r["lease_id"],
+                    state=LeaseState(r["state"]),
+                    engine_ok=bool(r["engine_ok"]),
+                    block_size_ok=bool(r["block_size_ok"]),
+                    common_tokens=int(r["common_tokens"]),
+                    remaining_seconds=float(r["remaining_seconds"]),
+                )
+                for r in by_kind.get("candidate", [])
+            ]
+            outcome, best = explain_no_claim(candidates, q.min_reusable_tokens, q.min_remaining_seconds)
+            if best is None:
+                return outcome, None, 0, 0.0
+            lease = await self._lease(conn, best.lease_id)
+            return outcome, lease, best.common_tokens, best.remaining_seconds
+
+    async def release_claim(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
+        """CLAIMED → RETAINED when still live and newest, else the state it should end in."""
+        async with self.engine.begin() as conn:
+            lease = await self._locked_lease(conn, tenant, lease_id)
+            if lease["state"] != "CLAIMED":
+                if await self._claim_held(conn, lease_id, claim_id):
+                    return lease  # released or ended already: repeating changes nothing
+                raise failed_precondition(
+                    "CLAIM_MISMATCH", f"lease {lease_id} was never held by claim {claim_id!r}"
+                )
+            if lease["claim_id"] != claim_id:
+                raise failed_precondition(
+                    "CLAIM_MISMATCH", f"lease {lease_id} is held by another claim, not {claim_id!r}"
+                )
+            target = LeaseState(
+                (await conn.execute(text(RELEASE_TARGET_SQL), {"id": lease_id})).scalar_one()
+            )
+            released = target is LeaseState.RETAINED
+            await self._transition(
+                conn,
+                "lease_id = CAST(:id AS uuid) AND state = 'CLAIMED'",
+                {"id": lease_id},
+                target,
+                reason if released else f"{reason}:{target.value}",
+                claim_id,
+                extra_set=", claim_id = NULL" if released else "",
+                event_claim_id=claim_id,
+            )
+            row = await self._lease(conn, lease_id)
+            assert row is not None
+            return row
+
+    async def mark_consumed(self, tenant: str, lease_id: str, claim_id: str) -> Row:
+        """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops)."""
+        async with self.engine.begin() as conn:
+            lease = await self._locked_lease(conn, tenant, lease_id)
+            if lease["claim_id"] != claim_id:
+                raise failed_precondition(
+                    "CLAIM_MISMATCH", f"lease {lease_id} is not held by claim {claim_id!r}"
+                )
+            if lease["state"] == "CONSUMED":
+                return lease
+            if lease["state"] != "CLAIMED":
+                raise failed_precondition(
+                    f"LEASE_{lease['state']}", f"lease {lease_id} is {lease['state']}, not claimed"
+                )
+            await self._transition(
+                conn,
+                "lease_id = CAST(:id AS uuid) AND state = 'CLAIMED'",
+                {"id": lease_id},
+                LeaseState.CONSUMED,
+                "PREFILL_READ",
+                claim_id,
+            )
+            row = await self._lease(conn, lease_id)
+            assert row is not None
+            return row
+
+    async def _locked_lease(self, conn: AsyncConnection, tenant: str, lease_id: str) -> Row:
+        row = (
+            await conn.execute(
+                text(
+                    f"SELECT {LEASE_COLUMNS} FROM leases l "
+                    "WHERE l.lease_id = CAST(:id AS uuid) AND l.tenant = :t FOR UPDATE"
+                ),
+                {"id": lease_id, "t": tenant},
+            )
+        ).first()
+        if row is None:
+            raise not_found("LEASE_NOT_FOUND", f"lease {lease_id} does not exist for this tenant")
+        return row._mapping
+
+    async def _claim_held(self, conn: AsyncConnection, lease_id: str, claim_id: str) -> bool:
+        return bool(
+            (
+                await conn.execute(
+                    text(
+                        "SELECT EXISTS (SELECT 1 FROM lease_events WHERE lease_id = CAST(:id AS uuid) "
+                        "AND claim_id = :c AND to_state = 'CLAIMED')"
+                    ),
+                    {"id": lease_id, "c": claim_id},
+                )
+            ).scalar_one()
+        )
+
+    async def get_conversation(self, tenant: str, conversation_id: str, include_events: bool) -> tuple[list[Row], list[Row]]:
+        """A conversation's newest 100 leases and, if asked, their events."""
+        async with self.engine.connect() as conn:
+            leases = [
+                r._mapping
+                for r in await conn.execute(
+                    text(
+                        f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.tenant = :t AND l.conversation_id = :c "
+                        "ORDER BY l.created_at DESC, l.lease_id DESC LIMIT 100"
+                    ),
+                    {"t": tenant, "c": conversation_id},
+                )
+            ]
+            if not leases:
+                raise not_found(
+                    "CONVERSATION_NOT_FOUND", f"no leases recorded for conversation {conversation_id!r}"
+                )
+            events: list[Row] = []
+            if include_events:
+                events = [
+                    r._mapping
+                    for r in await conn.execute(
+                        text(
+                            "SELECT event_id, lease_id::text AS lease_id, from_state, to_state, reason, actor, "
+                            "request_id, claim_id, created_at FROM lease_events "
+                            "WHERE tenant = :t AND conversation_id = :c ORDER BY event_id"
+                        ),
+                        {"t": tenant, "c": conversation_id},
+                    )
+                ]
+            return leases, events
+
+    async def list_leases(
+        self, tenant: str, engine_id: str, states: Sequence[str], page_size: int, page_token: str
+    ) -> tuple[list[Row], str]:
+        """A page of leases newest first, and the next page's token."""
+        clauses = ["TRUE"]
+        params: dict[str, Any] = {"limit": page_size + 1}
+        if tenant:
+            clauses.append("l.tenant = :tenant")
+            params["tenant"] = tenant
+        if engine_id:
+            clauses.append("l.engine_id = :engine_id")
+            params["engine_id"] = engine_id
+        if states:
+            clauses.append("l.state = ANY(CAST(:states AS text[]))")
+            params["states"] = list(states)
+        if page_token:
+            created, last_id = decode_page_token(page_token)
+            clauses.append("(l.created_at, l.lease_id) < (:after_created, CAST(:after_id AS uuid))")
+            params.update(after_created=created, after_id=last_id)
+        sql = (
+            f"SELECT {LEASE_COLUMNS} FROM leases l WHERE {' AND '.join(clauses)} "
+            "ORDER BY l.created_at DESC, l.lease_id DESC LIMIT :limit"
+        )
+        async with self.engine.connect() as conn:
+            rows = [r._mapping for r in await conn.execute(text(sql), params)]
+        next_token = ""
+        if len(rows) > page_size:
+            rows = rows[:page_size]
+            next_token = _encode_page_token(rows[-1]["created_at"], rows[-1]["lease_id"])
+        return rows, next_token
+
+    # -- helpers -------------------------------------------------------------------------
+
+    async def _transition(
+        self,
+        conn: AsyncConnection,
+        where: str,
+        params: dict[str, Any],
+        to_state: LeaseState,
+        reason: str,
+        request_id: str,
+        extra_set: str = "",
+        event_claim_id: str = "",
+    ) -> int:
+        sql = TRANSITION_SQL.format(where=where, extra_set=extra_set)
+        result = await conn.execute(
+            text(sql),
+            {
+                **params,
+                "to_state": to_state.value,
+                "reason": reason,
+                "actor": self.actor,
+                "request_id": request_id,
+                "event_claim_id": event_claim_id,
+            },
+        )
+        return len(result.all())
+
+    async def _lease(self, conn: AsyncConnection, lease_id: str) -> Row | None:
+        row = (
+            await conn.execute(
+                text(f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.lease_id = CAST(:id AS uuid)"), {"id": lease_id}
+            )
+        ).first()
+        return None if row is None else row._mapping
+
+    async def _engine(self, conn: AsyncConnection, engine_id: str) -> Row | None:
+        row = (
+            await conn.execute(text(f"SELECT {ENGINE_COLUMNS} FROM engines e WHERE e.engine_id = :id"), {"id": engine_id})
+        ).first()
+        return None if row is None else row._mapping
+
+    async def _common_tokens(self, conn: AsyncConnection, lease_id: str, q: ClaimQuery) -> int:
+        return int(
+            (
+                await conn.execute(
+                    text(
+                        "SELECT boomerang_common_tokens(chain, tail_hash, num_tokens, :chain, :tail, :n, block_size) "
+                        "FROM leases WHERE lease_id = CAST(:id AS uuid)"
+                    ),
+                    {"chain": q.chain.block_hashes, "tail": q.chain.tail_hash, "n": q.chain.num_tokens, "id": lease_id},
+                )
+            ).scalar_one()
+        )
+
+    async def _remaining(self, conn: AsyncConnection, lease_id: str) -> float:
+        return float(
+            (
+                await conn.execute(
+                    text("SELECT EXTRACT(EPOCH FROM expires_at - now())::float8 FROM leases WHERE lease_id = CAST(:id AS uuid)"),
+                    {"id": lease_id},
+                )
+            ).scalar_one()
+        )

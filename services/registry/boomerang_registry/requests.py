@@ -1,0 +1,202 @@
+"""Request validation: protobuf requests in, validated domain values out (or INVALID_ARGUMENT).
+
+Every problem of a request is reported at once, each naming its field, so a caller can fix
+everything in one go. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+from boomerang.errors import Violations
+from boomerang.tokenchain import TokenChain
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_registry.domain import ClaimQuery, EngineRole, EngineSpec, RetainedBlocks
+
+MAX_ID = 128
+MAX_CONVERSATION_ID = 256
+MAX_TEXT = 512
+_PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
+MAX_BLOCK_ID = 2**31 - 1
+
+
+def check_id(v: Violations, path: str, value: str, limit: int = MAX_ID, required: bool = True) -> None:
+    """An identifier: printable ASCII without spaces, at most `limit` characters."""
+    if not value:
+        if required:
+            v.add(path, "is required")
+        return
+    if len(value) > limit:
+        v.add(path, f"must be at most {limit} characters, got {len(value)}")
+    elif not _PRINTABLE.match(value):
+        v.add(path, "must be printable ASCII without spaces")
+
+
+def check_conversation(v: Violations, path: str, value: str) -> None:
+    """A conversation id: any text but control characters, 1 to 256 characters."""
+    if not value:
+        v.add(path, "is required")
+    elif len(value) > MAX_CONVERSATION_ID:
+        v.add(path, f"must be at most {MAX_CONVERSATION_ID} characters, got {len(value)}")
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        v.add(path, "must not contain control characters")
+
+
+def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain, present: bool) -> TokenChain | None:
+    """A validated token chain, or None after recording why not."""
+    if not present:
+        v.add(path, "is required")
+        return None
+    chain = TokenChain(msg.block_size, msg.num_tokens, msg.block_hashes, msg.tail_hash)
+    try:
+        chain.validate()
+    except ValueError as exc:
+        v.add(path, str(exc))
+        return None
+    return chain
+
+
+def engine_spec(req: rpb.RegisterEngineRequest, default_ttl: int) -> EngineSpec:
+    """Validate RegisterEngineRequest."""
+    v = Violations()
+    e = req.engine
+    if not req.HasField("engine"):
+        v.add("engine", "is required")
+        v.raise_if_any()
+    check_id(v, "engine.engine_id", e.engine_id)
+    v.require(e.role != tpb.ENGINE_ROLE_UNSPECIFIED and e.role in (tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE),
+              "engine.role", "must be ENGINE_ROLE_PREFILL or ENGINE_ROLE_DECODE")
+    check_id(v, "engine.model", e.model, MAX_TEXT)
+    v.require(len(e.side_channel_host) <= 255, "engine.side_channel_host", "must be at most 255 characters")
+    v.require(0 <= e.side_channel_port <= 65535, "engine.side_channel_port", "must be 0 to 65535")
+    v.require(len(e.http_base_url) <= MAX_TEXT, "engine.http_base_url", f"must be at most {MAX_TEXT} characters")
+    if e.http_base_url:
+        v.require(e.http_base_url.startswith(("http://", "https://")), "engine.http_base_url", "must start with http:// or https://")
+    v.require(e.registration_generation >= 0, "engine.registration_generation", "must be non-negative")
+    v.require(0 <= e.kv_blocks_ttl_seconds <= 86400, "engine.kv_blocks_ttl_seconds", "must be 0 (default 480) to 86400 seconds")
+    v.require(0 <= e.block_size <= 1024, "engine.block_size", "must be 0 (default 16) to 1024")
+    for name in ("tp_size", "dcp_size", "pp_size"):
+        v.require(0 <= getattr(e, name) <= 4096, f"engine.{name}", "must be 0 (default 1) to 4096")
+    v.require(e.bytes_per_block >= 0, "engine.bytes_per_block", "must be non-negative")
+    v.require(0 <= e.kv_recompute_threshold <= 1_000_000, "engine.kv_recompute_threshold", "must be 0 (default 64) to 1000000")
+    if e.role == tpb.ENGINE_ROLE_DECODE:
+        v.require(bool(e.side_channel_host) and e.side_channel_port > 0, "engine.side_channel_host",
+                  "a decode engine needs its NIXL side-channel host and port")
+    check_id(v, "request_id", req.request_id, required=False)
+    v.raise_if_any()
+    return EngineSpec(
+        engine_id=e.engine_id,
+        role=EngineRole.PREFILL if e.role == tpb.ENGINE_ROLE_PREFILL else EngineRole.DECODE,
+        model=e.model,
+        side_channel_host=e.side_channel_host,
+        side_channel_port=e.side_channel_port,
+        http_base_url=e.http_base_url,
+        generation=e.registration_generation,
+        kv_blocks_ttl_seconds=e.kv_blocks_ttl_seconds or default_ttl,
+        block_size=e.block_size or 16,
+        tp_size=e.tp_size or 1,
+        dcp_size=e.dcp_size or 1,
+        pp_size=e.pp_size or 1,
+        bytes_per_block=e.bytes_per_block,
+        kv_recompute_threshold=e.kv_recompute_threshold or 64,
+    )
+
+
+def heartbeat(req: rpb.HeartbeatRequest) -> None:
+    """Validate HeartbeatRequest."""
+    v = Violations()
+    check_id(v, "engine_id", req.engine_id)
+    v.require(req.registration_generation >= 0, "registration_generation", "must be non-negative")
+    v.require(req.in_flight_requests >= 0, "in_flight_requests", "must be non-negative")
+    v.require(req.queued_prompt_tokens >= 0, "queued_prompt_tokens", "must be non-negative")
+    v.raise_if_any()
+
+
+def retained_blocks(req: rpb.RegisterRetainedBlocksRequest, max_blocks: int, max_tokens: int) -> RetainedBlocks:
+    """Validate RegisterRetainedBlocksRequest."""
+    v = Violations()
+    check_id(v, "tenant", req.tenant)
+    check_conversation(v, "conversation_id", req.conversation_id)
+    check_id(v, "engine_id", req.engine_id)
+    v.require(req.engine_generation >= 0, "engine_generation", "must be non-negative")
+    check_id(v, "remote_request_id", req.remote_request_id, MAX_TEXT)
+    groups = [list(g.block_ids) for g in req.block_groups]
+    total = sum(len(g) for g in groups)
+    if not groups:
+        v.add("block_groups", "needs at least one KV-cache group of block ids")
+    elif any(not g for g in groups):
+        v.add("block_groups", "every KV-cache group must hold at least one block id")
+    elif total > max_blocks:
+        v.add("block_groups", f"holds {total} block ids; at most {max_blocks} are accepted")
+    elif any(b < 0 or b > MAX_BLOCK_ID for g in groups for b in g):
+        v.add("block_groups", f"block ids must be 0 to {MAX_BLOCK_ID}")
+    v.require(0 < req.num_tokens <= max_tokens, "num_tokens", f"must be 1 to {max_tokens}")
+    chain = chain_from_proto(v, "token_chain", req.token_chain, req.HasField("token_chain"))
+    if chain is not None and chain.num_tokens != req.num_tokens:
+        v.add("token_chain.num_tokens", f"is {chain.num_tokens} but num_tokens is {req.num_tokens}")
+    finish = None
+    if req.finish_time_unix:
+        if not 0 < req.finish_time_unix < 32503680000:
+            v.add("finish_time_unix", "must be seconds since the Unix epoch")
+        else:
+            finish = datetime.fromtimestamp(req.finish_time_unix, tz=timezone.utc)
+    v.require(len(req.remote_host) <= 255, "remote_host", "must be at most 255 characters")
+    v.require(0 <= req.remote_port <= 65535, "remote_port", "must be 0 to 65535")
+    v.require(len(req.model) <= MAX_TEXT, "model", f"must be at most {MAX_TEXT} characters")
+    check_id(v, "request_id", req.request_id, required=False)
+    v.raise_if_any()
+    assert chain is not None
+    return RetainedBlocks(
+        tenant=req.tenant,
+        conversation_id=req.conversation_id,
+        engine_id=req.engine_id,
+        engine_generation=req.engine_generation,
+        remote_request_id=req.remote_request_id,
+        block_groups=groups,
+        num_tokens=req.num_tokens,
+        chain=chain,
+        finish_time=finish,
+        remote_host=req.remote_host,
+        remote_port=req.remote_port,
+        model=req.model,
+        request_id=req.request_id,
+    )
+
+
+def claim(req: rpb.ClaimReuseRequest) -> ClaimQuery:
+    """Validate ClaimReuseRequest."""
+    v = Violations()
+    check_id(v, "tenant", req.tenant)
+    check_conversation(v, "conversation_id", req.conversation_id)
+    chain = chain_from_proto(v, "prompt_chain", req.prompt_chain, req.HasField("prompt_chain"))
+    v.require(req.min_reusable_tokens >= 0, "min_reusable_tokens", "must be non-negative")
+    v.require(0 <= req.min_remaining_seconds <= 86400, "min_remaining_seconds", "must be 0 to 86400 seconds")
+    check_id(v, "claim_id", req.claim_id)
+    v.require(len(req.model) <= MAX_TEXT, "model", f"must be at most {MAX_TEXT} characters")
+    v.raise_if_any()
+    assert chain is not None
+    return ClaimQuery(
+        tenant=req.tenant,
+        conversation_id=req.conversation_id,
+        chain=chain,
+        min_reusable_tokens=max(1, req.min_reusable_tokens),
+        min_remaining_seconds=req.min_remaining_seconds if req.min_remaining_seconds else 5.0,
+        claim_id=req.claim_id,
+        model=req.model,
+    )
+
+
+def lease_ref(tenant: str, lease_id: str, claim_id: str) -> None:
+    """Validate the (tenant, lease_id, claim_id) of ReleaseClaim and MarkConsumed."""
+    import uuid
+
+    v = Violations()
+    check_id(v, "tenant", tenant)
+    try:
+        uuid.UUID(lease_id)
+    except ValueError:
+        v.add("lease_id", "must be a lease id (a UUID) returned by this registry")
+    check_id(v, "claim_id", claim_id)
+    v.raise_if_any()

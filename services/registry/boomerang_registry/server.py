@@ -1,0 +1,47 @@
+"""`boomerang registry`: run the block-registry service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from boomerang.db.engine import make_engine, warm_pool
+from boomerang.db.migrate import upgrade
+from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
+from boomerang.settings import RegistrySettings
+from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
+from boomerang.v1 import registry_service_pb2_grpc as rgrpc
+from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.servicer import BlockRegistryServicer
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "boomerang.v1.BlockRegistryService"
+
+
+async def run(settings: RegistrySettings) -> None:
+    """Migrate, warm the pool, serve until SIGTERM, drain."""
+    url = settings.require_database()
+    setup_tracing("boomerang-registry")
+    if settings.migrate_on_start:
+        await asyncio.to_thread(upgrade, url)
+    engine = make_engine(url, settings.db_pool_size, "boomerang-registry")
+    instrument_engine(engine)
+    await warm_pool(engine, min(4, settings.db_pool_size))
+    async with engine.begin() as conn:
+        from sqlalchemy import text
+
+        await conn.execute(text("SELECT boomerang_ensure_event_partitions(1, 7)"))
+    repo = RegistryRepository(engine, settings.ttl_margin_seconds)
+    servicer = BlockRegistryServicer(repo, settings)
+    options = ServerOptions(
+        name="registry",
+        listen=settings.listen,
+        grace_seconds=settings.grace_seconds,
+        max_message_bytes=settings.max_message_bytes,
+        interceptors=grpc_server_interceptors(),
+    )
+    await serve(
+        options,
+        [ServiceSpec(SERVICE_NAME, rgrpc.add_BlockRegistryServiceServicer_to_server, servicer)],
+        on_stop=engine.dispose,
+    )

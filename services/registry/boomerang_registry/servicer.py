@@ -1,0 +1,146 @@
+"""The gRPC entrypoint of the block registry: validate, delegate, translate."""
+
+from __future__ import annotations
+
+import grpc
+
+from boomerang.errors import Violations
+from boomerang.grpcutil.status import rpc
+from boomerang.settings import RegistrySettings
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import registry_service_pb2_grpc as rgrpc
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_registry import convert, requests
+from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry.repository import RegistryRepository, decode_page_token
+
+_OUTCOME = {
+    ClaimOutcome.CLAIMED: rpb.CLAIM_OUTCOME_CLAIMED,
+    ClaimOutcome.NO_LEASE: rpb.CLAIM_OUTCOME_NO_LEASE,
+    ClaimOutcome.EXPIRING: rpb.CLAIM_OUTCOME_EXPIRING,
+    ClaimOutcome.PREFIX_MISMATCH: rpb.CLAIM_OUTCOME_PREFIX_MISMATCH,
+    ClaimOutcome.BELOW_THRESHOLD: rpb.CLAIM_OUTCOME_BELOW_THRESHOLD,
+    ClaimOutcome.ENGINE_INVALID: rpb.CLAIM_OUTCOME_ENGINE_INVALID,
+    ClaimOutcome.ALREADY_CLAIMED: rpb.CLAIM_OUTCOME_ALREADY_CLAIMED,
+    ClaimOutcome.BLOCK_SIZE_MISMATCH: rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH,
+}
+_ROLE_NAME = {tpb.ENGINE_ROLE_PREFILL: "PREFILL", tpb.ENGINE_ROLE_DECODE: "DECODE"}
+
+
+class BlockRegistryServicer(rgrpc.BlockRegistryServiceServicer):
+    """BlockRegistryService over a RegistryRepository."""
+
+    def __init__(self, repo: RegistryRepository, settings: RegistrySettings):
+        self.repo = repo
+        self.settings = settings
+
+    @rpc
+    async def RegisterEngine(self, request: rpb.RegisterEngineRequest, context: grpc.aio.ServicerContext) -> rpb.RegisterEngineResponse:
+        spec = requests.engine_spec(request, self.settings.default_kv_ttl_seconds)
+        row, invalidated = await self.repo.register_engine(spec, request.request_id)
+        return rpb.RegisterEngineResponse(engine=convert.engine(row), invalidated_leases=invalidated)
+
+    @rpc
+    async def Heartbeat(self, request: rpb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> rpb.HeartbeatResponse:
+        requests.heartbeat(request)
+        row = await self.repo.heartbeat(
+            request.engine_id, request.registration_generation, request.in_flight_requests, request.queued_prompt_tokens
+        )
+        return rpb.HeartbeatResponse(engine=convert.engine(row))
+
+    @rpc
+    async def RegisterRetainedBlocks(
+        self, request: rpb.RegisterRetainedBlocksRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.RegisterRetainedBlocksResponse:
+        blocks = requests.retained_blocks(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
+        row, created, superseded = await self.repo.register_blocks(blocks)
+        return rpb.RegisterRetainedBlocksResponse(lease=convert.lease(row), created=created, superseded_leases=superseded)
+
+    @rpc
+    async def ClaimReuse(self, request: rpb.ClaimReuseRequest, context: grpc.aio.ServicerContext) -> rpb.ClaimReuseResponse:
+        query = requests.claim(request)
+        outcome, row, tokens, remaining = await self.repo.claim(query)
+        return rpb.ClaimReuseResponse(
+            outcome=_OUTCOME[outcome],
+            lease=convert.lease(row) if row is not None else None,
+            reusable_tokens=tokens,
+            remaining_seconds=remaining,
+        )
+
+    @rpc
+    async def ReleaseClaim(self, request: rpb.ReleaseClaimRequest, context: grpc.aio.ServicerContext) -> rpb.ReleaseClaimResponse:
+        requests.lease_ref(request.tenant, request.lease_id, request.claim_id)
+        v = Violations()
+        v.require(len(request.reason) <= 128, "reason", "must be at most 128 characters")
+        v.raise_if_any()
+        row = await self.repo.release_claim(
+            request.tenant, request.lease_id, request.claim_id, request.reason or "PREFILL_DID_NOT_READ"
+        )
+        return rpb.ReleaseClaimResponse(lease=convert.lease(row))
+
+    @rpc
+    async def MarkConsumed(self, request: rpb.MarkConsumedRequest, context: grpc.aio.ServicerContext) -> rpb.MarkConsumedResponse:
+        requests.lease_ref(request.tenant, request.lease_id, request.claim_id)
+        row = await self.repo.mark_consumed(request.tenant, request.lease_id, request.claim_id)
+        return rpb.MarkConsumedResponse(lease=convert.lease(row))
+
+    @rpc
+    async def InvalidateEngine(
+        self, request: rpb.InvalidateEngineRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.InvalidateEngineResponse:
+        v = Violations()
+        requests.check_id(v, "engine_id", request.engine_id)
+        v.require(request.below_generation >= 0, "below_generation", "must be non-negative")
+        requests.check_id(v, "reason", request.reason)
+        requests.check_id(v, "request_id", request.request_id, required=False)
+        v.raise_if_any()
+        count = await self.repo.invalidate_engine(
+            request.engine_id, request.below_generation, request.reason, request.request_id
+        )
+        return rpb.InvalidateEngineResponse(invalidated_leases=count)
+
+    @rpc
+    async def GetConversation(
+        self, request: rpb.GetConversationRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.GetConversationResponse:
+        v = Violations()
+        requests.check_id(v, "tenant", request.tenant)
+        requests.check_conversation(v, "conversation_id", request.conversation_id)
+        v.raise_if_any()
+        leases, events = await self.repo.get_conversation(request.tenant, request.conversation_id, request.include_events)
+        return rpb.GetConversationResponse(
+            leases=[convert.lease(r) for r in leases], events=[convert.event(r) for r in events]
+        )
+
+    @rpc
+    async def ListLeases(self, request: rpb.ListLeasesRequest, context: grpc.aio.ServicerContext) -> rpb.ListLeasesResponse:
+        v = Violations()
+        requests.check_id(v, "tenant", request.tenant, required=False)
+        requests.check_id(v, "engine_id", request.engine_id, required=False)
+        v.require(0 <= request.page_size <= 1000, "page_size", "must be 0 (default 100) to 1000")
+        states = []
+        for i, state in enumerate(request.states):
+            name = convert.LEASE_STATE_NAME.get(state)
+            if name is None:
+                v.add(f"states[{i}]", "must be a LeaseState other than LEASE_STATE_UNSPECIFIED")
+            else:
+                states.append(name)
+        if request.page_token:
+            try:
+                decode_page_token(request.page_token)
+            except ValueError as exc:
+                v.add("page_token", str(exc))
+        v.raise_if_any()
+        rows, token = await self.repo.list_leases(
+            request.tenant, request.engine_id, states, request.page_size or 100, request.page_token
+        )
+        return rpb.ListLeasesResponse(leases=[convert.lease(r) for r in rows], next_page_token=token)
+
+    @rpc
+    async def ListEngines(self, request: rpb.ListEnginesRequest, context: grpc.aio.ServicerContext) -> rpb.ListEnginesResponse:
+        v = Violations()
+        v.require(len(request.model) <= requests.MAX_TEXT, "model", "is too long")
+        v.require(request.role in (0, tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE), "role", "is not an EngineRole")
+        v.raise_if_any()
+        rows = await self.repo.list_engines(request.model, _ROLE_NAME.get(request.role, ""))
+        return rpb.ListEnginesResponse(engines=[convert.engine(r) for r in rows])
