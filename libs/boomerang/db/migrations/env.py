@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from alembic import context
 from sqlalchemy import pool, text
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from boomerang.db.models import metadata
 
 MIGRATION_LOCK = 0x626F6F6D  # "boom"
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def _run(connection: Connection) -> None:

@@ -1,0 +1,61 @@
+"""Shared fixtures: a fresh Postgres database per test session, migrated once.
+
+Tests use the real Postgres (BOOMERANG_TEST_ADMIN_URL, default the local server with trust
+auth). Each session creates `boomerang_test_<random>` and drops it at the end; tests keep
+out of each other's way with unique tenants and conversation ids instead of truncating
+(the audit table refuses TRUNCATE by design).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+
+from boomerang.db.migrate import upgrade
+
+ADMIN_URL = os.environ.get("BOOMERANG_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A migrated, empty database for this test session."""
+    name = f"boomerang_test_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(_dsn(ADMIN_URL))
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    base = _dsn(ADMIN_URL).rsplit("/", 1)[0]
+    url = f"{base}/{name}"
+    upgrade(url)
+    yield url
+    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for tenants, conversations and engine ids."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def pg(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A raw asyncpg connection to the test database, for assertions."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
