@@ -11,7 +11,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the `migrate` subcommand."""
     parser = subparsers.add_parser("migrate", help="apply database migrations")
     parser.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL)")
-    parser.add_argument("--revision", default="head", help="target revision (default head)")
+    parser.add_argument("--revision", default="heads", help="target revision (default: all heads)")
     parser.set_defaults(handler=_run)
 
 

@@ -20,6 +20,6 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "heads") -> None:
     """Migrate the database at `url` to `revision` (safe to run from several processes)."""
     command.upgrade(alembic_config(url), revision)
