@@ -45,6 +45,9 @@ class CommonSettings(BaseSettings):
     grace_seconds: float = Field(
         default=10.0, ge=0, le=300, description="Seconds to finish in-flight calls on SIGTERM."
     )
+    drain_delay_seconds: float = Field(
+        default=1.0, ge=0, le=60, description="Seconds to keep serving after reporting NOT_SERVING."
+    )
     log_level: str = Field(default="INFO", description="Python logging level.")
     migrate_on_start: bool = Field(
         default=True, description="Apply database migrations when the service starts."

@@ -51,7 +51,8 @@ class ServiceProcess:
                     ready.put(line.split()[-1])
             ready.put("")
 
-        threading.Thread(target=pump, daemon=True).start()
+        self.pump = threading.Thread(target=pump, daemon=True)
+        self.pump.start()
         try:
             self.address = ready.get(timeout=timeout)
         except queue.Empty:
@@ -75,13 +76,21 @@ class ServiceProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=timeout)
+        code = self.proc.wait(timeout=timeout)
+        self._close_pipe()
+        return code
 
     def kill(self) -> None:
         """SIGKILL the process (no drain, no cleanup)."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.pump.join(timeout=5)
+            self.proc.stdout.close()
 
     def alive(self) -> bool:
         """Whether it is still running."""

@@ -1,8 +1,9 @@
 """Running an asyncio gRPC service: health, reflection, telemetry, graceful drain.
 
 On SIGTERM or SIGINT every registered service reports NOT_SERVING at once (so load
-balancers stop sending), in-flight calls get `grace_seconds` to finish, then the server
-stops. Once listening the process prints one line, `BOOMERANG_READY <name> <host:port>`,
+balancers stop sending) but keeps serving for `drain_delay_seconds` (calls already on their
+way still land); then new calls are refused, in-flight calls get `grace_seconds` to
+finish, and the server stops. Once listening the process prints one line, `BOOMERANG_READY <name> <host:port>`,
 that scripts and tests wait for (a port of 0 binds a free port, printed here).
 """
 
@@ -37,6 +38,7 @@ class ServerOptions:
     name: str
     listen: str
     grace_seconds: float = 10.0
+    drain_delay_seconds: float = 1.0
     max_message_bytes: int = 16 * 1024 * 1024
     interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default_factory=tuple)
 
@@ -86,6 +88,7 @@ async def serve(
     finally:
         log.info("%s draining (grace %.1fs)", options.name, options.grace_seconds)
         await health_servicer.enter_graceful_shutdown()
+        await asyncio.sleep(min(options.drain_delay_seconds, options.grace_seconds))
         await server.stop(options.grace_seconds)
         if on_stop is not None:
             await on_stop()

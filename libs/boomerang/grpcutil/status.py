@@ -32,6 +32,7 @@ _GRPC_CODES = {
     Code.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Code.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Code.CANCELLED: grpc.StatusCode.CANCELLED,
     Code.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 _FROM_GRPC = {v: k for k, v in _GRPC_CODES.items()}

@@ -37,6 +37,7 @@ async def run(settings: RegistrySettings) -> None:
         name="registry",
         listen=settings.listen,
         grace_seconds=settings.grace_seconds,
+        drain_delay_seconds=settings.drain_delay_seconds,
         max_message_bytes=settings.max_message_bytes,
         interceptors=grpc_server_interceptors(),
     )

@@ -1,0 +1,295 @@
+"""The registry's repository against the real Postgres: leases, claims, events."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from boomerang.db.engine import make_engine
+from boomerang.errors import BoomerangError, Code
+from boomerang.settings import RegistrySettings
+from boomerang.tokenchain import build_chain, common_tokens
+from boomerang_registry import requests
+from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry.repository import RegistryRepository
+from tests.support.registry_data import blocks_request, claim_request, engine_request
+
+pytestmark = pytest.mark.integration
+SETTINGS = RegistrySettings()
+
+
+@pytest.fixture(scope="module")
+async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
+    engine = make_engine(database_url, pool_size=20)
+    yield RegistryRepository(engine, ttl_margin_seconds=10.0)
+    await engine.dispose()
+
+
+async def register_engine(repo: RegistryRepository, engine_id: str, generation: int = 1, ttl: int = 480) -> None:
+    await repo.register_engine(requests.engine_spec(engine_request(engine_id, generation, ttl), 480), "req")
+
+
+async def register(repo: RegistryRepository, tenant: str, conv: str, engine_id: str, tokens: list[int], **kw):  # type: ignore[no-untyped-def]
+    req = blocks_request(tenant, conv, engine_id, tokens, **kw)
+    return await repo.register_blocks(requests.retained_blocks(req, 10**6, 10**7))
+
+
+async def claim(repo: RegistryRepository, tenant: str, conv: str, tokens: list[int], **kw):  # type: ignore[no-untyped-def]
+    return await repo.claim(requests.claim(claim_request(tenant, conv, tokens, **kw)))
+
+
+async def events(pg: asyncpg.Connection, lease_id: str) -> list[tuple[str | None, str, str]]:
+    rows = await pg.fetch(
+        "SELECT from_state, to_state, reason FROM lease_events WHERE lease_id = $1 ORDER BY event_id", uuid.UUID(lease_id)
+    )
+    return [(r["from_state"], r["to_state"], r["reason"]) for r in rows]
+
+
+def turn(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(50_000) for _ in range(n)]
+
+
+async def test_registration_is_idempotent_on_engine_generation_request(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}")
+    tokens = turn(300)
+    first, created, _ = await register(repo, "t", unique, f"d-{unique}", tokens, request_id="r1")
+    again, created_again, _ = await register(repo, "t", unique, f"d-{unique}", tokens, request_id="r1")
+    assert created and not created_again
+    assert first["lease_id"] == again["lease_id"]
+    count = await pg.fetchval("SELECT count(*) FROM leases WHERE engine_id = $1", f"d-{unique}")
+    assert count == 1
+    assert await events(pg, first["lease_id"]) == [(None, "RETAINED", "REGISTERED")]
+
+
+async def test_same_request_id_for_another_conversation_is_refused(repo: RegistryRepository, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}")
+    await register(repo, "t", unique, f"d-{unique}", turn(100), request_id="r1")
+    with pytest.raises(BoomerangError) as err:
+        await register(repo, "t", unique + "-other", f"d-{unique}", turn(100), request_id="r1")
+    assert err.value.code is Code.ALREADY_EXISTS
+
+
+async def test_expiry_is_finish_plus_ttl_minus_margin_on_the_db_clock(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}", ttl=60)
+    lease, _, _ = await register(repo, "t", unique, f"d-{unique}", turn(100))
+    seconds = await pg.fetchval(
+        "SELECT EXTRACT(EPOCH FROM expires_at - finished_at) FROM leases WHERE lease_id = $1", uuid.UUID(lease["lease_id"])
+    )
+    assert float(seconds) == pytest.approx(50.0)
+    # A finish time in the future (skewed caller clock) is capped at the registration time.
+    future, _, _ = await register(repo, "t", unique + "-f", f"d-{unique}", turn(100), finish_time_unix=4102444800.0)
+    assert future["finished_at"] <= future["created_at"]
+
+
+async def test_new_turn_supersedes_previous_and_is_claimed_once(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}")
+    t1 = turn(200)
+    old, _, _ = await register(repo, "t", unique, f"d-{unique}", t1)
+    t2 = t1 + turn(150, seed=1)
+    new, _, superseded = await register(repo, "t", unique, f"d-{unique}", t2)
+    assert superseded == 1
+    assert await events(pg, old["lease_id"]) == [(None, "RETAINED", "REGISTERED"), ("RETAINED", "SUPERSEDED", "SUPERSEDED")]
+    prompt = t2 + turn(40, seed=2)
+    outcome, lease, tokens, remaining = await claim(repo, "t", unique, prompt)
+    assert outcome is ClaimOutcome.CLAIMED and lease is not None
+    assert lease["lease_id"] == new["lease_id"]
+    assert tokens == (len(t2) // 16) * 16
+    assert 400 < remaining <= 470
+    again = await claim(repo, "t", unique, prompt)
+    assert again[0] is ClaimOutcome.ALREADY_CLAIMED
+
+
+async def test_claim_retry_with_same_claim_id_returns_the_same_claim(repo: RegistryRepository, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}")
+    t1 = turn(300)
+    await register(repo, "t", unique, f"d-{unique}", t1)
+    first = await claim(repo, "t", unique, t1 + [1, 2, 3], claim_id="c-1")
+    retry = await claim(repo, "t", unique, t1 + [1, 2, 3], claim_id="c-1")
+    assert first[0] is retry[0] is ClaimOutcome.CLAIMED
+    assert first[1]["lease_id"] == retry[1]["lease_id"] and first[2] == retry[2]
+
+
+async def test_fifty_concurrent_claimers_exactly_one_wins(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}")
+    t1 = turn(1000)
+    lease, _, _ = await register(repo, "t", unique, f"d-{unique}", t1)
+    results = await asyncio.gather(*(claim(repo, "t", unique, t1 + [7]) for _ in range(50)))
+    winners = [r for r in results if r[0] is ClaimOutcome.CLAIMED]
+    assert len(winners) == 1
+    assert all(r[0] is ClaimOutcome.ALREADY_CLAIMED for r in results if r[0] is not ClaimOutcome.CLAIMED)
+    claimed_events = await pg.fetchval(
+        "SELECT count(*) FROM lease_events WHERE lease_id = $1 AND to_state = 'CLAIMED'", uuid.UUID(lease["lease_id"])
+    )
+    assert claimed_events == 1
+
+
+async def test_removed_reasoning_reuses_only_the_verified_prefix(repo: RegistryRepository, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}")
+    system, user1 = turn(400, 1), turn(100, 2)
+    reasoning, answer = turn(300, 3), turn(80, 4)
+    held = system + user1 + reasoning + answer  # what D's KV holds after turn 1
+    await register(repo, "t", unique, f"d-{unique}", held)
+    # The template strips earlier reasoning: turn 2's prompt diverges where the reasoning was.
+    prompt = system + user1 + answer + turn(60, 5)
+    outcome, _, tokens, _ = await claim(repo, "t", unique, prompt)
+    assert outcome is ClaimOutcome.CLAIMED
+    assert tokens == (500 // 16) * 16
+    assert tokens <= len(system + user1)
+
+
+async def test_history_edited_at_the_start_is_a_prefix_mismatch(repo: RegistryRepository, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}")
+    held = turn(500)
+    await register(repo, "t", unique, f"d-{unique}", held)
+    edited = [held[0] + 1] + held[1:] + [5, 6]
+    outcome, lease, tokens, _ = await claim(repo, "t", unique, edited)
+    assert outcome is ClaimOutcome.PREFIX_MISMATCH and tokens == 0 and lease is not None
+    assert lease["state"] == "RETAINED"
+
+
+async def test_below_threshold_and_expiring_and_unknown(repo: RegistryRepository, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}", ttl=30)
+    held = turn(500)
+    await register(repo, "t", unique, f"d-{unique}", held)
+    short = held[:40] + [1] * 10
+    assert (await claim(repo, "t", unique, short))[0] is ClaimOutcome.BELOW_THRESHOLD
+    # ttl 30 - margin 10 = 20 s left: a pull that needs 25 s must not get it.
+    assert (await claim(repo, "t", unique, held + [1], min_remaining=25))[0] is ClaimOutcome.EXPIRING
+    assert (await claim(repo, "t", unique + "-none", held))[0] is ClaimOutcome.NO_LEASE
+    # Another tenant with the same conversation id learns nothing.
+    assert (await claim(repo, "other", unique, held + [1]))[0] is ClaimOutcome.NO_LEASE
+
+
+async def test_expired_leases_are_never_claimed(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    await register_engine(repo, f"d-{unique}", ttl=11)  # 11 s TTL - 10 s margin = 1 s
+    held = turn(300)
+    await register(repo, "t", unique, f"d-{unique}", held)
+    await asyncio.sleep(1.2)
+    outcome, _, _, _ = await claim(repo, "t", unique, held + [1], min_remaining=0.0)
+    assert outcome is ClaimOutcome.EXPIRING
+
+
+async def test_generation_bump_invalidates_and_stale_generation_is_refused(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid, generation=1)
+    held = turn(300)
+    lease, _, _ = await register(repo, "t", unique, eid, held)
+    _, invalidated = await repo.register_engine(requests.engine_spec(engine_request(eid, 2), 480), "bump")
+    assert invalidated == 1
+    assert await events(pg, lease["lease_id"]) == [(None, "RETAINED", "REGISTERED"), ("RETAINED", "INVALIDATED", "GENERATION_ADVANCED")]
+    assert (await claim(repo, "t", unique, held + [1]))[0] is ClaimOutcome.NO_LEASE
+    with pytest.raises(BoomerangError) as err:
+        await register(repo, "t", unique, eid, held, generation=1)
+    assert err.value.code is Code.FAILED_PRECONDITION and err.value.reason == "STALE_GENERATION"
+    with pytest.raises(BoomerangError) as err:
+        await repo.register_engine(requests.engine_spec(engine_request(eid, 1), 480), "old")
+    assert err.value.reason == "STALE_GENERATION"
+
+
+async def test_dead_engine_leases_are_invalidated(repo: RegistryRepository, unique: str) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    held = turn(300)
+    await register(repo, "t", unique, eid, held)
+    assert await repo.invalidate_engine(eid, 0, "HEARTBEAT_TIMEOUT", "r") == 1
+    assert (await claim(repo, "t", unique, held + [1]))[0] is ClaimOutcome.NO_LEASE
+    with pytest.raises(BoomerangError) as err:
+        await register(repo, "t", unique, eid, held)
+    assert err.value.reason == "ENGINE_DEAD"
+
+
+async def test_release_and_consume_follow_the_state_machine(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    held = turn(300)
+    lease, _, _ = await register(repo, "t", unique, eid, held)
+    lid = lease["lease_id"]
+    _, claimed, _, _ = await claim(repo, "t", unique, held + [1], claim_id="c1")
+    released = await repo.release_claim("t", lid, "c1", "PREFILL_DID_NOT_READ")
+    assert released["state"] == "RETAINED" and released["claim_id"] is None
+    assert (await repo.release_claim("t", lid, "c1", "PREFILL_DID_NOT_READ"))["state"] == "RETAINED"
+    with pytest.raises(BoomerangError) as err:
+        await repo.mark_consumed("t", lid, "c1")
+    assert err.value.reason == "CLAIM_MISMATCH"
+    await claim(repo, "t", unique, held + [1], claim_id="c2")
+    consumed = await repo.mark_consumed("t", lid, "c2")
+    assert consumed["state"] == "CONSUMED"
+    assert (await repo.mark_consumed("t", lid, "c2"))["state"] == "CONSUMED"
+    with pytest.raises(BoomerangError) as err:
+        await repo.mark_consumed("other-tenant", lid, "c2")
+    assert err.value.code is Code.NOT_FOUND
+    assert await events(pg, lid) == [
+        (None, "RETAINED", "REGISTERED"),
+        ("RETAINED", "CLAIMED", "CLAIMED"),
+        ("CLAIMED", "RETAINED", "PREFILL_DID_NOT_READ"),
+        ("RETAINED", "CLAIMED", "CLAIMED"),
+        ("CLAIMED", "CONSUMED", "PREFILL_READ"),
+    ]
+    versions = await pg.fetchval("SELECT version FROM leases WHERE lease_id = $1", uuid.UUID(lid))
+    assert versions == 5
+
+
+async def test_release_after_a_newer_turn_supersedes_instead(repo: RegistryRepository, unique: str) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    held = turn(300)
+    lease, _, _ = await register(repo, "t", unique, eid, held)
+    await claim(repo, "t", unique, held + [1], claim_id="c1")
+    await register(repo, "t", unique, eid, held + turn(50, 9))
+    released = await repo.release_claim("t", lease["lease_id"], "c1", "PREFILL_DID_NOT_READ")
+    assert released["state"] == "SUPERSEDED"
+
+
+async def test_every_state_change_has_exactly_one_event(repo: RegistryRepository, pg: asyncpg.Connection) -> None:
+    mismatched = await pg.fetch(
+        """
+        SELECT l.lease_id, l.version, count(e.*) AS events FROM leases l
+        LEFT JOIN lease_events e ON e.lease_id = l.lease_id
+        GROUP BY l.lease_id, l.version HAVING count(e.*) <> l.version
+        """
+    )
+    assert [dict(r) for r in mismatched] == []
+
+
+async def test_audit_trail_refuses_update_and_delete(pg: asyncpg.Connection) -> None:
+    for sql in ("UPDATE lease_events SET reason = 'x'", "DELETE FROM lease_events", "TRUNCATE lease_events"):
+        with pytest.raises(asyncpg.exceptions.InsufficientPrivilegeError, match="append-only"):
+            await pg.execute(sql)
+
+
+async def test_sql_prefix_function_matches_the_python_one(pg: asyncpg.Connection) -> None:
+    rng = random.Random(42)
+    for _ in range(300):
+        bs = rng.choice([1, 4, 16])
+        a = [rng.randrange(4) for _ in range(rng.randrange(0, 120))]
+        b = a[: rng.randrange(0, len(a) + 1)] + [rng.randrange(4) for _ in range(rng.randrange(0, 40))]
+        ca, cb = build_chain(a, bs), build_chain(b, bs)
+        got = await pg.fetchval(
+            "SELECT boomerang_common_tokens($1, $2, $3, $4, $5, $6, $7)",
+            ca.block_hashes, ca.tail_hash, ca.num_tokens, cb.block_hashes, cb.tail_hash, cb.num_tokens, bs,
+        )
+        assert got == common_tokens(ca, cb)
+
+
+async def test_claim_statement_uses_the_live_conversation_index(repo: RegistryRepository) -> None:
+    from sqlalchemy import text
+
+    from boomerang_registry.repository import CLAIM_SQL
+
+    params = {
+        "tenant": "t", "conversation_id": "c", "claim_id": "x", "block_size": 16, "chain": b"",
+        "tail_hash": b"", "num_tokens": 0, "model": "", "min_tokens": 1, "min_remaining": 5.0, "actor": "test",
+    }
+    async with repo.engine.connect() as conn:
+        # Plan as Postgres would with many rows: the claim must never scan the leases table.
+        await conn.execute(text("SET LOCAL enable_seqscan = off"))
+        plan = "\n".join(r[0] for r in await conn.execute(text("EXPLAIN " + CLAIM_SQL), params))
+        await conn.rollback()
+    assert "ix_leases_live_conversation" in plan
+    assert "Seq Scan on leases" not in plan
