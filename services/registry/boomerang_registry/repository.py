@@ -328,6 +328,11 @@ class RegistryRepository:
 
     async def register_blocks(self, req: RetainedBlocks) -> tuple[Row, bool, int]:
         """Record a retained turn as a lease (idempotent); returns (lease, created, superseded)."""
+        async with self.engine.begin() as conn:
+            return await self.register_blocks_in(conn, req)
+
+    async def register_blocks_in(self, conn: AsyncConnection, req: RetainedBlocks) -> tuple[Row, bool, int]:
+        """`register_blocks` inside the caller's transaction (for group commit)."""
         lease_id = str(uuid.uuid4())
         params = {
             "lease_id": lease_id,
@@ -350,13 +355,12 @@ class RegistryRepository:
             "actor": self.actor,
             "request_id": req.request_id,
         }
-        async with self.engine.begin() as conn:
-            counts = (await conn.execute(text(REGISTER_SQL), params)).one()
-            if counts.inserted:
-                lease = await self._lease(conn, lease_id)
-                assert lease is not None
-                return lease, True, int(counts.superseded)
-            return await self._explain_register_conflict(conn, req), False, 0
+        counts = (await conn.execute(text(REGISTER_SQL), params)).one()
+        if counts.inserted:
+            lease = await self._lease(conn, lease_id)
+            assert lease is not None
+            return lease, True, int(counts.superseded)
+        return await self._explain_register_conflict(conn, req), False, 0
 
     async def _explain_register_conflict(self, conn: AsyncConnection, req: RetainedBlocks) -> Row:
         existing = (

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from sqlalchemy import text
+
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
 from boomerang.settings import RegistrySettings
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
+from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.servicer import BlockRegistryServicer
 
@@ -28,11 +31,16 @@ async def run(settings: RegistrySettings) -> None:
     instrument_engine(engine)
     await warm_pool(engine, min(4, settings.db_pool_size))
     async with engine.begin() as conn:
-        from sqlalchemy import text
-
         await conn.execute(text("SELECT boomerang_ensure_event_partitions(1, 7)"))
     repo = RegistryRepository(engine, settings.ttl_margin_seconds)
-    servicer = BlockRegistryServicer(repo, settings)
+    batcher = RegistrationBatcher(repo, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4))
+    batcher.start()
+    servicer = BlockRegistryServicer(repo, settings, batcher)
+
+    async def stop() -> None:
+        await batcher.stop()
+        await engine.dispose()
+
     options = ServerOptions(
         name="registry",
         listen=settings.listen,
@@ -44,5 +52,5 @@ async def run(settings: RegistrySettings) -> None:
     await serve(
         options,
         [ServiceSpec(SERVICE_NAME, rgrpc.add_BlockRegistryServiceServicer_to_server, servicer)],
-        on_stop=engine.dispose,
+        on_stop=stop,
     )

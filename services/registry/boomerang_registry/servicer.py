@@ -11,6 +11,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_registry import convert, requests
+from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.repository import RegistryRepository, decode_page_token
 
@@ -30,9 +31,10 @@ _ROLE_NAME = {tpb.ENGINE_ROLE_PREFILL: "PREFILL", tpb.ENGINE_ROLE_DECODE: "DECOD
 class BlockRegistryServicer(rgrpc.BlockRegistryServiceServicer):
     """BlockRegistryService over a RegistryRepository."""
 
-    def __init__(self, repo: RegistryRepository, settings: RegistrySettings):
+    def __init__(self, repo: RegistryRepository, settings: RegistrySettings, batcher: RegistrationBatcher):
         self.repo = repo
         self.settings = settings
+        self.batcher = batcher
 
     @rpc
     async def RegisterEngine(self, request: rpb.RegisterEngineRequest, context: grpc.aio.ServicerContext) -> rpb.RegisterEngineResponse:
@@ -53,7 +55,7 @@ class BlockRegistryServicer(rgrpc.BlockRegistryServiceServicer):
         self, request: rpb.RegisterRetainedBlocksRequest, context: grpc.aio.ServicerContext
     ) -> rpb.RegisterRetainedBlocksResponse:
         blocks = requests.retained_blocks(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
-        row, created, superseded = await self.repo.register_blocks(blocks)
+        row, created, superseded = await self.batcher.register(blocks)
         return rpb.RegisterRetainedBlocksResponse(lease=convert.lease(row), created=created, superseded_leases=superseded)
 
     @rpc

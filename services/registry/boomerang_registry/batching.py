@@ -1,0 +1,103 @@
+"""Group commit for registrations: many RPCs, one transaction, acknowledged after commit.
+
+A registration's cost is dominated by its commit (a WAL flush). Handlers put their
+request in a queue and wait; a few workers each take everything queued (up to
+`max_batch`), run the registrations in one transaction and commit once, then answer every
+waiting handler. Nothing is acknowledged before its commit. If the batch transaction fails
+as a whole (a deadlock with another replica, a lost connection), each registration is
+retried alone, so one bad apple never fails its neighbours; a registration whose own
+outcome is an error (stale generation, …) gets that error and the rest commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from boomerang.errors import BoomerangError
+from boomerang_registry.domain import RetainedBlocks
+from boomerang_registry.repository import RegistryRepository, Row
+
+log = logging.getLogger(__name__)
+Result = tuple[Row, bool, int]
+
+
+@dataclass
+class _Pending:
+    request: RetainedBlocks
+    future: asyncio.Future[Result] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class RegistrationBatcher:
+    """Batches `RegistryRepository.register_blocks_in` calls into shared transactions."""
+
+    def __init__(self, repo: RegistryRepository, max_batch: int = 256, workers: int = 2):
+        self.repo = repo
+        self.max_batch = max_batch
+        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self.workers = workers
+        self.tasks: list[asyncio.Task[None]] = []
+        self.batch_sizes: list[int] = []  # recent sizes, for metrics and tests
+
+    def start(self) -> None:
+        """Start the workers on the running loop."""
+        self.tasks = [asyncio.create_task(self._work(), name=f"group-commit-{i}") for i in range(self.workers)]
+
+    async def stop(self) -> None:
+        """Finish what is queued, then stop the workers."""
+        await self.queue.join()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def register(self, request: RetainedBlocks) -> Result:
+        """Register through the next batch; returns after the batch committed."""
+        pending = _Pending(request)
+        await self.queue.put(pending)
+        return await pending.future
+
+    async def _work(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while len(batch) < self.max_batch and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            try:
+                await self._commit(batch)
+            finally:
+                for _ in batch:
+                    self.queue.task_done()
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        self.batch_sizes = (self.batch_sizes + [len(batch)])[-1000:]
+        outcomes: list[Result | BoomerangError] = []
+        try:
+            async with self.repo.engine.begin() as conn:
+                for item in batch:
+                    try:
+                        outcomes.append(await self.repo.register_blocks_in(conn, item.request))
+                    except BoomerangError as err:
+                        outcomes.append(err)  # a refusal writes nothing; the rest go on
+        except Exception:  # noqa: BLE001 - the whole batch failed: retry each alone
+            log.warning("group commit of %d registrations failed; retrying one by one", len(batch), exc_info=True)
+            await asyncio.gather(*(self._alone(item) for item in batch))
+            return
+        for item, outcome in zip(batch, outcomes):
+            _settle(item.future, outcome)
+
+    async def _alone(self, item: _Pending) -> None:
+        try:
+            _settle(item.future, await self.repo.register_blocks(item.request))
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting RPC to translate
+            if not item.future.done():
+                item.future.set_exception(exc)
+
+
+def _settle(future: asyncio.Future[Any], outcome: Result | BoomerangError) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BoomerangError):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -1,0 +1,40 @@
+"""Group commit: registrations share transactions, each acknowledged only after commit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from boomerang.db.engine import make_engine
+from boomerang.errors import BoomerangError
+from boomerang_registry import requests
+from boomerang_registry.batching import RegistrationBatcher
+from boomerang_registry.repository import RegistryRepository
+from tests.support.registry_data import blocks_request, engine_request
+
+pytestmark = pytest.mark.integration
+
+
+async def test_concurrent_registrations_commit_in_batches(database_url: str, pg: asyncpg.Connection, unique: str) -> None:
+    engine = make_engine(database_url, pool_size=4)
+    repo = RegistryRepository(engine, ttl_margin_seconds=10.0)
+    batcher = RegistrationBatcher(repo, max_batch=64, workers=1)
+    batcher.start()
+    try:
+        eid = f"d-{unique}"
+        await repo.register_engine(requests.engine_spec(engine_request(eid, generation=2), 480), "r")
+        good = [requests.retained_blocks(blocks_request("gc", f"{unique}-{i}", eid, list(range(80)), generation=2), 10**6, 10**7) for i in range(200)]
+        stale = requests.retained_blocks(blocks_request("gc", f"{unique}-stale", eid, list(range(80)), generation=1), 10**6, 10**7)
+        results = await asyncio.gather(*(batcher.register(r) for r in [*good[:100], stale, *good[100:]]), return_exceptions=True)
+    finally:
+        await batcher.stop()
+        await engine.dispose()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(errors) == 1 and isinstance(errors[0], BoomerangError) and errors[0].reason == "STALE_GENERATION"
+    assert max(batcher.batch_sizes) > 1, batcher.batch_sizes
+    stored = await pg.fetchval("SELECT count(*) FROM leases WHERE engine_id = $1", eid)
+    assert stored == 200
+    ids = {r[0]["lease_id"] for r in results if not isinstance(r, BaseException)}
+    assert len(ids) == 200
