@@ -113,7 +113,12 @@ WITH eng AS (
 SELECT (SELECT count(*) FROM ins) AS inserted, (SELECT count(*) FROM sup) AS superseded
 """
 
-CLAIM_SQL = """
+# One statement, one round trip: find the conversation's live leases on the live-lease
+# index, verify each one's prefix against the prompt, claim the best under its row lock
+# (a concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing),
+# append the CLAIMED event, and return the claimed lease, or a retried claim's lease, or
+# every candidate with why it did not qualify.
+CLAIM_SQL = f"""
 WITH prior AS (
     SELECT l.lease_id FROM leases l
     WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
@@ -144,23 +149,26 @@ WITH prior AS (
     FROM pick
     WHERE l.lease_id = pick.lease_id AND l.state = 'RETAINED'
       AND l.expires_at > now() + make_interval(secs => CAST(:min_remaining AS float8))
-    RETURNING l.lease_id, l.tenant, l.conversation_id, pick.common_tokens
+    RETURNING {LEASE_COLUMNS}, pick.common_tokens,
+              EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
 ), ev AS (
     INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
                               actor, request_id, claim_id, details)
-    SELECT lease_id, tenant, conversation_id, 'RETAINED', 'CLAIMED', 'CLAIMED', :actor,
-           :claim_id, :claim_id, jsonb_build_object('reusable_tokens', common_tokens)
+    SELECT CAST(lease_id AS uuid), tenant, conversation_id, 'RETAINED', 'CLAIMED', 'CLAIMED',
+           :actor, :claim_id, :claim_id, jsonb_build_object('reusable_tokens', common_tokens)
     FROM claimed
 )
-SELECT 'claimed' AS kind, lease_id::text AS lease_id, NULL::text AS state, TRUE AS engine_ok,
-       TRUE AS block_size_ok, common_tokens, NULL::float8 AS remaining_seconds
-FROM claimed
+SELECT 'claimed' AS kind, TRUE AS engine_ok, TRUE AS block_size_ok, claimed.* FROM claimed
 UNION ALL
-SELECT 'prior', lease_id::text, NULL, TRUE, TRUE, NULL, NULL FROM prior
+SELECT 'prior', TRUE, TRUE, {LEASE_COLUMNS},
+       boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens, :chain, :tail_hash,
+                               :num_tokens, l.block_size),
+       EXTRACT(EPOCH FROM l.expires_at - now())::float8
+FROM prior JOIN leases l ON l.lease_id = prior.lease_id
 UNION ALL
-SELECT 'candidate', lease_id::text, state, engine_ok, block_size_ok, common_tokens,
-       remaining_seconds
-FROM cands
+SELECT 'candidate', c.engine_ok, c.block_size_ok, {LEASE_COLUMNS}, c.common_tokens,
+       c.remaining_seconds
+FROM cands c JOIN leases l ON l.lease_id = c.lease_id
 """
 
 # Where a released claim goes: back to RETAINED only while live, valid and newest.
@@ -421,34 +429,28 @@ class RegistryRepository:
         }
         async with self.engine.begin() as conn:
             rows = [r._mapping for r in await conn.execute(text(CLAIM_SQL), params)]
-            by_kind: dict[str, list[Row]] = {}
-            for row in rows:
-                by_kind.setdefault(row["kind"], []).append(row)
-            chosen = (by_kind.get("claimed") or by_kind.get("prior") or [None])[0]
-            if chosen is not None:
-                lease = await self._lease(conn, chosen["lease_id"])
-                assert lease is not None
-                tokens = chosen["common_tokens"]
-                if tokens is None:  # a retried claim: recompute its verified length
-                    tokens = await self._common_tokens(conn, lease["lease_id"], q)
-                remaining = await self._remaining(conn, lease["lease_id"])
-                return ClaimOutcome.CLAIMED, lease, int(tokens), remaining
-            candidates = [
-                Candidate(
-                    lease_id=r["lease_id"],
-                    state=LeaseState(r["state"]),
-                    engine_ok=bool(r["engine_ok"]),
-                    block_size_ok=bool(r["block_size_ok"]),
-                    common_tokens=int(r["common_tokens"]),
-                    remaining_seconds=float(r["remaining_seconds"]),
-                )
-                for r in by_kind.get("candidate", [])
-            ]
-            outcome, best = explain_no_claim(candidates, q.min_reusable_tokens, q.min_remaining_seconds)
-            if best is None:
-                return outcome, None, 0, 0.0
-            lease = await self._lease(conn, best.lease_id)
-            return outcome, lease, best.common_tokens, best.remaining_seconds
+        by_kind: dict[str, list[Row]] = {}
+        for row in rows:
+            by_kind.setdefault(row["kind"], []).append(row)
+        chosen = (by_kind.get("claimed") or by_kind.get("prior") or [None])[0]
+        if chosen is not None:
+            return ClaimOutcome.CLAIMED, chosen, int(chosen["common_tokens"]), float(chosen["remaining_seconds"])
+        candidates = {
+            r["lease_id"]: Candidate(
+                lease_id=r["lease_id"],
+                state=LeaseState(r["state"]),
+                engine_ok=bool(r["engine_ok"]),
+                block_size_ok=bool(r["block_size_ok"]),
+                common_tokens=int(r["common_tokens"]),
+                remaining_seconds=float(r["remaining_seconds"]),
+            )
+            for r in by_kind.get("candidate", [])
+        }
+        outcome, best = explain_no_claim(list(candidates.values()), q.min_reusable_tokens, q.min_remaining_seconds)
+        if best is None:
+            return outcome, None, 0, 0.0
+        lease = next(r for r in by_kind["candidate"] if r["lease_id"] == best.lease_id)
+        return outcome, lease, best.common_tokens, best.remaining_seconds
 
     async def release_claim(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
         """CLAIMED → RETAINED when still live and newest, else the state it should end in."""
@@ -638,26 +640,3 @@ class RegistryRepository:
             await conn.execute(text(f"SELECT {ENGINE_COLUMNS} FROM engines e WHERE e.engine_id = :id"), {"id": engine_id})
         ).first()
         return None if row is None else row._mapping
-
-    async def _common_tokens(self, conn: AsyncConnection, lease_id: str, q: ClaimQuery) -> int:
-        return int(
-            (
-                await conn.execute(
-                    text(
-                        "SELECT boomerang_common_tokens(chain, tail_hash, num_tokens, :chain, :tail, :n, block_size) "
-                        "FROM leases WHERE lease_id = CAST(:id AS uuid)"
-                    ),
-                    {"chain": q.chain.block_hashes, "tail": q.chain.tail_hash, "n": q.chain.num_tokens, "id": lease_id},
-                )
-            ).scalar_one()
-        )
-
-    async def _remaining(self, conn: AsyncConnection, lease_id: str) -> float:
-        return float(
-            (
-                await conn.execute(
-                    text("SELECT EXTRACT(EPOCH FROM expires_at - now())::float8 FROM leases WHERE lease_id = CAST(:id AS uuid)"),
-                    {"id": lease_id},
-                )
-            ).scalar_one()
-        )
