@@ -1,4 +1,7 @@
+import datetime
+
 from boomerang.v1 import types_pb2 as _types_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -238,3 +241,119 @@ class ListEnginesResponse(_message.Message):
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     engines: _containers.RepeatedCompositeFieldContainer[_types_pb2.Engine]
     def __init__(self, engines: _Optional[_Iterable[_Union[_types_pb2.Engine, _Mapping]]] = ...) -> None: ...
+
+class ReaperFence(_message.Message):
+    __slots__ = ("election", "term")
+    ELECTION_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    election: str
+    term: int
+    def __init__(self, election: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
+
+class WatchLeaseDeadlinesRequest(_message.Message):
+    __slots__ = ("watcher",)
+    WATCHER_FIELD_NUMBER: _ClassVar[int]
+    watcher: str
+    def __init__(self, watcher: _Optional[str] = ...) -> None: ...
+
+class WatchLeaseDeadlinesResponse(_message.Message):
+    __slots__ = ("snapshot", "earliest_expire_time", "live_leases", "database_time")
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    snapshot: bool
+    earliest_expire_time: _timestamp_pb2.Timestamp
+    live_leases: int
+    database_time: _timestamp_pb2.Timestamp
+    def __init__(self, snapshot: _Optional[bool] = ..., earliest_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live_leases: _Optional[int] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ExpireLeasesRequest(_message.Message):
+    __slots__ = ("fence", "max_leases", "actor", "request_id")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEASES_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    fence: ReaperFence
+    max_leases: int
+    actor: str
+    request_id: str
+    def __init__(self, fence: _Optional[_Union[ReaperFence, _Mapping]] = ..., max_leases: _Optional[int] = ..., actor: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ExpiredLease(_message.Message):
+    __slots__ = ("lease_id", "tenant", "conversation_id", "from_state", "expire_time", "lag_seconds")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    tenant: str
+    conversation_id: str
+    from_state: _types_pb2.LeaseState
+    expire_time: _timestamp_pb2.Timestamp
+    lag_seconds: float
+    def __init__(self, lease_id: _Optional[str] = ..., tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., from_state: _Optional[_Union[_types_pb2.LeaseState, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag_seconds: _Optional[float] = ...) -> None: ...
+
+class ExpireLeasesResponse(_message.Message):
+    __slots__ = ("expired_leases", "more_due", "next_expire_time", "database_time")
+    EXPIRED_LEASES_FIELD_NUMBER: _ClassVar[int]
+    MORE_DUE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    expired_leases: _containers.RepeatedCompositeFieldContainer[ExpiredLease]
+    more_due: bool
+    next_expire_time: _timestamp_pb2.Timestamp
+    database_time: _timestamp_pb2.Timestamp
+    def __init__(self, expired_leases: _Optional[_Iterable[_Union[ExpiredLease, _Mapping]]] = ..., more_due: _Optional[bool] = ..., next_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SweepEnginesRequest(_message.Message):
+    __slots__ = ("fence", "heartbeat_timeout_seconds", "actor", "request_id")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    fence: ReaperFence
+    heartbeat_timeout_seconds: float
+    actor: str
+    request_id: str
+    def __init__(self, fence: _Optional[_Union[ReaperFence, _Mapping]] = ..., heartbeat_timeout_seconds: _Optional[float] = ..., actor: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SweepEnginesResponse(_message.Message):
+    __slots__ = ("dead_engine_ids", "heartbeat_timeout_leases", "dead_engine_leases", "stale_generation_leases", "database_time")
+    DEAD_ENGINE_IDS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_LEASES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_ENGINE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    STALE_GENERATION_LEASES_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    dead_engine_ids: _containers.RepeatedScalarFieldContainer[str]
+    heartbeat_timeout_leases: int
+    dead_engine_leases: int
+    stale_generation_leases: int
+    database_time: _timestamp_pb2.Timestamp
+    def __init__(self, dead_engine_ids: _Optional[_Iterable[str]] = ..., heartbeat_timeout_leases: _Optional[int] = ..., dead_engine_leases: _Optional[int] = ..., stale_generation_leases: _Optional[int] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class EnforceEventRetentionRequest(_message.Message):
+    __slots__ = ("fence", "retention_days", "days_ahead", "request_id")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_DAYS_FIELD_NUMBER: _ClassVar[int]
+    DAYS_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    fence: ReaperFence
+    retention_days: int
+    days_ahead: int
+    request_id: str
+    def __init__(self, fence: _Optional[_Union[ReaperFence, _Mapping]] = ..., retention_days: _Optional[int] = ..., days_ahead: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EnforceEventRetentionResponse(_message.Message):
+    __slots__ = ("dropped_partitions", "busy_partitions", "created_partitions", "cutoff_time")
+    DROPPED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CUTOFF_TIME_FIELD_NUMBER: _ClassVar[int]
+    dropped_partitions: _containers.RepeatedScalarFieldContainer[str]
+    busy_partitions: _containers.RepeatedScalarFieldContainer[str]
+    created_partitions: int
+    cutoff_time: _timestamp_pb2.Timestamp
+    def __init__(self, dropped_partitions: _Optional[_Iterable[str]] = ..., busy_partitions: _Optional[_Iterable[str]] = ..., created_partitions: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -87,6 +87,26 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ListEnginesRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ListEnginesResponse.FromString,
                 _registered_method=True)
+        self.WatchLeaseDeadlines = channel.unary_stream(
+                '/boomerang.v1.BlockRegistryService/WatchLeaseDeadlines',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesResponse.FromString,
+                _registered_method=True)
+        self.ExpireLeases = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/ExpireLeases',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ExpireLeasesRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ExpireLeasesResponse.FromString,
+                _registered_method=True)
+        self.SweepEngines = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/SweepEngines',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.SweepEnginesRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.SweepEnginesResponse.FromString,
+                _registered_method=True)
+        self.EnforceEventRetention = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/EnforceEventRetention',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionResponse.FromString,
+                _registered_method=True)
 
 
 class BlockRegistryServiceServicer:
@@ -172,6 +192,48 @@ class BlockRegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLeaseDeadlines(self, request, context):
+        """Streams hints of lease deadlines for the TTL reaper: first a snapshot (the earliest
+        deadline of all live leases), then the deadline of each lease registered after it,
+        coalesced to the earliest when they come faster than the watcher reads. A hint may name
+        a lease that has since ended; ExpireLeases reports the exact next deadline. The stream
+        ends with UNAVAILABLE when the registry drains or loses its database notifications;
+        the watcher reconnects and starts from a new snapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExpireLeases(self, request, context):
+        """Expires live leases (RETAINED or CLAIMED) whose deadline has passed on the database
+        clock, never one before, appending one `TTL_EXPIRED` event per lease with its expiry
+        lag. Fenced: refused with FAILED_PRECONDITION (reason `FENCED`) unless `fence` names
+        the current, unexpired TTL-reaper term, checked in the same transaction. Repeating a
+        call expires only what has become due since.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SweepEngines(self, request, context):
+        """Marks active engines whose last heartbeat is older than the timeout DEAD and
+        invalidates every live lease whose engine is dead (`HEARTBEAT_TIMEOUT` or
+        `ENGINE_DEAD`) or has registered a newer generation (`GENERATION_ADVANCED`). Fenced
+        like ExpireLeases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnforceEventRetention(self, request, context):
+        """Creates the coming days' audit partitions and drops whole day partitions of
+        `lease_events` older than the retention (never rows one by one). Fenced like
+        ExpireLeases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BlockRegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +286,26 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.ListEngines,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ListEnginesRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ListEnginesResponse.SerializeToString,
+            ),
+            'WatchLeaseDeadlines': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLeaseDeadlines,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesResponse.SerializeToString,
+            ),
+            'ExpireLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExpireLeases,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ExpireLeasesRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ExpireLeasesResponse.SerializeToString,
+            ),
+            'SweepEngines': grpc.unary_unary_rpc_method_handler(
+                    servicer.SweepEngines,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.SweepEnginesRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.SweepEnginesResponse.SerializeToString,
+            ),
+            'EnforceEventRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnforceEventRetention,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -499,6 +581,114 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/ListEngines',
             boomerang_dot_v1_dot_registry__service__pb2.ListEnginesRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.ListEnginesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLeaseDeadlines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/WatchLeaseDeadlines',
+            boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExpireLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/ExpireLeases',
+            boomerang_dot_v1_dot_registry__service__pb2.ExpireLeasesRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.ExpireLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SweepEngines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/SweepEngines',
+            boomerang_dot_v1_dot_registry__service__pb2.SweepEnginesRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.SweepEnginesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnforceEventRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/EnforceEventRetention',
+            boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionResponse.FromString,
             options,
             channel_credentials,
             insecure,
