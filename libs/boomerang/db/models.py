@@ -103,3 +103,18 @@ lease_events = Table(
     Column("details", JSONB),
     postgresql_partition_by="RANGE (created_at)",
 )
+
+# TTL-reaper leader election (migration 0003): one row per election, the holder's fencing
+# term and when its leadership lapses, on the database clock; `stats` is what the leader
+# last published (expiry lag, counters) so any replica can report it.
+reaper_leader = Table(
+    "reaper_leader",
+    metadata,
+    Column("election", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("term", BigInteger, nullable=False),
+    Column("acquired_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("renewed_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("stats", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+)
