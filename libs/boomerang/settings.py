@@ -49,6 +49,9 @@ class CommonSettings(BaseSettings):
         default=1.0, ge=0, le=60, description="Seconds to keep serving after reporting NOT_SERVING."
     )
     log_level: str = Field(default="INFO", description="Python logging level.")
+    metrics_listen: str = Field(
+        default="", description="HOST:PORT for the Prometheus /metrics endpoint; empty: off."
+    )
     migrate_on_start: bool = Field(
         default=True, description="Apply database migrations when the service starts."
     )
@@ -57,6 +60,11 @@ class CommonSettings(BaseSettings):
     @classmethod
     def _database_url(cls, value: str) -> str:
         return normalize_database_url(value) if value else value
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, value: str) -> str:
+        return _check_listen(value) if value else value
 
     def require_database(self) -> str:
         """The database URL, or a clear error when none is configured."""

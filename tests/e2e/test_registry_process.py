@@ -204,3 +204,36 @@ def test_bad_configuration_is_a_clear_error() -> None:
     out = subprocess.run([BOOMERANG, "registry"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode != 0 and "set BOOMERANG_DATABASE_URL" in out.stderr
     _ = chain_proto
+
+
+async def test_metrics_endpoint_reports_claims_and_leases(database_url: str, unique: str) -> None:
+    import httpx
+
+    proc = ServiceProcess(
+        ["registry", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}
+    ).start()
+    try:
+        metrics_line = next(line for line in proc.lines if line.startswith("BOOMERANG_METRICS"))
+        metrics_url = f"http://{metrics_line.split()[-1]}/metrics"
+        eid = f"d-{unique}"
+        async with RegistryClient(proc.address) as client:
+            await client.register_engine(engine_request(eid))
+            tokens = list(range(500))
+            await client.register_retained_blocks(blocks_request("m", unique, eid, tokens))
+            await client.claim_reuse(claim_request("m", unique, tokens + [1]))
+            await client.claim_reuse(claim_request("m", unique + "x", tokens))
+        async with httpx.AsyncClient() as http:
+            body = ""
+            for _ in range(40):  # gauges refresh every 5 s
+                body = (await http.get(metrics_url)).text
+                if f'boomerang_retained_blocks{{engine_id="{eid}"}}' in body:
+                    break
+                await asyncio.sleep(0.25)
+        assert 'boomerang_registry_claims_total{outcome="CLAIMED"} 1.0' in body
+        assert 'boomerang_registry_claims_total{outcome="NO_LEASE"} 1.0' in body
+        assert 'boomerang_registry_registrations_total{result="created"} 1.0' in body
+        assert "boomerang_registry_claim_seconds_bucket" in body
+        assert f'boomerang_retained_blocks{{engine_id="{eid}"}} 32.0' in body
+        assert f'boomerang_retained_bytes{{engine_id="{eid}"}} {32 * 4096}.0' in body
+    finally:
+        proc.kill()

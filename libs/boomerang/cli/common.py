@@ -13,6 +13,7 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db-pool-size", type=int, help="connections per process (BOOMERANG_DB_POOL_SIZE)")
     parser.add_argument("--grace-seconds", type=float, help="drain time on SIGTERM (BOOMERANG_GRACE_SECONDS)")
     parser.add_argument("--log-level", help="logging level (BOOMERANG_LOG_LEVEL)")
+    parser.add_argument("--metrics-listen", help="HOST:PORT for /metrics (BOOMERANG_METRICS_LISTEN; default off)")
 
 
 def common_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -22,6 +23,7 @@ def common_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "db_pool_size": args.db_pool_size,
         "grace_seconds": args.grace_seconds,
         "log_level": args.log_level,
+        "metrics_listen": args.metrics_listen,
     }
 
 

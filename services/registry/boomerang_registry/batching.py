@@ -18,6 +18,7 @@ from typing import Any
 
 from boomerang.errors import BoomerangError
 from boomerang_registry.domain import RetainedBlocks
+from boomerang_registry.metrics import BATCH_SIZE
 from boomerang_registry.repository import RegistryRepository, Row
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class RegistrationBatcher:
 
     async def _commit(self, batch: list[_Pending]) -> None:
         self.batch_sizes = (self.batch_sizes + [len(batch)])[-1000:]
+        BATCH_SIZE.observe(len(batch))
         outcomes: list[Result | BoomerangError] = []
         try:
             async with self.repo.engine.begin() as conn:

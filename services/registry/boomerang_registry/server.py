@@ -9,11 +9,13 @@ from sqlalchemy import text
 
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
+from boomerang.metrics import refresh_forever, serve_metrics
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
 from boomerang.settings import RegistrySettings
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang_registry.batching import RegistrationBatcher
+from boomerang_registry.metrics import refresh_gauges
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.servicer import BlockRegistryServicer
 
@@ -36,8 +38,11 @@ async def run(settings: RegistrySettings) -> None:
     batcher = RegistrationBatcher(repo, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4))
     batcher.start()
     servicer = BlockRegistryServicer(repo, settings, batcher)
+    serve_metrics(settings.metrics_listen)
+    gauges = asyncio.create_task(refresh_forever(lambda: refresh_gauges(engine), 5.0))
 
     async def stop() -> None:
+        gauges.cancel()
         await batcher.stop()
         await engine.dispose()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from boomerang.errors import Violations
@@ -10,7 +12,7 @@ from boomerang.settings import RegistrySettings
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_registry import convert, requests
+from boomerang_registry import convert, metrics, requests
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.repository import RegistryRepository, decode_page_token
@@ -55,13 +57,25 @@ class BlockRegistryServicer(rgrpc.BlockRegistryServiceServicer):
         self, request: rpb.RegisterRetainedBlocksRequest, context: grpc.aio.ServicerContext
     ) -> rpb.RegisterRetainedBlocksResponse:
         blocks = requests.retained_blocks(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
-        row, created, superseded = await self.batcher.register(blocks)
+        try:
+            row, created, superseded = await self.batcher.register(blocks)
+        except Exception:
+            metrics.REGISTRATIONS.labels("rejected").inc()
+            raise
+        metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
+        if superseded:
+            metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
         return rpb.RegisterRetainedBlocksResponse(lease=convert.lease(row), created=created, superseded_leases=superseded)
 
     @rpc
     async def ClaimReuse(self, request: rpb.ClaimReuseRequest, context: grpc.aio.ServicerContext) -> rpb.ClaimReuseResponse:
         query = requests.claim(request)
+        started = time.perf_counter()
         outcome, row, tokens, remaining = await self.repo.claim(query)
+        metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+        metrics.CLAIMS.labels(outcome.value).inc()
+        if outcome is ClaimOutcome.CLAIMED:
+            metrics.CLAIMED_TOKENS.inc(tokens)
         return rpb.ClaimReuseResponse(
             outcome=_OUTCOME[outcome],
             lease=convert.lease(row) if row is not None else None,
