@@ -57,8 +57,13 @@ async def serve(
     options: ServerOptions,
     services: Sequence[ServiceSpec],
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    on_drain: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and return."""
+    """Serve until SIGTERM/SIGINT, then drain and return.
+
+    `on_drain` runs after the drain delay, just before the server stops taking calls: it
+    should end long-lived streams, which would otherwise hold the stop for the whole grace.
+    """
     server = grpc.aio.server(
         interceptors=list(options.interceptors),
         options=grpc_channel_options(options.max_message_bytes),
@@ -89,6 +94,8 @@ async def serve(
         log.info("%s draining (grace %.1fs)", options.name, options.grace_seconds)
         await health_servicer.enter_graceful_shutdown()
         await asyncio.sleep(min(options.drain_delay_seconds, options.grace_seconds))
+        if on_drain is not None:
+            await on_drain()
         await server.stop(options.grace_seconds)
         if on_stop is not None:
             await on_stop()

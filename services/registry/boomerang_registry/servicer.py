@@ -15,6 +15,7 @@ from boomerang.v1 import types_pb2 as tpb
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry.reaper_api import ReaperFacingServicer
 from boomerang_registry.repository import RegistryRepository, decode_page_token
 
 _OUTCOME = {
@@ -30,7 +31,7 @@ _OUTCOME = {
 _ROLE_NAME = {tpb.ENGINE_ROLE_PREFILL: "PREFILL", tpb.ENGINE_ROLE_DECODE: "DECODE"}
 
 
-class BlockRegistryServicer(rgrpc.BlockRegistryServiceServicer):
+class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServicer):
     """BlockRegistryService over a RegistryRepository."""
 
     def __init__(self, repo: RegistryRepository, settings: RegistrySettings, batcher: RegistrationBatcher):

@@ -1,0 +1,263 @@
+"""The registry's SQL for the TTL reaper: expiry, engine liveness, audit retention.
+
+Only the registry writes lease state; the reaper asks for these through fenced RPCs. Each
+fenced method first locks the election's `reaper_leader` row FOR SHARE in its own
+transaction and refuses (FAILED_PRECONDITION `FENCED`) unless the caller's term is the
+current one and unexpired on the database clock; the lock holds off a takeover until the
+transaction ends, so a paused leader's late write either lands inside its own term or is
+refused. Due and stale leases are locked SKIP LOCKED: the reaper never waits behind a claim
+in flight (the skipped lease is still due and is picked up by the next call), and two
+callers can never expire or invalidate the same lease twice, since each transition also
+requires the lease to be live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+import asyncpg
+import sqlalchemy.exc
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from boomerang.errors import failed_precondition
+
+Row = Mapping[str, Any]
+DEFAULT_ELECTION = "ttl-reaper"
+LIVE = "('RETAINED', 'CLAIMED')"
+PARTITION_PATTERN = r"^lease_events_p[0-9]{8}$"
+
+FENCE_SQL = """
+SELECT term, holder, expires_at > now() AS unexpired
+FROM reaper_leader WHERE election = :election FOR SHARE
+"""
+
+EXPIRE_SQL = f"""
+WITH due AS (
+    SELECT lease_id, state FROM leases
+    WHERE state IN {LIVE} AND expires_at <= now()
+    ORDER BY expires_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE leases l SET state = 'EXPIRED', version = l.version + 1, updated_at = now()
+    FROM due WHERE l.lease_id = due.lease_id
+    RETURNING l.lease_id, l.tenant, l.conversation_id, l.claim_id, l.expires_at,
+              due.state AS from_state
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, claim_id, details)
+    SELECT lease_id, tenant, conversation_id, from_state, 'EXPIRED', 'TTL_EXPIRED', :actor,
+           :request_id, COALESCE(claim_id, ''),
+           jsonb_build_object('lag_seconds', EXTRACT(EPOCH FROM now() - expires_at)::float8,
+                              'expire_time', expires_at, 'term', CAST(:term AS bigint))
+    FROM moved
+)
+SELECT lease_id::text AS lease_id, tenant, conversation_id, from_state, expires_at,
+       EXTRACT(EPOCH FROM now() - expires_at)::float8 AS lag_seconds
+FROM moved ORDER BY expires_at
+"""
+
+# Runs after EXPIRE_SQL in the same transaction, so it sees what that statement ended.
+NEXT_DEADLINE_SQL = f"""
+SELECT min(expires_at) AS next_deadline, now() AS db_now FROM leases WHERE state IN {LIVE}
+"""
+
+SNAPSHOT_SQL = f"""
+SELECT min(expires_at) AS next_deadline, count(*) AS live, now() AS db_now
+FROM leases WHERE state IN {LIVE}
+"""
+
+MARK_SILENT_SQL = """
+UPDATE engines SET status = 'DEAD'
+WHERE status = 'ACTIVE' AND heartbeat_at < now() - make_interval(secs => CAST(:timeout AS float8))
+RETURNING engine_id
+"""
+
+# Candidates come from the per-engine live-lease index: every live lease of a dead engine,
+# and the range below the current generation of an active one (never a scan of every lease).
+SWEEP_SQL = f"""
+WITH cand_ids AS (
+    SELECT l.lease_id,
+           CASE WHEN e.engine_id = ANY(CAST(:silent AS text[])) THEN 'HEARTBEAT_TIMEOUT'
+                ELSE 'ENGINE_DEAD' END AS reason
+    FROM engines e JOIN leases l ON l.engine_id = e.engine_id AND l.state IN {LIVE}
+    WHERE e.status = 'DEAD'
+    UNION ALL
+    SELECT l.lease_id, 'GENERATION_ADVANCED'
+    FROM engines e JOIN leases l ON l.engine_id = e.engine_id
+        AND l.engine_generation < e.generation AND l.state IN {LIVE}
+    WHERE e.status = 'ACTIVE'
+), cand AS (
+    SELECT l.lease_id, l.state, c.reason FROM leases l JOIN cand_ids c ON c.lease_id = l.lease_id
+    WHERE l.state IN {LIVE}
+    FOR UPDATE OF l SKIP LOCKED
+), moved AS (
+    UPDATE leases l SET state = 'INVALIDATED', version = l.version + 1, updated_at = now()
+    FROM cand WHERE l.lease_id = cand.lease_id
+    RETURNING l.lease_id, l.tenant, l.conversation_id, l.claim_id, l.engine_id,
+              l.engine_generation, cand.state AS from_state, cand.reason
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, claim_id, details)
+    SELECT lease_id, tenant, conversation_id, from_state, 'INVALIDATED', reason, :actor,
+           :request_id, COALESCE(claim_id, ''),
+           jsonb_build_object('engine_id', engine_id, 'engine_generation', engine_generation)
+    FROM moved
+)
+SELECT reason, count(*) AS leases FROM moved GROUP BY reason
+"""
+
+# Day partitions whose whole range [day, day + 1) lies before the cutoff.
+EXPIRED_PARTITIONS_SQL = f"""
+SELECT c.relname AS name
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'lease_events'::regclass AND c.relname ~ '{PARTITION_PATTERN}'
+  AND ((to_date(substring(c.relname FROM 15 FOR 8), 'YYYYMMDD') + 1)::timestamp
+       AT TIME ZONE 'UTC') <= now() - make_interval(days => :days)
+ORDER BY c.relname
+"""
+
+CUTOFF_SQL = "SELECT now() - make_interval(days => :days)"
+
+# Creating and dropping partitions lock `lease_events` briefly; never queue the hot path
+# (every registration appends events) behind a long wait for such a lock.
+LOCK_TIMEOUT = "500ms"
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A reaper leadership term the caller claims to hold."""
+
+    election: str
+    term: int
+
+
+@dataclass(frozen=True)
+class ExpiryOutcome:
+    """What one ExpireLeases call did."""
+
+    expired: list[Row]
+    next_deadline: datetime | None
+    db_now: datetime
+    more_due: bool
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """What one SweepEngines call did."""
+
+    dead_engine_ids: list[str]
+    leases_by_reason: dict[str, int]
+    db_now: datetime
+
+
+@dataclass(frozen=True)
+class RetentionOutcome:
+    """What one EnforceEventRetention call did."""
+
+    dropped: list[str]
+    busy: list[str]
+    created: int
+    cutoff: datetime
+
+
+def _lock_not_granted(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, asyncpg.exceptions.LockNotAvailableError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class ExpiryRepository:
+    """Fenced expiry, engine sweeps and retention; one transaction per method."""
+
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+
+    async def check_fence(self, conn: AsyncConnection, fence: Fence) -> None:
+        """Lock the election row and refuse unless `fence` is its current, unexpired term."""
+        row = (await conn.execute(text(FENCE_SQL), {"election": fence.election})).first()
+        if row is not None and row.term == fence.term and row.unexpired:
+            return
+        if row is None:
+            detail = f"no reaper has been elected in {fence.election!r}"
+        elif row.term != fence.term:
+            detail = f"term {fence.term} is not the current term {row.term} (held by {row.holder!r})"
+        else:
+            detail = f"term {fence.term} lapsed without renewal"
+        err = failed_precondition("FENCED", f"reaper fence refused: {detail}")
+        if row is not None:
+            err.metadata.update(term=str(row.term), holder=row.holder)
+        raise err
+
+    async def snapshot(self) -> tuple[datetime | None, int, datetime]:
+        """The earliest live deadline, the live-lease count and the database clock."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(text(SNAPSHOT_SQL))).one()
+            return row.next_deadline, int(row.live), row.db_now
+
+    async def expire_due(self, fence: Fence, limit: int, actor: str, request_id: str) -> ExpiryOutcome:
+        """Expire up to `limit` due leases, earliest deadline first."""
+        params = {"limit": limit, "actor": actor, "request_id": request_id, "term": fence.term}
+        async with self.engine.begin() as conn:
+            await self.check_fence(conn, fence)
+            expired = [r._mapping for r in await conn.execute(text(EXPIRE_SQL), params)]
+            nxt = (await conn.execute(text(NEXT_DEADLINE_SQL))).one()
+        more = len(expired) >= limit and nxt.next_deadline is not None and nxt.next_deadline <= nxt.db_now
+        return ExpiryOutcome(expired, nxt.next_deadline, nxt.db_now, more)
+
+    async def sweep_engines(
+        self, fence: Fence, heartbeat_timeout: float, actor: str, request_id: str
+    ) -> SweepOutcome:
+        """Mark silent engines dead; invalidate live leases of dead engines and old generations."""
+        async with self.engine.begin() as conn:
+            await self.check_fence(conn, fence)
+            silent: list[str] = []
+            if heartbeat_timeout > 0:
+                rows = await conn.execute(text(MARK_SILENT_SQL), {"timeout": heartbeat_timeout})
+                silent = sorted(r.engine_id for r in rows)
+            counts = await conn.execute(
+                text(SWEEP_SQL), {"silent": silent, "actor": actor, "request_id": request_id}
+            )
+            by_reason = {r.reason: int(r.leases) for r in counts}
+            db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
+        return SweepOutcome(silent, by_reason, db_now)
+
+    async def enforce_retention(self, fence: Fence, retention_days: int, days_ahead: int) -> RetentionOutcome:
+        """Create partitions ahead; drop whole day partitions older than the retention."""
+        created = 0
+        try:
+            async with self.engine.begin() as conn:
+                await self.check_fence(conn, fence)
+                await conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+                made = await conn.execute(
+                    text("SELECT boomerang_ensure_event_partitions(0, :ahead)"), {"ahead": days_ahead}
+                )
+                created = int(made.scalar_one())
+        except sqlalchemy.exc.DBAPIError as exc:
+            if not _lock_not_granted(exc):
+                raise  # a busy default partition only delays creation to the next run
+        async with self.engine.begin() as conn:
+            await self.check_fence(conn, fence)
+            due = [r.name for r in await conn.execute(text(EXPIRED_PARTITIONS_SQL), {"days": retention_days})]
+            cutoff = (await conn.execute(text(CUTOFF_SQL), {"days": retention_days})).scalar_one()
+        dropped: list[str] = []
+        busy: list[str] = []
+        for name in due:  # one transaction each: a busy partition does not hold up the rest
+            try:
+                async with self.engine.begin() as conn:
+                    await self.check_fence(conn, fence)
+                    await conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+                    # `name` matched PARTITION_PATTERN in the catalog query: safe to quote.
+                    await conn.execute(text(f'DROP TABLE IF EXISTS "{name}"'))
+                dropped.append(name)
+            except sqlalchemy.exc.DBAPIError as exc:
+                if not _lock_not_granted(exc):
+                    raise
+                busy.append(name)
+        return RetentionOutcome(dropped, busy, created, cutoff)

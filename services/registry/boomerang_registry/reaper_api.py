@@ -1,0 +1,167 @@
+"""The registry RPCs that serve the TTL reaper: deadline watch, fenced expiry, engine sweep,
+audit retention. A mixin of BlockRegistryServicer: validate, delegate to `expiry`, translate.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+import grpc
+
+from boomerang.errors import Violations
+from boomerang.grpcutil.status import error_for_exception, rpc, to_status
+from boomerang.settings import RegistrySettings
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang_registry import convert, requests
+from boomerang_registry.deadline_watch import DeadlineHub
+from boomerang_registry.expiry import DEFAULT_ELECTION, ExpiryRepository, Fence
+from boomerang_registry.repository import RegistryRepository
+
+log = logging.getLogger(__name__)
+MAX_EXPIRE_BATCH = 10_000
+
+
+def _fence(v: Violations, msg: rpb.ReaperFence, present: bool) -> Fence:
+    if not present:
+        v.add("fence", "is required")
+    else:
+        requests.check_id(v, "fence.election", msg.election, required=False)
+        v.require(msg.term >= 1, "fence.term", "must be a leadership term (at least 1)")
+    return Fence(msg.election or DEFAULT_ELECTION, msg.term)
+
+
+def _ts_from_epoch(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+class ReaperFacingServicer:
+    """WatchLeaseDeadlines, ExpireLeases, SweepEngines, EnforceEventRetention."""
+
+    repo: RegistryRepository
+    settings: RegistrySettings
+    _expiry_repo: ExpiryRepository | None = None
+    _deadline_hub: DeadlineHub | None = None
+
+    @property
+    def expiry(self) -> ExpiryRepository:
+        """The SQL edge for these RPCs (shares the registry's engine)."""
+        if self._expiry_repo is None:
+            self._expiry_repo = ExpiryRepository(self.repo.engine)
+        return self._expiry_repo
+
+    @property
+    def deadline_hub(self) -> DeadlineHub:
+        """The process's LISTEN hub, created on first use."""
+        if self._deadline_hub is None:
+            dsn = self.settings.require_database().replace("postgresql+asyncpg://", "postgresql://", 1)
+            self._deadline_hub = DeadlineHub(dsn)
+        return self._deadline_hub
+
+    async def close_deadline_watch(self) -> None:
+        """End every watch stream (the registry drains; watchers reconnect elsewhere)."""
+        await self.deadline_hub.close()
+
+    async def WatchLeaseDeadlines(
+        self, request: rpb.WatchLeaseDeadlinesRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        v = Violations()
+        requests.check_id(v, "watcher", request.watcher, required=False)
+        sub = None
+        try:
+            v.raise_if_any()
+            # Listen before the snapshot, so no lease committed in between goes unseen.
+            sub = await self.deadline_hub.subscribe()
+            log.info("deadline watch opened by %r", request.watcher or context.peer())
+            earliest, live, db_now = await self.expiry.snapshot()
+            await context.write(
+                rpb.WatchLeaseDeadlinesResponse(
+                    snapshot=True,
+                    earliest_expire_time=convert.ts(earliest),
+                    live_leases=live,
+                    database_time=convert.ts(db_now),
+                )
+            )
+            while True:
+                deadline = await sub.next()
+                await context.write(
+                    rpb.WatchLeaseDeadlinesResponse(earliest_expire_time=convert.ts(_ts_from_epoch(deadline)))
+                )
+        except Exception as exc:  # noqa: BLE001 - the stream's translation boundary (like @rpc)
+            await context.abort_with_status(to_status(error_for_exception(exc)))
+        finally:
+            if sub is not None:
+                self.deadline_hub.unsubscribe(sub)
+
+    @rpc
+    async def ExpireLeases(
+        self, request: rpb.ExpireLeasesRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.ExpireLeasesResponse:
+        v = Violations()
+        fence = _fence(v, request.fence, request.HasField("fence"))
+        v.require(0 <= request.max_leases <= MAX_EXPIRE_BATCH, "max_leases", f"must be 0 (default 1000) to {MAX_EXPIRE_BATCH}")
+        requests.check_id(v, "actor", request.actor, required=False)
+        requests.check_id(v, "request_id", request.request_id, required=False)
+        v.raise_if_any()
+        out = await self.expiry.expire_due(
+            fence, request.max_leases or 1000, request.actor or "reaper", request.request_id
+        )
+        return rpb.ExpireLeasesResponse(
+            expired_leases=[
+                rpb.ExpiredLease(
+                    lease_id=r["lease_id"],
+                    tenant=r["tenant"],
+                    conversation_id=r["conversation_id"],
+                    from_state=convert.LEASE_STATE[r["from_state"]],
+                    expire_time=convert.ts(r["expires_at"]),
+                    lag_seconds=max(0.0, float(r["lag_seconds"])),
+                )
+                for r in out.expired
+            ],
+            more_due=out.more_due,
+            next_expire_time=convert.ts(out.next_deadline),
+            database_time=convert.ts(out.db_now),
+        )
+
+    @rpc
+    async def SweepEngines(
+        self, request: rpb.SweepEnginesRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.SweepEnginesResponse:
+        v = Violations()
+        fence = _fence(v, request.fence, request.HasField("fence"))
+        v.require(
+            0 <= request.heartbeat_timeout_seconds <= 86400, "heartbeat_timeout_seconds", "must be 0 to 86400 seconds"
+        )
+        requests.check_id(v, "actor", request.actor, required=False)
+        requests.check_id(v, "request_id", request.request_id, required=False)
+        v.raise_if_any()
+        out = await self.expiry.sweep_engines(
+            fence, request.heartbeat_timeout_seconds, request.actor or "reaper", request.request_id
+        )
+        return rpb.SweepEnginesResponse(
+            dead_engine_ids=out.dead_engine_ids,
+            heartbeat_timeout_leases=out.leases_by_reason.get("HEARTBEAT_TIMEOUT", 0),
+            dead_engine_leases=out.leases_by_reason.get("ENGINE_DEAD", 0),
+            stale_generation_leases=out.leases_by_reason.get("GENERATION_ADVANCED", 0),
+            database_time=convert.ts(out.db_now),
+        )
+
+    @rpc
+    async def EnforceEventRetention(
+        self, request: rpb.EnforceEventRetentionRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.EnforceEventRetentionResponse:
+        v = Violations()
+        fence = _fence(v, request.fence, request.HasField("fence"))
+        v.require(0 <= request.retention_days <= 3650, "retention_days", "must be 0 (default 30) to 3650 days")
+        v.require(0 <= request.days_ahead <= 60, "days_ahead", "must be 0 (default 7) to 60 days")
+        requests.check_id(v, "request_id", request.request_id, required=False)
+        v.raise_if_any()
+        out = await self.expiry.enforce_retention(fence, request.retention_days or 30, request.days_ahead or 7)
+        if out.dropped:
+            log.info("dropped audit partitions older than %s: %s", out.cutoff.isoformat(), ", ".join(out.dropped))
+        return rpb.EnforceEventRetentionResponse(
+            dropped_partitions=out.dropped,
+            busy_partitions=out.busy,
+            created_partitions=out.created,
+            cutoff_time=convert.ts(out.cutoff),
+        )
