@@ -34,6 +34,18 @@ def check_id(v: Violations, path: str, value: str, limit: int = MAX_ID, required
         v.add(path, "must be printable ASCII without spaces")
 
 
+def check_text(v: Violations, path: str, value: str, limit: int = MAX_TEXT, required: bool = False) -> None:
+    """Free text (a model name, a host): no control characters, at most `limit` characters."""
+    if not value:
+        if required:
+            v.add(path, "is required")
+        return
+    if len(value) > limit:
+        v.add(path, f"must be at most {limit} characters, got {len(value)}")
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        v.add(path, "must not contain control characters")
+
+
 def check_conversation(v: Violations, path: str, value: str) -> None:
     """A conversation id: any text but control characters, 1 to 256 characters."""
     if not value:
@@ -69,10 +81,10 @@ def engine_spec(req: rpb.RegisterEngineRequest, default_ttl: int) -> EngineSpec:
     v.require(e.role != tpb.ENGINE_ROLE_UNSPECIFIED and e.role in (tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE),
               "engine.role", "must be ENGINE_ROLE_PREFILL or ENGINE_ROLE_DECODE")
     check_id(v, "engine.model", e.model, MAX_TEXT)
-    v.require(len(e.side_channel_host) <= 255, "engine.side_channel_host", "must be at most 255 characters")
+    check_text(v, "engine.side_channel_host", e.side_channel_host, 255)
     v.require(0 <= e.side_channel_port <= 65535, "engine.side_channel_port", "must be 0 to 65535")
-    v.require(len(e.http_base_url) <= MAX_TEXT, "engine.http_base_url", f"must be at most {MAX_TEXT} characters")
-    if e.http_base_url:
+    check_text(v, "engine.http_base_url", e.http_base_url)
+    if e.http_base_url and not v.items:
         v.require(e.http_base_url.startswith(("http://", "https://")), "engine.http_base_url", "must start with http:// or https://")
     v.require(e.registration_generation >= 0, "engine.registration_generation", "must be non-negative")
     v.require(0 <= e.kv_blocks_ttl_seconds <= 86400, "engine.kv_blocks_ttl_seconds", "must be 0 (default 480) to 86400 seconds")
@@ -142,9 +154,9 @@ def retained_blocks(req: rpb.RegisterRetainedBlocksRequest, max_blocks: int, max
             v.add("finish_time_unix", "must be seconds since the Unix epoch")
         else:
             finish = datetime.fromtimestamp(req.finish_time_unix, tz=timezone.utc)
-    v.require(len(req.remote_host) <= 255, "remote_host", "must be at most 255 characters")
+    check_text(v, "remote_host", req.remote_host, 255)
     v.require(0 <= req.remote_port <= 65535, "remote_port", "must be 0 to 65535")
-    v.require(len(req.model) <= MAX_TEXT, "model", f"must be at most {MAX_TEXT} characters")
+    check_text(v, "model", req.model)
     check_id(v, "request_id", req.request_id, required=False)
     v.raise_if_any()
     assert chain is not None
@@ -174,7 +186,7 @@ def claim(req: rpb.ClaimReuseRequest) -> ClaimQuery:
     v.require(req.min_reusable_tokens >= 0, "min_reusable_tokens", "must be non-negative")
     v.require(0 <= req.min_remaining_seconds <= 86400, "min_remaining_seconds", "must be 0 to 86400 seconds")
     check_id(v, "claim_id", req.claim_id)
-    v.require(len(req.model) <= MAX_TEXT, "model", f"must be at most {MAX_TEXT} characters")
+    check_text(v, "model", req.model)
     v.raise_if_any()
     assert chain is not None
     return ClaimQuery(

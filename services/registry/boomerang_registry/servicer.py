@@ -88,7 +88,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
     async def ReleaseClaim(self, request: rpb.ReleaseClaimRequest, context: grpc.aio.ServicerContext) -> rpb.ReleaseClaimResponse:
         requests.lease_ref(request.tenant, request.lease_id, request.claim_id)
         v = Violations()
-        v.require(len(request.reason) <= 128, "reason", "must be at most 128 characters")
+        requests.check_text(v, "reason", request.reason, 128)
         v.raise_if_any()
         row = await self.repo.release_claim(
             request.tenant, request.lease_id, request.claim_id, request.reason or "PREFILL_DID_NOT_READ"
@@ -156,7 +156,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
     @rpc
     async def ListEngines(self, request: rpb.ListEnginesRequest, context: grpc.aio.ServicerContext) -> rpb.ListEnginesResponse:
         v = Violations()
-        v.require(len(request.model) <= requests.MAX_TEXT, "model", "is too long")
+        requests.check_text(v, "model", request.model)
         v.require(request.role in (0, tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE), "role", "is not an EngineRole")
         v.raise_if_any()
         rows = await self.repo.list_engines(request.model, _ROLE_NAME.get(request.role, ""))
