@@ -1,0 +1,67 @@
+"""The registry's Prometheus metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from boomerang.metrics import LATENCY_BUCKETS
+
+CLAIMS = Counter("boomerang_registry_claims_total", "ClaimReuse calls by outcome.", ["outcome"])
+CLAIM_SECONDS = Histogram(
+    "boomerang_registry_claim_seconds", "ClaimReuse latency inside the registry.", buckets=LATENCY_BUCKETS
+)
+CLAIMED_TOKENS = Counter("boomerang_registry_claimed_tokens_total", "Verified reusable tokens handed out.")
+REGISTRATIONS = Counter(
+    "boomerang_registry_registrations_total", "RegisterRetainedBlocks calls by result.", ["result"]
+)
+BATCH_SIZE = Histogram(
+    "boomerang_registry_registration_batch_size",
+    "Registrations committed per group-commit transaction.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)
+TRANSITIONS = Counter(
+    "boomerang_registry_lease_transitions_total", "Lease state changes by target state.", ["to_state"]
+)
+LIVE_LEASES = Gauge("boomerang_leases", "Leases by state (live states and today's ended ones).", ["state"])
+RETAINED_BLOCKS = Gauge(
+    "boomerang_retained_blocks", "KV blocks held by live leases, per decode engine.", ["engine_id"]
+)
+RETAINED_BYTES = Gauge(
+    "boomerang_retained_bytes",
+    "Accelerator memory held by live leases, per decode engine (engines that report bytes per block).",
+    ["engine_id"],
+)
+
+_STATES = ("RETAINED", "CLAIMED", "CONSUMED", "EXPIRED", "SUPERSEDED", "INVALIDATED")
+
+
+async def refresh_gauges(engine: AsyncEngine) -> None:
+    """Read lease counts and retained memory from Postgres into the gauges."""
+    async with engine.connect() as conn:
+        counts = dict(
+            (
+                await conn.execute(
+                    text(
+                        "SELECT state, count(*) FROM leases WHERE state IN ('RETAINED', 'CLAIMED') "
+                        "OR updated_at > now() - interval '1 day' GROUP BY state"
+                    )
+                )
+            ).all()
+        )
+        per_engine = (
+            await conn.execute(
+                text(
+                    "SELECT e.engine_id, COALESCE(sum(l.num_blocks), 0), e.bytes_per_block FROM engines e "
+                    "LEFT JOIN leases l ON l.engine_id = e.engine_id AND l.state IN ('RETAINED', 'CLAIMED') "
+                    "WHERE e.role = 'DECODE' GROUP BY e.engine_id, e.bytes_per_block"
+                )
+            )
+        ).all()
+    for state in _STATES:
+        LIVE_LEASES.labels(state).set(counts.get(state, 0))
+    for engine_id, blocks, bytes_per_block in per_engine:
+        RETAINED_BLOCKS.labels(engine_id).set(blocks)
+        if bytes_per_block:
+            RETAINED_BYTES.labels(engine_id).set(blocks * bytes_per_block)
