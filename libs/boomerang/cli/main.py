@@ -15,6 +15,7 @@ import sys
 # Modules that add subcommands, in the order `boomerang --help` lists them.
 COMMAND_MODULES = [
     "boomerang_registry.cli",
+    "boomerang_router.cli",
     "boomerang.cli.migrate",
 ]
 

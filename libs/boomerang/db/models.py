@@ -118,3 +118,53 @@ reaper_leader = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("stats", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
 )
+
+
+from sqlalchemy import CheckConstraint, Index  # noqa: E402 - kept with the router's table
+
+# One row per turn plan (router), written asynchronously in batches: the plan when made,
+# the same row again with its outcome when reported. Partitioned by day on `created_at`,
+# which is the time embedded in the plan id (a UUIDv7), so a lookup by id hits one
+# partition and retention drops whole partitions.
+turn_plans = Table(
+    "turn_plans",
+    metadata,
+    Column("plan_id", UUID(as_uuid=False), primary_key=True),
+    Column("created_at", DateTime(timezone=True), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("conversation_id", Text, nullable=False, server_default=""),
+    Column("model", Text, nullable=False),
+    Column("request_id", Text, nullable=False, server_default=""),
+    Column("router", Text, nullable=False, server_default=""),
+    Column("decision", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("prefill_engine_id", Text, nullable=False),
+    Column("prefill_url", Text, nullable=False, server_default=""),
+    Column("decode_engine_id", Text, nullable=False),
+    Column("decode_url", Text, nullable=False, server_default=""),
+    Column("source_engine_id", Text),
+    Column("lease_id", UUID(as_uuid=False)),
+    Column("claim_id", Text),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("verified_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("reused_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("recomputed_tokens", BigInteger, nullable=False),
+    Column("kv_recompute_threshold", Integer, nullable=False),
+    Column("plan_micros", Integer, nullable=False, server_default="0"),
+    Column("reported_at", DateTime(timezone=True)),
+    Column("handle_use", Text),
+    Column("claimed_lease_state", Text),
+    Column("retention", Text),
+    Column("new_lease_id", UUID(as_uuid=False)),
+    Column("outcome", Text),
+    Column("outcome_detail", Text),
+    CheckConstraint("decision IN ('PULL', 'RECOMPUTE', 'COLD')", name="decision"),
+    CheckConstraint(
+        "reused_tokens >= 0 AND recomputed_tokens >= 0 "
+        "AND reused_tokens + recomputed_tokens = prompt_tokens",
+        name="tokens",
+    ),
+    Index("ix_turn_plans_conversation", "tenant", "conversation_id", "created_at"),
+    Index("ix_turn_plans_tenant_created", "tenant", "created_at"),
+    postgresql_partition_by="RANGE (created_at)",
+)

@@ -1,0 +1,1 @@
+"""The router: verified KV-reuse plans and engine choice for each turn (RouterService)."""

@@ -1,0 +1,162 @@
+"""Router values to protobuf messages."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from boomerang.v1 import router_service_pb2 as rtpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_router import kvparams
+from boomerang_router.domain import HandleUse, PlanDecision, PlanReason, Retention
+from boomerang_router.kvparams import KvParams
+from boomerang_router.planner import ReportResult
+from boomerang_router.plans import PlanRecord
+from boomerang_router.pool import PoolEntry, Role, Source
+
+DECISION = {
+    PlanDecision.PULL: rtpb.PLAN_DECISION_PULL,
+    PlanDecision.RECOMPUTE: rtpb.PLAN_DECISION_RECOMPUTE,
+    PlanDecision.COLD: rtpb.PLAN_DECISION_COLD,
+}
+REASON = {reason: rtpb.PlanReason.Value(f"PLAN_REASON_{reason.value}") for reason in PlanReason}
+RETENTION = {r: rtpb.RetentionOutcome.Value(f"RETENTION_OUTCOME_{r.value}") for r in Retention}
+HANDLE_USE = {h: rtpb.HandleUse.Value(f"HANDLE_USE_{h.value}") for h in HandleUse}
+ROLE = {Role.PREFILL: tpb.ENGINE_ROLE_PREFILL, Role.DECODE: tpb.ENGINE_ROLE_DECODE}
+ROLE_FROM_PROTO = {v: k for k, v in ROLE.items()}
+SOURCE = {Source.REGISTRY: rtpb.ENGINE_SOURCE_REGISTRY, Source.STATIC: rtpb.ENGINE_SOURCE_STATIC}
+
+
+def lease_state(name: str) -> int:
+    """LEASE_STATE_CONSUMED for `CONSUMED`; unspecified for ""."""
+    return tpb.LeaseState.Value(f"LEASE_STATE_{name}") if name else tpb.LEASE_STATE_UNSPECIFIED
+
+
+def ts(value: datetime | None) -> Timestamp | None:
+    """A protobuf Timestamp for an aware datetime."""
+    if value is None:
+        return None
+    out = Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
+def params(p: KvParams) -> tpb.KvTransferParams:
+    """The typed `kv_transfer_params` message (unset optional fields are vLLM's nulls)."""
+    msg = tpb.KvTransferParams(do_remote_decode=p.do_remote_decode, do_remote_prefill=p.do_remote_prefill)
+    for group in p.remote_block_ids or ():
+        msg.remote_block_groups.add(block_ids=list(group))
+    for name in (
+        "remote_engine_id",
+        "remote_request_id",
+        "remote_host",
+        "remote_port",
+        "tp_size",
+        "dcp_size",
+        "pp_size",
+        "remote_num_tokens",
+        "remote_blocks_expiry_time",
+        "remote_registration_generation",
+        "transfer_mode",
+    ):
+        value = getattr(p, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def plan_response(r: PlanRecord) -> rtpb.PlanTurnResponse:
+    """PlanTurnResponse for a plan."""
+    p = r.params or kvparams.first_turn()
+    return rtpb.PlanTurnResponse(
+        plan_id=r.plan_id,
+        decision=DECISION[r.decision],
+        reason=REASON[r.reason],
+        prefill_engine=rtpb.PlannedEngine(engine_id=r.prefill_engine_id, http_base_url=r.prefill_url),
+        decode_engine=rtpb.PlannedEngine(engine_id=r.decode_engine_id, http_base_url=r.decode_url),
+        reusable_tokens=r.reusable_tokens,
+        recompute_tokens=r.recompute_tokens,
+        verified_prefix_tokens=r.verified_tokens,
+        kv_transfer_params=params(p),
+        kv_transfer_params_json=kvparams.to_json(p),
+        lease_id=r.lease_id,
+        claim_id=r.claim_id,
+        source_engine_id=r.source_engine_id,
+        kv_recompute_threshold=r.kv_recompute_threshold,
+    )
+
+
+def report_response(res: ReportResult) -> rtpb.ReportTurnResponse:
+    """ReportTurnResponse for a settled report."""
+    return rtpb.ReportTurnResponse(
+        plan_id=res.record.plan_id,
+        claimed_lease_state=lease_state(res.claimed_lease_state),
+        retention=RETENTION[res.retention],
+        lease=res.lease,
+        retention_detail=res.detail,
+    )
+
+
+def turn_plan(r: PlanRecord) -> rtpb.TurnPlan:
+    """The audit view of a plan."""
+    return rtpb.TurnPlan(
+        plan_id=r.plan_id,
+        tenant=r.tenant,
+        conversation_id=r.conversation_id,
+        model=r.model,
+        decision=DECISION[r.decision],
+        reason=REASON[r.reason],
+        prefill_engine=rtpb.PlannedEngine(engine_id=r.prefill_engine_id, http_base_url=r.prefill_url),
+        decode_engine=rtpb.PlannedEngine(engine_id=r.decode_engine_id, http_base_url=r.decode_url),
+        source_engine_id=r.source_engine_id,
+        lease_id=r.lease_id,
+        claim_id=r.claim_id,
+        prompt_tokens=r.prompt_tokens,
+        reusable_tokens=r.reusable_tokens,
+        recompute_tokens=r.recompute_tokens,
+        verified_prefix_tokens=r.verified_tokens,
+        create_time=ts(r.created_at),
+        report_time=ts(r.reported_at),
+        handle_use=HANDLE_USE[HandleUse(r.handle_use)] if r.handle_use else rtpb.HANDLE_USE_UNSPECIFIED,
+        claimed_lease_state=lease_state(r.claimed_lease_state),
+        retention=RETENTION[Retention(r.retention)] if r.retention else rtpb.RETENTION_OUTCOME_UNSPECIFIED,
+        new_lease_id=r.new_lease_id,
+        outcome_detail=r.outcome_detail,
+        outcome=r.outcome,
+    )
+
+
+def pool_engine(entry: PoolEntry) -> rtpb.PoolEngine:
+    """One pool entry for ListEngines."""
+    info = entry.info
+    engine = tpb.Engine(
+        engine_id=info.engine_id,
+        role=ROLE[info.role],
+        model=info.model,
+        side_channel_host=info.side_channel_host,
+        side_channel_port=info.side_channel_port,
+        http_base_url=info.http_base_url,
+        registration_generation=info.generation,
+        kv_blocks_ttl_seconds=info.kv_blocks_ttl_seconds,
+        block_size=info.block_size,
+        tp_size=info.tp_size,
+        dcp_size=info.dcp_size,
+        pp_size=info.pp_size,
+        bytes_per_block=info.bytes_per_block,
+        status=tpb.ENGINE_STATUS_ACTIVE if info.active else tpb.ENGINE_STATUS_DEAD,
+        heartbeat_time=ts(info.heartbeat_at),
+        in_flight_requests=info.in_flight,
+        queued_prompt_tokens=info.queued_prompt_tokens,
+        retained_blocks=info.retained_blocks,
+        kv_recompute_threshold=info.kv_recompute_threshold,
+    )
+    return rtpb.PoolEngine(
+        engine=engine,
+        source=SOURCE[info.source],
+        available=entry.available,
+        unavailable_reason=entry.unavailable_reason,
+        planned_turns=entry.planned_turns,
+        planned_prompt_tokens=entry.planned_prompt_tokens,
+        load=entry.load,
+    )

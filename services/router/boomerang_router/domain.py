@@ -1,0 +1,260 @@
+"""The plan decision, free of gRPC and SQL: pull, recompute, or cold, and why.
+
+The registry's claim has already verified, by token chain, how many leading tokens of the
+new prompt the lease holds (`verified`). The router then decides how many of them the
+prefill engine (P) may load (`remote_num_tokens`):
+
+* whole blocks only, because P maps tokens to D's blocks one block at a time;
+* strictly fewer than the prompt, so P always computes at least one prompt token (it needs
+  the last position's logits to sample the first output token);
+* never more than verified — P does not check that its prompt extends D's sequence.
+
+It pulls only when that number reaches P's `kv_recompute_threshold` (below it P would
+recompute anyway, after telling D to free the blocks, and the handle would be wasted).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+class PlanDecision(str, enum.Enum):
+    """What the prefill engine does with the previous turn's blocks."""
+
+    PULL = "PULL"
+    RECOMPUTE = "RECOMPUTE"
+    COLD = "COLD"
+
+
+class PlanReason(str, enum.Enum):
+    """Why the router decided as it did (names match the proto's PlanReason)."""
+
+    VERIFIED_PREFIX = "VERIFIED_PREFIX"
+    NO_LEASE = "NO_LEASE"
+    BELOW_THRESHOLD = "BELOW_THRESHOLD"
+    PREFIX_MISMATCH = "PREFIX_MISMATCH"
+    EXPIRING = "EXPIRING"
+    ENGINE_UNAVAILABLE = "ENGINE_UNAVAILABLE"
+    CONTROL_PLANE_DEGRADED = "CONTROL_PLANE_DEGRADED"
+    ALREADY_CLAIMED = "ALREADY_CLAIMED"
+    BLOCK_SIZE_MISMATCH = "BLOCK_SIZE_MISMATCH"
+    NO_CONVERSATION = "NO_CONVERSATION"
+
+
+class ClaimStatus(str, enum.Enum):
+    """How the claim went: the registry's outcome, or the router's reason for not asking."""
+
+    CLAIMED = "CLAIMED"
+    NO_LEASE = "NO_LEASE"
+    EXPIRING = "EXPIRING"
+    PREFIX_MISMATCH = "PREFIX_MISMATCH"
+    BELOW_THRESHOLD = "BELOW_THRESHOLD"
+    ENGINE_INVALID = "ENGINE_INVALID"
+    ALREADY_CLAIMED = "ALREADY_CLAIMED"
+    BLOCK_SIZE_MISMATCH = "BLOCK_SIZE_MISMATCH"
+    # Router-side: the registry did not answer in time, failed, or the breaker is open.
+    UNAVAILABLE = "UNAVAILABLE"
+    # Router-side: no conversation id, so nothing was asked.
+    NOT_ASKED = "NOT_ASKED"
+
+
+@dataclass(frozen=True)
+class LeaseHandle:
+    """A claimed lease: what P needs to read D's blocks."""
+
+    lease_id: str
+    claim_id: str
+    engine_id: str
+    engine_generation: int
+    remote_request_id: str
+    block_groups: tuple[tuple[int, ...], ...]
+    num_tokens: int
+    block_size: int
+    remote_host: str
+    remote_port: int
+    tp_size: int
+    dcp_size: int
+    pp_size: int
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """The claim as the router saw it."""
+
+    status: ClaimStatus
+    lease: LeaseHandle | None = None
+    verified_tokens: int = 0
+    remaining_seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The plan decision and its token accounting."""
+
+    decision: PlanDecision
+    reason: PlanReason
+    reusable_tokens: int
+    recompute_tokens: int
+    verified_tokens: int
+    # The claim succeeded but the router will not hand the handle out: give it back.
+    release_claim: bool = False
+
+
+def max_reusable_tokens(prompt_tokens: int, block_size: int) -> int:
+    """The most tokens P may load: whole blocks, strictly fewer than the prompt."""
+    if prompt_tokens <= 1 or block_size <= 0:
+        return 0
+    return ((prompt_tokens - 1) // block_size) * block_size
+
+
+def reusable_tokens(verified_tokens: int, prompt_tokens: int, block_size: int) -> int:
+    """`remote_num_tokens` for a verified prefix: floored to blocks and capped below the prompt."""
+    whole = (max(verified_tokens, 0) // block_size) * block_size
+    return min(whole, max_reusable_tokens(prompt_tokens, block_size))
+
+
+def claim_floor(prompt_tokens: int, block_size: int, threshold: int) -> int:
+    """The `min_reusable_tokens` to ask the registry for.
+
+    The threshold, except when even a fully verified prompt would be capped below it: then
+    more tokens than the prompt has, so the registry claims nothing yet still says why.
+    """
+    floor = max(threshold, 1)
+    if max_reusable_tokens(prompt_tokens, block_size) < floor:
+        return prompt_tokens + 1
+    return floor
+
+
+_NOT_CLAIMED: dict[ClaimStatus, tuple[PlanDecision, PlanReason]] = {
+    ClaimStatus.NO_LEASE: (PlanDecision.COLD, PlanReason.NO_LEASE),
+    ClaimStatus.NOT_ASKED: (PlanDecision.COLD, PlanReason.NO_CONVERSATION),
+    # Nothing is known about the conversation's leases, so nothing was ruled out either.
+    ClaimStatus.UNAVAILABLE: (PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED),
+    ClaimStatus.EXPIRING: (PlanDecision.RECOMPUTE, PlanReason.EXPIRING),
+    ClaimStatus.PREFIX_MISMATCH: (PlanDecision.RECOMPUTE, PlanReason.PREFIX_MISMATCH),
+    ClaimStatus.BELOW_THRESHOLD: (PlanDecision.RECOMPUTE, PlanReason.BELOW_THRESHOLD),
+    ClaimStatus.ENGINE_INVALID: (PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE),
+    ClaimStatus.ALREADY_CLAIMED: (PlanDecision.RECOMPUTE, PlanReason.ALREADY_CLAIMED),
+    ClaimStatus.BLOCK_SIZE_MISMATCH: (PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH),
+}
+
+
+def decide(
+    claim: ClaimResult,
+    prompt_tokens: int,
+    block_size: int,
+    threshold: int,
+    source_engine_alive: bool = True,
+) -> Decision:
+    """Turn a claim into a plan decision.
+
+    `source_engine_alive` is the router's own view of the claimed lease's engine (its pool
+    may see a stopped heartbeat before the registry marks the engine dead).
+    """
+    verified = claim.verified_tokens
+    if claim.status is not ClaimStatus.CLAIMED or claim.lease is None:
+        decision, reason = _NOT_CLAIMED.get(
+            claim.status, (PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED)
+        )
+        return Decision(decision, reason, 0, prompt_tokens, verified)
+
+    def give_back(reason: PlanReason) -> Decision:
+        return Decision(PlanDecision.RECOMPUTE, reason, 0, prompt_tokens, verified, release_claim=True)
+
+    lease = claim.lease
+    if not source_engine_alive:
+        return give_back(PlanReason.ENGINE_UNAVAILABLE)
+    if lease.block_size != block_size:
+        return give_back(PlanReason.BLOCK_SIZE_MISMATCH)
+    if not lease.block_groups or not any(lease.block_groups):
+        return give_back(PlanReason.ENGINE_UNAVAILABLE)
+    reusable = min(reusable_tokens(verified, prompt_tokens, block_size), lease.num_tokens)
+    if reusable <= 0 or reusable < threshold:
+        return give_back(PlanReason.BELOW_THRESHOLD)
+    return Decision(
+        PlanDecision.PULL, PlanReason.VERIFIED_PREFIX, reusable, prompt_tokens - reusable, verified
+    )
+
+
+class CircuitBreaker:
+    """Stops asking a failing registry for a while, so plans answer at once while it is down.
+
+    After `failures` consecutive failures it opens for `cooldown` seconds; then one probe
+    call is let through (half-open): success closes it, failure reopens it. `failures` of 0
+    disables the breaker.
+    """
+
+    def __init__(self, failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic):
+        self.failures = failures
+        self.cooldown = cooldown
+        self.clock = clock
+        self.consecutive = 0
+        self.open_until = 0.0
+        self.probing = False
+
+    @property
+    def is_open(self) -> bool:
+        """Whether calls are being refused now."""
+        return self.failures > 0 and self.consecutive >= self.failures
+
+    def allow(self) -> bool:
+        """Whether the next call may go to the registry."""
+        if not self.is_open:
+            return True
+        if self.probing or self.clock() < self.open_until:
+            return False
+        self.probing = True
+        return True
+
+    def record_success(self) -> None:
+        """A call answered: close."""
+        self.consecutive = 0
+        self.probing = False
+
+    def record_failure(self) -> None:
+        """A call failed or timed out: count it, and (re)open once over the limit."""
+        self.consecutive += 1
+        self.probing = False
+        if self.is_open:
+            self.open_until = self.clock() + self.cooldown
+
+
+class HandleUse(str, enum.Enum):
+    """What the prefill engine did with a PULL plan's handle."""
+
+    READ = "READ"
+    NOT_READ = "NOT_READ"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def consumed(self) -> bool:
+        """Whether the handle must be treated as used up (D may have freed the blocks)."""
+        return self is not HandleUse.NOT_READ
+
+
+class Retention(str, enum.Enum):
+    """What became of the decode engine's retained blocks at the end of a turn."""
+
+    REGISTERED = "REGISTERED"
+    ALREADY_REGISTERED = "ALREADY_REGISTERED"
+    NOT_RETAINED = "NOT_RETAINED"
+    REJECTED = "REJECTED"
+    NO_CONVERSATION = "NO_CONVERSATION"
+
+
+def turn_outcome(decision: PlanDecision, handle_use: HandleUse, lease_state: str) -> str:
+    """The one-word outcome of a reported turn, for the audit row.
+
+    `REUSED` (P read the claimed blocks), `RELEASED` (P never read them; the claim was given
+    back), `LEASE_ENDED` (P was told to read, but the registry ended the lease while it was
+    claimed — worth an operator's look), or `COMPUTED` (no handle was handed out).
+    """
+    if decision is not PlanDecision.PULL:
+        return "COMPUTED"
+    if not handle_use.consumed:
+        return "RELEASED"
+    return "REUSED" if lease_state == "CONSUMED" else "LEASE_ENDED"

@@ -1,0 +1,162 @@
+"""Keeping the engine pool current in the background: registry refresh and health checks.
+
+Plans never ask the registry about engines; a background task refreshes the pool from
+`ListEngines` every `refresh_seconds`. When the registry cannot be reached the last
+snapshot stays (engines do not leave the pool just because the control plane is down).
+Static engines (`--prefill URL`, `--decode URL`) are probed with `GET <url>/health`; after
+`failures` consecutive failed probes an engine leaves the pool until a probe succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timezone
+from typing import Awaitable, Callable
+
+import httpx
+
+from boomerang.clients.registry import RegistryClient
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_router.pool import EngineInfo, EnginePool, Role, Source
+
+log = logging.getLogger(__name__)
+
+_ROLE = {tpb.ENGINE_ROLE_PREFILL: Role.PREFILL, tpb.ENGINE_ROLE_DECODE: Role.DECODE}
+
+
+def engine_info(e: tpb.Engine) -> EngineInfo | None:
+    """A pool record for a registry Engine message (None for an unknown role)."""
+    role = _ROLE.get(e.role)
+    if role is None:
+        return None
+    return EngineInfo(
+        engine_id=e.engine_id,
+        role=role,
+        model=e.model,
+        http_base_url=e.http_base_url.rstrip("/"),
+        generation=e.registration_generation,
+        active=e.status == tpb.ENGINE_STATUS_ACTIVE,
+        heartbeat_at=e.heartbeat_time.ToDatetime(tzinfo=timezone.utc) if e.HasField("heartbeat_time") else None,
+        in_flight=e.in_flight_requests,
+        queued_prompt_tokens=e.queued_prompt_tokens,
+        retained_blocks=e.retained_blocks,
+        bytes_per_block=e.bytes_per_block,
+        block_size=e.block_size,
+        kv_recompute_threshold=e.kv_recompute_threshold,
+        kv_blocks_ttl_seconds=e.kv_blocks_ttl_seconds,
+        side_channel_host=e.side_channel_host,
+        side_channel_port=e.side_channel_port,
+        tp_size=e.tp_size or 1,
+        dcp_size=e.dcp_size or 1,
+        pp_size=e.pp_size or 1,
+        source=Source.REGISTRY,
+    )
+
+
+class Periodic:
+    """Runs an async function every `interval` seconds until stopped."""
+
+    def __init__(self, name: str, interval: float, fn: Callable[[], Awaitable[None]]):
+        self.name = name
+        self.interval = interval
+        self.fn = fn
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the loop (a no-op for a non-positive interval)."""
+        if self._task is None and self.interval > 0:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        """Stop the loop."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep the loop alive; the next round retries
+                log.debug("%s failed", self.name, exc_info=True)
+
+
+class RegistryRefresher:
+    """Refreshes the pool's registry engines from ListEngines."""
+
+    def __init__(self, pool: EnginePool, registry: RegistryClient, timeout: float = 2.0):
+        self.pool = pool
+        self.registry = registry
+        self.timeout = timeout
+        self.failures = 0
+
+    async def refresh(self) -> bool:
+        """One refresh; False (and the old snapshot kept) when the registry did not answer."""
+        try:
+            resp = await self.registry.list_engines(rpb.ListEnginesRequest(), timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the last snapshot
+            self.failures += 1
+            if self.failures == 1 or self.failures % 60 == 0:
+                log.warning("engine refresh failed (%d in a row): %s", self.failures, exc)
+            return False
+        self.failures = 0
+        self.pool.apply_registry_snapshot(i for i in map(engine_info, resp.engines) if i is not None)
+        return True
+
+    async def tick(self) -> None:
+        """Periodic entry point."""
+        await self.refresh()
+
+
+class HealthProber:
+    """Probes static engines' `/health` and records the verdict in the pool."""
+
+    def __init__(self, pool: EnginePool, path: str = "/health", timeout: float = 1.0, failures: int = 2):
+        self.pool = pool
+        self.path = path
+        self.timeout = timeout
+        self.failures = failures
+        self._misses: dict[str, int] = {}
+        self._client: httpx.AsyncClient | None = None
+
+    async def probe_all(self) -> None:
+        """Probe every static engine once, concurrently."""
+        if not self.pool.static:
+            return
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
+        entries = list(self.pool.static.values())
+        results = await asyncio.gather(*(self._probe(e.info.http_base_url) for e in entries))
+        for entry, ok in zip(entries, results):
+            engine_id = entry.info.engine_id
+            misses = 0 if ok else self._misses.get(engine_id, 0) + 1
+            self._misses[engine_id] = misses
+            if ok and not entry.available:
+                log.info("static engine %s is healthy again", engine_id)
+                self.pool.set_static_health(engine_id, True)
+            elif misses >= self.failures and entry.available:
+                log.warning("static engine %s failed %d health checks; leaving the pool", engine_id, misses)
+                self.pool.set_static_health(engine_id, False)
+
+    async def _probe(self, base_url: str) -> bool:
+        assert self._client is not None
+        try:
+            resp = await self._client.get(base_url + self.path)
+            return resp.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def close(self) -> None:
+        """Close the HTTP client."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

@@ -1,0 +1,536 @@
+"""The router's core: plan a turn (one claim round trip) and settle its outcome.
+
+`Router.plan` is on the time-to-first-token path. It picks engines from the in-memory pool,
+asks the registry for one atomic claim with a short deadline, decides, and answers; the
+audit row is queued for a background writer. Anything slow or failing in the control
+plane turns into a COLD plan with reason CONTROL_PLANE_DEGRADED, never a failed turn.
+
+Claims that the router will not hand out are given back in the background: when it
+decides against pulling after a successful claim, when the caller went away before the
+answer, and when the claim call timed out but may still have gone through (an orphan
+probe re-asks with the same claim id, which can only return that claim, never take a new
+one). A claim whose id derives from the caller's `request_id` is never given back on a
+timeout, because a retry on another replica may be holding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Coroutine
+from urllib.parse import urlparse
+
+from prometheus_client import Counter, Histogram
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.registry import RegistryClient
+from boomerang.errors import BoomerangError, Code, FieldViolation, failed_precondition, invalid, not_found
+from boomerang.metrics import LATENCY_BUCKETS
+from boomerang.settings import RouterSettings
+from boomerang.tokenchain import TokenChain, build_chain
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_router import kvparams
+from boomerang_router.domain import (
+    CircuitBreaker,
+    ClaimResult,
+    ClaimStatus,
+    HandleUse,
+    LeaseHandle,
+    PlanDecision,
+    Retention,
+    claim_floor,
+    decide,
+    turn_outcome,
+)
+from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
+from boomerang_router.pool import EngineInfo, EnginePool, Role
+from boomerang_router.repository import AuditWriter, TurnPlanRepository
+from boomerang_router.requests import PlanInput, ReportInput
+
+log = logging.getLogger(__name__)
+
+PLANS = Counter("boomerang_router_plans", "Plans made", ["decision", "reason"])
+PLAN_SECONDS = Histogram(
+    "boomerang_router_plan_seconds",
+    "Time to plan a turn, claim included",
+    buckets=LATENCY_BUCKETS,
+)
+
+_CLAIM_STATUS = {
+    rpb.CLAIM_OUTCOME_CLAIMED: ClaimStatus.CLAIMED,
+    rpb.CLAIM_OUTCOME_NO_LEASE: ClaimStatus.NO_LEASE,
+    rpb.CLAIM_OUTCOME_EXPIRING: ClaimStatus.EXPIRING,
+    rpb.CLAIM_OUTCOME_PREFIX_MISMATCH: ClaimStatus.PREFIX_MISMATCH,
+    rpb.CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimStatus.BELOW_THRESHOLD,
+    rpb.CLAIM_OUTCOME_ENGINE_INVALID: ClaimStatus.ENGINE_INVALID,
+    rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimStatus.ALREADY_CLAIMED,
+    rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimStatus.BLOCK_SIZE_MISMATCH,
+}
+_LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
+# Registry failures that mean "not now" rather than "this request is wrong".
+_TRANSIENT = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "RESOURCE_EXHAUSTED", "UNKNOWN"}
+# A min_reusable_tokens no prompt can reach: the claim then only returns an earlier claim
+# held under the same id (see CLAIM_SQL's `prior`), never takes a new one.
+_NEVER = 2**62
+ORPHAN_PROBE_DELAYS = (1.0, 4.0, 15.0)
+
+
+def lease_state_name(state: int) -> str:
+    """`CONSUMED` for LEASE_STATE_CONSUMED, etc."""
+    return _LEASE_STATE_NAME.get(state, "LEASE_STATE_UNSPECIFIED").removeprefix("LEASE_STATE_")
+
+
+def lease_handle(lease: tpb.Lease) -> LeaseHandle:
+    """The claimed lease as the plan decision needs it."""
+    return LeaseHandle(
+        lease_id=lease.lease_id,
+        claim_id=lease.claim_id,
+        engine_id=lease.engine_id,
+        engine_generation=lease.engine_generation,
+        remote_request_id=lease.remote_request_id,
+        block_groups=tuple(tuple(g.block_ids) for g in lease.block_groups),
+        num_tokens=lease.num_tokens,
+        block_size=lease.block_size,
+        remote_host=lease.remote_host,
+        remote_port=lease.remote_port,
+        tp_size=lease.tp_size or 1,
+        dcp_size=lease.dcp_size or 1,
+        pp_size=lease.pp_size or 1,
+    )
+
+
+@dataclass
+class ReportResult:
+    """What ReportTurn did."""
+
+    record: PlanRecord
+    claimed_lease_state: str
+    retention: Retention
+    lease: tpb.Lease | None
+    detail: str
+
+
+def _registry_down(err: BoomerangClientError) -> BoomerangError:
+    return BoomerangError(
+        Code.UNAVAILABLE, "REGISTRY_UNAVAILABLE", f"the block registry did not answer ({err}); retry the call"
+    )
+
+
+class Router:
+    """Plans turns and settles their outcomes over the registry, the pool and the audit writer."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        registry: RegistryClient,
+        pool: EnginePool,
+        audit: AuditWriter,
+        repo: TurnPlanRepository,
+        name: str = "",
+    ):
+        self.settings = settings
+        self.registry = registry
+        self.pool = pool
+        self.audit = audit
+        self.repo = repo
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.claim_deadline = settings.claim_deadline_ms / 1000
+        self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown_seconds)
+        self.store = PlanStore(settings.plan_memory_seconds, settings.plan_memory_max)
+        self.stats: Tally[str] = Tally()
+        self._inflight: dict[tuple[str, str], asyncio.Task[PlanRecord]] = {}
+        self._report_locks: dict[str, list[Any]] = {}  # plan id → [lock, users]
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._orphan_probes = 0
+
+    # -- PlanTurn ------------------------------------------------------------------------
+
+    async def plan(self, p: PlanInput) -> PlanRecord:
+        """Plan one turn; retries with the same request id get the same plan."""
+        if p.request_id:
+            key = (p.tenant, p.request_id)
+            done = self.store.by_request(*key)
+            if done is not None:
+                self.stats["plans_replayed"] += 1
+                return done
+            task = self._inflight.get(key)
+            if task is None:
+                task = asyncio.ensure_future(self._plan(p))
+                self._inflight[key] = task
+                task.add_done_callback(lambda t: (self._inflight.pop(key, None), _retrieve(t)))
+            return await asyncio.shield(task)
+        task = asyncio.ensure_future(self._plan(p))
+        try:
+            # Shielded: a caller that gives up must not cut a claim off half-recorded.
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._abandoned)
+            raise
+
+    async def _plan(self, p: PlanInput) -> PlanRecord:
+        start = time.perf_counter()
+        prefill = self.pool.choose(p.model, Role.PREFILL)
+        decode = self.pool.choose(p.model, Role.DECODE)
+        if prefill is None or decode is None:
+            role = "PREFILL" if prefill is None else "DECODE"
+            self.stats[f"no_{role.lower()}_engine"] += 1
+            raise BoomerangError(
+                Code.UNAVAILABLE,
+                f"NO_{role}_ENGINE",
+                f"no available {role.lower()} engine serves model {p.model!r}; see ListEngines",
+            )
+        threshold = self.pool.threshold(prefill)
+        block_size = p.chain.block_size if p.chain is not None else self.pool.block_size(p.model)
+        now = time.time()
+        plan_id = new_plan_id(now)
+        claim_id = claim_id_for(p.tenant, p.request_id, plan_id)
+        claim = await self._claim(p, block_size, threshold, claim_id)
+        lease = claim.lease
+        alive = lease is None or self.pool.source_alive(lease.engine_id, lease.engine_generation)
+        d = decide(claim, p.prompt_tokens, block_size, threshold, alive)
+        if d.release_claim and lease is not None:
+            self._spawn(self._release(p.tenant, lease.lease_id, lease.claim_id, f"ROUTER_{d.reason.value}"))
+        pulled = d.decision is PlanDecision.PULL and lease is not None
+        record = PlanRecord(
+            plan_id=plan_id,
+            created_at=plan_time(plan_id),
+            tenant=p.tenant,
+            conversation_id=p.conversation_id,
+            model=p.model,
+            request_id=p.request_id,
+            decision=d.decision,
+            reason=d.reason,
+            prefill_engine_id=prefill.engine_id,
+            prefill_url=prefill.http_base_url,
+            decode_engine_id=decode.engine_id,
+            decode_url=decode.http_base_url,
+            prompt_tokens=p.prompt_tokens,
+            reusable_tokens=d.reusable_tokens,
+            recompute_tokens=d.recompute_tokens,
+            verified_tokens=d.verified_tokens,
+            kv_recompute_threshold=threshold,
+            block_size=block_size,
+            source_engine_id=lease.engine_id if pulled and lease else "",
+            lease_id=lease.lease_id if pulled and lease else "",
+            claim_id=claim_id if pulled else "",
+            router=self.name,
+            outcome_detail=claim.detail,
+            params=kvparams.pull(lease, d.reusable_tokens) if pulled and lease else kvparams.first_turn(),
+        )
+        elapsed = time.perf_counter() - start
+        record.plan_micros = int(elapsed * 1e6)
+        self._remember(record)
+        PLANS.labels(d.decision.value, d.reason.value).inc()
+        PLAN_SECONDS.observe(elapsed)
+        return record
+
+    async def _claim(self, p: PlanInput, block_size: int, threshold: int, claim_id: str) -> ClaimResult:
+        if not p.conversation_id:
+            return ClaimResult(ClaimStatus.NOT_ASKED)
+        if not self.breaker.allow():
+            self.stats["claims_skipped_breaker_open"] += 1
+            return ClaimResult(ClaimStatus.UNAVAILABLE, detail="registry circuit open")
+        chain = p.chain if p.chain is not None else build_chain(p.token_ids or [], block_size)
+        req = rpb.ClaimReuseRequest(
+            tenant=p.tenant,
+            conversation_id=p.conversation_id,
+            prompt_chain=_chain_proto(chain),
+            min_reusable_tokens=claim_floor(p.prompt_tokens, block_size, threshold),
+            min_remaining_seconds=self.settings.min_remaining_seconds,
+            claim_id=claim_id,
+            model=p.model,
+        )
+        try:
+            resp = await self.registry.claim_reuse(req, timeout=self.claim_deadline)
+        except BoomerangClientError as err:
+            transient = err.code in _TRANSIENT
+            if transient:
+                self.breaker.record_failure()
+            self.stats[f"claims_failed_{err.code.lower()}"] += 1
+            if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN") and not p.request_id:
+                self._probe_orphan(req)
+            log.log(logging.INFO if transient else logging.ERROR, "claim failed, planning without reuse: %s", err)
+            return ClaimResult(ClaimStatus.UNAVAILABLE, detail=f"ClaimReuse {err.code} {err.reason}")
+        self.breaker.record_success()
+        status = _CLAIM_STATUS.get(resp.outcome, ClaimStatus.UNAVAILABLE)
+        lease = lease_handle(resp.lease) if status is ClaimStatus.CLAIMED and resp.HasField("lease") else None
+        if status is ClaimStatus.CLAIMED and lease is None:
+            status = ClaimStatus.UNAVAILABLE
+        return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds))
+
+    def _remember(self, record: PlanRecord) -> None:
+        record.counted = True
+        self.pool.add_planned(record.prefill_engine_id, 1, record.recompute_tokens)
+        self.pool.add_planned(record.decode_engine_id, 1, 0)
+        for old in self.store.put(record):
+            self._uncount(old)
+        self.audit.submit(record)
+
+    def _uncount(self, record: PlanRecord) -> None:
+        if record.counted:
+            record.counted = False
+            self.pool.add_planned(record.prefill_engine_id, -1, -record.recompute_tokens)
+            self.pool.add_planned(record.decode_engine_id, -1, 0)
+
+    def _abandoned(self, task: asyncio.Task[PlanRecord]) -> None:
+        """The caller went away before the answer: nobody got this handle, give it back."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        record = task.result()
+        if record.decision is PlanDecision.PULL and record.lease_id:
+            self.stats["claims_released_caller_gone"] += 1
+            record.outcome = "ABANDONED"
+            record.outcome_detail = "the caller went away before the answer; claim released"
+            self._uncount(record)
+            self._spawn(self._release(record.tenant, record.lease_id, record.claim_id, "ROUTER_CALLER_GONE"))
+            self.audit.submit(record)
+
+    # -- giving claims back --------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background claim task failed", exc_info=task.exception())
+
+    async def _release(self, tenant: str, lease_id: str, claim_id: str, reason: str, attempts: int = 3) -> bool:
+        req = rpb.ReleaseClaimRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id, reason=reason)
+        for attempt in range(attempts):
+            try:
+                await self.registry.release_claim(req, timeout=self.settings.report_timeout_seconds)
+                self.stats["claims_released"] += 1
+                return True
+            except BoomerangClientError as err:
+                if err.code not in _TRANSIENT:
+                    log.warning("could not release claim on lease %s: %s", lease_id, err)
+                    return False
+                await asyncio.sleep(0.2 * 2**attempt)
+        log.warning("gave up releasing claim on lease %s; it stays claimed until it expires", lease_id)
+        self.stats["claims_release_failed"] += 1
+        return False
+
+    def _probe_orphan(self, claim: rpb.ClaimReuseRequest) -> None:
+        if self._orphan_probes >= 256:
+            self.stats["orphan_probes_skipped"] += 1
+            return
+        self._orphan_probes += 1
+        self._spawn(self._orphan_probe(claim))
+
+    async def _orphan_probe(self, claim: rpb.ClaimReuseRequest) -> None:
+        """A timed-out claim may still commit: find it under its id and give it back."""
+        probe = rpb.ClaimReuseRequest()
+        probe.CopyFrom(claim)
+        probe.min_reusable_tokens = _NEVER
+        try:
+            for delay in ORPHAN_PROBE_DELAYS:
+                await asyncio.sleep(delay)
+                try:
+                    resp = await self.registry.claim_reuse(probe, timeout=self.settings.report_timeout_seconds)
+                except BoomerangClientError:
+                    continue
+                if resp.outcome == rpb.CLAIM_OUTCOME_CLAIMED and resp.HasField("lease"):
+                    self.stats["orphan_claims_found"] += 1
+                    await self._release(claim.tenant, resp.lease.lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
+                    return
+        finally:
+            self._orphan_probes -= 1
+
+    # -- ReportTurn ----------------------------------------------------------------------
+
+    async def report(self, r: ReportInput) -> ReportResult:
+        """Settle a planned turn; repeating a report repeats nothing but the answer."""
+        slot = self._report_locks.setdefault(r.plan_id, [asyncio.Lock(), 0])
+        slot[1] += 1
+        try:
+            async with slot[0]:
+                return await self._report(r)
+        finally:
+            slot[1] -= 1
+            if slot[1] == 0:
+                self._report_locks.pop(r.plan_id, None)
+
+    async def find(self, tenant: str, plan_id: str, created_at: datetime) -> PlanRecord:
+        """A tenant's plan from memory or `turn_plans`, or NOT_FOUND."""
+        record = self.store.get(plan_id)
+        if record is None:
+            record = await self.repo.get(tenant, plan_id, created_at, self.settings.block_size)
+        if record is None or record.tenant != tenant:
+            raise not_found("PLAN_NOT_FOUND", f"plan {plan_id} does not exist for this tenant (or is not yet recorded)")
+        return record
+
+    async def _report(self, r: ReportInput) -> ReportResult:
+        record = await self.find(r.tenant, r.plan_id, r.created_at)
+        if r.conversation_id and r.conversation_id != record.conversation_id:
+            raise invalid([FieldViolation("conversation_id", "differs from the plan's conversation")])
+        pulled = record.decision is PlanDecision.PULL and bool(record.lease_id)
+        if pulled and record.handle_use and HandleUse(record.handle_use).consumed != r.handle_use.consumed:
+            raise failed_precondition(
+                "PLAN_ALREADY_REPORTED",
+                f"plan {record.plan_id} was reported with handle_use {record.handle_use}; a report "
+                "cannot change whether the handle was read",
+            )
+        lease_state, handle_detail = await self._settle_handle(record, r.handle_use) if pulled else ("", "")
+        retention, lease, retain_detail = await self._retain(record, r)
+        first = record.reported_at is None
+        if first:
+            record.reported_at = datetime.now(timezone.utc)
+        record.handle_use = r.handle_use.value if pulled else ""
+        record.claimed_lease_state = lease_state
+        record.retention = retention.value
+        record.new_lease_id = lease.lease_id if lease is not None else ""
+        record.outcome = turn_outcome(record.decision, r.handle_use, lease_state)
+        record.outcome_detail = "; ".join(d for d in (handle_detail, retain_detail) if d)
+        self._uncount(record)
+        self.audit.submit(record)
+        self.stats["reports"] += 1
+        return ReportResult(record, lease_state, retention, lease, retain_detail)
+
+    async def _settle_handle(self, record: PlanRecord, use: HandleUse) -> tuple[str, str]:
+        """MarkConsumed (read, or not known) or ReleaseClaim (never read)."""
+        try:
+            if use.consumed:
+                done = await self.registry.mark_consumed(
+                    rpb.MarkConsumedRequest(tenant=record.tenant, lease_id=record.lease_id, claim_id=record.claim_id),
+                    timeout=self.settings.report_timeout_seconds,
+                )
+                return lease_state_name(done.lease.state), ""
+            back = await self.registry.release_claim(
+                rpb.ReleaseClaimRequest(
+                    tenant=record.tenant, lease_id=record.lease_id, claim_id=record.claim_id, reason="PREFILL_DID_NOT_READ"
+                ),
+                timeout=self.settings.report_timeout_seconds,
+            )
+            return lease_state_name(back.lease.state), ""
+        except BoomerangClientError as err:
+            if err.code in _TRANSIENT:
+                raise _registry_down(err) from None
+            state = ""
+            if err.code == "FAILED_PRECONDITION" and err.reason.startswith("LEASE_"):
+                state = err.reason.removeprefix("LEASE_")  # the state the lease had already ended in
+            log.warning("plan %s: settling its claim: %s", record.plan_id, err)
+            return state, f"{'MarkConsumed' if use.consumed else 'ReleaseClaim'}: {err.reason}"
+
+    async def _retain(self, record: PlanRecord, r: ReportInput) -> tuple[Retention, tpb.Lease | None, str]:
+        """Register D's retained blocks as the conversation's next lease."""
+        if not record.conversation_id:
+            return Retention.NO_CONVERSATION, None, ""
+        p = r.decode_params
+        if p is None or not kvparams.accepts_pull(p):
+            return Retention.NOT_RETAINED, None, ""
+        assert p.remote_engine_id and p.remote_request_id and p.remote_port and p.remote_num_tokens
+        known = self.pool.known(p.remote_engine_id)
+        generation = p.remote_registration_generation
+        if generation is None:
+            generation = known.generation if known is not None else 0
+        host = p.remote_host or ""
+        if self.settings.remote_host_from_url and record.decode_url:
+            host = urlparse(record.decode_url).hostname or host
+        if r.chain is not None:
+            chain = r.chain
+        else:
+            block_size = known.block_size if known is not None and known.block_size else self.settings.block_size
+            tokens = r.token_ids or []
+            chain = build_chain(tokens[: min(p.remote_num_tokens, len(tokens))], block_size)
+        if chain.num_tokens == 0:
+            return Retention.NOT_RETAINED, None, ""
+        req = rpb.RegisterRetainedBlocksRequest(
+            tenant=record.tenant,
+            conversation_id=record.conversation_id,
+            engine_id=p.remote_engine_id,
+            engine_generation=generation,
+            remote_request_id=p.remote_request_id,
+            block_groups=[tpb.BlockIdGroup(block_ids=list(g)) for g in p.remote_block_ids or ()],
+            num_tokens=chain.num_tokens,
+            token_chain=_chain_proto(chain),
+            finish_time_unix=r.finish_time_unix,
+            remote_host=host,
+            remote_port=p.remote_port,
+            model=record.model,
+            request_id=f"report-{record.plan_id}",
+        )
+        for attempt in (1, 2):
+            try:
+                resp = await self.registry.register_retained_blocks(req, timeout=self.settings.report_timeout_seconds)
+                return (Retention.REGISTERED if resp.created else Retention.ALREADY_REGISTERED), resp.lease, ""
+            except BoomerangClientError as err:
+                if err.code in _TRANSIENT:
+                    raise _registry_down(err) from None
+                unknown = err.reason in ("ENGINE_NOT_REGISTERED", "GENERATION_NOT_REGISTERED")
+                if attempt == 1 and unknown:
+                    refused = await self._register_decode_engine(record, p, generation, host, chain.block_size)
+                    if refused:
+                        return Retention.REJECTED, None, refused
+                    continue
+                log.info("plan %s: registry refused the retained blocks: %s", record.plan_id, err)
+                return Retention.REJECTED, None, err.reason
+        return Retention.REJECTED, None, "ENGINE_NOT_REGISTERED"  # pragma: no cover - loop returns
+
+    async def _register_decode_engine(
+        self, record: PlanRecord, p: kvparams.KvParams, generation: int, host: str, block_size: int
+    ) -> str:
+        """Register D (unknown to the registry, or at a newer generation) from its own params.
+
+        Returns the registry's refusal reason, or "" when it registered.
+        """
+        engine = tpb.Engine(
+            engine_id=p.remote_engine_id or "",
+            role=tpb.ENGINE_ROLE_DECODE,
+            model=record.model,
+            side_channel_host=host,
+            side_channel_port=p.remote_port or 0,
+            http_base_url=record.decode_url,
+            registration_generation=generation,
+            block_size=block_size,
+            tp_size=p.tp_size or 1,
+            dcp_size=p.dcp_size or 1,
+            pp_size=p.pp_size or 1,
+        )
+        try:
+            await self.registry.register_engine(
+                rpb.RegisterEngineRequest(engine=engine, request_id=f"report-{record.plan_id}-engine"),
+                timeout=self.settings.report_timeout_seconds,
+            )
+        except BoomerangClientError as err:
+            if err.code in _TRANSIENT:
+                raise _registry_down(err) from None
+            return err.reason
+        self.stats["decode_engines_registered"] += 1
+        log.info("registered decode engine %s generation %d from its handle", engine.engine_id, generation)
+        return ""
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Wait (bounded) for background releases; orphan probes still sleeping are cancelled."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(list(self._tasks), timeout=timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _chain_proto(chain: TokenChain) -> tpb.TokenChain:
+    return tpb.TokenChain(
+        block_size=chain.block_size,
+        num_tokens=chain.num_tokens,
+        block_hashes=chain.block_hashes,
+        tail_hash=chain.tail_hash,
+    )
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a finished task's exception as seen (its owner already handled or logged it)."""
+    if task.done() and not task.cancelled():
+        task.exception()

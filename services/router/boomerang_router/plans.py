@@ -1,0 +1,139 @@
+"""Plans: the record of one turn's plan and outcome, its id, and the in-memory store.
+
+A plan id is a UUIDv7 (RFC 9562): its first 48 bits are the plan's creation time in Unix
+milliseconds, so the audit row's `created_at` (the `turn_plans` partition key) can be read
+back from the id alone and a lookup by id touches one partition.
+
+The store keeps recent plans in memory so ReportTurn and retried PlanTurn calls on this
+replica need no database read, and so unreported plans count towards engine load. Plans
+leave it after `ttl` seconds or beyond `max_plans`; older ones are read from `turn_plans`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+from boomerang_router.domain import PlanDecision, PlanReason
+from boomerang_router.kvparams import KvParams
+
+# Namespace of claim ids derived from a caller's request id (stable across replicas).
+CLAIM_NAMESPACE = uuid.UUID("6d0c1f4e-7a0b-4c61-9d3e-4b6f6f6d6572")
+
+
+def new_plan_id(now: float | None = None) -> str:
+    """A fresh UUIDv7 for a plan made at `now` (Unix seconds)."""
+    ms = int((time.time() if now is None else now) * 1000)
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76  # version 7
+    value |= (rand >> 68) << 64  # 12 random bits
+    value |= 0b10 << 62  # RFC 4122 variant
+    value |= rand & ((1 << 62) - 1)
+    return str(uuid.UUID(int=value))
+
+
+def plan_time(plan_id: str) -> datetime:
+    """The creation time a plan id carries; ValueError when it is not a plan id."""
+    value = uuid.UUID(plan_id)
+    if value.version != 7:
+        raise ValueError("is not a plan id (a UUIDv7 returned by PlanTurn)")
+    return datetime.fromtimestamp((value.int >> 80) / 1000, tz=timezone.utc)
+
+
+def claim_id_for(tenant: str, request_id: str, plan_id: str) -> str:
+    """The registry claim id: stable per (tenant, request id) so retries reclaim the same lease."""
+    if not request_id:
+        return plan_id
+    return str(uuid.uuid5(CLAIM_NAMESPACE, f"{tenant}\x00{request_id}"))
+
+
+@dataclass
+class PlanRecord:
+    """One turn's plan and, once reported, its outcome (a `turn_plans` row)."""
+
+    plan_id: str
+    created_at: datetime
+    tenant: str
+    conversation_id: str
+    model: str
+    request_id: str
+    decision: PlanDecision
+    reason: PlanReason
+    prefill_engine_id: str
+    prefill_url: str
+    decode_engine_id: str
+    decode_url: str
+    prompt_tokens: int
+    reusable_tokens: int
+    recompute_tokens: int
+    verified_tokens: int
+    kv_recompute_threshold: int
+    block_size: int
+    source_engine_id: str = ""
+    lease_id: str = ""
+    claim_id: str = ""
+    plan_micros: int = 0
+    router: str = ""
+    reported_at: datetime | None = None
+    handle_use: str = ""
+    claimed_lease_state: str = ""
+    retention: str = ""
+    new_lease_id: str = ""
+    outcome: str = ""
+    outcome_detail: str = ""
+    # Not stored: the params handed out (kept so a retried PlanTurn gets the same answer),
+    # and whether this plan is counted in this router's engine load.
+    params: KvParams | None = None
+    counted: bool = False
+
+
+class PlanStore:
+    """Recent plans by id (and by the caller's request id), oldest evicted first."""
+
+    def __init__(self, ttl: float, max_plans: int, clock: Callable[[], float] = time.monotonic):
+        self.ttl = ttl
+        self.max_plans = max_plans
+        self._mono = clock
+        self._plans: OrderedDict[str, tuple[float, PlanRecord]] = OrderedDict()
+        self._by_request: dict[tuple[str, str], str] = {}
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def put(self, record: PlanRecord) -> list[PlanRecord]:
+        """Keep `record`; returns the plans evicted to make room or because they are old."""
+        self._plans[record.plan_id] = (self._mono(), record)
+        self._plans.move_to_end(record.plan_id)
+        if record.request_id:
+            self._by_request[(record.tenant, record.request_id)] = record.plan_id
+        return self.evict()
+
+    def get(self, plan_id: str) -> PlanRecord | None:
+        """A plan still in memory."""
+        item = self._plans.get(plan_id)
+        return None if item is None else item[1]
+
+    def by_request(self, tenant: str, request_id: str) -> PlanRecord | None:
+        """The plan made for a caller's request id, if still in memory."""
+        plan_id = self._by_request.get((tenant, request_id))
+        return None if plan_id is None else self.get(plan_id)
+
+    def evict(self) -> list[PlanRecord]:
+        """Drop plans past their time or over the size limit; returns them."""
+        out: list[PlanRecord] = []
+        cutoff = self._mono() - self.ttl
+        while self._plans:
+            plan_id, (stamp, record) = next(iter(self._plans.items()))
+            if stamp >= cutoff and len(self._plans) <= self.max_plans:
+                break
+            del self._plans[plan_id]
+            if record.request_id:
+                self._by_request.pop((record.tenant, record.request_id), None)
+            out.append(record)
+        return out

@@ -1,0 +1,267 @@
+"""The router's SQL edge: `turn_plans`, written off the plan's critical path.
+
+A plan answer never waits for Postgres. Each plan (and later its outcome) is handed to the
+`AuditWriter`, which upserts pending rows in batches from a background task. The pending
+set is keyed by plan id, so a plan reported before its first row was flushed is written
+once, whole. When Postgres is down the writer retries a batch a few times, then drops it:
+dropped rows are logged and counted (`boomerang_router_audit_rows_dropped_total`), never
+turned into failed plans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from datetime import datetime
+from typing import Any, Mapping
+
+from prometheus_client import Counter
+from sqlalchemy import and_, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from boomerang.db.models import turn_plans
+from boomerang_router.domain import PlanDecision, PlanReason
+from boomerang_router.plans import PlanRecord
+
+log = logging.getLogger(__name__)
+
+ROWS_WRITTEN = Counter("boomerang_router_audit_rows_written", "turn_plans rows upserted")
+ROWS_DROPPED = Counter(
+    "boomerang_router_audit_rows_dropped", "turn_plans rows given up on (queue full or Postgres failing)"
+)
+
+# Columns an outcome fills in; a row written again keeps what is already there unless the
+# new row knows better (the plan's own columns never change).
+_OUTCOME_COLUMNS = (
+    "reported_at",
+    "handle_use",
+    "claimed_lease_state",
+    "retention",
+    "new_lease_id",
+    "outcome",
+    "outcome_detail",
+)
+
+
+def to_row(r: PlanRecord) -> dict[str, Any]:
+    """The `turn_plans` row of a plan record."""
+    return {
+        "plan_id": r.plan_id,
+        "created_at": r.created_at,
+        "tenant": r.tenant,
+        "conversation_id": r.conversation_id,
+        "model": r.model,
+        "request_id": r.request_id,
+        "router": r.router,
+        "decision": r.decision.value,
+        "reason": r.reason.value,
+        "prefill_engine_id": r.prefill_engine_id,
+        "prefill_url": r.prefill_url,
+        "decode_engine_id": r.decode_engine_id,
+        "decode_url": r.decode_url,
+        "source_engine_id": r.source_engine_id or None,
+        "lease_id": r.lease_id or None,
+        "claim_id": r.claim_id or None,
+        "prompt_tokens": r.prompt_tokens,
+        "verified_tokens": r.verified_tokens,
+        "reused_tokens": r.reusable_tokens,
+        "recomputed_tokens": r.recompute_tokens,
+        "kv_recompute_threshold": r.kv_recompute_threshold,
+        "plan_micros": min(r.plan_micros, 2**31 - 1),
+        "reported_at": r.reported_at,
+        "handle_use": r.handle_use or None,
+        "claimed_lease_state": r.claimed_lease_state or None,
+        "retention": r.retention or None,
+        "new_lease_id": r.new_lease_id or None,
+        "outcome": r.outcome or None,
+        "outcome_detail": r.outcome_detail or None,
+    }
+
+
+def from_row(row: Mapping[str, Any], block_size: int) -> PlanRecord:
+    """A plan record from a `turn_plans` row."""
+    return PlanRecord(
+        plan_id=str(row["plan_id"]),
+        created_at=row["created_at"],
+        tenant=row["tenant"],
+        conversation_id=row["conversation_id"],
+        model=row["model"],
+        request_id=row["request_id"],
+        router=row["router"],
+        decision=PlanDecision(row["decision"]),
+        reason=PlanReason(row["reason"]),
+        prefill_engine_id=row["prefill_engine_id"],
+        prefill_url=row["prefill_url"],
+        decode_engine_id=row["decode_engine_id"],
+        decode_url=row["decode_url"],
+        source_engine_id=row["source_engine_id"] or "",
+        lease_id=str(row["lease_id"]) if row["lease_id"] else "",
+        claim_id=row["claim_id"] or "",
+        prompt_tokens=row["prompt_tokens"],
+        verified_tokens=row["verified_tokens"],
+        reusable_tokens=row["reused_tokens"],
+        recompute_tokens=row["recomputed_tokens"],
+        kv_recompute_threshold=row["kv_recompute_threshold"],
+        block_size=block_size,
+        plan_micros=row["plan_micros"],
+        reported_at=row["reported_at"],
+        handle_use=row["handle_use"] or "",
+        claimed_lease_state=row["claimed_lease_state"] or "",
+        retention=row["retention"] or "",
+        new_lease_id=str(row["new_lease_id"]) if row["new_lease_id"] else "",
+        outcome=row["outcome"] or "",
+        outcome_detail=row["outcome_detail"] or "",
+    )
+
+
+def _upsert_statement() -> Any:
+    stmt = pg_insert(turn_plans)
+    return stmt.on_conflict_do_update(
+        index_elements=[turn_plans.c.plan_id, turn_plans.c.created_at],
+        set_={
+            name: text(f"COALESCE(EXCLUDED.{name}, turn_plans.{name})")  # noqa: S608 - fixed names
+            for name in _OUTCOME_COLUMNS
+        },
+    )
+
+
+class TurnPlanRepository:
+    """Reads and writes of `turn_plans`; every read is scoped to one tenant."""
+
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+        self._upsert = _upsert_statement()
+
+    async def upsert(self, rows: list[dict[str, Any]]) -> None:
+        """Write plan rows (insert, or fill in their outcome) in one transaction."""
+        if rows:
+            async with self.engine.begin() as conn:
+                await conn.execute(self._upsert, rows)
+
+    async def get(self, tenant: str, plan_id: str, created_at: datetime, block_size: int) -> PlanRecord | None:
+        """One tenant's plan by id (`created_at` comes from the id and selects the partition)."""
+        query = select(turn_plans).where(
+            and_(
+                turn_plans.c.plan_id == plan_id,
+                turn_plans.c.created_at == created_at,
+                turn_plans.c.tenant == tenant,
+            )
+        )
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else from_row(row._mapping, block_size)
+
+    async def ensure_partitions(self) -> int:
+        """Create the daily partitions around today (idempotent)."""
+        async with self.engine.begin() as conn:
+            made = await conn.execute(text("SELECT boomerang_ensure_turn_plan_partitions(1, 7)"))
+            return int(made.scalar_one())
+
+
+class AuditWriter:
+    """Batches `turn_plans` rows to Postgres from a background task."""
+
+    def __init__(
+        self,
+        repo: TurnPlanRepository,
+        flush_interval: float = 0.1,
+        batch_size: int = 500,
+        max_pending: int = 100_000,
+        attempts: int = 3,
+        partition_interval: float = 3600.0,
+    ):
+        self.repo = repo
+        self.flush_interval = flush_interval
+        self.batch_size = batch_size
+        self.max_pending = max_pending
+        self.attempts = attempts
+        self.partition_interval = partition_interval
+        self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.written = 0
+        self.dropped = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def submit(self, record: PlanRecord) -> bool:
+        """Queue a plan's row (replacing any unwritten older row of it); False if dropped."""
+        key = record.plan_id
+        if key not in self.pending and len(self.pending) >= self.max_pending:
+            self._drop(1, "the audit queue is full")
+            return False
+        self.pending[key] = to_row(record)
+        if len(self.pending) >= self.batch_size:
+            self._wake.set()
+        return True
+
+    def start(self) -> None:
+        """Start the background flusher."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="turn-plans-writer")
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Flush what is pending (for at most `timeout` seconds) and stop."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+            self._task = None
+        if self.pending:
+            self._drop(len(self.pending), "the router stopped before they were written")
+            self.pending.clear()
+
+    async def flush(self) -> None:
+        """Write everything pending now (used at shutdown and by tests)."""
+        while self.pending:
+            if not await self._flush_batch():
+                return
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_partitions = loop.time() + self.partition_interval
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            await self.flush()
+            if loop.time() >= next_partitions:
+                next_partitions = loop.time() + self.partition_interval
+                try:
+                    await self.repo.ensure_partitions()
+                except Exception:  # noqa: BLE001 - the default partition still takes rows
+                    log.warning("could not create turn_plans partitions", exc_info=True)
+        await self.flush()
+
+    async def _flush_batch(self) -> bool:
+        keys = list(self.pending)[: self.batch_size]
+        rows = [self.pending[k] for k in keys]
+        for k in keys:
+            del self.pending[k]
+        for attempt in range(1, self.attempts + 1):
+            try:
+                await self.repo.upsert(rows)
+                self.written += len(rows)
+                ROWS_WRITTEN.inc(len(rows))
+                return True
+            except Exception as exc:  # noqa: BLE001 - the audit must never fail a plan
+                if attempt == self.attempts:
+                    self._drop(len(rows), f"Postgres refused them: {exc.__class__.__name__}: {exc}")
+                    return False
+                if self._stopping:
+                    delay = 0.05
+                else:
+                    delay = min(1.0, self.flush_interval * 2**attempt)
+                await asyncio.sleep(delay)
+        return False
+
+    def _drop(self, count: int, why: str) -> None:
+        self.dropped += count
+        ROWS_DROPPED.inc(count)
+        log.error("dropped %d turn_plans audit row(s): %s", count, why[:500])

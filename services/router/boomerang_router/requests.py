@@ -1,0 +1,274 @@
+"""Request validation: protobuf requests in, validated values out (or INVALID_ARGUMENT).
+
+Every problem of a request is reported at once, each naming its field. Nothing here
+touches the network or the database.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from boomerang.errors import Violations
+from boomerang.tokenchain import TokenChain
+from boomerang.v1 import router_service_pb2 as rtpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_router import kvparams
+from boomerang_router.domain import HandleUse
+from boomerang_router.kvparams import KvParams
+from boomerang_router.plans import plan_time
+
+MAX_ID = 128
+MAX_CONVERSATION_ID = 256
+MAX_TEXT = 512
+_PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
+_HANDLE_USE = {
+    rtpb.HANDLE_USE_UNSPECIFIED: HandleUse.UNKNOWN,
+    rtpb.HANDLE_USE_READ: HandleUse.READ,
+    rtpb.HANDLE_USE_NOT_READ: HandleUse.NOT_READ,
+    rtpb.HANDLE_USE_UNKNOWN: HandleUse.UNKNOWN,
+}
+
+
+def check_id(v: Violations, path: str, value: str, limit: int = MAX_ID, required: bool = True) -> None:
+    """An identifier: printable ASCII without spaces, at most `limit` characters."""
+    if not value:
+        if required:
+            v.add(path, "is required")
+        return
+    if len(value) > limit:
+        v.add(path, f"must be at most {limit} characters, got {len(value)}")
+    elif not _PRINTABLE.match(value):
+        v.add(path, "must be printable ASCII without spaces")
+
+
+def check_conversation(v: Violations, path: str, value: str) -> None:
+    """An optional conversation id: no control characters, at most 256 characters."""
+    if len(value) > MAX_CONVERSATION_ID:
+        v.add(path, f"must be at most {MAX_CONVERSATION_ID} characters, got {len(value)}")
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        v.add(path, "must not contain control characters")
+
+
+def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain) -> TokenChain | None:
+    """A validated token chain, or None after recording why not."""
+    chain = TokenChain(msg.block_size, msg.num_tokens, msg.block_hashes, msg.tail_hash)
+    try:
+        chain.validate()
+    except ValueError as exc:
+        v.add(path, str(exc))
+        return None
+    return chain
+
+
+def check_plan_id(v: Violations, path: str, value: str) -> datetime | None:
+    """A plan id (UUIDv7); returns the creation time it carries."""
+    if not value:
+        v.add(path, "is required")
+        return None
+    try:
+        return plan_time(value)
+    except ValueError:
+        v.add(path, "must be a plan id (a UUIDv7) returned by PlanTurn")
+        return None
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """A validated PlanTurn request."""
+
+    tenant: str
+    conversation_id: str
+    model: str
+    token_ids: list[int] | None
+    chain: TokenChain | None
+    prompt_tokens: int
+    request_id: str
+
+
+def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
+    """Validate PlanTurnRequest."""
+    v = Violations()
+    check_id(v, "tenant", req.tenant)
+    check_conversation(v, "conversation_id", req.conversation_id)
+    check_id(v, "model", req.model, MAX_TEXT)
+    check_id(v, "request_id", req.request_id, required=False)
+    has_ids, has_chain = len(req.prompt_token_ids) > 0, req.HasField("prompt_chain")
+    chain = None
+    length = 0
+    if has_ids and has_chain:
+        v.add("prompt_chain", "give prompt_token_ids or prompt_chain, not both")
+    elif has_ids:
+        length = len(req.prompt_token_ids)
+    elif has_chain:
+        chain = chain_from_proto(v, "prompt_chain", req.prompt_chain)
+        length = chain.num_tokens if chain is not None else 0
+        if chain is not None and length == 0:
+            v.add("prompt_chain.num_tokens", "must be at least 1")
+    else:
+        v.add("prompt_token_ids", "is required (or give prompt_chain)")
+    if length > max_prompt_tokens:
+        v.add("prompt_token_ids" if has_ids else "prompt_chain.num_tokens", f"at most {max_prompt_tokens} tokens are accepted")
+    if req.num_prompt_tokens < 0:
+        v.add("num_prompt_tokens", "must be non-negative")
+    elif req.num_prompt_tokens and length and req.num_prompt_tokens != length:
+        v.add("num_prompt_tokens", f"is {req.num_prompt_tokens} but the prompt has {length} tokens")
+    v.raise_if_any()
+    return PlanInput(
+        tenant=req.tenant,
+        conversation_id=req.conversation_id,
+        model=req.model,
+        token_ids=list(req.prompt_token_ids) if has_ids else None,
+        chain=chain,
+        prompt_tokens=length,
+        request_id=req.request_id,
+    )
+
+
+@dataclass(frozen=True)
+class ReportInput:
+    """A validated ReportTurn request."""
+
+    tenant: str
+    plan_id: str
+    created_at: datetime
+    handle_use: HandleUse
+    decode_params: KvParams | None
+    token_ids: list[int] | None  # prompt then output
+    chain: TokenChain | None
+    finish_time_unix: float
+    conversation_id: str
+    request_id: str
+
+
+def params_from_proto(msg: tpb.KvTransferParams) -> KvParams:
+    """The typed `kv_transfer_params` message as KvParams."""
+
+    def opt(name: str) -> object:
+        return getattr(msg, name) if msg.HasField(name) else None
+
+    groups = tuple(tuple(g.block_ids) for g in msg.remote_block_groups)
+    return KvParams(
+        do_remote_decode=msg.do_remote_decode,
+        do_remote_prefill=msg.do_remote_prefill,
+        remote_block_ids=groups or None,
+        remote_engine_id=opt("remote_engine_id"),  # type: ignore[arg-type]
+        remote_request_id=opt("remote_request_id"),  # type: ignore[arg-type]
+        remote_host=opt("remote_host"),  # type: ignore[arg-type]
+        remote_port=opt("remote_port"),  # type: ignore[arg-type]
+        tp_size=opt("tp_size"),  # type: ignore[arg-type]
+        dcp_size=opt("dcp_size"),  # type: ignore[arg-type]
+        pp_size=opt("pp_size"),  # type: ignore[arg-type]
+        remote_num_tokens=opt("remote_num_tokens"),  # type: ignore[arg-type]
+        remote_blocks_expiry_time=opt("remote_blocks_expiry_time"),  # type: ignore[arg-type]
+        remote_registration_generation=opt("remote_registration_generation"),  # type: ignore[arg-type]
+        transfer_mode=opt("transfer_mode"),  # type: ignore[arg-type]
+    )
+
+
+def _check_handle(v: Violations, path: str, p: KvParams) -> None:
+    """A decode handle that claims to be reusable must carry everything P will need."""
+    if not (p.do_remote_decode and p.remote_block_ids and any(p.remote_block_ids)):
+        return  # D retained nothing reusable: nothing to check
+    for name in ("remote_engine_id", "remote_request_id", "remote_host"):
+        value = getattr(p, name)
+        if not value:
+            v.add(f"{path}.{name}", "is required with remote_block_ids")
+        elif len(value) > (255 if name == "remote_host" else MAX_TEXT):
+            v.add(f"{path}.{name}", "is too long")
+    if p.remote_port is None or not 1 <= p.remote_port <= 65535:
+        v.add(f"{path}.remote_port", "must be 1 to 65535 with remote_block_ids")
+    if p.remote_num_tokens is None or p.remote_num_tokens < 1:
+        v.add(f"{path}.remote_num_tokens", "must be at least 1 with remote_block_ids")
+    if any(b < 0 or b > 2**31 - 1 for g in p.remote_block_ids for b in g):
+        v.add(f"{path}.remote_block_ids", "block ids must be 0 to 2147483647")
+    if any(not g for g in p.remote_block_ids):
+        v.add(f"{path}.remote_block_ids", "every KV-cache group must hold at least one block id")
+    for name in ("tp_size", "dcp_size", "pp_size"):
+        value = getattr(p, name)
+        if value is not None and not 1 <= value <= 4096:
+            v.add(f"{path}.{name}", "must be 1 to 4096")
+    if p.remote_registration_generation is not None and p.remote_registration_generation < 0:
+        v.add(f"{path}.remote_registration_generation", "must be non-negative")
+
+
+def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
+    """Validate ReportTurnRequest."""
+    v = Violations()
+    check_id(v, "tenant", req.tenant)
+    created = check_plan_id(v, "plan_id", req.plan_id)
+    check_conversation(v, "conversation_id", req.conversation_id)
+    check_id(v, "request_id", req.request_id, required=False)
+    if req.handle_use not in _HANDLE_USE:
+        v.add("handle_use", "is not a HandleUse")
+    params: KvParams | None = None
+    has_typed, has_json = req.HasField("decode_kv_transfer_params"), bool(req.decode_kv_transfer_params_json)
+    if has_typed and has_json:
+        v.add("decode_kv_transfer_params_json", "give decode_kv_transfer_params or its JSON, not both")
+    elif has_typed:
+        params = params_from_proto(req.decode_kv_transfer_params)
+        _check_handle(v, "decode_kv_transfer_params", params)
+    elif has_json:
+        try:
+            params = kvparams.from_json(req.decode_kv_transfer_params_json)
+        except ValueError as exc:
+            v.add("decode_kv_transfer_params_json", str(exc))
+        if params is not None:
+            _check_handle(v, "decode_kv_transfer_params_json", params)
+    token_ids: list[int] | None = None
+    chain: TokenChain | None = None
+    if req.prompt_token_ids or req.output_token_ids:
+        token_ids = [*req.prompt_token_ids, *req.output_token_ids]
+        if req.HasField("sequence_chain"):
+            v.add("sequence_chain", "give token ids or sequence_chain, not both")
+        if len(token_ids) > max_tokens:
+            v.add("prompt_token_ids", f"prompt plus output may hold at most {max_tokens} tokens")
+    elif req.HasField("sequence_chain"):
+        chain = chain_from_proto(v, "sequence_chain", req.sequence_chain)
+        if chain is not None and params is not None and params.remote_num_tokens is not None:
+            if chain.num_tokens > params.remote_num_tokens:
+                v.add("sequence_chain.num_tokens", "must not exceed the handle's remote_num_tokens")
+        if chain is not None and chain.num_tokens == 0:
+            v.add("sequence_chain.num_tokens", "must be at least 1")
+    if params is not None and kvparams.accepts_pull(params) and token_ids is None and chain is None:
+        v.add("prompt_token_ids", "is required with a reusable decode handle (or give sequence_chain)")
+    if req.finish_time_unix and not (math.isfinite(req.finish_time_unix) and 0 < req.finish_time_unix < 32503680000):
+        v.add("finish_time_unix", "must be seconds since the Unix epoch")
+    v.raise_if_any()
+    assert created is not None
+    return ReportInput(
+        tenant=req.tenant,
+        plan_id=req.plan_id,
+        created_at=created,
+        handle_use=_HANDLE_USE[req.handle_use],
+        decode_params=params,
+        token_ids=token_ids,
+        chain=chain,
+        finish_time_unix=req.finish_time_unix,
+        conversation_id=req.conversation_id,
+        request_id=req.request_id,
+    )
+
+
+def get_plan(req: rtpb.GetTurnPlanRequest) -> datetime:
+    """Validate GetTurnPlanRequest; returns the plan's creation time."""
+    v = Violations()
+    check_id(v, "tenant", req.tenant)
+    created = check_plan_id(v, "plan_id", req.plan_id)
+    v.raise_if_any()
+    assert created is not None
+    return created
+
+
+def list_engines(req: rtpb.RouterServiceListEnginesRequest) -> None:
+    """Validate RouterServiceListEnginesRequest."""
+    v = Violations()
+    v.require(len(req.model) <= MAX_TEXT, "model", f"must be at most {MAX_TEXT} characters")
+    v.require(
+        req.role in (tpb.ENGINE_ROLE_UNSPECIFIED, tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE),
+        "role",
+        "is not an EngineRole",
+    )
+    v.raise_if_any()

@@ -1,0 +1,105 @@
+"""`boomerang router`: wire the router together and serve it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from boomerang.clients.registry import RegistryClient
+from boomerang.db.engine import make_engine, warm_pool
+from boomerang.db.migrate import upgrade
+from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
+from boomerang.metrics import serve_metrics
+from boomerang.settings import RouterSettings
+from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
+from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+from boomerang_router.engines import HealthProber, Periodic, RegistryRefresher
+from boomerang_router.planner import Router
+from boomerang_router.pool import EnginePool, Role, parse_static
+from boomerang_router.repository import AuditWriter, TurnPlanRepository
+from boomerang_router.servicer import RouterServicer
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "boomerang.v1.RouterService"
+
+
+def build_pool(settings: RouterSettings) -> EnginePool:
+    """The engine pool with the static engines from the settings."""
+    pool = EnginePool(
+        heartbeat_timeout=settings.heartbeat_timeout_seconds,
+        inflight_token_weight=settings.inflight_token_weight,
+        default_block_size=settings.block_size,
+        default_threshold=settings.kv_recompute_threshold,
+    )
+    pool.set_static(
+        [parse_static(s, Role.PREFILL) for s in settings.prefill_engines]
+        + [parse_static(s, Role.DECODE) for s in settings.decode_engines]
+    )
+    return pool
+
+
+async def _warm_registry(registry: RegistryClient, refresher: RegistryRefresher, timeout: float = 5.0) -> None:
+    """Connect to the registry and load the engine pool before taking calls (best effort)."""
+    try:
+        await asyncio.wait_for(registry.channel.channel_ready(), timeout)
+    except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+        log.warning("registry %s not reachable at start; plans are degraded until it is", registry.target)
+        return
+    if not await refresher.refresh():
+        log.warning("could not load engines from the registry at start; retrying in the background")
+
+
+async def run(settings: RouterSettings) -> None:
+    """Migrate, warm the pools, serve until SIGTERM, drain."""
+    url = settings.require_database()
+    setup_tracing("boomerang-router")
+    if settings.migrate_on_start:
+        await asyncio.to_thread(upgrade, url)
+    engine = make_engine(url, settings.db_pool_size, "boomerang-router")
+    instrument_engine(engine)
+    await warm_pool(engine, min(2, settings.db_pool_size))
+    repo = TurnPlanRepository(engine)
+    await repo.ensure_partitions()
+    audit = AuditWriter(
+        repo,
+        flush_interval=settings.audit_flush_ms / 1000,
+        batch_size=settings.audit_batch_size,
+        max_pending=settings.audit_queue_max,
+    )
+    audit.start()
+    registry = RegistryClient(settings.registry_address, timeout=settings.report_timeout_seconds)
+    pool = build_pool(settings)
+    refresher = RegistryRefresher(pool, registry)
+    await _warm_registry(registry, refresher)
+    prober = HealthProber(pool, failures=settings.health_check_failures)
+    if pool.static and settings.health_check_seconds > 0:
+        await prober.probe_all()
+    loops = [
+        Periodic("engine-refresh", settings.engine_refresh_seconds, refresher.tick),
+        Periodic("engine-health", settings.health_check_seconds if pool.static else 0, prober.probe_all),
+    ]
+    for loop in loops:
+        loop.start()
+    router = Router(settings, registry, pool, audit, repo)
+    serve_metrics(settings.metrics_listen)
+
+    async def stop() -> None:
+        for loop in loops:
+            await loop.stop()
+        await router.drain()
+        await audit.stop()
+        await prober.close()
+        await registry.close()
+        await engine.dispose()
+
+    options = ServerOptions(
+        name="router",
+        listen=settings.listen,
+        grace_seconds=settings.grace_seconds,
+        drain_delay_seconds=settings.drain_delay_seconds,
+        max_message_bytes=settings.max_message_bytes,
+        interceptors=grpc_server_interceptors(),
+    )
+    await serve(options, [ServiceSpec(SERVICE_NAME, rtgrpc.add_RouterServiceServicer_to_server, RouterServicer(router))], on_stop=stop)
