@@ -52,6 +52,10 @@ class CommonSettings(BaseSettings):
     metrics_listen: str = Field(
         default="", description="HOST:PORT for the Prometheus /metrics endpoint; empty: off."
     )
+    require_auth: bool = Field(
+        default=False,
+        description="Refuse calls without a client certificate or bearer token.",
+    )
     migrate_on_start: bool = Field(
         default=True, description="Apply database migrations when the service starts."
     )
@@ -182,6 +186,93 @@ class ReaperSettings(CommonSettings):
     @classmethod
     def _address(cls, value: str) -> str:
         return _check_listen(value)
+
+
+from typing import Annotated  # noqa: E402 - kept with the gateway's settings
+
+from pydantic_settings import NoDecode  # noqa: E402
+
+
+def _split_urls(value: Any) -> list[str]:
+    """A list of URLs from a list or a comma-separated string (the environment's form)."""
+    items = value.split(",") if isinstance(value, str) else list(value or [])
+    urls = [str(u).strip().rstrip("/") for u in items if str(u).strip()]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} must be an http:// or https:// base URL")
+    return urls
+
+
+class GatewaySettings(CommonSettings):
+    """Settings of the OpenAI-compatible gateway (`boomerang gateway`)."""
+
+    listen: str = Field(default="127.0.0.1:8000", description="HTTP listen address.")
+    db_pool_size: int = Field(default=2, ge=1, le=200, description="Connections per process.")
+    router_address: str = Field(
+        default="127.0.0.1:50052", description="HOST:PORT of the router; empty: no router."
+    )
+    registry_address: str = Field(
+        default="127.0.0.1:50051", description="HOST:PORT of the block registry (or its balancer)."
+    )
+    prefill_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Static prefill engines' base URLs, comma-separated."
+    )
+    decode_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Static decode engines' base URLs, comma-separated."
+    )
+    allow_anonymous: bool = Field(
+        default=False, description="Serve requests without an API key as tenant `anonymous`."
+    )
+    tokenize_timeout_seconds: float = Field(
+        default=1.0, gt=0, le=60, description="Deadline of the prefill engine's /tokenize."
+    )
+    plan_timeout_seconds: float = Field(
+        default=0.25, gt=0, le=30, description="Deadline of PlanTurn; past it the turn recomputes."
+    )
+    report_turn_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=120, description="Deadline of ReportTurn (sent after the response)."
+    )
+    control_plane_backoff_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=300,
+        description="After a router failure, seconds to go straight to plain prefill→decode.",
+    )
+    engine_connect_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=120, description="Connect timeout to engines."
+    )
+    engine_timeout_seconds: float = Field(
+        default=600.0, gt=0, le=86400, description="Longest wait for an engine's next bytes."
+    )
+    pool_refresh_seconds: float = Field(
+        default=2.0, gt=0, le=3600, description="Seconds between refreshes of the gateway's engines and models."
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)."
+    )
+    key_cache_seconds: float = Field(
+        default=30.0, ge=0, le=3600, description="Seconds a verified API key is cached."
+    )
+    rewrite_remote_host: bool = Field(
+        default=True,
+        description="Set the prefill engine's kv_transfer_params.remote_host to the host the "
+        "gateway reached it at (as vLLM's proxy does) before forwarding them to the decode engine.",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _gateway_listen(cls, value: str) -> str:
+        return _check_listen(value)
+
+    @field_validator("router_address", "registry_address")
+    @classmethod
+    def _optional_address(cls, value: str) -> str:
+        return _check_listen(value) if value else value
+
+    @field_validator("prefill_urls", "decode_urls", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> list[str]:
+        return _split_urls(value)
 
 
 from typing import Annotated  # noqa: E402 - kept with the router's settings

@@ -17,6 +17,8 @@ COMMAND_MODULES = [
     "boomerang_registry.cli",
     "boomerang_router.cli",
     "boomerang.cli.migrate",
+    "boomerang.cli.credentials",
+    "boomerang.sim.cli",
 ]
 
 

@@ -104,22 +104,6 @@ lease_events = Table(
     postgresql_partition_by="RANGE (created_at)",
 )
 
-# TTL-reaper leader election (migration 0003): one row per election, the holder's fencing
-# term and when its leadership lapses, on the database clock; `stats` is what the leader
-# last published (expiry lag, counters) so any replica can report it.
-reaper_leader = Table(
-    "reaper_leader",
-    metadata,
-    Column("election", Text, primary_key=True),
-    Column("holder", Text, nullable=False),
-    Column("term", BigInteger, nullable=False),
-    Column("acquired_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("renewed_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    Column("stats", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-)
-
-
 from sqlalchemy import CheckConstraint, Index  # noqa: E402 - kept with the router's table
 
 # One row per turn plan (router), written asynchronously in batches: the plan when made,
@@ -167,4 +151,41 @@ turn_plans = Table(
     Index("ix_turn_plans_conversation", "tenant", "conversation_id", "created_at"),
     Index("ix_turn_plans_tenant_created", "tenant", "created_at"),
     postgresql_partition_by="RANGE (created_at)",
+)
+
+# TTL-reaper leader election (migration 0003): one row per election, the holder's fencing
+# term and when its leadership lapses, on the database clock; `stats` is what the leader
+# last published (expiry lag, counters) so any replica can report it.
+reaper_leader = Table(
+    "reaper_leader",
+    metadata,
+    Column("election", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("term", BigInteger, nullable=False),
+    Column("acquired_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("renewed_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("stats", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+)
+
+# Gateway tenants (migration 0004): one API key per tenant, stored as SHA-256 and found by
+# its public `key_id`; the key itself is shown once and never stored.
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("key_id", Text, nullable=False, unique=True),
+    Column("key_hash", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("disabled_at", DateTime(timezone=True)),
+)
+
+credentials = Table(
+    "credentials",
+    metadata,
+    Column("credential_id", BigInteger, primary_key=True),
+    Column("principal", Text, nullable=False),
+    Column("token_sha256", LargeBinary, nullable=False, unique=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("revoked_at", DateTime(timezone=True)),
 )

@@ -19,6 +19,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from boomerang.auth import TlsFiles
+
 log = logging.getLogger(__name__)
 
 
@@ -74,7 +76,14 @@ async def serve(
         spec.add(spec.servicer, server)
     names = [spec.full_name for spec in services]
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(options.listen)
+    tls = TlsFiles.from_env()
+    if tls.enabled:
+        try:
+            port = server.add_secure_port(options.listen, tls.server_credentials())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"{options.name}: cannot set up TLS: {exc}") from None
+    else:
+        port = server.add_insecure_port(options.listen)
     if port == 0:
         raise SystemExit(f"cannot listen on {options.listen}: address in use or not local")
     host = options.listen.rpartition(":")[0]

@@ -105,11 +105,18 @@ Resp = TypeVar("Resp")
 
 
 def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]) -> Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
-    """Wrap a servicer method so every failure leaves as a proper status."""
+    """Wrap a servicer method so every failure leaves as a proper status.
+
+    When the servicer has an `authorize(method_name, request, context)` coroutine, it runs
+    first: authentication and authorization happen before validation or any work.
+    """
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
         try:
+            authorize = getattr(self, "authorize", None)
+            if authorize is not None:
+                await authorize(method.__name__, request, context)
             return await method(self, request, context)
         except grpc.aio.AbortError:
             raise

@@ -69,6 +69,9 @@ class ReaperFacingServicer:
         requests.check_id(v, "watcher", request.watcher, required=False)
         sub = None
         try:
+            authorize = getattr(self, "authorize", None)
+            if authorize is not None:
+                await authorize("WatchLeaseDeadlines", request, context)
             v.raise_if_any()
             # Listen before the snapshot, so no lease committed in between goes unseen.
             sub = await self.deadline_hub.subscribe()

@@ -7,6 +7,7 @@ import logging
 
 from sqlalchemy import text
 
+from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.metrics import refresh_forever, serve_metrics
@@ -37,7 +38,7 @@ async def run(settings: RegistrySettings) -> None:
     repo = RegistryRepository(engine, settings.ttl_margin_seconds)
     batcher = RegistrationBatcher(repo, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4))
     batcher.start()
-    servicer = BlockRegistryServicer(repo, settings, batcher)
+    servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore(engine))
     serve_metrics(settings.metrics_listen)
     gauges = asyncio.create_task(refresh_forever(lambda: refresh_gauges(engine), 5.0))
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 import grpc
 
-from boomerang.errors import Violations
+from boomerang.credentials import CredentialStore
+from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.grpcutil.status import rpc
 from boomerang.settings import RegistrySettings
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -30,14 +32,43 @@ _OUTCOME = {
 }
 _ROLE_NAME = {tpb.ENGINE_ROLE_PREFILL: "PREFILL", tpb.ENGINE_ROLE_DECODE: "DECODE"}
 
+# The RPCs an engine may call, each only for itself (the engine id the request names).
+# Every other RPC is for services (gateway, router, reaper, operators) only.
+_ENGINE_SCOPED: dict[str, Callable[[Any], str]] = {
+    "RegisterEngine": lambda r: r.engine.engine_id,
+    "Heartbeat": lambda r: r.engine_id,
+    "RegisterRetainedBlocks": lambda r: r.engine_id,
+}
+
 
 class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServicer):
     """BlockRegistryService over a RegistryRepository."""
 
-    def __init__(self, repo: RegistryRepository, settings: RegistrySettings, batcher: RegistrationBatcher):
+    def __init__(
+        self,
+        repo: RegistryRepository,
+        settings: RegistrySettings,
+        batcher: RegistrationBatcher,
+        credentials: CredentialStore,
+    ):
         self.repo = repo
         self.settings = settings
         self.batcher = batcher
+        self.credentials = credentials
+
+    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Authenticate the caller from its channel and check it may call `method` (run by @rpc)."""
+        principal = await self.credentials.authenticate(context, self.settings.require_auth)
+        engine_of = _ENGINE_SCOPED.get(method)
+        if engine_of is not None:
+            if not principal.may_act_for_engine(engine_of(request)):
+                raise BoomerangError(
+                    Code.PERMISSION_DENIED,
+                    "ENGINE_MISMATCH",
+                    f"{principal} may only {method} as itself, not as engine {engine_of(request)!r}",
+                )
+        elif principal.kind == "engine":
+            raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for Boomerang services, not engines")
 
     @rpc
     async def RegisterEngine(self, request: rpb.RegisterEngineRequest, context: grpc.aio.ServicerContext) -> rpb.RegisterEngineResponse:

@@ -1,0 +1,133 @@
+"""Who is calling: service and engine identities from the authenticated channel.
+
+Two ways to prove an identity, both optional and both configured by the operator:
+- mutual TLS: the client certificate's common name is the principal
+  (`service:router`, `engine:decode-0`), checked against the CA the server trusts;
+- bearer tokens: `authorization: Bearer <token>` whose SHA-256 is stored in the
+  `credentials` table (`boomerang credentials create PRINCIPAL` prints the token once).
+
+A principal is `service:<name>` (may act for any engine) or `engine:<engine_id>` (may only
+register, heartbeat and retain blocks as itself). Identity never comes from request fields.
+TLS files come from `BOOMERANG_TLS_*` variables so every server and client picks them up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+TOKEN_PREFIX = "bmr_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller."""
+
+    kind: str  # "service", "engine" or "anonymous"
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Principal":
+        """`service:NAME` or `engine:ID`; ValueError otherwise."""
+        kind, sep, name = text.partition(":")
+        if not sep or kind not in ("service", "engine") or not name or len(name) > 128:
+            raise ValueError(f"principal must be service:NAME or engine:ENGINE_ID, got {text!r}")
+        return cls(kind, name)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    def may_act_for_engine(self, engine_id: str) -> bool:
+        """Services act for any engine; an engine only for itself."""
+        return self.kind in ("service", "anonymous") or (self.kind == "engine" and self.name == engine_id)
+
+
+ANONYMOUS = Principal("anonymous", "")
+
+
+def new_token() -> str:
+    """A fresh high-entropy bearer token."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> bytes:
+    """The stored form of a token (SHA-256; tokens are random, so no salt is needed)."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+def digests_equal(a: bytes, b: bytes) -> bool:
+    """Constant-time comparison."""
+    return hmac.compare_digest(a, b)
+
+
+def bearer_token(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str:
+    """The bearer token in call metadata, or ''."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return ""
+
+
+def tls_common_name(context: grpc.aio.ServicerContext) -> str:
+    """The verified client certificate's common name, or ''."""
+    auth = context.auth_context() or {}
+    names = auth.get("x509_common_name") or []
+    return names[0].decode() if names else ""
+
+
+def _read(path: str) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of one side of a TLS connection (all optional)."""
+
+    cert: str = ""
+    key: str = ""
+    ca: str = ""
+
+    @classmethod
+    def from_env(cls) -> "TlsFiles":
+        """`BOOMERANG_TLS_CERT_FILE`, `BOOMERANG_TLS_KEY_FILE`, `BOOMERANG_TLS_CA_FILE`."""
+        return cls(
+            os.environ.get("BOOMERANG_TLS_CERT_FILE", ""),
+            os.environ.get("BOOMERANG_TLS_KEY_FILE", ""),
+            os.environ.get("BOOMERANG_TLS_CA_FILE", ""),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this side uses TLS at all."""
+        return bool(self.cert and self.key) or bool(self.ca)
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """Server TLS; with a CA, clients must present a certificate it signed (mutual TLS)."""
+        if not (self.cert and self.key):
+            raise ValueError("a TLS server needs BOOMERANG_TLS_CERT_FILE and BOOMERANG_TLS_KEY_FILE")
+        ca = _read(self.ca)
+        return grpc.ssl_server_credentials(
+            [(_read(self.key), _read(self.cert))], root_certificates=ca, require_client_auth=ca is not None
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """Client TLS: trust the CA, present our certificate when we have one."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca),
+            private_key=_read(self.key) if self.cert else None,
+            certificate_chain=_read(self.cert) if self.cert else None,
+        )
+
+
+def client_token() -> str:
+    """The bearer token this process presents to Boomerang services (`BOOMERANG_AUTH_TOKEN`)."""
+    return os.environ.get("BOOMERANG_AUTH_TOKEN", "")
