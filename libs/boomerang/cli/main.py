@@ -16,6 +16,7 @@ import sys
 COMMAND_MODULES = [
     "boomerang_registry.cli",
     "boomerang_router.cli",
+    "boomerang_gateway.cli",
     "boomerang.cli.migrate",
     "boomerang.cli.credentials",
     "boomerang.sim.cli",

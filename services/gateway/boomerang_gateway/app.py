@@ -1,0 +1,181 @@
+"""The gateway's HTTP surface (Starlette): the OpenAI endpoints, `/health`, `/metrics`.
+
+Checks run in the order a client can act on: the key (401), the body's size (413) and
+shape (400), the model (404); then the turn (`turn.py`). Every error is OpenAI-style JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from boomerang_gateway import chunks, protocol
+from boomerang_gateway.engines import EnginePool
+from boomerang_gateway.errors import ApiError
+from boomerang_gateway.metrics import GatewayMetrics
+from boomerang_gateway.protocol import ClientRequest, Kind
+from boomerang_gateway.tenants import AuthUnavailable, TenantAuth
+from boomerang_gateway.turn import Turn, TurnRunner, UpstreamBroken
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GatewayState:
+    """What the handlers share."""
+
+    auth: TenantAuth
+    pool: EnginePool
+    runner: TurnRunner
+    metrics: GatewayMetrics
+    max_body_bytes: int
+    draining: bool = False
+
+
+class Handlers:
+    """Route handlers bound to one gateway's state."""
+
+    def __init__(self, state: GatewayState):
+        self.s = state
+
+    async def _tenant(self, request: Request) -> str:
+        try:
+            tenant = await self.s.auth.tenant_for(request.headers.get("authorization"))
+        except AuthUnavailable:
+            raise ApiError(503, "the API key cannot be checked right now; retry shortly", code="auth_unavailable",
+                           type_="server_error") from None
+        if tenant is None:
+            given = bool(request.headers.get("authorization"))
+            raise ApiError(
+                401,
+                "Incorrect API key provided." if given else "Missing API key: send Authorization: Bearer <key>.",
+                code="invalid_api_key",
+            )
+        return tenant
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.s.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        return bytes(body)
+
+    def _check_model(self, model: str) -> None:
+        if self.s.pool.serves(model):
+            return
+        if not self.s.pool.models():
+            raise ApiError(503, "no engines are available yet", code="no_engine", type_="server_error")
+        raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    async def chat(self, request: Request) -> Response:
+        """POST /v1/chat/completions."""
+        return await self._generate(request, Kind.CHAT)
+
+    async def completions(self, request: Request) -> Response:
+        """POST /v1/completions."""
+        return await self._generate(request, Kind.COMPLETION)
+
+    async def _generate(self, request: Request, kind: Kind) -> Response:
+        endpoint = kind.value
+        try:
+            tenant = await self._tenant(request)
+            raw = await self._body(request)
+            req = protocol.parse(kind, raw, request.headers.get(protocol.CONVERSATION_HEADER))
+            if req.dropped_kv_params:
+                self.s.metrics.dropped_kv_params.inc()
+            self._check_model(req.model)
+            turn = await self.s.runner.begin(req, tenant)
+        except ApiError as exc:
+            self.s.metrics.requests.labels(endpoint, str(exc.status)).inc()
+            return exc.response()
+        if req.stream:
+            self.s.metrics.requests.labels(endpoint, "200").inc()
+            return StreamingResponse(self._stream(turn, req), media_type="text/event-stream",
+                                     headers={**turn.headers, "Cache-Control": "no-cache"})
+        return await self._complete(turn, req, endpoint)
+
+    async def _stream(self, turn: Turn, req: ClientRequest) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in turn.chunks():
+                out = chunks.for_client(chunk, req)
+                if out is not None:
+                    yield chunks.sse(out)
+            yield chunks.sse(chunks.DONE)
+        except UpstreamBroken as exc:
+            log.warning("decode stream broke: %s", exc)
+            yield chunks.sse(ApiError(502, str(exc), code="engine_error", type_="upstream_error").body())
+        finally:
+            await turn.finish()
+
+    async def _complete(self, turn: Turn, req: ClientRequest, endpoint: str) -> Response:
+        folded = chunks.Aggregate(req)
+        try:
+            async for chunk in turn.chunks():
+                folded.add(chunk)
+        except UpstreamBroken as exc:
+            self.s.metrics.requests.labels(endpoint, "502").inc()
+            return ApiError(502, str(exc), code="engine_error", type_="upstream_error").response(turn.headers)
+        finally:
+            await turn.finish()
+        self.s.metrics.requests.labels(endpoint, "200").inc()
+        return JSONResponse(folded.result(), headers=turn.headers)
+
+    async def models(self, request: Request) -> Response:
+        """GET /v1/models."""
+        try:
+            await self._tenant(request)
+        except ApiError as exc:
+            return exc.response()
+        return JSONResponse({"object": "list", "data": self.s.pool.models()})
+
+    async def health(self, request: Request) -> Response:
+        """GET /health: 200 while serving, 503 while draining."""
+        if self.s.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok", "engines": self.s.pool.source, "models": len(self.s.pool.models())})
+
+    async def metrics(self, request: Request) -> Response:
+        """GET /metrics: Prometheus text exposition."""
+        body, content_type = self.s.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed"}.get(
+        exc.status_code, str(exc.detail)
+    )
+    return ApiError(exc.status_code, message).response()
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return ApiError(500, "internal gateway error", type_="server_error").response()
+
+
+def create_app(state: GatewayState, lifespan: Any = None) -> Starlette:
+    """The ASGI app."""
+    h = Handlers(state)
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", h.chat, methods=["POST"]),
+            Route("/v1/completions", h.completions, methods=["POST"]),
+            Route("/v1/models", h.models, methods=["GET"]),
+            Route("/health", h.health, methods=["GET"]),
+            Route("/metrics", h.metrics, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error, Exception: _unexpected},
+        lifespan=lifespan,
+    )

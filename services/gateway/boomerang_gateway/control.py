@@ -1,0 +1,189 @@
+"""The gateway's side of the control plane: PlanTurn before a turn, ReportTurn after it.
+
+Neither may cost a user a request. A plan that fails or misses its deadline becomes a plain
+prefill→decode turn (recompute), and for `control_plane_backoff_seconds` after such a
+failure the gateway does not ask at all, so a dead router costs each turn nothing. Reports
+run in the background after the client has its last byte; shutdown waits for them (up to a
+deadline) so a drain loses none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.router import RouterClient
+from boomerang.v1 import router_service_pb2 as rtpb
+
+log = logging.getLogger(__name__)
+
+# The first-turn form of kv_transfer_params (VLLM_FACTS.md): P computes everything.
+FIRST_TURN: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+_DECISIONS = {
+    rtpb.PLAN_DECISION_PULL: "PULL",
+    rtpb.PLAN_DECISION_RECOMPUTE: "RECOMPUTE",
+    rtpb.PLAN_DECISION_COLD: "COLD",
+}
+HANDLE_USE = {"READ": rtpb.HANDLE_USE_READ, "NOT_READ": rtpb.HANDLE_USE_NOT_READ, "UNKNOWN": rtpb.HANDLE_USE_UNKNOWN}
+
+
+def first_turn_params() -> dict[str, Any]:
+    """A fresh copy of the first-turn `kv_transfer_params`."""
+    return dict(FIRST_TURN)
+
+
+@dataclass
+class Plan:
+    """What the gateway does this turn."""
+
+    decision: str
+    reason: str
+    kv_transfer_params: dict[str, Any] = field(default_factory=first_turn_params)
+    plan_id: str = ""
+    prefill_url: str = ""
+    decode_url: str = ""
+    reused_tokens: int = 0
+    from_router: bool = False
+
+
+def fallback(conversation_id: str, reason: str) -> Plan:
+    """A plain prefill→decode turn: RECOMPUTE when there may have been something to reuse."""
+    return Plan("RECOMPUTE" if conversation_id else "COLD", reason)
+
+
+@dataclass
+class Report:
+    """What happened in a planned turn, for ReportTurn."""
+
+    tenant: str
+    plan_id: str
+    conversation_id: str
+    handle_use: str
+    decode_kv_transfer_params: dict[str, Any] | None
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    finish_time_unix: float
+
+
+class ControlPlane:
+    """PlanTurn with a deadline and a back-off; ReportTurn in the background."""
+
+    def __init__(
+        self,
+        router: RouterClient | None,
+        plan_timeout: float,
+        report_timeout: float,
+        backoff: float,
+        on_report: Callable[[str], None] | None = None,
+    ):
+        self.router = router
+        self.on_report = on_report
+        self.plan_timeout = plan_timeout
+        self.report_timeout = report_timeout
+        self.backoff = backoff
+        self._skip_until = 0.0
+        self._reports: set[asyncio.Task[None]] = set()
+
+    def available(self) -> bool:
+        """Whether to ask the router now (configured, and not backing off after a failure)."""
+        return self.router is not None and time.monotonic() >= self._skip_until
+
+    def _failed(self) -> None:
+        self._skip_until = time.monotonic() + self.backoff
+
+    async def plan(self, tenant: str, conversation_id: str, model: str, token_ids: list[int]) -> Plan | None:
+        """The router's plan, or None when it failed or was late (the turn recomputes)."""
+        if self.router is None or not self.available():
+            return None
+        req = rtpb.PlanTurnRequest(
+            tenant=tenant,
+            conversation_id=conversation_id,
+            model=model,
+            prompt_token_ids=token_ids,
+            request_id=str(uuid.uuid4()),
+        )
+        try:
+            resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)
+        except (BoomerangClientError, asyncio.TimeoutError) as exc:
+            log.warning("PlanTurn failed, recomputing: %s", exc)
+            self._failed()
+            return None
+        except Exception:  # noqa: BLE001 - never lose a request to the control plane
+            log.warning("PlanTurn failed, recomputing", exc_info=True)
+            self._failed()
+            return None
+        decision = _DECISIONS.get(resp.decision)
+        try:
+            params = json.loads(resp.kv_transfer_params_json) if resp.kv_transfer_params_json else None
+        except ValueError:
+            params = None
+        if decision is None or not isinstance(params, dict):
+            log.warning("PlanTurn answered an unusable plan (%s); recomputing", resp.decision)
+            return None
+        return Plan(
+            decision=decision,
+            reason=rtpb.PlanReason.Name(resp.reason).removeprefix("PLAN_REASON_"),
+            kv_transfer_params=params if decision == "PULL" else first_turn_params(),
+            plan_id=resp.plan_id,
+            prefill_url=resp.prefill_engine.http_base_url.rstrip("/"),
+            decode_url=resp.decode_engine.http_base_url.rstrip("/"),
+            reused_tokens=int(resp.reusable_tokens) if decision == "PULL" else 0,
+            from_router=True,
+        )
+
+    def report_later(self, report: Report) -> None:
+        """Send ReportTurn in the background."""
+        if self.router is None or not report.plan_id:
+            return
+        task = asyncio.ensure_future(self._report(report))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _report(self, report: Report) -> None:
+        assert self.router is not None
+        req = rtpb.ReportTurnRequest(
+            tenant=report.tenant,
+            plan_id=report.plan_id,
+            handle_use=HANDLE_USE[report.handle_use],
+            conversation_id=report.conversation_id,
+            finish_time_unix=report.finish_time_unix,
+            request_id=str(uuid.uuid4()),
+        )
+        if report.decode_kv_transfer_params:
+            req.decode_kv_transfer_params_json = json.dumps(report.decode_kv_transfer_params, separators=(",", ":"))
+            req.prompt_token_ids.extend(report.prompt_token_ids)
+            req.output_token_ids.extend(report.output_token_ids)
+        try:
+            resp = await self.router.report_turn(req, timeout=self.report_timeout)
+            outcome = rtpb.RetentionOutcome.Name(resp.retention).removeprefix("RETENTION_OUTCOME_")
+            if resp.retention == rtpb.RETENTION_OUTCOME_REJECTED:
+                log.warning("ReportTurn %s: retention rejected: %s", report.plan_id, resp.retention_detail)
+        except Exception as exc:  # noqa: BLE001 - a lost report costs the next turn's reuse, nothing more
+            log.warning("ReportTurn %s failed: %s", report.plan_id, exc)
+            outcome = "FAILED"
+        if self.on_report is not None:
+            self.on_report(outcome)
+
+    @property
+    def pending_reports(self) -> int:
+        """Reports not yet answered."""
+        return len(self._reports)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for reports in flight."""
+        if self._reports:
+            await asyncio.wait(set(self._reports), timeout=timeout)

@@ -1,0 +1,170 @@
+"""The gateway's own view of the engines: which serve which model, and a fallback choice.
+
+The router picks the engines for a planned turn. The gateway still needs its own pool to
+tokenize before the plan, to know which models exist (404 for the rest, `GET /v1/models`),
+and to keep serving when the router is down. Engines come from static flags (`--prefill`,
+`--decode`; their models read from each engine's `/v1/models`) or from the block registry
+(`ListEngines`: active engines with an HTTP base URL). A refresh that fails keeps the last
+good view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from boomerang.clients.registry import RegistryClient
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+
+log = logging.getLogger(__name__)
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+@dataclass
+class EngineRef:
+    """One engine as the gateway knows it."""
+
+    url: str
+    role: str
+    engine_id: str = ""
+    models: tuple[str, ...] = ()
+    healthy: bool = True
+    in_flight: int = 0
+
+
+@dataclass
+class PoolView:
+    """A snapshot: engines by role, and the model cards served."""
+
+    engines: list[EngineRef] = field(default_factory=list)
+    cards: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class EnginePool:
+    """Engines and models, refreshed in the background."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        prefill_urls: list[str],
+        decode_urls: list[str],
+        registry: RegistryClient | None,
+        refresh_seconds: float,
+    ):
+        self.http = http
+        self.registry = registry
+        self.refresh_seconds = refresh_seconds
+        self.static = [EngineRef(u, PREFILL, u) for u in prefill_urls] + [EngineRef(u, DECODE, u) for u in decode_urls]
+        self.view = PoolView(engines=list(self.static))
+        self.refreshed = False
+        self._rr = itertools.count()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def source(self) -> str:
+        """`static`, `registry`, or `none`."""
+        return "static" if self.static else ("registry" if self.registry else "none")
+
+    def start(self) -> None:
+        """Refresh now and every `refresh_seconds`."""
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        """Stop refreshing."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - keep the last good view
+                log.warning("engine refresh failed", exc_info=True)
+            await asyncio.sleep(self.refresh_seconds if self.refreshed else min(0.5, self.refresh_seconds))
+
+    async def refresh(self) -> None:
+        """Re-read engines and models from their source."""
+        if self.static:
+            await self._refresh_static()
+        elif self.registry is not None:
+            await self._refresh_registry()
+
+    async def _refresh_static(self) -> None:
+        async def probe(engine: EngineRef) -> list[dict[str, Any]]:
+            try:
+                resp = await self.http.get(engine.url + "/v1/models", timeout=2.0)
+                resp.raise_for_status()
+                cards = [c for c in resp.json().get("data", []) if isinstance(c, dict) and isinstance(c.get("id"), str)]
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                if engine.healthy:
+                    log.warning("engine %s: /v1/models failed: %r", engine.url, exc)
+                engine.healthy = False
+                return []
+            engine.healthy = True
+            engine.models = tuple(c["id"] for c in cards)
+            return cards
+
+        results = await asyncio.gather(*(probe(e) for e in self.static))
+        cards = dict(self.view.cards)
+        for engine, found in zip(self.static, results):
+            if engine.role == PREFILL:
+                for card in found:
+                    cards[card["id"]] = {**card, "owned_by": card.get("owned_by") or "boomerang"}
+        self.view = PoolView(engines=list(self.static), cards=cards)
+        self.refreshed = self.refreshed or any(results)
+
+    async def _refresh_registry(self) -> None:
+        assert self.registry is not None
+        listed = await self.registry.list_engines(rpb.ListEnginesRequest(), timeout=2.0)
+        old = {(e.role, e.url): e for e in self.view.engines}
+        engines: list[EngineRef] = []
+        cards: dict[str, dict[str, Any]] = {}
+        for e in listed.engines:
+            if e.status != tpb.ENGINE_STATUS_ACTIVE or not e.http_base_url:
+                continue
+            role = PREFILL if e.role == tpb.ENGINE_ROLE_PREFILL else DECODE
+            url = e.http_base_url.rstrip("/")
+            ref = EngineRef(url, role, e.engine_id, (e.model,))
+            if (role, url) in old:
+                ref.in_flight = old[(role, url)].in_flight
+            engines.append(ref)
+            if role == PREFILL:
+                cards[e.model] = {"id": e.model, "object": "model", "created": 0, "owned_by": "boomerang", "root": e.model}
+        self.view = PoolView(engines=engines, cards=cards)
+        self.refreshed = True
+
+    def models(self) -> list[dict[str, Any]]:
+        """The model cards of models with at least one prefill engine."""
+        return [self.view.cards[k] for k in sorted(self.view.cards)]
+
+    def serves(self, model: str) -> bool:
+        """Whether some prefill engine serves `model`."""
+        return model in self.view.cards
+
+    def choose(self, role: str, model: str, avoid: str = "") -> EngineRef | None:
+        """The least busy healthy engine of `role` serving `model` (round-robin on ties)."""
+        candidates = [
+            e for e in self.view.engines if e.role == role and model in e.models and e.url != avoid
+        ] or [e for e in self.view.engines if e.role == role and model in e.models]
+        if not candidates:
+            return None
+        healthy = [e for e in candidates if e.healthy] or candidates
+        least = min(e.in_flight for e in healthy)
+        tied = [e for e in healthy if e.in_flight == least]
+        return tied[next(self._rr) % len(tied)]
+
+    def find(self, role: str, url: str) -> EngineRef:
+        """The pool's entry for a URL the router chose (a detached one if unknown)."""
+        url = url.rstrip("/")
+        for e in self.view.engines:
+            if e.role == role and e.url == url:
+                return e
+        return EngineRef(url, role)

@@ -1,0 +1,69 @@
+"""The gateway's Prometheus metrics, served at `GET /metrics` on its HTTP port.
+
+Each app gets its own registry (so several apps in one test process never collide).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Seconds: 100 µs … 60 s (a plan takes about a millisecond, a long prefill seconds).
+BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "boomerang_gateway_requests", "Client requests by endpoint and HTTP status.", ["endpoint", "status"], registry=r
+        )
+        self.turns = Counter(
+            "boomerang_gateway_turns", "Turns by plan decision and reason.", ["decision", "reason"], registry=r
+        )
+        self.prompt_tokens = Counter("boomerang_gateway_prompt_tokens", "Prompt tokens of planned turns.", registry=r)
+        self.reused_tokens = Counter(
+            "boomerang_gateway_reused_tokens", "Prompt tokens the prefill engine was told to pull.", registry=r
+        )
+        self.fallbacks = Counter(
+            "boomerang_gateway_fallbacks",
+            "Turns served as plain prefill→decode because a control-plane step failed.",
+            ["cause"],
+            registry=r,
+        )
+        self.dropped_kv_params = Counter(
+            "boomerang_gateway_client_kv_transfer_params_dropped",
+            "Client requests that carried kv_transfer_params (always dropped).",
+            registry=r,
+        )
+        self.engine_errors = Counter(
+            "boomerang_gateway_engine_errors", "Failed engine calls by role and kind.", ["role", "kind"], registry=r
+        )
+        self.stage_seconds = Histogram(
+            "boomerang_gateway_stage_seconds",
+            "Time spent per turn stage (tokenize, plan, prefill, decode_first_token).",
+            ["stage"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.ttft_seconds = Histogram(
+            "boomerang_gateway_ttft_seconds",
+            "Time from request to the first generated token, by plan decision.",
+            ["decision"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge("boomerang_gateway_in_flight", "Turns in progress.", registry=r)
+        self.reports = Counter(
+            "boomerang_gateway_reports", "ReportTurn calls by retention outcome.", ["outcome"], registry=r
+        )
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

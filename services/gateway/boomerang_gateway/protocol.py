@@ -1,0 +1,210 @@
+"""Client requests in, engine requests out: the OpenAI shapes and vLLM's P/D contract.
+
+Pure functions, no I/O. A client body is validated just enough to route it (the engines
+judge the rest); Boomerang's own fields (`conversation_id`) are taken out and never reach an
+engine, and a client's `kv_transfer_params` is always dropped — otherwise a client would
+choose the host a prefill engine connects to.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+from urllib.parse import urlsplit
+
+from boomerang_gateway.errors import ApiError
+
+# Body fields that belong to Boomerang or to the P/D handshake, never forwarded as sent.
+BOOMERANG_FIELDS = ("conversation_id",)
+DROPPED_FIELDS = ("kv_transfer_params",)
+CONVERSATION_HEADER = "x-conversation-id"
+MAX_CONVERSATION_ID = 256
+# Chat fields that change how /tokenize renders the prompt; sent along so the count matches.
+_TEMPLATE_FIELDS = (
+    "tools",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "documents",
+)
+
+
+class Kind(str, Enum):
+    """Which OpenAI endpoint."""
+
+    CHAT = "chat"
+    COMPLETION = "completion"
+
+    @property
+    def path(self) -> str:
+        """The engine path."""
+        return "/v1/chat/completions" if self is Kind.CHAT else "/v1/completions"
+
+
+@dataclass
+class ClientRequest:
+    """A validated client request."""
+
+    kind: Kind
+    model: str
+    body: dict[str, Any]  # what may be forwarded: Boomerang's fields removed
+    stream: bool
+    include_usage: bool
+    wants_token_ids: bool
+    conversation_id: str
+    dropped_kv_params: bool = False
+    prompt_token_ids: list[int] | None = None  # completions given token ids
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _conversation_id(value: Any, source: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ApiError(400, f"{source} must be a string", param="conversation_id")
+    value = value.strip()
+    if len(value) > MAX_CONVERSATION_ID or not value.isprintable():
+        raise ApiError(
+            400, f"{source} must be at most {MAX_CONVERSATION_ID} printable characters", param="conversation_id"
+        )
+    return value
+
+
+def _token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def _completion_prompt(prompt: Any) -> list[int] | None:
+    """Token ids when the prompt is given as ids; None for text; ApiError for batches."""
+    if isinstance(prompt, list) and len(prompt) == 1 and (isinstance(prompt[0], str) or _token_list(prompt[0])):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+        return None
+    if _token_list(prompt) and prompt:
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise ApiError(400, "batched prompts are not supported; send one prompt per request", param="prompt")
+    raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
+
+
+def parse(kind: Kind, raw: bytes, conversation_header: str | None) -> ClientRequest:
+    """Validate a client body; ApiError(400) names the field at fault."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "model is required and must be a string", param="model")
+    prompt_ids = None
+    if kind is Kind.CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "messages must be a non-empty list of message objects", param="messages")
+    else:
+        if "prompt" not in body:
+            raise ApiError(400, "prompt is required", param="prompt")
+        prompt_ids = _completion_prompt(body["prompt"])
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream must be true or false", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", param="stream_options")
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise ApiError(400, "n must be 1: disaggregated prefill/decode serves one choice per request", param="n")
+    wants_ids = body.get("return_token_ids", False)
+    if not isinstance(wants_ids, (bool, type(None))):
+        raise ApiError(400, "return_token_ids must be true or false", param="return_token_ids")
+    conversation = _conversation_id(body.get("conversation_id"), "conversation_id")
+    if not conversation:
+        conversation = _conversation_id(conversation_header, "X-Conversation-Id")
+    forward = {k: v for k, v in body.items() if k not in BOOMERANG_FIELDS and k not in DROPPED_FIELDS}
+    return ClientRequest(
+        kind=kind,
+        model=model,
+        body=forward,
+        stream=stream,
+        include_usage=bool(options and options.get("include_usage")),
+        wants_token_ids=bool(wants_ids),
+        conversation_id=conversation,
+        dropped_kv_params="kv_transfer_params" in body,
+        prompt_token_ids=prompt_ids,
+    )
+
+
+def tokenize_body(req: ClientRequest) -> dict[str, Any]:
+    """The `/tokenize` request that renders the prompt as the prefill engine will."""
+    if req.kind is Kind.CHAT:
+        out: dict[str, Any] = {"model": req.model, "messages": req.body["messages"], "add_generation_prompt": True}
+        for key in _TEMPLATE_FIELDS:
+            if key in req.body:
+                out[key] = req.body[key]
+        return out
+    prompt = req.body["prompt"]
+    if isinstance(prompt, list):
+        prompt = prompt[0]
+    out = {"model": req.model, "prompt": prompt}
+    if "add_special_tokens" in req.body:
+        out["add_special_tokens"] = req.body["add_special_tokens"]
+    return out
+
+
+def prefill_body(req: ClientRequest, kv_transfer_params: dict[str, Any]) -> dict[str, Any]:
+    """The prefill request: one token, not streamed, with the plan's `kv_transfer_params`."""
+    body = copy.deepcopy(req.body)
+    body["max_tokens"] = 1
+    if "max_completion_tokens" in body:
+        body["max_completion_tokens"] = 1
+    body["stream"] = False
+    for key in ("stream_options", "min_tokens", "return_token_ids"):
+        body.pop(key, None)
+    body["kv_transfer_params"] = kv_transfer_params
+    return body
+
+
+def decode_body(req: ClientRequest, kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The decode request: streamed with token ids and usage, with the prefill's params."""
+    body = copy.deepcopy(req.body)
+    body["stream"] = True
+    options = dict(body.get("stream_options") or {})
+    options["include_usage"] = True
+    body["stream_options"] = options
+    body["return_token_ids"] = True
+    if kv_transfer_params is not None:
+        body["kv_transfer_params"] = kv_transfer_params
+    return body
+
+
+def host_of(url: str) -> str:
+    """The host part of an engine base URL (brackets of an IPv6 literal removed)."""
+    return urlsplit(url).hostname or ""
+
+
+def rewrite_remote_host(params: dict[str, Any] | None, engine_url: str) -> dict[str, Any] | None:
+    """`params` with `remote_host` set to the host the gateway reached the engine at.
+
+    An engine reports its side channel as it sees itself (often a pod-local or wildcard
+    address); vLLM's proxy rewrites it to the address it reached the engine at, and so does
+    the gateway.
+    """
+    if not params or not params.get("remote_host"):
+        return params
+    host = host_of(engine_url)
+    if not host:
+        return params
+    out = dict(params)
+    out["remote_host"] = host
+    return out

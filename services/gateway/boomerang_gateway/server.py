@@ -1,0 +1,157 @@
+"""Running the gateway: wiring, uvicorn, `BOOMERANG_READY`, and a drain that loses nothing.
+
+On SIGTERM/SIGINT `/health` turns 503 at once (load balancers stop sending) while requests
+are still served for `drain_delay_seconds`; then uvicorn stops accepting, in-flight turns
+get `grace_seconds` to finish, and pending ReportTurn calls are awaited before exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Generator
+from typing import Any
+
+import httpx
+import uvicorn
+
+from boomerang.clients.registry import RegistryClient
+from boomerang.clients.router import RouterClient
+from boomerang.db.engine import make_engine
+from boomerang.db.migrate import upgrade
+from boomerang.settings import GatewaySettings
+from boomerang.telemetry import setup_tracing, shutdown_tracing
+from boomerang_gateway.app import GatewayState, create_app
+from boomerang_gateway.control import ControlPlane
+from boomerang_gateway.engines import EnginePool
+from boomerang_gateway.metrics import GatewayMetrics
+from boomerang_gateway.tenants import TenantAuth, TenantStore
+from boomerang_gateway.turn import TurnConfig, TurnRunner
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn with a drain delay: the first signal marks the gateway draining, exits later."""
+
+    def __init__(self, config: uvicorn.Config, state: GatewayState, drain_delay: float):
+        super().__init__(config)
+        self.state = state
+        self.drain_delay = drain_delay
+        self.exit_at: float | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.exit_at is not None:  # a second signal: stop now
+            super().handle_exit(sig, frame)
+            return
+        self.state.draining = True
+        self.exit_at = time.monotonic() + self.drain_delay
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.exit_at is not None and time.monotonic() >= self.exit_at:
+            return True
+        return await super().on_tick(counter)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # uvicorn's own capture re-raises the signal after shutdown; route it to handle_exit only.
+        import signal
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+
+def bind(listen: str) -> socket.socket:
+    """A listening socket for HOST:PORT (port 0 picks a free one)."""
+    host, _, port = listen.rpartition(":")
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), int(port)))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"boomerang gateway: cannot listen on {listen}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def run(settings: GatewaySettings) -> None:
+    """Serve until SIGTERM/SIGINT, then drain."""
+    setup_tracing("boomerang-gateway")
+    db = None
+    if settings.database_url:
+        if settings.migrate_on_start:
+            await asyncio.to_thread(upgrade, settings.database_url)
+        db = make_engine(settings.database_url, settings.db_pool_size, "boomerang-gateway")
+    metrics = GatewayMetrics()
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.engine_timeout_seconds, connect=settings.engine_connect_timeout_seconds),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+    )
+    static = bool(settings.prefill_urls or settings.decode_urls)
+    registry = RegistryClient(settings.registry_address) if not static and settings.registry_address else None
+    router = (
+        RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
+        if settings.router_address
+        else None
+    )
+    pool = EnginePool(http, settings.prefill_urls, settings.decode_urls, registry, settings.pool_refresh_seconds)
+    control = ControlPlane(
+        router,
+        settings.plan_timeout_seconds,
+        settings.report_turn_timeout_seconds,
+        settings.control_plane_backoff_seconds,
+        on_report=lambda outcome: metrics.reports.labels(outcome).inc(),
+    )
+    runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host))
+    auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
+    state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(pool.refresh(), timeout=3.0)
+    pool.start()
+    sock = bind(settings.listen)
+    server = _Server(
+        uvicorn.Config(
+            create_app(state),
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=max(0.1, settings.grace_seconds),
+            timeout_keep_alive=30,
+            backlog=2048,
+        ),
+        state,
+        min(settings.drain_delay_seconds, settings.grace_seconds),
+    )
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    try:
+        if not serving.done():
+            host, port = sock.getsockname()[:2]
+            print(f"BOOMERANG_READY gateway {host}:{port}", flush=True)
+            log.info("gateway listening on %s:%d (engines: %s, router: %s)", host, port, pool.source,
+                     settings.router_address or "none")
+        await serving
+    finally:
+        await control.drain(settings.grace_seconds)
+        await pool.stop()
+        await http.aclose()
+        for client in (router, registry):
+            if client is not None:
+                await client.close()
+        if db is not None:
+            await db.dispose()
+        shutdown_tracing()
+        log.info("gateway stopped")

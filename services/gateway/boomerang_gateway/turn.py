@@ -1,0 +1,331 @@
+"""One turn, exactly as VLLM_FACTS.md describes it, from the client's request to ReportTurn.
+
+1. Tokenize the prompt on a prefill engine (`/tokenize`, the engine's own chat template).
+2. PlanTurn (short deadline): the engines, PULL/RECOMPUTE/COLD, the `kv_transfer_params`.
+3. The prefill request: max_tokens 1, not streamed, with the plan's `kv_transfer_params`.
+4. The decode request: streamed, `return_token_ids`, with P's returned params
+   (`remote_host` set to the host the gateway reached P at).
+5. Tokens go to the client as they come; D's final `kv_transfer_params` and the token ids
+   are captured; ReportTurn is sent in the background after the last byte.
+
+Steps 1 and 2 are Boomerang's; when either fails or is late the turn is a plain
+prefill→decode (recompute). Engine failures are the client's errors, with one retry on
+another engine when nothing reached the first one (or it failed with a 5xx).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import httpx
+
+from boomerang_gateway import protocol
+from boomerang_gateway.chunks import DONE, Capture, sse_data
+from boomerang_gateway.control import ControlPlane, Plan, Report, fallback, first_turn_params
+from boomerang_gateway.engines import DECODE, PREFILL, EngineRef, EnginePool
+from boomerang_gateway.errors import ApiError, from_engine
+from boomerang_gateway.metrics import GatewayMetrics
+from boomerang_gateway.protocol import ClientRequest
+
+log = logging.getLogger(__name__)
+
+
+class UpstreamBroken(Exception):
+    """The decode engine's stream ended abnormally after the response had started."""
+
+
+@dataclass
+class TurnConfig:
+    """The knobs a turn needs."""
+
+    tokenize_timeout: float
+    rewrite_remote_host: bool = True
+
+
+@dataclass
+class Turn:
+    """A turn whose decode stream is open: headers are known, chunks are to come."""
+
+    req: ClientRequest
+    tenant: str
+    plan: Plan
+    handle_use: str
+    prefill: EngineRef
+    decode: EngineRef
+    response: httpx.Response
+    started: float
+    timings: dict[str, float]
+    request_id: str
+    prompt_token_ids: list[int] | None
+    runner: "TurnRunner"
+    capture: Capture = field(default_factory=Capture)
+    finished: bool = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The Boomerang response headers."""
+        out = {
+            "X-Boomerang-Plan": self.plan.decision,
+            "X-Boomerang-Reason": self.plan.reason,
+            "X-Boomerang-Reused-Tokens": str(self.plan.reused_tokens),
+            "X-Request-Id": self.request_id,
+            "Server-Timing": ", ".join(f"{k};dur={v * 1000:.2f}" for k, v in self.timings.items()),
+        }
+        if self.plan.plan_id:
+            out["X-Boomerang-Plan-Id"] = self.plan.plan_id
+        return out
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """D's stream chunks, parsed and captured, until `[DONE]`."""
+        try:
+            async for data in sse_data(self.response):
+                if data.strip() == DONE:
+                    return
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    continue
+                if not isinstance(chunk, dict):
+                    continue
+                if "error" in chunk and "choices" not in chunk:
+                    raise UpstreamBroken(str(chunk["error"]))
+                first = self.capture.first_token_at is None
+                self.capture.observe(chunk)
+                if first and self.capture.first_token_at is not None:
+                    self.runner.metrics.ttft_seconds.labels(self.plan.decision).observe(
+                        self.capture.first_token_at - self.started
+                    )
+                yield chunk
+        except httpx.HTTPError as exc:
+            self.runner.metrics.engine_errors.labels(DECODE, "stream").inc()
+            raise UpstreamBroken(f"decode engine stream failed: {exc!r}") from exc
+        if self.capture.finish_reason is None:
+            raise UpstreamBroken("decode engine stream ended before the turn finished")
+
+    async def finish(self) -> None:
+        """Close D's stream and send ReportTurn in the background (idempotent)."""
+        if self.finished:
+            return
+        self.finished = True
+        self.decode.in_flight -= 1
+        self.runner.metrics.in_flight.dec()
+        await self.response.aclose()
+        params = self.capture.kv_transfer_params if self.capture.finish_reason else None
+        prompt = self.capture.prompt_token_ids or self.prompt_token_ids or []
+        self.runner.control.report_later(
+            Report(
+                tenant=self.tenant,
+                plan_id=self.plan.plan_id,
+                conversation_id=self.req.conversation_id,
+                handle_use=self.handle_use,
+                decode_kv_transfer_params=params if prompt else None,
+                prompt_token_ids=prompt,
+                output_token_ids=self.capture.output_token_ids,
+                finish_time_unix=self.capture.finished_at or time.time(),
+            )
+        )
+
+
+class TurnRunner:
+    """Starts turns: everything up to D's first response byte."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        pool: EnginePool,
+        control: ControlPlane,
+        metrics: GatewayMetrics,
+        config: TurnConfig,
+    ):
+        self.http = http
+        self.pool = pool
+        self.control = control
+        self.metrics = metrics
+        self.config = config
+
+    async def begin(self, req: ClientRequest, tenant: str) -> Turn:
+        """Plan, prefill, and open the decode stream; ApiError for the client otherwise."""
+        started = time.monotonic()
+        timings: dict[str, float] = {}
+        request_id = uuid.uuid4().hex
+        plan, tokens = await self._plan(req, tenant, timings)
+        self.metrics.turns.labels(plan.decision, plan.reason).inc()
+        if tokens:
+            self.metrics.prompt_tokens.inc(len(tokens))
+        self.metrics.reused_tokens.inc(plan.reused_tokens)
+        prefill = self._engine(PREFILL, plan.prefill_url, req.model)
+        handle_use = "READ"
+        t = time.monotonic()
+        try:
+            p_params, prefill, handle_use = await self._prefill(req, plan, prefill, request_id)
+        except ApiError as exc:
+            self._report_failed(req, tenant, plan, getattr(exc, "handle_use", "UNKNOWN"))
+            raise
+        timings["prefill"] = time.monotonic() - t
+        self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
+        if self.config.rewrite_remote_host:
+            p_params = protocol.rewrite_remote_host(p_params, prefill.url)
+        decode = self._engine(DECODE, plan.decode_url, req.model)
+        try:
+            response, decode = await self._open_decode(req, p_params, decode, request_id)
+        except ApiError:
+            self._report_failed(req, tenant, plan, handle_use)
+            raise
+        self.metrics.in_flight.inc()
+        return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self)
+
+    # -- steps 1 and 2: Boomerang's, never fatal ---------------------------------------------
+
+    async def _plan(self, req: ClientRequest, tenant: str, timings: dict[str, float]) -> tuple[Plan, list[int] | None]:
+        tokens = req.prompt_token_ids
+        if self.control.router is None:
+            return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED"), tokens
+        if not self.control.available():
+            self.metrics.fallbacks.labels("router_backoff").inc()
+            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED"), tokens
+        if tokens is None:
+            t = time.monotonic()
+            tokens = await self._tokenize(req)
+            timings["tokenize"] = time.monotonic() - t
+            self.metrics.stage_seconds.labels("tokenize").observe(timings["tokenize"])
+            if tokens is None:
+                self.metrics.fallbacks.labels("tokenize").inc()
+                return fallback(req.conversation_id, "TOKENIZE_FAILED"), None
+        t = time.monotonic()
+        plan = await self.control.plan(tenant, req.conversation_id, req.model, tokens)
+        timings["plan"] = time.monotonic() - t
+        self.metrics.stage_seconds.labels("plan").observe(timings["plan"])
+        if plan is None:
+            self.metrics.fallbacks.labels("router").inc()
+            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED"), tokens
+        return plan, tokens
+
+    async def _tokenize(self, req: ClientRequest) -> list[int] | None:
+        engine = self.pool.choose(PREFILL, req.model)
+        if engine is None:
+            return None
+        try:
+            resp = await self.http.post(
+                engine.url + "/tokenize", json=protocol.tokenize_body(req), timeout=self.config.tokenize_timeout
+            )
+            if resp.status_code != 200:
+                log.warning("tokenize on %s: HTTP %d", engine.url, resp.status_code)
+                return None
+            tokens = resp.json().get("tokens")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("tokenize on %s failed: %r", engine.url, exc)
+            return None
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+            return None
+        return tokens
+
+    def _engine(self, role: str, planned_url: str, model: str) -> EngineRef:
+        if planned_url:
+            return self.pool.find(role, planned_url)
+        engine = self.pool.choose(role, model)
+        if engine is None:
+            raise ApiError(503, f"no {role} engine is available for model {model!r}", code="no_engine")
+        return engine
+
+    def _report_failed(self, req: ClientRequest, tenant: str, plan: Plan, handle_use: str) -> None:
+        """A turn that never reached decoding still reports, so its claim is settled."""
+        self.control.report_later(
+            Report(tenant, plan.plan_id, req.conversation_id, handle_use, None, [], [], time.time())
+        )
+
+    # -- steps 3 and 4: the engines ----------------------------------------------------------
+
+    async def _prefill(
+        self, req: ClientRequest, plan: Plan, engine: EngineRef, request_id: str
+    ) -> tuple[dict[str, Any] | None, EngineRef, str]:
+        """P's returned kv_transfer_params, the engine used, and what became of the handle."""
+        handle_use = "READ"
+        params = plan.kv_transfer_params
+        for attempt in (1, 2):
+            engine.in_flight += 1
+            try:
+                resp = await self.http.post(
+                    engine.url + req.kind.path,
+                    json=protocol.prefill_body(req, params),
+                    headers={"X-Request-Id": request_id},
+                )
+            except httpx.HTTPError as exc:
+                self.metrics.engine_errors.labels(PREFILL, type(exc).__name__).inc()
+                log.warning("prefill on %s failed: %r", engine.url, exc)
+                error = ApiError(503 if isinstance(exc, httpx.ConnectError) else 502,
+                                 f"prefill engine unreachable: {exc!r}", code="engine_unavailable",
+                                 type_="upstream_error")
+                if isinstance(exc, httpx.TimeoutException):
+                    error.status = 504
+                failed_use = "NOT_READ" if isinstance(exc, httpx.ConnectError) else "UNKNOWN"
+            else:
+                if resp.status_code == 200:
+                    try:
+                        body = resp.json()
+                    except ValueError:
+                        body = {}
+                    kv = body.get("kv_transfer_params") if isinstance(body, dict) else None
+                    return (kv if isinstance(kv, dict) else None), engine, handle_use
+                self.metrics.engine_errors.labels(PREFILL, f"http_{resp.status_code}").inc()
+                error = from_engine("prefill", resp.status_code, resp.content)
+                if resp.status_code < 500:
+                    # The engine refused the request before running it; a retry would not help.
+                    error.handle_use = "NOT_READ" if attempt == 1 else handle_use  # type: ignore[attr-defined]
+                    raise error
+                failed_use = "UNKNOWN"
+            finally:
+                engine.in_flight -= 1
+            if attempt == 2:
+                error.handle_use = handle_use  # type: ignore[attr-defined]
+                raise error
+            # Retry once, computing everything, on another prefill engine when there is one.
+            if plan.decision == "PULL":
+                handle_use = failed_use
+                plan.decision, plan.reason, plan.reused_tokens = "RECOMPUTE", "PREFILL_RETRY", 0
+            params = first_turn_params()
+            engine = self.pool.choose(PREFILL, req.model, avoid=engine.url) or engine
+        raise AssertionError("unreachable")
+
+    async def _open_decode(
+        self, req: ClientRequest, params: dict[str, Any] | None, engine: EngineRef, request_id: str
+    ) -> tuple[httpx.Response, EngineRef]:
+        body = protocol.decode_body(req, params)
+        for attempt in (1, 2):
+            engine.in_flight += 1
+            try:
+                resp = await self.http.send(
+                    self.http.build_request(
+                        "POST", engine.url + req.kind.path, json=body, headers={"X-Request-Id": request_id}
+                    ),
+                    stream=True,
+                )
+            except httpx.ConnectError as exc:
+                engine.in_flight -= 1
+                self.metrics.engine_errors.labels(DECODE, "ConnectError").inc()
+                log.warning("decode on %s: cannot connect: %r", engine.url, exc)
+                other = self.pool.choose(DECODE, req.model, avoid=engine.url)
+                if attempt == 2 or other is None or other.url == engine.url:
+                    raise ApiError(503, f"decode engine unreachable: {exc!r}", code="engine_unavailable",
+                                   type_="upstream_error") from None
+                engine = other  # nothing reached D, so P's handle is still unread
+                continue
+            except httpx.HTTPError as exc:
+                engine.in_flight -= 1
+                self.metrics.engine_errors.labels(DECODE, type(exc).__name__).inc()
+                status = 504 if isinstance(exc, httpx.TimeoutException) else 502
+                raise ApiError(status, f"decode engine failed: {exc!r}", code="engine_error",
+                               type_="upstream_error") from None
+            if resp.status_code != 200:
+                engine.in_flight -= 1
+                raw = await resp.aread()
+                await resp.aclose()
+                self.metrics.engine_errors.labels(DECODE, f"http_{resp.status_code}").inc()
+                raise from_engine("decode", resp.status_code, raw)
+            return resp, engine
+        raise AssertionError("unreachable")
+
