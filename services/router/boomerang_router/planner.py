@@ -24,7 +24,6 @@ from collections import Counter as Tally
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Coroutine
-from urllib.parse import urlparse
 
 from prometheus_client import Counter, Histogram
 
@@ -33,7 +32,7 @@ from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code, FieldViolation, failed_precondition, invalid, not_found
 from boomerang.metrics import LATENCY_BUCKETS
 from boomerang.settings import RouterSettings
-from boomerang.tokenchain import TokenChain, build_chain
+from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import kvparams
@@ -50,8 +49,9 @@ from boomerang_router.domain import (
     turn_outcome,
 )
 from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
-from boomerang_router.pool import EngineInfo, EnginePool, Role
+from boomerang_router.pool import EnginePool, Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
+from boomerang_router.reports import TRANSIENT, Reporter, chain_proto
 from boomerang_router.requests import PlanInput, ReportInput
 
 log = logging.getLogger(__name__)
@@ -73,18 +73,10 @@ _CLAIM_STATUS = {
     rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimStatus.ALREADY_CLAIMED,
     rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimStatus.BLOCK_SIZE_MISMATCH,
 }
-_LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
-# Registry failures that mean "not now" rather than "this request is wrong".
-_TRANSIENT = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "RESOURCE_EXHAUSTED", "UNKNOWN"}
 # A min_reusable_tokens no prompt can reach: the claim then only returns an earlier claim
 # held under the same id (see CLAIM_SQL's `prior`), never takes a new one.
 _NEVER = 2**62
 ORPHAN_PROBE_DELAYS = (1.0, 4.0, 15.0)
-
-
-def lease_state_name(state: int) -> str:
-    """`CONSUMED` for LEASE_STATE_CONSUMED, etc."""
-    return _LEASE_STATE_NAME.get(state, "LEASE_STATE_UNSPECIFIED").removeprefix("LEASE_STATE_")
 
 
 def lease_handle(lease: tpb.Lease) -> LeaseHandle:
@@ -117,12 +109,6 @@ class ReportResult:
     detail: str
 
 
-def _registry_down(err: BoomerangClientError) -> BoomerangError:
-    return BoomerangError(
-        Code.UNAVAILABLE, "REGISTRY_UNAVAILABLE", f"the block registry did not answer ({err}); retry the call"
-    )
-
-
 class Router:
     """Plans turns and settles their outcomes over the registry, the pool and the audit writer."""
 
@@ -149,6 +135,7 @@ class Router:
         self._report_locks: dict[str, list[Any]] = {}  # plan id → [lock, users]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._orphan_probes = 0
+        self.reporter = Reporter(settings, registry, pool)
 
     # -- PlanTurn ------------------------------------------------------------------------
 
@@ -241,7 +228,7 @@ class Router:
         req = rpb.ClaimReuseRequest(
             tenant=p.tenant,
             conversation_id=p.conversation_id,
-            prompt_chain=_chain_proto(chain),
+            prompt_chain=chain_proto(chain),
             min_reusable_tokens=claim_floor(p.prompt_tokens, block_size, threshold),
             min_remaining_seconds=self.settings.min_remaining_seconds,
             claim_id=claim_id,
@@ -250,7 +237,7 @@ class Router:
         try:
             resp = await self.registry.claim_reuse(req, timeout=self.claim_deadline)
         except BoomerangClientError as err:
-            transient = err.code in _TRANSIENT
+            transient = err.code in TRANSIENT
             if transient:
                 self.breaker.record_failure()
             self.stats[f"claims_failed_{err.code.lower()}"] += 1
@@ -312,7 +299,7 @@ class Router:
                 self.stats["claims_released"] += 1
                 return True
             except BoomerangClientError as err:
-                if err.code not in _TRANSIENT:
+                if err.code not in TRANSIENT:
                     log.warning("could not release claim on lease %s: %s", lease_id, err)
                     return False
                 await asyncio.sleep(0.2 * 2**attempt)
@@ -380,8 +367,8 @@ class Router:
                 f"plan {record.plan_id} was reported with handle_use {record.handle_use}; a report "
                 "cannot change whether the handle was read",
             )
-        lease_state, handle_detail = await self._settle_handle(record, r.handle_use) if pulled else ("", "")
-        retention, lease, retain_detail = await self._retain(record, r)
+        lease_state, handle_detail = await self.reporter.settle_handle(record, r.handle_use) if pulled else ("", "")
+        retention, lease, retain_detail = await self.reporter.retain(record, r)
         first = record.reported_at is None
         if first:
             record.reported_at = datetime.now(timezone.utc)
@@ -396,119 +383,6 @@ class Router:
         self.stats["reports"] += 1
         return ReportResult(record, lease_state, retention, lease, retain_detail)
 
-    async def _settle_handle(self, record: PlanRecord, use: HandleUse) -> tuple[str, str]:
-        """MarkConsumed (read, or not known) or ReleaseClaim (never read)."""
-        try:
-            if use.consumed:
-                done = await self.registry.mark_consumed(
-                    rpb.MarkConsumedRequest(tenant=record.tenant, lease_id=record.lease_id, claim_id=record.claim_id),
-                    timeout=self.settings.report_timeout_seconds,
-                )
-                return lease_state_name(done.lease.state), ""
-            back = await self.registry.release_claim(
-                rpb.ReleaseClaimRequest(
-                    tenant=record.tenant, lease_id=record.lease_id, claim_id=record.claim_id, reason="PREFILL_DID_NOT_READ"
-                ),
-                timeout=self.settings.report_timeout_seconds,
-            )
-            return lease_state_name(back.lease.state), ""
-        except BoomerangClientError as err:
-            if err.code in _TRANSIENT:
-                raise _registry_down(err) from None
-            state = ""
-            if err.code == "FAILED_PRECONDITION" and err.reason.startswith("LEASE_"):
-                state = err.reason.removeprefix("LEASE_")  # the state the lease had already ended in
-            log.warning("plan %s: settling its claim: %s", record.plan_id, err)
-            return state, f"{'MarkConsumed' if use.consumed else 'ReleaseClaim'}: {err.reason}"
-
-    async def _retain(self, record: PlanRecord, r: ReportInput) -> tuple[Retention, tpb.Lease | None, str]:
-        """Register D's retained blocks as the conversation's next lease."""
-        if not record.conversation_id:
-            return Retention.NO_CONVERSATION, None, ""
-        p = r.decode_params
-        if p is None or not kvparams.accepts_pull(p):
-            return Retention.NOT_RETAINED, None, ""
-        assert p.remote_engine_id and p.remote_request_id and p.remote_port and p.remote_num_tokens
-        known = self.pool.known(p.remote_engine_id)
-        generation = p.remote_registration_generation
-        if generation is None:
-            generation = known.generation if known is not None else 0
-        host = p.remote_host or ""
-        if self.settings.remote_host_from_url and record.decode_url:
-            host = urlparse(record.decode_url).hostname or host
-        if r.chain is not None:
-            chain = r.chain
-        else:
-            block_size = known.block_size if known is not None and known.block_size else self.settings.block_size
-            tokens = r.token_ids or []
-            chain = build_chain(tokens[: min(p.remote_num_tokens, len(tokens))], block_size)
-        if chain.num_tokens == 0:
-            return Retention.NOT_RETAINED, None, ""
-        req = rpb.RegisterRetainedBlocksRequest(
-            tenant=record.tenant,
-            conversation_id=record.conversation_id,
-            engine_id=p.remote_engine_id,
-            engine_generation=generation,
-            remote_request_id=p.remote_request_id,
-            block_groups=[tpb.BlockIdGroup(block_ids=list(g)) for g in p.remote_block_ids or ()],
-            num_tokens=chain.num_tokens,
-            token_chain=_chain_proto(chain),
-            finish_time_unix=r.finish_time_unix,
-            remote_host=host,
-            remote_port=p.remote_port,
-            model=record.model,
-            request_id=f"report-{record.plan_id}",
-        )
-        for attempt in (1, 2):
-            try:
-                resp = await self.registry.register_retained_blocks(req, timeout=self.settings.report_timeout_seconds)
-                return (Retention.REGISTERED if resp.created else Retention.ALREADY_REGISTERED), resp.lease, ""
-            except BoomerangClientError as err:
-                if err.code in _TRANSIENT:
-                    raise _registry_down(err) from None
-                unknown = err.reason in ("ENGINE_NOT_REGISTERED", "GENERATION_NOT_REGISTERED")
-                if attempt == 1 and unknown:
-                    refused = await self._register_decode_engine(record, p, generation, host, chain.block_size)
-                    if refused:
-                        return Retention.REJECTED, None, refused
-                    continue
-                log.info("plan %s: registry refused the retained blocks: %s", record.plan_id, err)
-                return Retention.REJECTED, None, err.reason
-        return Retention.REJECTED, None, "ENGINE_NOT_REGISTERED"  # pragma: no cover - loop returns
-
-    async def _register_decode_engine(
-        self, record: PlanRecord, p: kvparams.KvParams, generation: int, host: str, block_size: int
-    ) -> str:
-        """Register D (unknown to the registry, or at a newer generation) from its own params.
-
-        Returns the registry's refusal reason, or "" when it registered.
-        """
-        engine = tpb.Engine(
-            engine_id=p.remote_engine_id or "",
-            role=tpb.ENGINE_ROLE_DECODE,
-            model=record.model,
-            side_channel_host=host,
-            side_channel_port=p.remote_port or 0,
-            http_base_url=record.decode_url,
-            registration_generation=generation,
-            block_size=block_size,
-            tp_size=p.tp_size or 1,
-            dcp_size=p.dcp_size or 1,
-            pp_size=p.pp_size or 1,
-        )
-        try:
-            await self.registry.register_engine(
-                rpb.RegisterEngineRequest(engine=engine, request_id=f"report-{record.plan_id}-engine"),
-                timeout=self.settings.report_timeout_seconds,
-            )
-        except BoomerangClientError as err:
-            if err.code in _TRANSIENT:
-                raise _registry_down(err) from None
-            return err.reason
-        self.stats["decode_engines_registered"] += 1
-        log.info("registered decode engine %s generation %d from its handle", engine.engine_id, generation)
-        return ""
-
     # -- lifecycle -----------------------------------------------------------------------
 
     async def drain(self, timeout: float = 5.0) -> None:
@@ -519,15 +393,6 @@ class Router:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _chain_proto(chain: TokenChain) -> tpb.TokenChain:
-    return tpb.TokenChain(
-        block_size=chain.block_size,
-        num_tokens=chain.num_tokens,
-        block_hashes=chain.block_hashes,
-        tail_hash=chain.tail_hash,
-    )
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -168,9 +168,14 @@ def params_from_proto(msg: tpb.KvTransferParams) -> KvParams:
     )
 
 
+def _offers_blocks(p: KvParams) -> bool:
+    """Whether D's params offer retained blocks (then they must be a complete handle)."""
+    return bool(p.do_remote_decode and p.remote_block_ids and any(p.remote_block_ids))
+
+
 def _check_handle(v: Violations, path: str, p: KvParams) -> None:
-    """A decode handle that claims to be reusable must carry everything P will need."""
-    if not (p.do_remote_decode and p.remote_block_ids and any(p.remote_block_ids)):
+    """A decode handle that offers blocks must carry everything P will need."""
+    if not _offers_blocks(p):
         return  # D retained nothing reusable: nothing to check
     for name in ("remote_engine_id", "remote_request_id", "remote_host"):
         value = getattr(p, name)
@@ -232,7 +237,7 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
                 v.add("sequence_chain.num_tokens", "must not exceed the handle's remote_num_tokens")
         if chain is not None and chain.num_tokens == 0:
             v.add("sequence_chain.num_tokens", "must be at least 1")
-    if params is not None and kvparams.accepts_pull(params) and token_ids is None and chain is None:
+    if params is not None and _offers_blocks(params) and token_ids is None and chain is None:
         v.add("prompt_token_ids", "is required with a reusable decode handle (or give sequence_chain)")
     if req.finish_time_unix and not (math.isfinite(req.finish_time_unix) and 0 < req.finish_time_unix < 32503680000):
         v.add("finish_time_unix", "must be seconds since the Unix epoch")

@@ -1,0 +1,177 @@
+"""ReportTurn's registry work: settle the claimed handle, register D's retained blocks.
+
+Every call here is idempotent at the registry (MarkConsumed and ReleaseClaim by claim id,
+RegisterRetainedBlocks by the decode engine's `remote_request_id`, RegisterEngine by
+generation), so a repeated report repeats them harmlessly. A registry that cannot be
+reached makes the report fail with UNAVAILABLE (the caller retries); a registry that refuses
+the blocks (a stale generation, a dead engine) is an outcome, recorded, not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlparse
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.registry import RegistryClient
+from boomerang.errors import BoomerangError, Code
+from boomerang.settings import RouterSettings
+from boomerang.tokenchain import TokenChain, build_chain
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_router import kvparams
+from boomerang_router.domain import HandleUse, Retention
+from boomerang_router.plans import PlanRecord
+from boomerang_router.pool import EnginePool
+from boomerang_router.requests import ReportInput
+
+log = logging.getLogger(__name__)
+
+_LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
+# Registry failures that mean "not now" rather than "this request is wrong".
+TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "RESOURCE_EXHAUSTED", "UNKNOWN"})
+
+
+def lease_state_name(state: int) -> str:
+    """`CONSUMED` for LEASE_STATE_CONSUMED, etc."""
+    return _LEASE_STATE_NAME.get(state, "LEASE_STATE_UNSPECIFIED").removeprefix("LEASE_STATE_")
+
+
+def registry_down(err: BoomerangClientError) -> BoomerangError:
+    """The error a caller gets when the registry could not be reached: retry later."""
+    return BoomerangError(
+        Code.UNAVAILABLE, "REGISTRY_UNAVAILABLE", f"the block registry did not answer ({err}); retry the call"
+    )
+
+
+def chain_proto(chain: TokenChain) -> tpb.TokenChain:
+    """The TokenChain message of a chain."""
+    return tpb.TokenChain(
+        block_size=chain.block_size,
+        num_tokens=chain.num_tokens,
+        block_hashes=chain.block_hashes,
+        tail_hash=chain.tail_hash,
+    )
+
+
+class Reporter:
+    """The registry calls behind ReportTurn."""
+
+    def __init__(self, settings: RouterSettings, registry: RegistryClient, pool: EnginePool):
+        self.settings = settings
+        self.registry = registry
+        self.pool = pool
+        self.engines_registered = 0
+
+    async def settle_handle(self, record: PlanRecord, use: HandleUse) -> tuple[str, str]:
+        """MarkConsumed (read, or not known) or ReleaseClaim (never read)."""
+        try:
+            if use.consumed:
+                done = await self.registry.mark_consumed(
+                    rpb.MarkConsumedRequest(tenant=record.tenant, lease_id=record.lease_id, claim_id=record.claim_id),
+                    timeout=self.settings.report_timeout_seconds,
+                )
+                return lease_state_name(done.lease.state), ""
+            back = await self.registry.release_claim(
+                rpb.ReleaseClaimRequest(
+                    tenant=record.tenant, lease_id=record.lease_id, claim_id=record.claim_id, reason="PREFILL_DID_NOT_READ"
+                ),
+                timeout=self.settings.report_timeout_seconds,
+            )
+            return lease_state_name(back.lease.state), ""
+        except BoomerangClientError as err:
+            if err.code in TRANSIENT:
+                raise registry_down(err) from None
+            state = ""
+            if err.code == "FAILED_PRECONDITION" and err.reason.startswith("LEASE_"):
+                state = err.reason.removeprefix("LEASE_")  # the state the lease had already ended in
+            log.warning("plan %s: settling its claim: %s", record.plan_id, err)
+            return state, f"{'MarkConsumed' if use.consumed else 'ReleaseClaim'}: {err.reason}"
+
+    async def retain(self, record: PlanRecord, r: ReportInput) -> tuple[Retention, tpb.Lease | None, str]:
+        """Register D's retained blocks as the conversation's next lease."""
+        if not record.conversation_id:
+            return Retention.NO_CONVERSATION, None, ""
+        p = r.decode_params
+        if p is None or not kvparams.accepts_pull(p):
+            return Retention.NOT_RETAINED, None, ""
+        assert p.remote_engine_id and p.remote_request_id and p.remote_port and p.remote_num_tokens
+        known = self.pool.known(p.remote_engine_id)
+        generation = p.remote_registration_generation
+        if generation is None:
+            generation = known.generation if known is not None else 0
+        host = p.remote_host or ""
+        if self.settings.remote_host_from_url and record.decode_url:
+            host = urlparse(record.decode_url).hostname or host
+        if r.chain is not None:
+            chain = r.chain
+        else:
+            block_size = known.block_size if known is not None and known.block_size else self.settings.block_size
+            tokens = r.token_ids or []
+            chain = build_chain(tokens[: min(p.remote_num_tokens, len(tokens))], block_size)
+        if chain.num_tokens == 0:
+            return Retention.NOT_RETAINED, None, ""
+        req = rpb.RegisterRetainedBlocksRequest(
+            tenant=record.tenant,
+            conversation_id=record.conversation_id,
+            engine_id=p.remote_engine_id,
+            engine_generation=generation,
+            remote_request_id=p.remote_request_id,
+            block_groups=[tpb.BlockIdGroup(block_ids=list(g)) for g in p.remote_block_ids or ()],
+            num_tokens=chain.num_tokens,
+            token_chain=chain_proto(chain),
+            finish_time_unix=r.finish_time_unix,
+            remote_host=host,
+            remote_port=p.remote_port,
+            model=record.model,
+            request_id=f"report-{record.plan_id}",
+        )
+        for attempt in (1, 2):
+            try:
+                resp = await self.registry.register_retained_blocks(req, timeout=self.settings.report_timeout_seconds)
+                return (Retention.REGISTERED if resp.created else Retention.ALREADY_REGISTERED), resp.lease, ""
+            except BoomerangClientError as err:
+                if err.code in TRANSIENT:
+                    raise registry_down(err) from None
+                unknown = err.reason in ("ENGINE_NOT_REGISTERED", "GENERATION_NOT_REGISTERED")
+                if attempt == 1 and unknown:
+                    refused = await self.register_decode_engine(record, p, generation, host, chain.block_size)
+                    if refused:
+                        return Retention.REJECTED, None, refused
+                    continue
+                log.info("plan %s: registry refused the retained blocks: %s", record.plan_id, err)
+                return Retention.REJECTED, None, err.reason
+        return Retention.REJECTED, None, "ENGINE_NOT_REGISTERED"  # pragma: no cover - loop returns
+
+    async def register_decode_engine(
+        self, record: PlanRecord, p: kvparams.KvParams, generation: int, host: str, block_size: int
+    ) -> str:
+        """Register D (unknown to the registry, or at a newer generation) from its own params.
+
+        Returns the registry's refusal reason, or "" when it registered.
+        """
+        engine = tpb.Engine(
+            engine_id=p.remote_engine_id or "",
+            role=tpb.ENGINE_ROLE_DECODE,
+            model=record.model,
+            side_channel_host=host,
+            side_channel_port=p.remote_port or 0,
+            http_base_url=record.decode_url,
+            registration_generation=generation,
+            block_size=block_size,
+            tp_size=p.tp_size or 1,
+            dcp_size=p.dcp_size or 1,
+            pp_size=p.pp_size or 1,
+        )
+        try:
+            await self.registry.register_engine(
+                rpb.RegisterEngineRequest(engine=engine, request_id=f"report-{record.plan_id}-engine"),
+                timeout=self.settings.report_timeout_seconds,
+            )
+        except BoomerangClientError as err:
+            if err.code in TRANSIENT:
+                raise registry_down(err) from None
+            return err.reason
+        self.engines_registered += 1
+        log.info("registered decode engine %s generation %d from its handle", engine.engine_id, generation)
+        return ""

@@ -1,0 +1,175 @@
+"""The router's plan decision: every decision and reason, the remote_num_tokens rule, the breaker."""
+
+from __future__ import annotations
+
+import pytest
+
+from boomerang_router.domain import (
+    CircuitBreaker,
+    ClaimResult,
+    ClaimStatus,
+    HandleUse,
+    LeaseHandle,
+    PlanDecision,
+    PlanReason,
+    claim_floor,
+    decide,
+    max_reusable_tokens,
+    reusable_tokens,
+    turn_outcome,
+)
+
+BS = 16
+
+
+def lease(num_tokens: int = 320, block_size: int = BS, groups: tuple[tuple[int, ...], ...] | None = None) -> LeaseHandle:
+    blocks = -(-num_tokens // block_size)
+    return LeaseHandle(
+        lease_id="l1",
+        claim_id="c1",
+        engine_id="d1",
+        engine_generation=3,
+        remote_request_id="cmpl-1",
+        block_groups=groups if groups is not None else (tuple(range(100, 100 + blocks)),),
+        num_tokens=num_tokens,
+        block_size=block_size,
+        remote_host="10.0.0.9",
+        remote_port=5600,
+        tp_size=2,
+        dcp_size=1,
+        pp_size=1,
+    )
+
+
+def claimed(verified: int, **kw) -> ClaimResult:  # type: ignore[no-untyped-def]
+    return ClaimResult(ClaimStatus.CLAIMED, lease(**kw), verified, 300.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "decision", "reason"),
+    [
+        (ClaimStatus.NO_LEASE, PlanDecision.COLD, PlanReason.NO_LEASE),
+        (ClaimStatus.NOT_ASKED, PlanDecision.COLD, PlanReason.NO_CONVERSATION),
+        (ClaimStatus.UNAVAILABLE, PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED),
+        (ClaimStatus.EXPIRING, PlanDecision.RECOMPUTE, PlanReason.EXPIRING),
+        (ClaimStatus.PREFIX_MISMATCH, PlanDecision.RECOMPUTE, PlanReason.PREFIX_MISMATCH),
+        (ClaimStatus.BELOW_THRESHOLD, PlanDecision.RECOMPUTE, PlanReason.BELOW_THRESHOLD),
+        (ClaimStatus.ENGINE_INVALID, PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE),
+        (ClaimStatus.ALREADY_CLAIMED, PlanDecision.RECOMPUTE, PlanReason.ALREADY_CLAIMED),
+        (ClaimStatus.BLOCK_SIZE_MISMATCH, PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH),
+    ],
+)
+def test_every_unclaimed_outcome_maps_to_its_decision_and_reason(
+    status: ClaimStatus, decision: PlanDecision, reason: PlanReason
+) -> None:
+    d = decide(ClaimResult(status, None, 48), prompt_tokens=500, block_size=BS, threshold=64)
+    assert (d.decision, d.reason) == (decision, reason)
+    assert d.reusable_tokens == 0 and d.recompute_tokens == 500 and d.verified_tokens == 48
+    assert not d.release_claim
+
+
+def test_every_reason_is_reachable() -> None:
+    """No PlanReason is dead: each one is produced by some claim."""
+    seen = set()
+    for status in ClaimStatus:
+        result = ClaimResult(status, lease() if status is ClaimStatus.CLAIMED else None, 320)
+        seen.add(decide(result, 500, BS, 64).reason)
+    seen.add(decide(claimed(320), 500, BS, 64, source_engine_alive=False).reason)
+    seen.add(decide(claimed(32), 500, BS, 64).reason)
+    assert seen == set(PlanReason)
+
+
+def test_pull_loads_the_verified_prefix_and_computes_the_rest() -> None:
+    d = decide(claimed(320), prompt_tokens=400, block_size=BS, threshold=64)
+    assert (d.decision, d.reason) == (PlanDecision.PULL, PlanReason.VERIFIED_PREFIX)
+    assert d.reusable_tokens == 320 and d.recompute_tokens == 80 and not d.release_claim
+
+
+def test_identical_prompt_keeps_one_block_to_compute() -> None:
+    # The prompt equals everything D holds: P must still compute at least one token, so the
+    # last whole block below the prompt's end is the most it may load.
+    d = decide(claimed(320, num_tokens=320), prompt_tokens=320, block_size=BS, threshold=64)
+    assert d.decision is PlanDecision.PULL
+    assert d.reusable_tokens == 304 and d.recompute_tokens == 16
+
+
+def test_verified_prefix_with_a_partial_tail_is_floored_to_whole_blocks() -> None:
+    # A verified length that is not block-aligned happens only for identical sequences.
+    d = decide(claimed(330, num_tokens=330), prompt_tokens=330, block_size=BS, threshold=64)
+    assert d.reusable_tokens == 320 and d.reusable_tokens % BS == 0 and d.reusable_tokens < 330
+
+
+def test_below_threshold_after_capping_gives_the_claim_back() -> None:
+    d = decide(claimed(64, num_tokens=64), prompt_tokens=64, block_size=BS, threshold=64)
+    assert (d.decision, d.reason) == (PlanDecision.RECOMPUTE, PlanReason.BELOW_THRESHOLD)
+    assert d.release_claim and d.reusable_tokens == 0 and d.recompute_tokens == 64
+
+
+def test_dead_source_engine_in_the_routers_view_gives_the_claim_back() -> None:
+    d = decide(claimed(320), 400, BS, 64, source_engine_alive=False)
+    assert (d.decision, d.reason, d.release_claim) == (PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE, True)
+
+
+def test_lease_block_size_other_than_the_chains_gives_the_claim_back() -> None:
+    d = decide(claimed(320, block_size=32), 400, BS, 64)
+    assert (d.reason, d.release_claim) == (PlanReason.BLOCK_SIZE_MISMATCH, True)
+
+
+def test_threshold_zero_still_needs_one_whole_block() -> None:
+    assert decide(claimed(16), 40, BS, 0).decision is PlanDecision.PULL
+    d = decide(claimed(16), 16, BS, 0)  # 16-token prompt: nothing may be loaded
+    assert d.decision is PlanDecision.RECOMPUTE and d.release_claim
+
+
+@pytest.mark.parametrize("prompt", [1, 2, 15, 16, 17, 31, 32, 33, 64, 65, 1000, 1024])
+@pytest.mark.parametrize("verified", [0, 16, 17, 32, 64, 500, 1024, 2048])
+def test_remote_num_tokens_rule(prompt: int, verified: int) -> None:
+    """Whole blocks, strictly below the prompt, never above what was verified."""
+    n = reusable_tokens(min(verified, prompt), prompt, BS)
+    assert n % BS == 0
+    assert 0 <= n < prompt or (n == 0 and prompt <= 1)
+    assert n <= verified
+    assert n <= max_reusable_tokens(prompt, BS)
+
+
+def test_claim_floor_asks_for_nothing_when_no_capped_prefix_can_pay() -> None:
+    assert claim_floor(400, BS, 64) == 64
+    assert claim_floor(80, BS, 64) == 64  # 64 tokens may be loaded from an 80-token prompt
+    assert claim_floor(64, BS, 64) == 65  # at most 48 may be loaded: claim nothing
+    assert claim_floor(10, BS, 0) == 11
+    assert claim_floor(100, BS, 0) == 1
+
+
+def test_breaker_opens_after_failures_then_lets_one_probe_through() -> None:
+    now = [0.0]
+    b = CircuitBreaker(failures=3, cooldown=1.0, clock=lambda: now[0])
+    for _ in range(2):
+        b.record_failure()
+        assert b.allow()
+    b.record_failure()
+    assert not b.allow()
+    now[0] = 1.01
+    assert b.allow()  # the probe
+    assert not b.allow()  # only one at a time
+    b.record_failure()
+    assert not b.allow()
+    now[0] = 2.5
+    assert b.allow()
+    b.record_success()
+    assert b.allow() and b.allow()
+
+
+def test_breaker_with_zero_failures_never_opens() -> None:
+    b = CircuitBreaker(failures=0, cooldown=1.0)
+    for _ in range(100):
+        b.record_failure()
+    assert b.allow()
+
+
+def test_turn_outcomes() -> None:
+    assert turn_outcome(PlanDecision.COLD, HandleUse.UNKNOWN, "") == "COMPUTED"
+    assert turn_outcome(PlanDecision.PULL, HandleUse.READ, "CONSUMED") == "REUSED"
+    assert turn_outcome(PlanDecision.PULL, HandleUse.UNKNOWN, "CONSUMED") == "REUSED"
+    assert turn_outcome(PlanDecision.PULL, HandleUse.NOT_READ, "RETAINED") == "RELEASED"
+    assert turn_outcome(PlanDecision.PULL, HandleUse.READ, "EXPIRED") == "LEASE_ENDED"
+    assert HandleUse.UNKNOWN.consumed and HandleUse.READ.consumed and not HandleUse.NOT_READ.consumed
