@@ -1,0 +1,137 @@
+"""`boomerang reaper` (the TTL-reaper service) and `boomerang advise-ttl` (TTL advice)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from boomerang.cli.common import add_common_flags, common_overrides, run_async
+from boomerang.settings import CommonSettings, ReaperSettings, load_settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `reaper` and `advise-ttl` subcommands."""
+    parser = subparsers.add_parser("reaper", help="run a TTL-reaper replica (expiry, engine liveness, retention)")
+    add_common_flags(parser)
+    parser.add_argument("--listen", help="gRPC HOST:PORT (BOOMERANG_LISTEN, default 127.0.0.1:50053)")
+    parser.add_argument("--registry", help="registry HOST:PORT (BOOMERANG_REGISTRY_ADDRESS, default 127.0.0.1:50051)")
+    parser.add_argument("--replica-id", help="this replica's id (default host-pid-random)")
+    parser.add_argument("--leader-lease-seconds", type=float, help="leadership lapses this long after renewal (default 10)")
+    parser.add_argument(
+        "--engine-heartbeat-timeout-seconds", type=float, help="engines silent this long die (default 30; 0: off)"
+    )
+    parser.add_argument("--engine-sweep-interval-seconds", type=float, help="seconds between engine sweeps (default 5)")
+    parser.add_argument("--retention-days", type=int, help="days of audit events kept (default 30)")
+    parser.add_argument("--max-sleep-seconds", type=float, help="longest sleep without an expiry call (default 30)")
+    parser.set_defaults(handler=_run_reaper)
+
+    advise = subparsers.add_parser(
+        "advise-ttl",
+        help="advise on decoder_kv_blocks_ttl from the audit history (reuse vs. decode memory)",
+        description="Per tenant and model: pauses between turns, the reuse and decode-node memory "
+        "of candidate TTLs, and the shortest TTL that reaches the target reuse rate.",
+    )
+    advise.add_argument("--tenant", default="", help="only this tenant")
+    advise.add_argument("--model", default="", help="only this served model")
+    advise.add_argument("--target", type=float, default=0.0, help="share of next turns that should find their blocks (default 0.95)")
+    advise.add_argument("--history-hours", type=float, default=0.0, help="hours of history to read (default 168)")
+    advise.add_argument("--candidates", default="", help="comma-separated TTLs in seconds to evaluate")
+    advise.add_argument(
+        "--safety-seconds", type=float, help="registry TTL margin + a claim's minimum remaining lifetime (default 15)"
+    )
+    advise.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    source = advise.add_mutually_exclusive_group()
+    source.add_argument("--database-url", help="read the history from this database (BOOMERANG_DATABASE_URL)")
+    source.add_argument("--reaper", metavar="ADDR", help="ask the reaper service at HOST:PORT instead")
+    advise.set_defaults(handler=_run_advise)
+
+
+def _run_reaper(args: argparse.Namespace) -> int:
+    settings = load_settings(
+        ReaperSettings,
+        **common_overrides(args),
+        listen=args.listen,
+        registry_address=args.registry,
+        replica_id=args.replica_id,
+        leader_lease_seconds=args.leader_lease_seconds,
+        engine_heartbeat_timeout_seconds=args.engine_heartbeat_timeout_seconds,
+        engine_sweep_interval_seconds=args.engine_sweep_interval_seconds,
+        retention_days=args.retention_days,
+        max_sleep_seconds=args.max_sleep_seconds,
+    )
+    try:
+        settings.require_database()
+    except ValueError as exc:
+        raise SystemExit(f"boomerang reaper: {exc}") from None
+    from boomerang_reaper.server import run
+
+    run_async(run(settings))
+    return 0
+
+
+def _candidates(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise SystemExit("boomerang advise-ttl: --candidates must be whole seconds, e.g. 60,120,300") from None
+
+
+def _run_advise(args: argparse.Namespace) -> int:
+    from boomerang.clients.base import BoomerangClientError
+    from boomerang.errors import BoomerangError
+    from boomerang_reaper.advice_report import render_table, to_json
+
+    try:
+        target, safety, advice, history = asyncio.run(_advice(args))
+    except (BoomerangError, BoomerangClientError) as exc:
+        print(f"boomerang advise-ttl: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(to_json(advice, target, safety, history), indent=2))
+    else:
+        print(f"TTL advice from {history['start']} to {history['end']}")
+        print(render_table(advice, target, safety))
+    return 0
+
+
+async def _advice(args: argparse.Namespace) -> tuple[float, float, list, dict]:  # type: ignore[type-arg]
+    candidates = _candidates(args.candidates)
+    if args.reaper:
+        from boomerang.clients.reaper import ReaperClient
+        from boomerang.v1 import reaper_service_pb2 as pb
+        from boomerang_reaper.convert import advice_from_proto
+
+        req = pb.AdviseTTLRequest(
+            tenant=args.tenant, model=args.model, target_reuse=args.target,
+            history_hours=args.history_hours, candidate_ttl_seconds=candidates,
+        )
+        if args.safety_seconds is not None:
+            req.safety_seconds = args.safety_seconds
+        async with ReaperClient(args.reaper) as client:
+            resp = await client.advise_ttl(req)
+        history = {
+            "start": resp.history_start_time.ToDatetime().isoformat() + "Z",
+            "end": resp.history_end_time.ToDatetime().isoformat() + "Z",
+        }
+        return resp.target_reuse, resp.safety_seconds, [advice_from_proto(a) for a in resp.advice], history
+
+    from boomerang.db.engine import make_engine
+    from boomerang_reaper.advisor import advise_from_history, make_query
+    from boomerang_reaper.repository import ReaperRepository
+
+    query = make_query(args.tenant, args.model, args.target, args.history_hours, candidates, args.safety_seconds)
+    settings = load_settings(CommonSettings, database_url=args.database_url)
+    try:
+        url = settings.require_database()
+    except ValueError as exc:
+        raise SystemExit(f"boomerang advise-ttl: {exc} (or pass --reaper HOST:PORT)") from None
+    engine = make_engine(url, 1, "boomerang-advise-ttl")
+    try:
+        report = await advise_from_history(ReaperRepository(engine), query)
+    finally:
+        await engine.dispose()
+    assert report.history_start is not None and report.history_end is not None
+    history = {"start": report.history_start.isoformat(), "end": report.history_end.isoformat()}
+    return query.target, query.safety_seconds, report.advice, history

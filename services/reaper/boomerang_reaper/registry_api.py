@@ -1,0 +1,42 @@
+"""The registry as the reaper calls it: the typed registry client plus its reaper RPCs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from boomerang.clients.base import BoomerangClientError, call
+from boomerang.clients.registry import RegistryClient
+from boomerang.grpcutil.status import from_rpc_error
+from boomerang.v1 import registry_service_pb2 as rpb
+
+
+class ReaperRegistryClient(RegistryClient):
+    """RegistryClient with WatchLeaseDeadlines, ExpireLeases, SweepEngines and
+    EnforceEventRetention."""
+
+    async def watch_lease_deadlines(self, watcher: str) -> AsyncIterator[rpb.WatchLeaseDeadlinesResponse]:
+        """The deadline-hint stream (no deadline: it lives until either side ends it)."""
+        stream = self.stub.WatchLeaseDeadlines(rpb.WatchLeaseDeadlinesRequest(watcher=watcher))
+        try:
+            async for message in stream:
+                yield message
+        except grpc.aio.AioRpcError as err:
+            raise BoomerangClientError("WatchLeaseDeadlines", from_rpc_error(err)) from None
+        finally:
+            stream.cancel()
+
+    async def expire_leases(self, req: rpb.ExpireLeasesRequest, timeout: float | None = None) -> rpb.ExpireLeasesResponse:
+        """ExpireLeases."""
+        return await call("ExpireLeases", self.stub.ExpireLeases, req, timeout or self.timeout)
+
+    async def sweep_engines(self, req: rpb.SweepEnginesRequest, timeout: float | None = None) -> rpb.SweepEnginesResponse:
+        """SweepEngines."""
+        return await call("SweepEngines", self.stub.SweepEngines, req, timeout or self.timeout)
+
+    async def enforce_event_retention(
+        self, req: rpb.EnforceEventRetentionRequest, timeout: float | None = None
+    ) -> rpb.EnforceEventRetentionResponse:
+        """EnforceEventRetention."""
+        return await call("EnforceEventRetention", self.stub.EnforceEventRetention, req, timeout or self.timeout)

@@ -1,0 +1,74 @@
+"""`boomerang reaper`: run one TTL-reaper replica."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+
+from boomerang.db.engine import make_engine, warm_pool
+from boomerang.db.migrate import upgrade
+from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
+from boomerang.settings import ReaperSettings
+from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
+from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
+from boomerang_reaper.domain import ClockOffset
+from boomerang_reaper.leader import LeaderElection
+from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.servicer import TTLReaperServicer
+from boomerang_reaper.worker import Reaper
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "boomerang.v1.TTLReaperService"
+
+
+def default_replica_id() -> str:
+    """host-pid-random: unique per process, readable in the audit trail."""
+    host = "".join(ch for ch in socket.gethostname() if ch.isalnum() or ch in "-.")[:64] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def run(settings: ReaperSettings) -> None:
+    """Migrate, elect, reap while leading, serve until SIGTERM; release leadership on exit."""
+    url = settings.require_database()
+    setup_tracing("boomerang-reaper")
+    if settings.migrate_on_start:
+        await asyncio.to_thread(upgrade, url)
+    engine = make_engine(url, settings.db_pool_size, "boomerang-reaper")
+    instrument_engine(engine)
+    await warm_pool(engine, min(2, settings.db_pool_size))
+    replica_id = settings.replica_id or default_replica_id()
+    repo = ReaperRepository(engine)
+    registry = ReaperRegistryClient(settings.registry_address, timeout=settings.registry_timeout_seconds)
+    clock = ClockOffset()
+    # The election publishes the worker's stats with each renewal (any replica reports them).
+    election = LeaderElection(
+        repo, settings.election, replica_id, settings.leader_lease_seconds, clock, lambda: reaper.stats.to_json()
+    )
+    reaper = Reaper(settings, registry, election, clock, replica_id)
+    tasks = [
+        asyncio.create_task(election.run(), name="leader-election"),
+        asyncio.create_task(reaper.run(), name="reaper"),
+    ]
+    log.info("reaper replica %s, election %r, registry %s", replica_id, settings.election, settings.registry_address)
+
+    async def stop() -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await election.release()
+        await registry.close()
+        await engine.dispose()
+
+    servicer = TTLReaperServicer(settings, repo, election, reaper)
+    options = ServerOptions(
+        name="reaper",
+        listen=settings.listen,
+        grace_seconds=settings.grace_seconds,
+        drain_delay_seconds=settings.drain_delay_seconds,
+        interceptors=grpc_server_interceptors(),
+    )
+    await serve(options, [ServiceSpec(SERVICE_NAME, pbgrpc.add_TTLReaperServiceServicer_to_server, servicer)], on_stop=stop)

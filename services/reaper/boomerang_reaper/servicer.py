@@ -1,0 +1,107 @@
+"""The gRPC entrypoint of the TTL reaper: validate, delegate, translate."""
+
+from __future__ import annotations
+
+import re
+
+import grpc
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.errors import Violations, failed_precondition
+from boomerang.grpcutil.status import rpc
+from boomerang.settings import ReaperSettings
+from boomerang.v1 import reaper_service_pb2 as pb
+from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
+from boomerang_reaper import convert
+from boomerang_reaper.advisor import advise_from_history, make_query
+from boomerang_reaper.domain import LagSummary, stats_from_json
+from boomerang_reaper.leader import LeaderElection
+from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.worker import NotLeader, Reaper
+
+_PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
+    """TTLReaperService over this replica's election, worker and repository."""
+
+    def __init__(self, settings: ReaperSettings, repo: ReaperRepository, election: LeaderElection, reaper: Reaper):
+        self.settings = settings
+        self.repo = repo
+        self.election = election
+        self.reaper = reaper
+
+    @rpc
+    async def GetStatus(
+        self, request: pb.TTLReaperServiceGetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TTLReaperServiceGetStatusResponse:
+        row = await self.repo.current(self.settings.election)
+        figures = await self.repo.lease_figures()
+        leading = self.election.leader
+        if leading:
+            stats, lag = self.reaper.stats, self.reaper.stats.lag()
+        elif row is not None and row.unexpired:
+            stats, lag = stats_from_json(row.stats)
+        else:
+            stats, lag = None, LagSummary()
+        return pb.TTLReaperServiceGetStatusResponse(
+            replica_id=self.election.replica_id,
+            leader=leading,
+            leader_replica_id=row.holder if row is not None and row.unexpired else "",
+            term=row.term if row is not None else 0,
+            leader_expire_time=convert.ts(row.expires_at) if row is not None else None,
+            next_expire_time=convert.ts(figures.next_deadline),
+            backlog_leases=figures.backlog,
+            live_leases=figures.live,
+            expiry_lag=convert.lag(lag),
+            expired_leases=stats.expired if stats else 0,
+            invalidated_leases=stats.invalidated if stats else 0,
+            dropped_partitions=stats.dropped_partitions if stats else 0,
+            last_expire_time=convert.ts(stats.last_expire_epoch) if stats and stats.last_expire_epoch else None,
+            database_time=convert.ts(figures.db_now),
+        )
+
+    @rpc
+    async def ReapNow(self, request: pb.ReapNowRequest, context: grpc.aio.ServicerContext) -> pb.ReapNowResponse:
+        v = Violations()
+        v.require(
+            not request.request_id or bool(_PRINTABLE.match(request.request_id)),
+            "request_id",
+            "must be printable ASCII without spaces, at most 128 characters",
+        )
+        v.raise_if_any()
+        try:
+            result = await self.reaper.reap_now(request.sweep_engines, request.enforce_retention, request.request_id)
+        except NotLeader as exc:
+            err = failed_precondition("NOT_LEADER", str(exc))
+            err.metadata["leader"] = exc.leader
+            raise err from None
+        except BoomerangClientError as exc:
+            raise exc.error from None  # the registry's own status (FENCED, UNAVAILABLE, ...)
+        return pb.ReapNowResponse(
+            term=result.term,
+            expired_leases=len(result.lags),
+            expiry_lag=convert.lag(LagSummary.of(result.lags)),
+            invalidated_leases=result.invalidated,
+            dead_engine_ids=result.dead_engine_ids,
+            dropped_partitions=result.dropped_partitions,
+        )
+
+    @rpc
+    async def AdviseTTL(self, request: pb.AdviseTTLRequest, context: grpc.aio.ServicerContext) -> pb.AdviseTTLResponse:
+        query = make_query(
+            tenant=request.tenant,
+            model=request.model,
+            target=request.target_reuse,
+            history_hours=request.history_hours,
+            candidates=tuple(request.candidate_ttl_seconds),
+            safety_seconds=request.safety_seconds if request.HasField("safety_seconds") else None,
+        )
+        report = await advise_from_history(self.repo, query)
+        return pb.AdviseTTLResponse(
+            advice=[convert.advice_to_proto(a) for a in report.advice],
+            history_start_time=convert.ts(report.history_start),
+            history_end_time=convert.ts(report.history_end),
+            target_reuse=query.target,
+            safety_seconds=query.safety_seconds,
+        )

@@ -1,0 +1,268 @@
+"""The leader's work: expire leases at their deadlines, sweep engine liveness, keep the
+audit partitions, all through the registry's fenced RPCs.
+
+While it leads, the replica watches the registry's deadline hints and sleeps until the
+earliest known deadline (or the next sweep or retention run), never polling on a short
+fixed interval. Every ExpireLeases call drains what is due and answers with the next
+deadline, so the tracker always knows when to wake next. `coalesce_seconds` bounds the
+call rate when deadlines crowd together; `max_sleep_seconds` is a backstop should a hint
+ever be lost. A FENCED answer means another replica leads now: stop at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass, field
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.settings import ReaperSettings
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang_reaper.domain import ClockOffset, DeadlineTracker, LeaderStats
+from boomerang_reaper.leader import LeaderElection
+from boomerang_reaper.registry_api import ReaperRegistryClient
+
+log = logging.getLogger(__name__)
+BUSY_RETRY_SECONDS = 0.02  # a due lease was locked by another transaction: look again soon
+ERROR_RETRY_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+def epoch(ts: Timestamp) -> float:
+    """Epoch seconds of a protobuf Timestamp."""
+    return ts.seconds + ts.nanos / 1e9
+
+
+class NotLeader(Exception):
+    """This replica does not lead; `leader` names who does (empty when nobody)."""
+
+    def __init__(self, leader: str):
+        super().__init__(f"this replica is not the leader (leader: {leader or 'none'})")
+        self.leader = leader
+
+
+@dataclass
+class ReapResult:
+    """What one ReapNow did."""
+
+    term: int
+    lags: list[float] = field(default_factory=list)
+    invalidated: int = 0
+    dead_engine_ids: list[str] = field(default_factory=list)
+    dropped_partitions: list[str] = field(default_factory=list)
+
+
+class Reaper:
+    """Runs the leader's work whenever the election says this replica leads."""
+
+    def __init__(
+        self,
+        settings: ReaperSettings,
+        registry: ReaperRegistryClient,
+        election: LeaderElection,
+        clock: ClockOffset,
+        replica_id: str,
+    ):
+        self.settings = settings
+        self.registry = registry
+        self.election = election
+        self.clock = clock
+        self.actor = f"reaper:{replica_id}"[:128]
+        self.replica_id = replica_id
+        self.stats = LeaderStats()
+        self.tracker = DeadlineTracker()
+        self._wake = asyncio.Event()
+        self._work = asyncio.Lock()  # one registry job at a time (the loop and ReapNow)
+        self._loop = asyncio.get_running_loop()
+
+    def fence(self, term: int) -> rpb.ReaperFence:
+        """The fencing token for `term`."""
+        return rpb.ReaperFence(election=self.settings.election, term=term)
+
+    async def run(self) -> None:
+        """Lead whenever elected (until cancelled)."""
+        while True:
+            term = await self.election.wait_for_leadership()
+            self.stats = LeaderStats()
+            self.tracker = DeadlineTracker()
+            log.info("term %d: reaping", term)
+            try:
+                await self._lead(term)
+            except Exception:  # noqa: BLE001 - a bug must not end the process's reaping for good
+                log.exception("term %d: the reaping loop failed; restarting it", term)
+                await asyncio.sleep(1.0)
+            log.info("term %d: no longer leading", term)
+
+    async def _lead(self, term: int) -> None:
+        watch = asyncio.create_task(self._watch(), name="deadline-watch")
+        s = self.settings
+        now = self._loop.time()
+        last_call, retry_at = -math.inf, now  # expire at once: catch up on what fell due
+        next_sweep, next_retention = now, now
+        failures = 0
+        try:
+            while self.election.holds(term):
+                now = self._loop.time()
+                expire_at = max(self._expire_at(last_call), retry_at)
+                job = "expire" if now >= expire_at else "sweep" if now >= next_sweep else (
+                    "retention" if now >= next_retention else "")
+                if not job:
+                    wake = min(expire_at, next_sweep, next_retention, self.election.valid_until)
+                    await self._sleep(wake - now)
+                    continue
+                try:
+                    if job == "expire":
+                        await self.expire_due(term)
+                        last_call = self._loop.time()
+                    elif job == "sweep":
+                        await self.sweep_engines(term)
+                        next_sweep = now + s.engine_sweep_interval_seconds
+                    else:
+                        await self.enforce_retention(term)
+                        next_retention = now + s.retention_interval_seconds
+                    failures = 0
+                except BoomerangClientError as err:
+                    if err.reason == "FENCED":
+                        self.election.lost(term, err.error.message)
+                        break
+                    delay = ERROR_RETRY_SECONDS[min(failures, len(ERROR_RETRY_SECONDS) - 1)]
+                    failures += 1
+                    log.warning("%s failed (retrying in %.2fs): %s", job, delay, err)
+                    if job == "expire":
+                        retry_at = now + delay
+                    elif job == "sweep":
+                        next_sweep = now + delay
+                    else:
+                        next_retention = now + delay
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    def _expire_at(self, last_call: float) -> float:
+        """The local instant of the next ExpireLeases call."""
+        due = last_call + self.settings.max_sleep_seconds
+        earliest = self.tracker.earliest()
+        if earliest is not None:
+            due = min(due, self.clock.to_local(earliest))
+        return max(due, last_call + self.settings.coalesce_seconds)
+
+    async def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        if seconds <= 0:
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _watch(self) -> None:
+        """Feed the registry's deadline hints into the tracker, reconnecting as needed."""
+        failures = 0
+        while True:
+            try:
+                async for msg in self.registry.watch_lease_deadlines(self.replica_id):
+                    failures = 0
+                    if msg.HasField("earliest_expire_time") and self.tracker.hint(epoch(msg.earliest_expire_time)):
+                        self._wake.set()
+                log.info("deadline watch ended; reconnecting")
+            except BoomerangClientError as err:
+                log.info("deadline watch ended (%s); reconnecting", err)
+            except Exception:  # noqa: BLE001 - keep watching whatever went wrong
+                log.warning("deadline watch failed; reconnecting", exc_info=True)
+            await asyncio.sleep(ERROR_RETRY_SECONDS[min(failures, len(ERROR_RETRY_SECONDS) - 1)])
+            failures += 1
+
+    async def expire_due(self, term: int, request_id: str = "") -> list[float]:
+        """Expire everything due under `term`; returns the lags of the leases expired."""
+        lags: list[float] = []
+        async with self._work:
+            while self.election.holds(term):
+                token = self.tracker.begin_call()
+                sent = self._loop.time()
+                resp = await self.registry.expire_leases(
+                    rpb.ExpireLeasesRequest(
+                        fence=self.fence(term),
+                        max_leases=self.settings.expire_batch_size,
+                        actor=self.actor,
+                        request_id=request_id,
+                    ),
+                    timeout=self.settings.registry_timeout_seconds,
+                )
+                db_now = epoch(resp.database_time)
+                self.clock.observe(db_now, sent, self._loop.time())
+                nxt = epoch(resp.next_expire_time) if resp.HasField("next_expire_time") else None
+                if nxt is not None and nxt <= db_now and not resp.more_due:
+                    nxt = db_now + BUSY_RETRY_SECONDS
+                self.tracker.complete_call(token, nxt)
+                batch = [e.lag_seconds for e in resp.expired_leases]
+                self.stats.record_expiries(batch, db_now)
+                lags.extend(batch)
+                if batch:
+                    log.info("term %d: expired %d lease(s), max lag %.3fs", term, len(batch), max(batch))
+                if not resp.more_due:
+                    break
+        return lags
+
+    async def sweep_engines(self, term: int, request_id: str = "") -> tuple[int, list[str]]:
+        """Invalidate the leases of silent, dead and restarted engines under `term`."""
+        async with self._work:
+            resp = await self.registry.sweep_engines(
+                rpb.SweepEnginesRequest(
+                    fence=self.fence(term),
+                    heartbeat_timeout_seconds=self.settings.engine_heartbeat_timeout_seconds,
+                    actor=self.actor,
+                    request_id=request_id,
+                ),
+                timeout=self.settings.registry_timeout_seconds,
+            )
+        n = resp.heartbeat_timeout_leases + resp.dead_engine_leases + resp.stale_generation_leases
+        self.stats.invalidated += n
+        if n or resp.dead_engine_ids:
+            log.info(
+                "term %d: engines %s silent, marked dead; invalidated %d lease(s) (%d heartbeat, "
+                "%d dead engine, %d stale generation)",
+                term, list(resp.dead_engine_ids) or "none", n, resp.heartbeat_timeout_leases,
+                resp.dead_engine_leases, resp.stale_generation_leases,
+            )
+        return n, list(resp.dead_engine_ids)
+
+    async def enforce_retention(self, term: int, request_id: str = "") -> list[str]:
+        """Create audit partitions ahead and drop those past retention under `term`."""
+        async with self._work:
+            resp = await self.registry.enforce_event_retention(
+                rpb.EnforceEventRetentionRequest(
+                    fence=self.fence(term),
+                    retention_days=self.settings.retention_days,
+                    days_ahead=self.settings.partition_days_ahead,
+                    request_id=request_id,
+                ),
+                timeout=max(self.settings.registry_timeout_seconds, 30.0),
+            )
+        self.stats.dropped_partitions += len(resp.dropped_partitions)
+        if resp.dropped_partitions or resp.busy_partitions:
+            log.info(
+                "term %d: dropped audit partitions %s (busy, retried later: %s)",
+                term, list(resp.dropped_partitions), list(resp.busy_partitions) or "none",
+            )
+        return list(resp.dropped_partitions)
+
+    async def reap_now(self, sweep: bool, retention: bool, request_id: str) -> ReapResult:
+        """Do the leader's work now (ReapNow); NotLeader on a standby."""
+        term = self.election.term
+        if not self.election.holds(term):
+            view = self.election.view
+            raise NotLeader(view.holder if view is not None and view.unexpired else "")
+        try:
+            result = ReapResult(term, lags=await self.expire_due(term, request_id))
+            if sweep:
+                result.invalidated, result.dead_engine_ids = await self.sweep_engines(term, request_id)
+            if retention:
+                result.dropped_partitions = await self.enforce_retention(term, request_id)
+        except BoomerangClientError as err:
+            if err.reason == "FENCED":
+                self.election.lost(term, err.error.message)
+            raise
+        self._wake.set()  # the tracker changed: let the loop re-plan
+        return result
