@@ -98,6 +98,10 @@ class RegistrySettings(CommonSettings):
     max_message_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Largest gRPC message accepted."
     )
+    db_tenant_role: str = Field(
+        default="boomerang_service",
+        description="Postgres role for tenant-scoped statements (row-level security); empty: off.",
+    )
     group_commit_max_batch: int = Field(
         default=256, ge=1, le=10000, description="Registrations committed per transaction."
     )

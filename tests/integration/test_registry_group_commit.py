@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 async def test_concurrent_registrations_commit_in_batches(database_url: str, pg: asyncpg.Connection, unique: str) -> None:
     engine = make_engine(database_url, pool_size=4)
-    repo = RegistryRepository(engine, ttl_margin_seconds=10.0)
+    tenant_engine = make_engine(database_url, pool_size=4, role="boomerang_service")
+    repo = RegistryRepository(engine, ttl_margin_seconds=10.0, tenant_engine=tenant_engine)
     batcher = RegistrationBatcher(repo, max_batch=64, workers=1)
     batcher.start()
     try:
@@ -31,6 +32,7 @@ async def test_concurrent_registrations_commit_in_batches(database_url: str, pg:
     finally:
         await batcher.stop()
         await engine.dispose()
+        await tenant_engine.dispose()
     errors = [r for r in results if isinstance(r, BaseException)]
     assert len(errors) == 1 and isinstance(errors[0], BoomerangError) and errors[0].reason == "STALE_GENERATION"
     assert max(batcher.batch_sizes) > 1, batcher.batch_sizes

@@ -26,7 +26,9 @@ SETTINGS = RegistrySettings()
 @pytest.fixture(scope="module")
 async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
     engine = make_engine(database_url, pool_size=20)
-    yield RegistryRepository(engine, ttl_margin_seconds=10.0)
+    tenant_engine = make_engine(database_url, pool_size=20, role="boomerang_service")
+    yield RegistryRepository(engine, ttl_margin_seconds=10.0, tenant_engine=tenant_engine)
+    await tenant_engine.dispose()
     await engine.dispose()
 
 

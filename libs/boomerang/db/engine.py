@@ -7,8 +7,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from boomerang.settings import normalize_database_url
 
 
-def make_engine(url: str, pool_size: int = 10, application_name: str = "boomerang") -> AsyncEngine:
-    """An engine with a warm-able pool, short connect timeout and READ COMMITTED."""
+def make_engine(
+    url: str, pool_size: int = 10, application_name: str = "boomerang", role: str = ""
+) -> AsyncEngine:
+    """An engine with a warm-able pool, short connect timeout and READ COMMITTED.
+
+    With `role`, every connection runs as that Postgres role (row-level security applies).
+    """
+    server_settings = {"application_name": application_name}
+    if role:
+        server_settings["role"] = role
     return create_async_engine(
         normalize_database_url(url),
         pool_size=pool_size,
@@ -18,7 +26,7 @@ def make_engine(url: str, pool_size: int = 10, application_name: str = "boomeran
         connect_args={
             "timeout": 5,
             "command_timeout": 10,
-            "server_settings": {"application_name": application_name},
+            "server_settings": server_settings,
         },
     )
 

@@ -75,7 +75,7 @@ class RegistrationBatcher:
         BATCH_SIZE.observe(len(batch))
         outcomes: list[Result | BoomerangError] = []
         try:
-            async with self.repo.engine.begin() as conn:
+            async with self.repo.tenant_engine.begin() as conn:
                 for item in batch:
                     try:
                         outcomes.append(await self.repo.register_blocks_in(conn, item.request))

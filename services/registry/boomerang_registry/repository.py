@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
@@ -202,13 +204,34 @@ def decode_page_token(token: str) -> tuple[datetime, str]:
         raise ValueError("page_token is not one this service issued") from exc
 
 
+async def set_tenant(conn: AsyncConnection, tenant: str) -> None:
+    """Scope the current transaction to `tenant` for row-level security."""
+    await conn.execute(text("SELECT set_config('boomerang.tenant', :t, true)"), {"t": tenant})
+
+
 class RegistryRepository:
     """Postgres access for the registry; one transaction per method."""
 
-    def __init__(self, engine: AsyncEngine, ttl_margin_seconds: float, actor: str = "registry"):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        ttl_margin_seconds: float,
+        actor: str = "registry",
+        tenant_engine: AsyncEngine | None = None,
+    ):
         self.engine = engine
+        # Tenant-scoped statements run on `tenant_engine` (the row-level-security role of
+        # migration 0006) with `boomerang.tenant` set; cross-tenant work uses `engine`.
+        self.tenant_engine = tenant_engine or engine
         self.ttl_margin_seconds = ttl_margin_seconds
         self.actor = actor
+
+    @asynccontextmanager
+    async def tenant_transaction(self, tenant: str) -> AsyncIterator[AsyncConnection]:
+        """A transaction that sees and changes only `tenant`'s leases and events."""
+        async with self.tenant_engine.begin() as conn:
+            await set_tenant(conn, tenant)
+            yield conn
 
     # -- engines -------------------------------------------------------------------------
 
@@ -336,11 +359,12 @@ class RegistryRepository:
 
     async def register_blocks(self, req: RetainedBlocks) -> tuple[Row, bool, int]:
         """Record a retained turn as a lease (idempotent); returns (lease, created, superseded)."""
-        async with self.engine.begin() as conn:
+        async with self.tenant_engine.begin() as conn:
             return await self.register_blocks_in(conn, req)
 
     async def register_blocks_in(self, conn: AsyncConnection, req: RetainedBlocks) -> tuple[Row, bool, int]:
         """`register_blocks` inside the caller's transaction (for group commit)."""
+        await set_tenant(conn, req.tenant)
         lease_id = str(uuid.uuid4())
         params = {
             "lease_id": lease_id,
@@ -368,9 +392,14 @@ class RegistryRepository:
             lease = await self._lease(conn, lease_id)
             assert lease is not None
             return lease, True, int(counts.superseded)
-        return await self._explain_register_conflict(conn, req), False, 0
+        return await self._explain_register_conflict(req), False, 0
 
-    async def _explain_register_conflict(self, conn: AsyncConnection, req: RetainedBlocks) -> Row:
+    async def _explain_register_conflict(self, req: RetainedBlocks) -> Row:
+        # Across tenants on purpose (owner connection): the natural key is global.
+        async with self.engine.connect() as conn:
+            return await self._explain_register_conflict_in(conn, req)
+
+    async def _explain_register_conflict_in(self, conn: AsyncConnection, req: RetainedBlocks) -> Row:
         existing = (
             await conn.execute(
                 text(
@@ -427,7 +456,7 @@ class RegistryRepository:
             "min_remaining": q.min_remaining_seconds,
             "actor": self.actor,
         }
-        async with self.engine.begin() as conn:
+        async with self.tenant_transaction(q.tenant) as conn:
             rows = [r._mapping for r in await conn.execute(text(CLAIM_SQL), params)]
         by_kind: dict[str, list[Row]] = {}
         for row in rows:
@@ -454,7 +483,7 @@ class RegistryRepository:
 
     async def release_claim(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
         """CLAIMED → RETAINED when still live and newest, else the state it should end in."""
-        async with self.engine.begin() as conn:
+        async with self.tenant_transaction(tenant) as conn:
             lease = await self._locked_lease(conn, tenant, lease_id)
             if lease["state"] != "CLAIMED":
                 if await self._claim_held(conn, lease_id, claim_id):
@@ -486,7 +515,7 @@ class RegistryRepository:
 
     async def mark_consumed(self, tenant: str, lease_id: str, claim_id: str) -> Row:
         """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops)."""
-        async with self.engine.begin() as conn:
+        async with self.tenant_transaction(tenant) as conn:
             lease = await self._locked_lease(conn, tenant, lease_id)
             if lease["claim_id"] != claim_id:
                 raise failed_precondition(
@@ -539,7 +568,7 @@ class RegistryRepository:
 
     async def get_conversation(self, tenant: str, conversation_id: str, include_events: bool) -> tuple[list[Row], list[Row]]:
         """A conversation's newest 100 leases and, if asked, their events."""
-        async with self.engine.connect() as conn:
+        async with self.tenant_transaction(tenant) as conn:
             leases = [
                 r._mapping
                 for r in await conn.execute(
@@ -592,8 +621,12 @@ class RegistryRepository:
             f"SELECT {LEASE_COLUMNS} FROM leases l WHERE {' AND '.join(clauses)} "
             "ORDER BY l.created_at DESC, l.lease_id DESC LIMIT :limit"
         )
-        async with self.engine.connect() as conn:
-            rows = [r._mapping for r in await conn.execute(text(sql), params)]
+        if tenant:
+            async with self.tenant_transaction(tenant) as conn:
+                rows = [r._mapping for r in await conn.execute(text(sql), params)]
+        else:  # an operator's listing across tenants
+            async with self.engine.connect() as conn:
+                rows = [r._mapping for r in await conn.execute(text(sql), params)]
         next_token = ""
         if len(rows) > page_size:
             rows = rows[:page_size]

@@ -35,7 +35,12 @@ async def run(settings: RegistrySettings) -> None:
     await warm_pool(engine, min(4, settings.db_pool_size))
     async with engine.begin() as conn:
         await conn.execute(text("SELECT boomerang_ensure_event_partitions(1, 7)"))
-    repo = RegistryRepository(engine, settings.ttl_margin_seconds)
+    tenant_engine = engine
+    if settings.db_tenant_role:
+        tenant_engine = make_engine(url, settings.db_pool_size, "boomerang-registry", role=settings.db_tenant_role)
+        instrument_engine(tenant_engine)
+        await warm_pool(tenant_engine, min(4, settings.db_pool_size))
+    repo = RegistryRepository(engine, settings.ttl_margin_seconds, tenant_engine=tenant_engine)
     batcher = RegistrationBatcher(repo, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4))
     batcher.start()
     servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore(engine))
@@ -46,6 +51,8 @@ async def run(settings: RegistrySettings) -> None:
         gauges.cancel()
         await batcher.stop()
         await engine.dispose()
+        if tenant_engine is not engine:
+            await tenant_engine.dispose()
 
     options = ServerOptions(
         name="registry",

@@ -1,0 +1,57 @@
+"""Row-level security: the second wall between tenants, below the queries' own predicates."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from boomerang.db.engine import make_engine
+from boomerang_registry import requests
+from boomerang_registry.repository import RegistryRepository
+from tests.support.registry_data import blocks_request, engine_request
+
+pytestmark = pytest.mark.integration
+
+
+async def test_tenant_role_sees_and_changes_only_its_tenant(database_url: str, unique: str) -> None:
+    engine = make_engine(database_url, pool_size=2)
+    tenant_engine = make_engine(database_url, pool_size=2, role="boomerang_service")
+    repo = RegistryRepository(engine, 10.0, tenant_engine=tenant_engine)
+    try:
+        eid = f"d-{unique}"
+        await repo.register_engine(requests.engine_spec(engine_request(eid), 480), "r")
+        for tenant in ("alpha", "beta"):
+            await repo.register_blocks(
+                requests.retained_blocks(blocks_request(f"{tenant}-{unique}", "same-conversation", eid, list(range(64))), 10**6, 10**7)
+            )
+    finally:
+        await engine.dispose()
+        await tenant_engine.dispose()
+
+    conn = await asyncpg.connect(database_url, server_settings={"role": "boomerang_service"})
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('boomerang.tenant', $1, true)", f"alpha-{unique}")
+            # A query that forgets its tenant predicate still sees only alpha's rows...
+            tenants = {r["tenant"] for r in await conn.fetch("SELECT tenant FROM leases WHERE engine_id = $1", eid)}
+            assert tenants == {f"alpha-{unique}"}
+            events = await conn.fetch("SELECT DISTINCT tenant FROM lease_events")
+            assert {r["tenant"] for r in events} == {f"alpha-{unique}"}
+            # ...cannot change beta's...
+            changed = await conn.execute(
+                "UPDATE leases SET state = 'CONSUMED' WHERE tenant = $1", f"beta-{unique}"
+            )
+            assert changed == "UPDATE 0"
+        # ...and cannot write rows for another tenant.
+        with pytest.raises(asyncpg.exceptions.InsufficientPrivilegeError, match="row-level security"):
+            async with conn.transaction():
+                await conn.execute("SELECT set_config('boomerang.tenant', $1, true)", f"alpha-{unique}")
+                await conn.execute(
+                    "INSERT INTO lease_events (lease_id, tenant, conversation_id, to_state, reason, actor) "
+                    "VALUES (gen_random_uuid(), $1, 'c', 'RETAINED', 'FORGED', 'test')",
+                    f"beta-{unique}",
+                )
+        # Without a tenant set, nothing is visible at all.
+        assert await conn.fetchval("SELECT count(*) FROM leases") == 0
+    finally:
+        await conn.close()
