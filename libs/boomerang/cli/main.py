@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "boomerang_registry.cli",
     "boomerang_router.cli",
     "boomerang_gateway.cli",
+    "boomerang.stack.cli",
     "boomerang_reaper.cli",
     "boomerang.cli.migrate",
     "boomerang.cli.credentials",

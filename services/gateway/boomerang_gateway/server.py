@@ -21,7 +21,6 @@ import uvicorn
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.db.engine import make_engine
-from boomerang.db.migrate import upgrade
 from boomerang.settings import GatewaySettings
 from boomerang.telemetry import setup_tracing, shutdown_tracing
 from boomerang_gateway.app import GatewayState, create_app
@@ -89,9 +88,13 @@ def bind(listen: str) -> socket.socket:
 async def run(settings: GatewaySettings) -> None:
     """Serve until SIGTERM/SIGINT, then drain."""
     setup_tracing("boomerang-gateway")
+    # One line per engine call would drown the gateway's own log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     db = None
     if settings.database_url:
         if settings.migrate_on_start:
+            from boomerang.db.migrate import upgrade
+
             await asyncio.to_thread(upgrade, settings.database_url)
         db = make_engine(settings.database_url, settings.db_pool_size, "boomerang-gateway")
     metrics = GatewayMetrics()

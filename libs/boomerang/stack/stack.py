@@ -1,0 +1,237 @@
+"""The whole system as child processes: Postgres, registry, sims, router, reaper, gateway.
+
+Start order follows the dependencies — the database (embedded unless a URL is given) and
+its migrations, the registry, the simulated engines (they register with the registry), the
+router and the reaper (they call the registry), then the gateway (it calls the router).
+Stop order is the reverse, each child draining while what it calls still answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from boomerang.stack.children import Child, ChildFailed, stop_all
+from boomerang.stack.postgres import EmbeddedPostgres
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """One simulated engine."""
+
+    role: str  # "prefill" or "decode"
+    profile: str
+    port: int  # 0: a free one
+
+
+@dataclass
+class StackConfig:
+    """What to run."""
+
+    data_dir: Path = Path(".boomerang")
+    database_url: str = ""
+    gateway_port: int = 8000
+    grpc_ports: tuple[int, int, int] = (50051, 50052, 50053)  # registry, router, reaper; 0: free
+    sims: list[SimSpec] = field(default_factory=list)
+    prefill_urls: list[str] = field(default_factory=list)
+    decode_urls: list[str] = field(default_factory=list)
+    ttl_seconds: float = 480.0
+    time_scale: float = 1.0
+    allow_anonymous: bool = True
+    strip_reasoning: bool = False
+    sim_args: list[str] = field(default_factory=list)
+    log_level: str = "INFO"
+
+
+def sims_for(spec: str, profile: str, prefill_base: int = 8100, decode_base: int = 8200) -> list[SimSpec]:
+    """`PxD` (e.g. `1x1`, `2x1`) as sim specs on ports base, base+1, … (base 0: free ports)."""
+    p, sep, d = spec.lower().partition("x")
+    if not sep or not p.isdigit() or not d.isdigit() or not (1 <= int(p) <= 16 and 1 <= int(d) <= 16):
+        raise ValueError(f"--sim wants PxD with 1 to 16 engines each, e.g. 1x1 or 2x1; got {spec!r}")
+    out = [SimSpec("prefill", profile, prefill_base + i if prefill_base else 0) for i in range(int(p))]
+    out += [SimSpec("decode", profile, decode_base + i if decode_base else 0) for i in range(int(d))]
+    return out
+
+
+def redact(url: str) -> str:
+    """A database URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass
+class Endpoint:
+    """One running piece, as printed."""
+
+    name: str
+    address: str
+    note: str = ""
+
+
+class Stack:
+    """Starts and stops the whole system."""
+
+    def __init__(self, config: StackConfig):
+        self.config = config
+        self.children: list[Child] = []
+        self.postgres: EmbeddedPostgres | None = None
+        self.database_url = ""
+        self.endpoints: list[Endpoint] = []
+        self.gateway_url = ""
+        self.prefill_urls: list[str] = []
+        self.decode_urls: list[str] = []
+        self.registry_address = ""
+        self.router_address = ""
+
+    @property
+    def log_dir(self) -> Path:
+        """Where each child's log goes."""
+        return self.config.data_dir / "logs"
+
+    def _env(self) -> dict[str, str]:
+        # The URL (with its password) goes by environment, never on a command line.
+        return {
+            "BOOMERANG_DATABASE_URL": self.database_url,
+            "BOOMERANG_MIGRATE_ON_START": "false",
+            "BOOMERANG_LOG_LEVEL": self.config.log_level,
+            "BOOMERANG_DRAIN_DELAY_SECONDS": "0.2",
+            "BOOMERANG_GRACE_SECONDS": "5",
+        }
+
+    def _spawn(self, name: str, args: list[str]) -> Child:
+        child = Child(name, args, self.log_dir, self._env())
+        child.start()
+        self.children.append(child)
+        return child
+
+    def start(self) -> None:
+        """Start everything; on any failure stop what started and raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _database(self) -> None:
+        # Quiet before the import: alembic logs its plugin set-up at INFO when first imported.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        from boomerang.db.migrate import upgrade
+
+        if self.config.database_url:
+            self.database_url = self.config.database_url
+            note = "configured"
+        else:
+            self.postgres = EmbeddedPostgres(self.config.data_dir.resolve())
+            self.database_url = self.postgres.start()
+            note = f"embedded, data in {self.postgres.data}"
+        upgrade(self.database_url)
+        parts = urlsplit(self.database_url)
+        self.endpoints.append(Endpoint("postgres", f"{parts.hostname}:{parts.port or 5432}{parts.path}", note))
+
+    def _start(self) -> None:
+        cfg = self.config
+        self._database()
+        registry_port, router_port, reaper_port = cfg.grpc_ports
+        registry = self._spawn("registry", ["registry", "--listen", f"127.0.0.1:{registry_port}"])
+        self.registry_address = registry.wait_ready()
+        self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
+        sims = []
+        for i, spec in enumerate(cfg.sims):
+            args = ["sim", "--role", spec.role, "--port", str(spec.port), "--profile", spec.profile,
+                    "--ttl", str(cfg.ttl_seconds), "--registry", self.registry_address,
+                    "--time-scale", str(cfg.time_scale), "--engine-id", f"sim-{spec.role}-{spec.profile}-{i}",
+                    *(["--strip-reasoning"] if cfg.strip_reasoning else []), *cfg.sim_args]
+            sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args)))
+        for spec, child in sims:
+            url = f"http://{child.wait_ready()}"
+            (self.prefill_urls if spec.role == "prefill" else self.decode_urls).append(url)
+            self.endpoints.append(Endpoint(f"{spec.role}", url, f"simulated engine, profile {spec.profile}"))
+        for url in cfg.prefill_urls:
+            self.prefill_urls.append(url)
+            self.endpoints.append(Endpoint("prefill", url, "external engine"))
+        for url in cfg.decode_urls:
+            self.decode_urls.append(url)
+            self.endpoints.append(Endpoint("decode", url, "external engine"))
+        static: list[str] = []
+        if cfg.prefill_urls or cfg.decode_urls:
+            # External engines may not register themselves; name every engine statically.
+            static = [a for u in self.prefill_urls for a in ("--prefill", u)]
+            static += [a for u in self.decode_urls for a in ("--decode", u)]
+        router = self._spawn("router", ["router", "--listen", f"127.0.0.1:{router_port}",
+                                        "--registry", self.registry_address, *static])
+        reaper = self._spawn("reaper", ["reaper", "--listen", f"127.0.0.1:{reaper_port}",
+                                        "--registry", self.registry_address])
+        self.router_address = router.wait_ready()
+        self.endpoints.append(Endpoint("router", self.router_address, "gRPC RouterService"))
+        self.endpoints.append(Endpoint("reaper", reaper.wait_ready(), "gRPC TTLReaperService"))
+        gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
+                                          "--router", self.router_address, "--registry", self.registry_address,
+                                          *static, *(["--allow-anonymous"] if cfg.allow_anonymous else [])])
+        self.gateway_url = f"http://{gateway.wait_ready()}"
+        access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
+        self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
+        self._wait_engines()
+
+    def _wait_engines(self, timeout: float = 30.0) -> None:
+        """Wait until the router and the gateway both see every engine (they poll the registry)."""
+        import asyncio
+        import time
+
+        import httpx
+
+        from boomerang.clients.router import RouterClient
+        from boomerang.v1 import router_service_pb2 as rtpb
+
+        want = len(self.prefill_urls) + len(self.decode_urls)
+        models = {s.profile for s in self.config.sims} | ({"external"} if self.config.prefill_urls else set())
+
+        async def ready() -> bool:
+            async with RouterClient(self.router_address, timeout=2.0) as router:
+                listed = await router.list_engines(rtpb.RouterServiceListEnginesRequest())
+            if sum(1 for e in listed.engines if e.available) < want:
+                return False
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                health = (await http.get(self.gateway_url + "/health")).json()
+            return int(health.get("models", 0)) >= len(models)
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if asyncio.run(ready()):
+                    return
+            except Exception:  # noqa: BLE001 - not yet
+                pass
+            if time.monotonic() > deadline:
+                raise ChildFailed(f"the router and gateway did not see all {want} engines within {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def child(self, name: str) -> Child:
+        """A running child by name (`registry`, `router`, `gateway`, `sim-decode-1`, …)."""
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def dead_children(self) -> list[Child]:
+        """Children that exited."""
+        return [c for c in self.children if not c.alive()]
+
+    def stop(self) -> None:
+        """Stop every child (reverse order), then the embedded database if this stack started it."""
+        try:
+            stop_all(self.children)
+        finally:
+            self.children = []
+            if self.postgres is not None:
+                self.postgres.stop()
+
+
+__all__ = ["ChildFailed", "SimSpec", "Stack", "StackConfig", "sims_for", "redact"]
