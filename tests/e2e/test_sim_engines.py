@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -49,11 +50,13 @@ class Engine:
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, Engine]]:
+    # Clock offsets far apart in both directions: P must convert D's expiry time with the
+    # offset it measured at handshake, or it would pull from `d` never and decline `d_slow` never.
     specs = {
-        "p": ["--role", "prefill", *FAST],
-        "d": ["--role", "decode", "--ttl", "60", *FAST],
+        "p": ["--role", "prefill", "--clock-offset", "300000", *FAST],
+        "d": ["--role", "decode", "--ttl", "60", "--clock-offset", "100", *FAST],
         # Real-time latencies and a 1 s TTL: for expiry, aborts and restarts.
-        "d_slow": ["--role", "decode", "--ttl", "1", "--time-scale", "1"],
+        "d_slow": ["--role", "decode", "--ttl", "1", "--time-scale", "1", "--clock-offset", "900000"],
         "p_think": ["--role", "prefill", "--strip-reasoning", *FAST],
         "d_think": ["--role", "decode", "--strip-reasoning", *FAST],
     }
@@ -262,6 +265,29 @@ def test_an_aborted_stream_retains_nothing(engines: dict[str, Engine]) -> None:
     assert after["used_blocks"] == after["retained_blocks"] + after["held_blocks"]
 
 
+def test_a_non_streaming_client_that_leaves_aborts_too(engines: dict[str, Engine]) -> None:
+    p, d = engines["p"], engines["d_slow"]
+    messages = convo("abort2")
+    pp = p.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1, "kv_transfer_params": FIRST_TURN}).json()
+    before = d.stats()
+    body = {"messages": messages, "max_tokens": 500, "ignore_eos": True, "kv_transfer_params": pp["kv_transfer_params"]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{d.url}/v1/chat/completions", json=body, timeout=0.5)  # 500 tokens take ~4 s
+    assert wait_for(lambda: d.stats()["aborted"] == before["aborted"] + 1, timeout=5)
+    assert d.stats()["retained_turns"] == before["retained_turns"]
+
+
+def test_time_to_first_token_is_spent_as_real_time(engines: dict[str, Engine]) -> None:
+    d = engines["d_slow"]  # --time-scale 1, qwen3-32b: alpha + beta * 2000 = 121.6 ms
+    body = {"prompt": [7] * 2000, "max_tokens": 1}
+    elapsed = []
+    for _ in range(3):
+        start = time.perf_counter()
+        assert d.post("/v1/completions", body).status_code == 200
+        elapsed.append(time.perf_counter() - start)
+    assert 0.1216 <= min(elapsed) < 0.1216 + 0.15
+
+
 def test_restart_bumps_generation_and_drops_every_block(engines: dict[str, Engine]) -> None:
     p, d = engines["p"], engines["d_slow"]
     messages = convo("restart")
@@ -368,3 +394,35 @@ def test_a_stock_openai_client_reads_the_stream(engines: dict[str, Engine]) -> N
     assert text == plain_reply(p, messages)
     assert (chunks[-1].model_extra or {})["kv_transfer_params"]["transfer_mode"] == "pull"
     client.close()
+
+
+async def test_concurrent_conversations_never_cross(engines: dict[str, Engine]) -> None:
+    p, d = engines["p"], engines["d"]
+    before = p.stats()
+    limits = httpx.Limits(max_connections=200)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as http:
+
+        async def one_turn(messages: list[dict[str, Any]], params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+            pr = await http.post(f"{p.url}/v1/chat/completions",
+                                 json={"messages": messages, "max_tokens": 1, "kv_transfer_params": params})
+            body = {"messages": messages, "stream": True, "kv_transfer_params": pr.json()["kv_transfer_params"]}
+            text, final = "", {}
+            async with http.stream("POST", f"{d.url}/v1/chat/completions", json=body) as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        text += chunk["choices"][0]["delta"].get("content", "")
+                        final = chunk.get("kv_transfer_params", final)
+            return text, final
+
+        async def conversation(i: int) -> None:
+            messages = convo(f"c{i}")
+            text, params = await one_turn(messages, FIRST_TURN)
+            for step in range(2):
+                messages = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": f"s{step}"}]
+                text, params = await one_turn(messages, params)
+
+        await asyncio.gather(*(conversation(i) for i in range(40)))
+    after = p.stats()
+    assert delta(before, after, "pulls", "corrupt_pulls", "expired_or_freed_reads") == {
+        "pulls": 80, "corrupt_pulls": 0, "expired_or_freed_reads": 0}

@@ -58,3 +58,24 @@ async def test_sim_registers_heartbeats_and_reregisters_after_restart(database_u
         sim.kill()
         registry.kill()
     assert "Traceback" not in sim.output()
+
+
+async def test_sim_moves_past_a_newer_generation_the_registry_holds(database_url: str, unique: str) -> None:
+    registry = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
+    engine_id = f"sim-d-{unique}"
+    try:
+        async with RegistryClient(registry.address, timeout=3.0) as client:
+            await client.register_engine(rpb.RegisterEngineRequest(engine=tpb.Engine(
+                engine_id=engine_id, role=tpb.ENGINE_ROLE_DECODE, model="Qwen/Qwen3-32B",
+                side_channel_host="127.0.0.1", side_channel_port=9, registration_generation=5)))
+            sim = ServiceProcess(["sim", "--role", "decode", "--port", "0", "--engine-id", engine_id,
+                                  "--registry", registry.address, "--heartbeat-seconds", "0.2"]).start()
+            try:
+                await _wait_engine(client, engine_id, 6)  # a restarted engine registers a newer generation
+                async with httpx.AsyncClient(timeout=10) as http:
+                    stats = (await http.get(f"http://{sim.address}/sim/stats")).json()
+                assert stats["registration_generation"] == 6 and stats["restarts"] == 1
+            finally:
+                sim.kill()
+    finally:
+        registry.kill()

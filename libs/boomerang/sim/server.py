@@ -110,8 +110,17 @@ async def registry_loop(engine: Engine, target: str, api_port: int, interval: fl
 
 
 async def _adopt_newer_generation(client: RegistryClient, engine: Engine) -> None:
-    """The registry knows a newer generation of this engine id: move past it (a restart)."""
-    listed = await client.list_engines(rpb.ListEnginesRequest())
+    """The registry knows a newer generation of this engine id: move past it (a restart).
+
+    Needs ListEngines, which an `engine:` principal may not call; then the operator must
+    restart the simulator with a larger `--generation`.
+    """
+    try:
+        listed = await client.list_engines(rpb.ListEnginesRequest())
+    except BoomerangClientError as exc:
+        log.error("engine %s: the registry holds a newer generation and ListEngines failed (%s); "
+                  "restart with a larger --generation", engine.config.engine_id, exc.code)
+        return
     for e in listed.engines:
         if e.engine_id == engine.config.engine_id and e.registration_generation >= engine.generation:
             log.warning("registry has generation %d of %s; restarting as %d", e.registration_generation,
