@@ -2,16 +2,34 @@
 
 Tracing is off unless the standard variables ask for it (`OTEL_EXPORTER_OTLP_ENDPOINT`, or
 `OTEL_TRACES_EXPORTER=otlp|console`); then spans go out over OTLP/gRPC, gRPC servers and
-clients carry W3C trace context, and SQLAlchemy statements become spans. Custom attributes
-are prefixed `boomerang.`.
+clients carry W3C trace context, httpx calls become client spans (with `traceparent`
+injected), HTTP servers wrapped by `asgi_app` continue the caller's trace, and SQLAlchemy
+statements become spans. One turn is then one trace: gateway → tokenize → router →
+registry → Postgres → prefill → decode → report.
+
+Custom attributes are prefixed `boomerang.` (`annotate`). When tracing is off every helper
+here is a flag check: nothing from the OpenTelemetry SDK or its instrumentations is imported.
+
+Sampling: unless `OTEL_TRACES_SAMPLER` says otherwise, traces start only where a request
+starts (an HTTP or gRPC server span). Background loops — heartbeats, pool refreshes, gauge
+reads, the reaper's expiry calls, the audit writer — would otherwise open a new trace every
+second or so and bury the turns; their root spans are dropped, and with them the whole
+trace (the receiving side follows the caller's sampled flag). Health checks and reflection
+are dropped the same way. `OTEL_TRACES_SAMPLER=parentbased_always_on` traces everything.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from contextlib import contextmanager, nullcontext
+from typing import Any, ContextManager, Iterator, Mapping, Sequence
 
 _enabled = False
+
+# Root spans with these name prefixes are never sampled (see the module docstring).
+_UNTRACED_ROOTS = ("/grpc.health.", "/grpc.reflection.")
+# HTTP paths whose requests are not traced (health probes and Prometheus scrapes).
+UNTRACED_PATHS = ("/health", "/metrics", "/sim/stats")
 
 
 def tracing_requested() -> bool:
@@ -22,27 +40,69 @@ def tracing_requested() -> bool:
     return bool(exporter or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
-def setup_tracing(service_name: str) -> bool:
-    """Install a tracer provider for `service_name` when requested; returns whether it did."""
+def enabled() -> bool:
+    """Whether this process traces (set up by `setup_tracing`)."""
+    return _enabled
+
+
+def request_sampler() -> Any:
+    """The default sampler: follow the caller; start traces only for requests."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, SamplingResult
+    from opentelemetry.trace import SpanKind
+
+    class RequestRoots(Sampler):
+        """Samples root spans that a request opens; drops background and health roots."""
+
+        def should_sample(  # type: ignore[no-untyped-def]
+            self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+        ) -> SamplingResult:
+            drop = kind is SpanKind.CLIENT or name.startswith(_UNTRACED_ROOTS)
+            return (ALWAYS_OFF if drop else ALWAYS_ON).should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return "BoomerangRequestRoots"
+
+    return ParentBased(root=RequestRoots())
+
+
+def setup_tracing(service_name: str, exporter: Any = None) -> bool:
+    """Install a tracer provider for `service_name` when requested; returns whether it did.
+
+    `exporter` (tests) replaces the OTLP exporter and turns tracing on regardless of the
+    environment; its spans are exported as each ends.
+    """
     global _enabled
-    if _enabled or not tracing_requested():
+    if _enabled or (exporter is None and not tracing_requested()):
         return _enabled
     from opentelemetry import trace
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+        SpanProcessor,
+    )
 
-    exporter: SpanExporter
-    if os.environ.get("OTEL_TRACES_EXPORTER") == "console":
-        exporter = ConsoleSpanExporter()
+    processor: SpanProcessor
+    if exporter is not None:
+        processor = SimpleSpanProcessor(exporter)
+    elif os.environ.get("OTEL_TRACES_EXPORTER") == "console":
+        processor = BatchSpanProcessor(ConsoleSpanExporter())
     else:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter()
+        # Batched: a span costs the request a queue append; OTEL_BSP_* tune the flush.
+        processor = BatchSpanProcessor(OTLPSpanExporter())
     name = os.environ.get("OTEL_SERVICE_NAME", service_name)
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    # Without OTEL_TRACES_SAMPLER the SDK would trace every background loop (see above).
+    sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else request_sampler()
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}), sampler=sampler)
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    _instrument_httpx()
     _enabled = True
     return True
 
@@ -81,3 +141,94 @@ def instrument_engine(engine: Any) -> None:
     from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
     SQLAlchemyInstrumentor().instrument(engine=engine.sync_engine)
+
+
+def asgi_app(app: Any) -> Any:
+    """`app` wrapped so each HTTP request is a server span continuing the caller's trace.
+
+    Returns `app` itself when tracing is off. Health probes and scrapes are not traced, and
+    the per-message send/receive spans are left out (a streamed answer would make hundreds).
+    """
+    if not _enabled:
+        return app
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    return OpenTelemetryMiddleware(
+        app,
+        excluded_urls=",".join(p + "$" for p in UNTRACED_PATHS),
+        exclude_spans=["receive", "send"],
+        default_span_details=_http_span_details,
+    )
+
+
+def _http_span_details(scope: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Name server spans `METHOD /path` (the paths are few and fixed)."""
+    return f"{scope.get('method', 'HTTP')} {scope.get('path', '')}", {}
+
+
+def _instrument_httpx() -> None:
+    """Every httpx client in the process makes client spans and injects `traceparent`."""
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    def name_span(span: Any, request: Any) -> None:
+        # `POST /tokenize` rather than the bare method: a turn makes several engine calls.
+        if span.is_recording():
+            method = request.method.decode() if isinstance(request.method, bytes) else str(request.method)
+            path = getattr(request.url, "path", "")
+            span.update_name(f"{method} {path}".rstrip())
+
+    async def name_async(span: Any, request: Any) -> None:
+        name_span(span, request)
+
+    instrumentor = HTTPXClientInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(request_hook=name_span, async_request_hook=name_async)
+
+
+def annotate(**attributes: Any) -> None:
+    """Set `boomerang.<name>` attributes on the current span (nothing when tracing is off).
+
+    None values are skipped; enum members are recorded by value.
+    """
+    if not _enabled:
+        return
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attributes(
+        {f"boomerang.{k}": getattr(v, "value", v) for k, v in attributes.items() if v is not None}
+    )
+
+
+def span(name: str, **attributes: Any) -> ContextManager[Any]:
+    """A child span `name` with `boomerang.` attributes (a no-op context when tracing is off)."""
+    if not _enabled:
+        return nullcontext()
+    return _span(name, attributes)
+
+
+@contextmanager
+def _span(name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
+    from opentelemetry import trace
+
+    tracer = trace.get_tracer("boomerang")
+    with tracer.start_as_current_span(
+        name, attributes={f"boomerang.{k}": getattr(v, "value", v) for k, v in attributes.items() if v is not None}
+    ) as current:
+        yield current
+
+
+__all__: Sequence[str] = (
+    "annotate",
+    "asgi_app",
+    "enabled",
+    "grpc_client_interceptors",
+    "grpc_server_interceptors",
+    "instrument_engine",
+    "setup_tracing",
+    "shutdown_tracing",
+    "span",
+    "tracing_requested",
+)
