@@ -29,6 +29,7 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.sim.app import make_app
 from boomerang.sim.engine import Engine, SimConfig
+from boomerang.telemetry import asgi_app, setup_tracing
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
@@ -137,12 +138,13 @@ async def run(
     grace_seconds: float = 5.0,
 ) -> None:
     """Serve until SIGTERM/SIGINT."""
+    setup_tracing(f"boomerang-sim-{config.role}")  # off unless OTEL_* ask; continues the gateway's trace
     api_sock = bind(config.host, port)
     side_sock = bind(config.host, config.side_channel_port)
     api_port, side_port = api_sock.getsockname()[1], side_sock.getsockname()[1]
     cfg = dataclasses.replace(config, side_channel_port=side_port)
     engine = Engine(cfg, generation)
-    app = make_app(engine, {"side": side_port})
+    app = asgi_app(make_app(engine, {"side": side_port}))
     server = _Server(uvicorn.Config(
         app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=max(1, round(grace_seconds)),
         timeout_keep_alive=30))
