@@ -22,7 +22,7 @@ from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.db.engine import make_engine
 from boomerang.settings import GatewaySettings
-from boomerang.telemetry import setup_tracing, shutdown_tracing
+from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
 from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
@@ -126,7 +126,7 @@ async def run(settings: GatewaySettings) -> None:
     sock = bind(settings.listen)
     server = _Server(
         uvicorn.Config(
-            create_app(state),
+            asgi_app(create_app(state)),  # HTTP server spans when tracing is on
             lifespan="off",
             log_level="warning",
             access_log=False,
