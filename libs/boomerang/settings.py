@@ -392,3 +392,17 @@ class RouterSettings(CommonSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{item!r}: an engine is URL or NAME=URL, the URL starting with http://")
         return items
+
+
+class TelemetrySettings(BaseSettings):
+    """Figures the metrics and `boomerang status` use to turn reused tokens into time."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    prefill_ms_per_token: float = Field(
+        default=0.02061,
+        ge=0,
+        le=1000,
+        description="Milliseconds of prefill compute per prompt token, to estimate the prefill "
+        "time a pull saves (default: the qwen3-32b fit to AWS's table, `boomerang.sim.costmodel`).",
+    )

@@ -11,9 +11,11 @@ import uuid
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
+from boomerang.metrics import refresh_forever, serve_metrics
 from boomerang.settings import ReaperSettings
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
+from boomerang_reaper import metrics
 from boomerang_reaper.domain import ClockOffset
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.registry_api import ReaperRegistryClient
@@ -53,6 +55,8 @@ async def run(settings: ReaperSettings) -> None:
         asyncio.create_task(election.run(), name="leader-election"),
         asyncio.create_task(reaper.run(), name="reaper"),
     ]
+    serve_metrics(settings.metrics_listen)
+    tasks.append(asyncio.create_task(refresh_forever(lambda: metrics.refresh_gauges(repo, election), 5.0), name="metrics"))
     log.info("reaper replica %s, election %r, registry %s", replica_id, settings.election, settings.registry_address)
 
     async def stop() -> None:

@@ -21,6 +21,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from boomerang.clients.base import BoomerangClientError
 from boomerang.settings import ReaperSettings
 from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang_reaper import metrics
 from boomerang_reaper.domain import ClockOffset, DeadlineTracker, LeaderStats
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.registry_api import ReaperRegistryClient
@@ -198,6 +199,7 @@ class Reaper:
                 self.tracker.complete_call(token, nxt)
                 batch = [e.lag_seconds for e in resp.expired_leases]
                 self.stats.record_expiries(batch, db_now)
+                metrics.observe_expiries(batch)
                 lags.extend(batch)
                 if batch:
                     log.info("term %d: expired %d lease(s), max lag %.3fs", term, len(batch), max(batch))
@@ -219,6 +221,7 @@ class Reaper:
             )
         n = resp.heartbeat_timeout_leases + resp.dead_engine_leases + resp.stale_generation_leases
         self.stats.invalidated += n
+        metrics.observe_invalidated(n)
         if n or resp.dead_engine_ids:
             log.info(
                 "term %d: engines %s silent, marked dead; invalidated %d lease(s) (%d heartbeat, "

@@ -1,0 +1,72 @@
+"""The router's reuse figures: tokens pulled and computed, prefill time saved, trace attributes.
+
+Plans by decision and reason and the plan-latency histogram live beside the planner
+(`boomerang_router_plans_total`, `boomerang_router_plan_seconds`); this module adds what
+an operator needs to see what reuse is worth: prompt tokens pulled instead of computed,
+tokens computed, and an estimate of the prefill time the pulls saved
+(reused tokens × `BOOMERANG_PREFILL_MS_PER_TOKEN`). It also puts the plan on the current
+trace span as `boomerang.*` attributes.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from prometheus_client import Counter
+
+from boomerang.settings import TelemetrySettings, load_settings
+from boomerang.telemetry import annotate
+from boomerang_router.plans import PlanRecord
+
+REUSED_TOKENS = Counter(
+    "boomerang_router_reused_prompt_tokens",
+    "Prompt tokens the prefill engine was told to pull from a decode engine instead of computing.",
+)
+RECOMPUTED_TOKENS = Counter(
+    "boomerang_router_recomputed_prompt_tokens",
+    "Prompt tokens the prefill engine was told to compute, by plan decision.",
+    ["decision"],
+)
+PREFILL_SECONDS_SAVED = Counter(
+    "boomerang_router_prefill_seconds_saved",
+    "Estimated prefill compute time saved by pulls: reused tokens × BOOMERANG_PREFILL_MS_PER_TOKEN.",
+)
+
+
+@lru_cache(maxsize=1)
+def prefill_seconds_per_token() -> float:
+    """The configured prefill cost of one prompt token, in seconds."""
+    return load_settings(TelemetrySettings).prefill_ms_per_token / 1000
+
+
+def observe_plan(record: PlanRecord) -> None:
+    """Count a new plan's tokens and saved time; annotate the PlanTurn span."""
+    decision = record.decision.value
+    if record.reusable_tokens:
+        REUSED_TOKENS.inc(record.reusable_tokens)
+        PREFILL_SECONDS_SAVED.inc(record.reusable_tokens * prefill_seconds_per_token())
+    RECOMPUTED_TOKENS.labels(decision).inc(record.recompute_tokens)
+    annotate(
+        tenant=record.tenant,
+        conversation=record.conversation_id,
+        plan_id=record.plan_id,
+        decision=decision,
+        reason=record.reason.value,
+        prompt_tokens=record.prompt_tokens,
+        reused_tokens=record.reusable_tokens,
+        recomputed_tokens=record.recompute_tokens,
+        lease_id=record.lease_id or None,
+    )
+
+
+def observe_report(record: PlanRecord) -> None:
+    """Annotate the ReportTurn span with the turn's outcome."""
+    annotate(
+        tenant=record.tenant,
+        conversation=record.conversation_id,
+        plan_id=record.plan_id,
+        decision=record.decision.value,
+        outcome=record.outcome or None,
+        retention=record.retention or None,
+        new_lease_id=record.new_lease_id or None,
+    )
