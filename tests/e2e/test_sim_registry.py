@@ -36,7 +36,8 @@ async def test_sim_registers_heartbeats_and_reregisters_after_restart(database_u
     registry = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
     engine_id = f"sim-d-{unique}"
     sim = ServiceProcess(["sim", "--role", "decode", "--port", "0", "--engine-id", engine_id, "--ttl", "90",
-                          "--registry", registry.address, "--heartbeat-seconds", "0.2", "--time-scale", "0"]).start()
+                          "--registry", registry.address, "--heartbeat-seconds", "0.2", "--time-scale", "0",
+                          "--generation", "1"]).start()
     try:
         async with RegistryClient(registry.address, timeout=3.0) as client, httpx.AsyncClient(timeout=10) as http:
             stats = (await http.get(f"http://{sim.address}/sim/stats")).json()
@@ -69,7 +70,8 @@ async def test_sim_moves_past_a_newer_generation_the_registry_holds(database_url
                 engine_id=engine_id, role=tpb.ENGINE_ROLE_DECODE, model="Qwen/Qwen3-32B",
                 side_channel_host="127.0.0.1", side_channel_port=9, registration_generation=5)))
             sim = ServiceProcess(["sim", "--role", "decode", "--port", "0", "--engine-id", engine_id,
-                                  "--registry", registry.address, "--heartbeat-seconds", "0.2"]).start()
+                                  "--registry", registry.address, "--heartbeat-seconds", "0.2",
+                                  "--generation", "1"]).start()
             try:
                 await _wait_engine(client, engine_id, 6)  # a restarted engine registers a newer generation
                 async with httpx.AsyncClient(timeout=10) as http:
@@ -77,5 +79,27 @@ async def test_sim_moves_past_a_newer_generation_the_registry_holds(database_url
                 assert stats["registration_generation"] == 6 and stats["restarts"] == 1
             finally:
                 sim.kill()
+    finally:
+        registry.kill()
+
+
+async def test_a_new_process_registers_a_newer_generation_by_default(database_url: str, unique: str) -> None:
+    """Engines keep their id across restarts; the default generation must still move forward."""
+    registry = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
+    engine_id = f"sim-p-{unique}"
+    args = ["sim", "--role", "prefill", "--port", "0", "--engine-id", engine_id, "--registry", registry.address,
+            "--heartbeat-seconds", "0.2"]
+    try:
+        async with RegistryClient(registry.address, timeout=3.0) as client, httpx.AsyncClient(timeout=10) as http:
+            generations = []
+            for _ in range(2):
+                sim = ServiceProcess(args).start()
+                try:
+                    gen = (await http.get(f"http://{sim.address}/sim/stats")).json()["registration_generation"]
+                    await _wait_engine(client, engine_id, gen)
+                    generations.append(gen)
+                finally:
+                    sim.kill()
+            assert generations[1] > generations[0]
     finally:
         registry.kill()

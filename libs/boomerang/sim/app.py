@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -203,7 +204,7 @@ class Api:
     async def models(self, request: Request) -> Response:
         """GET /v1/models."""
         name = self.config.served_model_name
-        card = {"id": name, "object": "model", "created": 0, "owned_by": "vllm", "root": name, "parent": None,
+        card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": name, "parent": None,
                 "max_model_len": self.config.max_model_len, "permission": []}
         return JSONResponse({"object": "list", "data": [card]})
 

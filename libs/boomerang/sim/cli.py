@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 import uuid
 
 import xxhash
@@ -29,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--strip-reasoning", action="store_true",
                         help="a Qwen3 thinking model: replies start with <think>…</think>, which the chat template "
                         "strips from assistant turns before the last user message")
-    parser.add_argument("--generation", type=int, default=1, help="initial registration generation (default 1)")
+    parser.add_argument("--generation", type=int,
+                        help="initial registration generation (default: the start time in Unix milliseconds, so a "
+                        "restarted process always registers a newer generation than its previous run)")
     parser.add_argument("--registry", help="block-registry HOST:PORT to register with and heartbeat (optional)")
     parser.add_argument("--heartbeat-seconds", type=float, default=2.0, help="registry heartbeat interval (default 2)")
     parser.add_argument("--time-scale", type=float, default=1.0,
@@ -68,7 +71,8 @@ def _run(args: argparse.Namespace) -> int:
     _check(args.ttl > 0, "--ttl must be positive")
     _check(1 <= args.block_size <= 1024, "--block-size must be 1 to 1024")
     _check(args.recompute_threshold >= 0, "--recompute-threshold must be non-negative")
-    _check(args.generation >= 0, "--generation must be non-negative")
+    generation = int(time.time() * 1000) if args.generation is None else args.generation
+    _check(generation >= 0, "--generation must be non-negative")
     _check(args.time_scale >= 0, "--time-scale must be non-negative")
     _check(args.num_gpu_blocks >= 1, "--num-gpu-blocks must be positive")
     side = args.side_channel_port
@@ -97,5 +101,5 @@ def _run(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name or prof.served_model_name,
         max_model_len=args.max_model_len or prof.max_model_len,
     )
-    run_async(run(config, args.port, args.generation, args.registry, args.heartbeat_seconds, args.grace_seconds))
+    run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds))
     return 0
