@@ -1,0 +1,203 @@
+"""Typed blocking clients for the registry and the router, for callers without an event loop.
+
+vLLM's scheduler calls its KV-connector hooks synchronously, so the vLLM hook cannot await;
+these clients mirror `boomerang.clients.registry` and the router's async client with plain
+blocking calls (and `*_future` variants that let one thread keep a batch in flight). Same
+contract as the async clients: a deadline on every call, transparent retries of UNAVAILABLE
+only (every Boomerang RPC is idempotent by request id or natural key), and one typed error,
+`BoomerangClientError`.
+
+Credentials work as for the async clients (`boomerang.auth`): a bearer token sent as
+`authorization: Bearer <token>` on every call, and TLS (mutual when a client certificate is
+given). Both default to the process's `BOOMERANG_AUTH_TOKEN` and `BOOMERANG_TLS_*`
+variables; pass `auth_token`/`tls` to override them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import grpc
+
+from boomerang.auth import TlsFiles, client_token
+from boomerang.clients.base import BoomerangClientError
+from boomerang.grpcutil.retry import retry_service_config
+from boomerang.grpcutil.server import grpc_channel_options
+from boomerang.grpcutil.status import from_rpc_error
+from boomerang.telemetry import grpc_client_interceptors
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import registry_service_pb2_grpc as rgrpc
+from boomerang.v1 import router_service_pb2 as opb
+from boomerang.v1 import router_service_pb2_grpc as ogrpc
+
+REGISTRY_SERVICE = "boomerang.v1.BlockRegistryService"
+ROUTER_SERVICE = "boomerang.v1.RouterService"
+
+T = TypeVar("T")
+
+
+def sync_channel(
+    target: str,
+    services: list[str],
+    *,
+    retries: bool = True,
+    tls: TlsFiles | None = None,
+    max_message_bytes: int = 16 * 1024 * 1024,
+) -> grpc.Channel:
+    """A blocking channel (TLS when `tls` is enabled); retries UNAVAILABLE for `services`
+    unless `retries` is False."""
+    options: list[tuple[str, Any]] = list(grpc_channel_options(max_message_bytes))
+    if retries:
+        options += [("grpc.service_config", retry_service_config(services)), ("grpc.enable_retries", 1)]
+    else:
+        options += [("grpc.enable_retries", 0)]
+    if tls is not None and tls.enabled:
+        channel = grpc.secure_channel(target, tls.channel_credentials(), options=options)
+    else:
+        channel = grpc.insecure_channel(target, options=options)
+    if grpc_client_interceptors():  # tracing is on: carry the trace on blocking calls too
+        from opentelemetry.instrumentation.grpc import client_interceptor
+
+        channel = grpc.intercept_channel(channel, client_interceptor())  # type: ignore[no-untyped-call]
+    return channel
+
+
+def result(method: str, future: Any) -> Any:
+    """The response of a `*_future` call (a `grpc.Future`), or BoomerangClientError."""
+    try:
+        return future.result()
+    except grpc.RpcError as err:
+        raise BoomerangClientError(method, from_rpc_error(err)) from None
+
+
+class SyncClient:
+    """What both blocking clients share: the channel, default deadline and credentials."""
+
+    service = ""
+
+    def __init__(
+        self,
+        target: str,
+        timeout: float = 5.0,
+        *,
+        auth_token: str | None = None,
+        tls: TlsFiles | None = None,
+        retries: bool = True,
+    ):
+        self.target = target
+        self.timeout = timeout
+        tls = TlsFiles.from_env() if tls is None else tls
+        auth_token = client_token() if auth_token is None else auth_token
+        self.channel = sync_channel(target, [self.service], retries=retries, tls=tls)
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+        )
+
+    def close(self) -> None:
+        """Close the channel; calls in flight fail with CANCELLED."""
+        self.channel.close()
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, fn: Callable[..., T], request: Any, timeout: float | None) -> T:
+        try:
+            return fn(request, timeout=self.timeout if timeout is None else timeout, metadata=self.metadata)
+        except grpc.RpcError as err:
+            raise BoomerangClientError(method, from_rpc_error(err)) from None
+
+    def _future(self, fn: Any, request: Any, timeout: float | None) -> "grpc.Future[Any]":
+        return fn.future(request, timeout=self.timeout if timeout is None else timeout, metadata=self.metadata)
+
+
+class SyncRegistryClient(SyncClient):
+    """BlockRegistryService with blocking calls, per-call deadlines (seconds), one error type."""
+
+    service = REGISTRY_SERVICE
+
+    def __init__(self, target: str, timeout: float = 5.0, **kwargs: Any):
+        super().__init__(target, timeout, **kwargs)
+        self.stub = rgrpc.BlockRegistryServiceStub(self.channel)
+
+    def register_engine(self, req: rpb.RegisterEngineRequest, timeout: float | None = None) -> rpb.RegisterEngineResponse:
+        """RegisterEngine."""
+        return self._call("RegisterEngine", self.stub.RegisterEngine, req, timeout)
+
+    def heartbeat(self, req: rpb.HeartbeatRequest, timeout: float | None = None) -> rpb.HeartbeatResponse:
+        """Heartbeat."""
+        return self._call("Heartbeat", self.stub.Heartbeat, req, timeout)
+
+    def register_retained_blocks(
+        self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None
+    ) -> rpb.RegisterRetainedBlocksResponse:
+        """RegisterRetainedBlocks."""
+        return self._call("RegisterRetainedBlocks", self.stub.RegisterRetainedBlocks, req, timeout)
+
+    def register_retained_blocks_future(
+        self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None
+    ) -> "grpc.Future[rpb.RegisterRetainedBlocksResponse]":
+        """RegisterRetainedBlocks without waiting; read it with `result("RegisterRetainedBlocks", f)`."""
+        return self._future(self.stub.RegisterRetainedBlocks, req, timeout)
+
+    def claim_reuse(self, req: rpb.ClaimReuseRequest, timeout: float | None = None) -> rpb.ClaimReuseResponse:
+        """ClaimReuse."""
+        return self._call("ClaimReuse", self.stub.ClaimReuse, req, timeout)
+
+    def release_claim(self, req: rpb.ReleaseClaimRequest, timeout: float | None = None) -> rpb.ReleaseClaimResponse:
+        """ReleaseClaim."""
+        return self._call("ReleaseClaim", self.stub.ReleaseClaim, req, timeout)
+
+    def mark_consumed(self, req: rpb.MarkConsumedRequest, timeout: float | None = None) -> rpb.MarkConsumedResponse:
+        """MarkConsumed."""
+        return self._call("MarkConsumed", self.stub.MarkConsumed, req, timeout)
+
+    def invalidate_engine(
+        self, req: rpb.InvalidateEngineRequest, timeout: float | None = None
+    ) -> rpb.InvalidateEngineResponse:
+        """InvalidateEngine."""
+        return self._call("InvalidateEngine", self.stub.InvalidateEngine, req, timeout)
+
+    def get_conversation(
+        self, req: rpb.GetConversationRequest, timeout: float | None = None
+    ) -> rpb.GetConversationResponse:
+        """GetConversation."""
+        return self._call("GetConversation", self.stub.GetConversation, req, timeout)
+
+    def list_leases(self, req: rpb.ListLeasesRequest, timeout: float | None = None) -> rpb.ListLeasesResponse:
+        """ListLeases."""
+        return self._call("ListLeases", self.stub.ListLeases, req, timeout)
+
+    def list_engines(self, req: rpb.ListEnginesRequest, timeout: float | None = None) -> rpb.ListEnginesResponse:
+        """ListEngines."""
+        return self._call("ListEngines", self.stub.ListEngines, req, timeout)
+
+
+class SyncRouterClient(SyncClient):
+    """RouterService with blocking calls, per-call deadlines (seconds), one error type."""
+
+    service = ROUTER_SERVICE
+
+    def __init__(self, target: str, timeout: float = 5.0, **kwargs: Any):
+        super().__init__(target, timeout, **kwargs)
+        self.stub = ogrpc.RouterServiceStub(self.channel)
+
+    def plan_turn(self, req: opb.PlanTurnRequest, timeout: float | None = None) -> opb.PlanTurnResponse:
+        """PlanTurn."""
+        return self._call("PlanTurn", self.stub.PlanTurn, req, timeout)
+
+    def report_turn(self, req: opb.ReportTurnRequest, timeout: float | None = None) -> opb.ReportTurnResponse:
+        """ReportTurn."""
+        return self._call("ReportTurn", self.stub.ReportTurn, req, timeout)
+
+    def get_turn_plan(self, req: opb.GetTurnPlanRequest, timeout: float | None = None) -> opb.GetTurnPlanResponse:
+        """GetTurnPlan."""
+        return self._call("GetTurnPlan", self.stub.GetTurnPlan, req, timeout)
+
+    def list_engines(
+        self, req: opb.RouterServiceListEnginesRequest, timeout: float | None = None
+    ) -> opb.RouterServiceListEnginesResponse:
+        """ListEngines."""
+        return self._call("ListEngines", self.stub.ListEngines, req, timeout)
