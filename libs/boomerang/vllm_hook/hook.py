@@ -1,0 +1,249 @@
+"""The hook's logic behind the three scheduler-side connector calls, free of vLLM imports.
+
+`BoomerangHook` sees each call after (or, for planning, before) the NixlConnector's own:
+
+* `before_match(request, num_computed_tokens)` — prefill engines: a request that names a
+  conversation but carries no handle gets a plan; a PULL plan's `kv_transfer_params` are
+  merged into `request.kv_transfer_params` so the NixlConnector pulls D's blocks.
+* `after_alloc(request, num_external_tokens)` — notes that vLLM scheduled the request with
+  its handle (from then on the handle counts as read).
+* `on_finished(request, (delay_free, kv_transfer_params))` — decode engines: a bidirectional
+  handle is queued for registration; prefill engines: the plan is reported, and the
+  conversation is copied into P's returned params so it reaches D with them.
+
+None of it raises into vLLM and none of it blocks on the network except the one bounded
+PlanTurn call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
+from boomerang.v1 import router_service_pb2 as opb
+from boomerang.vllm_hook.config import HookConfig
+from boomerang.vllm_hook.planner import CircuitBreaker, PrefillPlanner, decision_name, pull_params
+from boomerang.vllm_hook.presence import EngineFacts
+from boomerang.vllm_hook.reporter import Report, TurnReporter
+from boomerang.vllm_hook.requestview import (
+    KEY,
+    Skip,
+    TurnContext,
+    has_pull_handle,
+    retained_handle,
+    token_ids,
+    turn_context,
+)
+from boomerang.vllm_hook.sender import Registration, RegistrationSender
+
+log = logging.getLogger(__name__)
+MAX_TRACKED = 100_000
+
+
+@dataclass
+class TurnState:
+    """What the hook remembers about one request between the connector calls."""
+
+    context: TurnContext | None
+    prompt_tokens: int
+    plan_id: str = ""
+    decision: str = ""
+    allocated: bool = False
+
+
+class BoomerangHook:
+    """The plain-logic half of `BoomerangConnector`."""
+
+    def __init__(
+        self,
+        config: HookConfig,
+        facts: EngineFacts,
+        *,
+        registry: SyncRegistryClient | None = None,
+        router: SyncRouterClient | None = None,
+        router_background: SyncRouterClient | None = None,
+    ):
+        """Build the workers; the clients default to channels to the configured addresses
+        (given ones are for tests)."""
+        self.config = config
+        self.facts = facts
+        b = config.boomerang
+        self.counters: Counter[str] = Counter()
+        self.plan_seconds: deque[float] = deque(maxlen=4096)
+        self._turns: OrderedDict[str, TurnState] = OrderedDict()
+        creds: dict[str, Any] = {"auth_token": b.token(), "tls": b.tls()}
+        self.sender: RegistrationSender | None = None
+        if b.registry:
+            self.sender = RegistrationSender(
+                registry or SyncRegistryClient(b.registry, b.rpc_timeout_seconds, **creds),
+                facts,
+                queue_size=b.queue_size,
+                when_full=b.when_full,
+                batch_size=b.batch_size,
+                rpc_timeout=b.rpc_timeout_seconds,
+                heartbeat_interval=b.heartbeat_interval_seconds,
+                load=self.load,
+            )
+        self.planner: PrefillPlanner | None = None
+        self.reporter: TurnReporter | None = None
+        if b.role == "prefill":
+            self.planner = PrefillPlanner(
+                # No channel-level retries: inside a 20 ms budget a retry only eats the deadline.
+                router or SyncRouterClient(b.router, b.plan_deadline_ms / 1000, retries=False, **creds),
+                engine_id=facts.engine_id,
+                model=facts.model,
+                deadline=b.plan_deadline_ms / 1000,
+                plan_with=b.plan_with,
+                chain_block_size=b.chain_block_size or facts.block_size,
+                breaker=CircuitBreaker(b.breaker_failures, b.breaker_cooldown_seconds),
+            )
+            self.reporter = TurnReporter(
+                router_background or SyncRouterClient(b.router, b.rpc_timeout_seconds, **creds),
+                queue_size=b.queue_size,
+                when_full=b.when_full,
+                rpc_timeout=b.rpc_timeout_seconds,
+                deadline=b.report_deadline_seconds,
+            )
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background threads (engine registration happens there)."""
+        for worker in (self.sender, self.reporter):
+            if worker is not None:
+                worker.start()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what can be sent within `timeout`, then stop."""
+        for worker in (self.sender, self.reporter):
+            if worker is not None:
+                worker.close(timeout)
+        if self.planner is not None:
+            self.planner.client.close()
+
+    def load(self) -> tuple[int, int]:
+        """(requests in flight, prompt tokens waiting for allocation), for heartbeats."""
+        try:
+            turns = list(self._turns.values())  # read from the sender thread
+        except RuntimeError:  # changed size mid-copy; the next heartbeat reports it
+            return 0, 0
+        return len(turns), sum(t.prompt_tokens for t in turns if not t.allocated)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the hook and its background workers."""
+        out: dict[str, Any] = dict(self.counters)
+        if self.plan_seconds:
+            ordered = sorted(self.plan_seconds)
+            out["plan_ms_p50"] = ordered[len(ordered) // 2] * 1000
+            out["plan_ms_p99"] = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+            out["plan_ms_max"] = ordered[-1] * 1000
+        if self.sender is not None:
+            out["sender"] = self.sender.snapshot()
+        if self.reporter is not None:
+            out["reporter"] = self.reporter.snapshot()
+        return out
+
+    # -- the three calls -----------------------------------------------------------------
+
+    def _track(self, request_id: str, state: TurnState) -> TurnState:
+        self._turns[request_id] = state
+        while len(self._turns) > MAX_TRACKED:
+            self._turns.popitem(last=False)
+        return state
+
+    def _context(self, request: Any) -> TurnContext | Skip:
+        b = self.config.boomerang
+        return turn_context(request, b.tenant, b.trust_request_tenant)
+
+    def before_match(self, request: Any, num_computed_tokens: int) -> None:
+        """Plan a prefill request that names a conversation and carries no handle (once)."""
+        rid = str(request.request_id)
+        if rid in self._turns:
+            return  # vLLM asks again each step until it can schedule the request
+        prompt = token_ids(request, "prompt_token_ids")
+        found = self._context(request)
+        state = self._track(rid, TurnState(None if isinstance(found, Skip) else found, len(prompt)))
+        if self.planner is None:
+            return
+        if isinstance(found, Skip):
+            self.counters[found.value] += 1
+            return
+        if has_pull_handle(getattr(request, "kv_transfer_params", None)):
+            self.counters["handle_given"] += 1  # a gateway planned this turn already
+            return
+        attempt = self.planner.plan(found, prompt, rid)
+        self.plan_seconds.append(attempt.elapsed)
+        if attempt.response is None:
+            self.counters[f"fallback_{attempt.error.lower()}"] += 1
+            if attempt.error == "DEADLINE_EXCEEDED" and attempt.request is not None and self.reporter is not None:
+                # The router may have claimed a lease for an answer that never arrived.
+                self.reporter.submit(Report(found.tenant, replan=attempt.request))
+            return
+        resp = attempt.response
+        state.plan_id, state.decision = resp.plan_id, decision_name(resp)
+        self.counters[f"plan_{state.decision.lower()}"] += 1
+        params = pull_params(resp)
+        if params is not None:
+            current = getattr(request, "kv_transfer_params", None)
+            merged = dict(current) if isinstance(current, dict) else {}
+            merged.update(params)
+            request.kv_transfer_params = merged
+            self.counters["reused_tokens"] += int(resp.reusable_tokens)
+
+    def after_alloc(self, request: Any, num_external_tokens: int) -> None:
+        """vLLM allocated the request: with a PULL plan, the handle is now in use."""
+        state = self._turns.get(str(request.request_id))
+        if state is not None:
+            state.allocated = True
+
+    def on_finished(self, request: Any, result: tuple[bool, dict[str, Any] | None]) -> tuple[bool, dict[str, Any] | None]:
+        """Register D's retained blocks, or report P's plan; returns vLLM's result (P's params
+        gain the conversation, so it reaches D)."""
+        state = self._turns.pop(str(request.request_id), None)
+        delay_free, params = result
+        role = self.config.boomerang.role
+        if role == "decode":
+            self._register(request, params)
+            return result
+        if state is not None and state.plan_id and self.reporter is not None:
+            use = opb.HANDLE_USE_UNSPECIFIED
+            if state.decision == "PULL":
+                use = opb.HANDLE_USE_READ if state.allocated else opb.HANDLE_USE_UNKNOWN
+            if not self.reporter.submit(Report(state.context.tenant if state.context else "", state.plan_id, use)):
+                self.counters["report_rejected_full"] += 1
+        if state is not None and state.context is not None and isinstance(params, dict) and params.get("do_remote_prefill"):
+            return delay_free, {**params, KEY: state.context.as_params()}
+        return result
+
+    def _register(self, request: Any, params: dict[str, Any] | None) -> None:
+        if self.sender is None:
+            return
+        handle = retained_handle(params)
+        if handle is None:
+            self.counters["finished_without_handle"] += 1  # aborted, or not a bidirectional turn
+            return
+        if handle.engine_id != self.facts.engine_id:
+            self.counters["foreign_engine"] += 1  # not this engine's blocks: not ours to register
+            return
+        found = self._context(request)
+        if isinstance(found, Skip):
+            self.counters[found.value] += 1
+            return
+        everything = getattr(request, "all_token_ids", None) or []
+        wanted = handle.num_tokens if handle.num_tokens is not None else len(everything)
+        tokens = tuple(itertools.islice(everything, wanted))
+        if wanted <= 0 or len(tokens) != wanted:
+            self.counters["inconsistent_num_tokens"] += 1  # D claims KV for tokens it does not have
+            return
+        ttl = self.config.decoder_kv_blocks_ttl
+        now_perf, now_wall = time.perf_counter(), time.time()
+        expiry = handle.expiry_time if handle.expiry_time is not None else now_perf + ttl
+        # D set its expiry to finish + ttl on this very clock, so the finish time is exact.
+        finish = min(now_wall, now_wall - (now_perf - (expiry - ttl)))
+        ok = self.sender.submit(Registration(found, handle, tokens, finish), expiry)
+        self.counters["registrations_queued" if ok else "registrations_rejected_full"] += 1

@@ -1,0 +1,149 @@
+"""The connector's overrides, written against any NixlConnector-shaped base class.
+
+`BoomerangConnectorMixin` goes before `NixlConnector` in a class's bases; `connector.py`
+does exactly that when vLLM is importable, and the tests do it with a stand-in that follows
+VLLM_FACTS.md. Only the scheduler-role instance (the one in vLLM's engine-core process)
+gets a hook; worker-role instances behave exactly like the NixlConnector.
+
+The overrides follow the NixlConnector's signatures:
+`get_num_new_matched_tokens(request, num_computed_tokens) -> (int | None, bool)`,
+`update_state_after_alloc(request, blocks, num_external_tokens)`,
+`request_finished(request, block_ids) -> (delay_free, kv_transfer_params | None)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+from boomerang.vllm_hook.config import HookConfig, parse_config
+from boomerang.vllm_hook.hook import BoomerangHook
+from boomerang.vllm_hook.presence import EngineFacts
+
+log = logging.getLogger("boomerang.vllm_hook")
+
+
+def _role_name(role: Any) -> str:
+    return str(getattr(role, "name", role)).upper()
+
+
+def _first(*values: Any) -> Any:
+    for value in values:
+        if value not in (None, "", 0):
+            return value
+    return None
+
+
+def engine_facts(vllm_config: Any, config: HookConfig, scheduler: Any = None) -> EngineFacts:
+    """What to register, read from vLLM's config (duck-typed) with the hook's overrides."""
+    b = config.boomerang
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    cache = getattr(vllm_config, "cache_config", None)
+    model_cfg = getattr(vllm_config, "model_config", None)
+    parallel = getattr(vllm_config, "parallel_config", None)
+    engine_id = getattr(kv, "engine_id", None) or getattr(scheduler, "engine_id", None)
+    if not engine_id:
+        raise ValueError("kv_transfer_config.engine_id is not set; the hook cannot name this engine")
+    served = getattr(model_cfg, "served_model_name", None)
+    if isinstance(served, (list, tuple)):
+        served = served[0] if served else None
+    model = _first(b.model, served, getattr(model_cfg, "model", None))
+    if not model:
+        raise ValueError("no served model name; set kv_connector_extra_config.boomerang.model")
+    dp_rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
+    # vLLM's NIXL side channel: VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, the port offset by DP rank.
+    host = _first(
+        b.side_channel_host,
+        getattr(scheduler, "side_channel_host", None),
+        os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST"),
+        "localhost",
+    )
+    port = _first(
+        b.side_channel_port,
+        getattr(scheduler, "side_channel_port", None),
+        int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")) + dp_rank,
+    )
+    generation = _first(
+        getattr(scheduler, "registration_generation", None),
+        getattr(scheduler, "_registration_generation", None),
+        b.registration_generation,
+    )
+    return EngineFacts(
+        engine_id=str(engine_id),
+        role=b.role,
+        model=str(model),
+        block_size=int(getattr(cache, "block_size", 16) or 16),
+        kv_blocks_ttl_seconds=config.decoder_kv_blocks_ttl,
+        kv_recompute_threshold=config.kv_recompute_threshold,
+        side_channel_host=str(host),
+        side_channel_port=int(port),
+        http_base_url=b.http_base_url,
+        generation=int(generation or 0),
+        tp_size=int(getattr(parallel, "tensor_parallel_size", 1) or 1),
+        dcp_size=int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
+        pp_size=int(getattr(parallel, "pipeline_parallel_size", 1) or 1),
+    )
+
+
+class BoomerangConnectorMixin:
+    """Boomerang's hook around the NixlConnector's three scheduler-side calls."""
+
+    _boomerang: BoomerangHook | None = None
+    # How the hook is built; tests replace it to hand the hook their own clients.
+    hook_factory: Callable[[HookConfig, EngineFacts], BoomerangHook] = BoomerangHook
+
+    def __init__(self, vllm_config: Any, role: Any, *args: Any, **kwargs: Any):
+        super().__init__(vllm_config, role, *args, **kwargs)  # type: ignore[call-arg]
+        self._boomerang = None
+        if _role_name(role) != "SCHEDULER":
+            return
+        extra = getattr(getattr(vllm_config, "kv_transfer_config", None), "kv_connector_extra_config", None)
+        config = parse_config(extra)  # a bad configuration stops the engine here, with the keys named
+        facts = engine_facts(vllm_config, config, getattr(self, "connector_scheduler", None))
+        self._boomerang = type(self).hook_factory(config, facts)
+        self._boomerang.start()
+        log.info("boomerang: %s hook on engine %s (model %s)", facts.role, facts.engine_id, facts.model)
+
+    @property
+    def boomerang(self) -> BoomerangHook | None:
+        """The hook (scheduler role only)."""
+        return self._boomerang
+
+    def _guard(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:  # noqa: BLE001 - the hook must never fail a request
+            log.exception("boomerang: %s failed; the request continues without Boomerang", what)
+            if self._boomerang is not None:
+                self._boomerang.counters["hook_errors"] += 1
+            return None
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Plan the turn (prefill engines), then let the NixlConnector count what to load."""
+        if self._boomerang is not None:
+            self._guard("planning", self._boomerang.before_match, request, num_computed_tokens)
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)  # type: ignore[misc, no-any-return]
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        """The NixlConnector's allocation step, then note the handle is in use."""
+        super().update_state_after_alloc(request, blocks, num_external_tokens)  # type: ignore[misc]
+        if self._boomerang is not None:
+            self._guard("after_alloc", self._boomerang.after_alloc, request, num_external_tokens)
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        """The NixlConnector's result, registered (decode) or reported (prefill)."""
+        result: tuple[bool, dict[str, Any] | None] = super().request_finished(request, block_ids)  # type: ignore[misc]
+        if self._boomerang is None:
+            return result
+        changed = self._guard("request_finished", self._boomerang.on_finished, request, result)
+        return result if changed is None else changed
+
+    def shutdown(self) -> None:
+        """Flush the background senders briefly, then the NixlConnector's own shutdown."""
+        if self._boomerang is not None:
+            self._guard("shutdown", self._boomerang.close)
+            self._boomerang = None
+        parent = getattr(super(), "shutdown", None)
+        if parent is not None:
+            parent()

@@ -1,0 +1,164 @@
+"""What the hook reads from a vLLM request and from the NixlConnector's `kv_transfer_params`.
+
+A request names its conversation in `kv_transfer_params["boomerang"]`:
+
+    {"conversation_id": "c-123", "tenant": "acme"}      # tenant optional
+
+which a gateway or client puts beside (or instead of) the NixlConnector's own keys. vLLM
+passes the request body's `kv_transfer_params` to the connector untouched, and the
+NixlConnector ignores keys it does not know. Clients that cannot set `kv_transfer_params`
+may use vLLM's `vllm_xargs` instead: `{"boomerang_conversation_id": "c-123",
+"boomerang_tenant": "acme"}` (they arrive in `sampling_params.extra_args`).
+
+Everything here is plain Python over duck-typed objects shaped like vLLM's `Request`
+(`request_id`, `kv_transfer_params`, `prompt_token_ids`, `all_token_ids`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+KEY = "boomerang"
+XARG_CONVERSATION = "boomerang_conversation_id"
+XARG_TENANT = "boomerang_tenant"
+MAX_CONVERSATION_ID = 256
+MAX_TENANT = 128
+
+
+class Skip(str, enum.Enum):
+    """Why a request gets no Boomerang treatment (the name is the counter's)."""
+
+    NO_CONVERSATION = "no_conversation"
+    BAD_CONTEXT = "bad_context"
+    FOREIGN_TENANT = "foreign_tenant"
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """Whose conversation a request continues."""
+
+    tenant: str
+    conversation_id: str
+
+    def as_params(self) -> dict[str, str]:
+        """The `kv_transfer_params["boomerang"]` object that carries it to the next engine."""
+        return {"tenant": self.tenant, "conversation_id": self.conversation_id}
+
+
+def _requested(request: Any) -> tuple[Any, Any]:
+    params = getattr(request, "kv_transfer_params", None)
+    if isinstance(params, dict) and isinstance(params.get(KEY), dict):
+        ctx = params[KEY]
+        return ctx.get("conversation_id"), ctx.get("tenant")
+    sampling = getattr(request, "sampling_params", None)
+    xargs = getattr(sampling, "extra_args", None)
+    if isinstance(xargs, dict) and XARG_CONVERSATION in xargs:
+        return xargs.get(XARG_CONVERSATION), xargs.get(XARG_TENANT)
+    return None, None
+
+
+def turn_context(request: Any, tenant: str, trust_request_tenant: bool) -> TurnContext | Skip:
+    """The request's conversation and tenant, or why it has none usable.
+
+    The tenant is the configured one unless `trust_request_tenant`; a request that names a
+    different tenant on an engine that does not trust it is refused rather than remapped,
+    so a mislabelled request can never touch another tenant's conversation.
+    """
+    conversation, asked = _requested(request)
+    if conversation is None or conversation == "":
+        return Skip.NO_CONVERSATION
+    if not isinstance(conversation, str) or len(conversation) > MAX_CONVERSATION_ID:
+        return Skip.BAD_CONTEXT
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in conversation):
+        return Skip.BAD_CONTEXT
+    if asked is not None and (not isinstance(asked, str) or len(asked) > MAX_TENANT):
+        return Skip.BAD_CONTEXT
+    if trust_request_tenant and asked:
+        return TurnContext(asked, conversation)
+    if asked and asked != tenant:
+        return Skip.FOREIGN_TENANT
+    if not tenant:
+        return Skip.BAD_CONTEXT  # a trusting engine without a default, and the request named none
+    return TurnContext(tenant, conversation)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def block_groups(value: Any) -> tuple[tuple[int, ...], ...] | None:
+    """`remote_block_ids` as groups (older vLLM sent one flat list), or None when malformed."""
+    if not isinstance(value, list) or not value:
+        return None
+    if all(_is_int(v) for v in value):
+        return (tuple(value),)
+    if all(isinstance(g, list) and g and all(_is_int(v) for v in g) for g in value):
+        return tuple(tuple(g) for g in value)
+    return None
+
+
+def has_pull_handle(params: Any) -> bool:
+    """P's rule for a pull from D (VLLM_FACTS.md): the request already carries a handle."""
+    if not isinstance(params, dict):
+        return False
+    return (
+        params.get("do_remote_decode") is True
+        and bool(params.get("remote_block_ids"))
+        and all(params.get(k) is not None for k in ("remote_engine_id", "remote_request_id", "remote_host", "remote_port"))
+    )
+
+
+@dataclass(frozen=True)
+class RetainedHandle:
+    """A decode engine's bidirectional handle, as `request_finished` returned it."""
+
+    engine_id: str
+    remote_request_id: str
+    block_groups: tuple[tuple[int, ...], ...]
+    remote_host: str
+    remote_port: int
+    num_tokens: int | None
+    expiry_time: float | None  # D's time.perf_counter() seconds
+    generation: int | None
+    tp_size: int | None
+    dcp_size: int | None
+    pp_size: int | None
+
+
+def retained_handle(params: Any) -> RetainedHandle | None:
+    """The handle when `params` is D's bidirectional form, else None (P's form, aborts, junk)."""
+    if not isinstance(params, dict) or params.get("do_remote_decode") is not True:
+        return None
+    groups = block_groups(params.get("remote_block_ids"))
+    engine, rid = params.get("remote_engine_id"), params.get("remote_request_id")
+    if groups is None or not isinstance(engine, str) or not engine or not isinstance(rid, str) or not rid:
+        return None
+    host, raw_port = params.get("remote_host"), params.get("remote_port")
+    port = raw_port if isinstance(raw_port, int) and not isinstance(raw_port, bool) else 0
+    num, gen, expiry = params.get("remote_num_tokens"), params.get("remote_registration_generation"), params.get(
+        "remote_blocks_expiry_time"
+    )
+    if expiry is not None and (isinstance(expiry, bool) or not isinstance(expiry, (int, float)) or not math.isfinite(expiry)):
+        expiry = None
+    return RetainedHandle(
+        engine_id=engine,
+        remote_request_id=rid,
+        block_groups=groups,
+        remote_host=host if isinstance(host, str) else "",
+        remote_port=port,
+        num_tokens=num if _is_int(num) else None,
+        expiry_time=None if expiry is None else float(expiry),
+        generation=gen if _is_int(gen) else None,
+        tp_size=params.get("tp_size") if _is_int(params.get("tp_size")) else None,
+        dcp_size=params.get("dcp_size") if _is_int(params.get("dcp_size")) else None,
+        pp_size=params.get("pp_size") if _is_int(params.get("pp_size")) else None,
+    )
+
+
+def token_ids(request: Any, attribute: str) -> list[int]:
+    """A copy of the request's `prompt_token_ids` or `all_token_ids` as a plain list."""
+    value = getattr(request, attribute, None)
+    return list(value) if value is not None else []

@@ -1,0 +1,250 @@
+"""The hook against real `boomerang registry` and `boomerang router` processes.
+
+The engines are the stand-in NixlConnector (VLLM_FACTS.md) with Boomerang's connector
+overrides on top, talking gRPC to the services exactly as inside vLLM: the decode side
+registers turn 1 through the registry; the prefill side gets a PULL plan for turn 2 from
+the router with `remote_num_tokens` equal to the verified whole-block prefix; with the
+router down or hanging, the prefill side computes locally within its deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import router_service_pb2 as opb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang.vllm_hook.mixin import BoomerangConnectorMixin
+from tests.support.procs import ServiceProcess, wait_for
+from tests.support.vllm_standin import KVConnectorRole, Request, StandInNixlConnector, block_ids_for, vllm_config
+
+pytestmark = pytest.mark.e2e
+BLOCK = 16
+
+
+class Connector(BoomerangConnectorMixin, StandInNixlConnector):
+    """What `BoomerangConnector` is inside vLLM, over the stand-in."""
+
+
+def extra(role: str, **more: Any) -> dict[str, Any]:
+    b: dict[str, Any] = {"role": role, "heartbeat_interval_seconds": 1, **more}
+    return {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 480, "kv_recompute_threshold": 64, "boomerang": b}
+
+
+@pytest.fixture(scope="module")
+def registry(database_url: str) -> Iterator[ServiceProcess]:
+    proc = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture(scope="module")
+def router(database_url: str, registry: ServiceProcess) -> Iterator[ServiceProcess]:
+    proc = ServiceProcess(
+        ["router", "--listen", "127.0.0.1:0", "--registry", registry.address, "--engine-refresh-seconds", "0.2"],
+        {"BOOMERANG_DATABASE_URL": database_url},
+    ).start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture
+def engines() -> Iterator[list[Connector]]:
+    made: list[Connector] = []
+    yield made
+    for conn in made:
+        conn.shutdown()
+
+
+def start(made: list[Connector], engine_id: str, cfg: dict[str, Any]) -> Connector:
+    conn = Connector(vllm_config(engine_id, cfg, block_size=BLOCK), KVConnectorRole.SCHEDULER)
+    made.append(conn)
+    return conn
+
+
+def in_pool(router: ServiceProcess, *engine_ids: str) -> bool:
+    with SyncRouterClient(router.address) as client:
+        pool = client.list_engines(opb.RouterServiceListEnginesRequest(model="qwen3-32b")).engines
+    available = {e.engine.engine_id for e in pool if e.available}
+    return set(engine_ids) <= available
+
+
+def leases(registry: ServiceProcess, tenant: str, conversation: str, events: bool = False) -> rpb.GetConversationResponse:
+    """The conversation's leases (and events); empty before its first lease."""
+    with SyncRegistryClient(registry.address) as client:
+        try:
+            return client.get_conversation(
+                rpb.GetConversationRequest(tenant=tenant, conversation_id=conversation, include_events=events)
+            )
+        except BoomerangClientError as err:
+            if err.reason != "CONVERSATION_NOT_FOUND":
+                raise
+            return rpb.GetConversationResponse()
+
+
+def test_decode_registers_and_prefill_pulls_the_next_turn(
+    registry: ServiceProcess, router: ServiceProcess, engines: list[Connector], unique: str
+) -> None:
+    tenant, conversation = f"t-{unique}", f"c-{unique}"
+    d = start(engines, f"d-{unique}", extra("decode", registry=registry.address, tenant=tenant,
+                                          http_base_url="http://127.0.0.1:8200"))
+    p = start(engines, f"p-{unique}", extra("prefill", registry=registry.address, router=router.address,
+                                          tenant=tenant, http_base_url="http://127.0.0.1:8100"))
+    assert wait_for(lambda: in_pool(router, d.engine_id, p.engine_id), 15), "engines never joined the router's pool"
+    first_turn = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                  "remote_block_ids": None, "remote_host": None, "remote_port": None,
+                  "boomerang": {"conversation_id": conversation}}
+
+    # Turn 1 on P: nothing to reuse, so P computes; its params carry the conversation to D.
+    prompt1 = list(range(2000, 2200))
+    p1 = Request("p-turn-1", prompt1, dict(first_turn))
+    assert p.get_num_new_matched_tokens(p1, 0) == (0, False)
+    p.update_state_after_alloc(p1, None, 0)
+    p1.status = "FINISHED_LENGTH_CAPPED"
+    _, to_d = p.request_finished(p1, block_ids_for(len(prompt1), BLOCK))
+    assert to_d is not None and to_d["boomerang"] == {"tenant": tenant, "conversation_id": conversation}
+
+    # Turn 1 on D: reads P's KV, generates (reasoning included), keeps every block.
+    output1 = list(range(7000, 7037))
+    d1 = Request("d-turn-1", prompt1, to_d, output_token_ids=output1)
+    assert d.get_num_new_matched_tokens(d1, 0) == (len(prompt1), True)
+    d1.status = "FINISHED_STOPPED"
+    _, handle = d.request_finished(d1, block_ids_for(237, BLOCK, start=300))
+    assert handle is not None and handle["remote_num_tokens"] == 237
+
+    def retained() -> list[tpb.Lease]:
+        return [ls for ls in leases(registry, tenant, conversation).leases if ls.state == tpb.LEASE_STATE_RETAINED]
+
+    assert wait_for(lambda: len(retained()) == 1, 10), d.boomerang.stats()
+    lease = retained()[0]
+    assert (lease.engine_id, lease.remote_request_id, lease.num_tokens) == (d.engine_id, "d-turn-1", 237)
+    assert [list(g.block_ids) for g in lease.block_groups] == block_ids_for(237, BLOCK, start=300)
+
+    # Turn 2 on P: the prompt extends everything D holds; P is told to pull the whole blocks.
+    prompt2 = prompt1 + output1 + list(range(3000, 3050))
+    p2 = Request("p-turn-2", prompt2, dict(first_turn))
+    start_ns = time.perf_counter()
+    count, is_async = p.get_num_new_matched_tokens(p2, 0)
+    elapsed_ms = (time.perf_counter() - start_ns) * 1000
+    params = p2.kv_transfer_params
+    assert params is not None
+    verified = (237 // BLOCK) * BLOCK  # 224: D's trailing partial block cannot be verified against a longer prompt
+    assert params["remote_num_tokens"] == verified and (count, is_async) == (verified, True)
+    assert (params["remote_engine_id"], params["remote_request_id"]) == (d.engine_id, "d-turn-1")
+    assert params["remote_block_ids"] == [list(range(300, 300 + verified // BLOCK))]
+    assert (params["remote_host"], params["remote_port"], params["transfer_mode"]) == ("127.0.0.1", 5600, "pull")
+    assert params["do_remote_decode"] is True and params["boomerang"] == {"conversation_id": conversation}
+    assert elapsed_ms < 20 + 30, elapsed_ms  # planned inside the deadline (slack for a loaded test box)
+
+    p.update_state_after_alloc(p2, None, count)
+    assert p.pulls == [("p-turn-2", "d-turn-1", verified)]
+    p2.status = "FINISHED_LENGTH_CAPPED"
+    p.request_finished(p2, block_ids_for(len(prompt2), BLOCK))
+    # The report settles the claim: the lease was read once and is never handed out again.
+    assert wait_for(lambda: leases(registry, tenant, conversation).leases[0].state == tpb.LEASE_STATE_CONSUMED, 10), \
+        p.boomerang.stats()
+    assert p.boomerang.stats()["reporter"]["reported"] == 2
+    assert d.boomerang.stats()["sender"]["registered"] == 1
+
+
+def test_gateway_and_hook_both_report_one_turn(
+    registry: ServiceProcess, router: ServiceProcess, engines: list[Connector], unique: str
+) -> None:
+    """The gateway reports each turn through ReportTurn; the decode hook registers it too.
+    Whichever lands first makes the lease; the other finds it (one lease, one event)."""
+    tenant = f"t-{unique}"
+    d = start(engines, f"d-{unique}", extra("decode", registry=registry.address, tenant=tenant,
+                                          http_base_url="http://127.0.0.1:8201"))
+    p = start(engines, f"p-{unique}", extra("prefill", registry=registry.address, router=router.address,
+                                          tenant=tenant, http_base_url="http://127.0.0.1:8101"))
+    assert wait_for(lambda: in_pool(router, d.engine_id, p.engine_id), 15)
+    prompt, output = list(range(100)), list(range(500, 520))
+
+    def decode_turn(conversation: str, rid: str) -> tuple[Request, dict[str, Any]]:
+        req = Request(rid, prompt, {"do_remote_prefill": True, "boomerang": {"conversation_id": conversation}},
+                      output_token_ids=output, status="FINISHED_STOPPED")
+        _, handle = d.request_finished(req, block_ids_for(120, BLOCK))
+        assert handle is not None
+        return req, handle
+
+    def gateway_plan(conversation: str) -> str:
+        with SyncRouterClient(router.address) as client:
+            return client.plan_turn(opb.PlanTurnRequest(tenant=tenant, conversation_id=conversation,
+                                                        model="qwen3-32b", prompt_token_ids=prompt)).plan_id
+
+    def gateway_report(plan_id: str, handle: dict[str, Any]) -> opb.ReportTurnResponse:
+        with SyncRouterClient(router.address) as client:
+            return client.report_turn(opb.ReportTurnRequest(
+                tenant=tenant, plan_id=plan_id, handle_use=opb.HANDLE_USE_READ,
+                decode_kv_transfer_params_json=json.dumps(handle), prompt_token_ids=prompt, output_token_ids=output))
+
+    # The gateway plans the turn, D finishes it: the hook registers first, then the gateway reports.
+    first = f"c1-{unique}"
+    plan_id = gateway_plan(first)
+    _, handle = decode_turn(first, f"rq1-{unique}")
+    assert wait_for(lambda: d.boomerang.stats()["sender"]["registered"] == 1, 10)
+    assert gateway_report(plan_id, handle).retention == opb.RETENTION_OUTCOME_ALREADY_REGISTERED
+
+    # The other order: the gateway's report lands before the hook's registration.
+    second = f"c2-{unique}"
+    rid = f"rq2-{unique}"
+    plan_id = gateway_plan(second)
+    assert gateway_report(plan_id, {**handle, "remote_request_id": rid}).retention == opb.RETENTION_OUTCOME_REGISTERED
+    decode_turn(second, rid)
+    assert wait_for(lambda: d.boomerang.stats()["sender"]["duplicates"] == 1, 10), d.boomerang.stats()
+
+    for conversation in (first, second):
+        got = leases(registry, tenant, conversation, events=True)
+        assert len(got.leases) == 1, got
+        assert [e.reason for e in got.events] == ["REGISTERED"]
+
+
+def test_router_down_prefill_computes_locally_within_the_deadline(
+    database_url: str, registry: ServiceProcess, engines: list[Connector], unique: str
+) -> None:
+    doomed = ServiceProcess(["router", "--listen", "127.0.0.1:0", "--registry", registry.address],
+                            {"BOOMERANG_DATABASE_URL": database_url}).start()
+    p = start(engines, f"p-{unique}", extra("prefill", router=doomed.address, tenant=f"t-{unique}",
+                                          breaker_failures=3, breaker_cooldown_seconds=30))
+    doomed.kill()
+    timings = []
+    for i in range(6):
+        req = Request(f"r{i}", list(range(300)), {"do_remote_decode": True, "boomerang": {"conversation_id": "c"}})
+        begin = time.perf_counter()
+        assert p.get_num_new_matched_tokens(req, 0) == (0, False)
+        timings.append((time.perf_counter() - begin) * 1000)
+        assert req.kv_transfer_params == {"do_remote_decode": True, "boomerang": {"conversation_id": "c"}}
+    assert max(timings) < 20 + 30, timings
+    stats = p.boomerang.stats()
+    assert stats.get("fallback_unavailable", 0) + stats.get("fallback_deadline_exceeded", 0) == 3, stats
+    assert stats["fallback_breaker_open"] == 3 and max(timings[3:]) < 2, (stats, timings)
+
+
+def test_hanging_router_costs_one_deadline(engines: list[Connector], unique: str) -> None:
+    # A listener that never answers: TCP connects, HTTP/2 never starts, every call hangs.
+    with socket.socket() as sink:
+        sink.bind(("127.0.0.1", 0))
+        sink.listen(64)
+        address = f"127.0.0.1:{sink.getsockname()[1]}"
+        p = start(engines, f"p-{unique}", extra("prefill", router=address, tenant=f"t-{unique}", plan_deadline_ms=20,
+                                              breaker_failures=1, breaker_cooldown_seconds=30,
+                                              rpc_timeout_seconds=0.2))
+        first = Request("r0", list(range(300)), {"boomerang": {"conversation_id": "c"}})
+        begin = time.perf_counter()
+        assert p.get_num_new_matched_tokens(first, 0) == (0, False)
+        elapsed_ms = (time.perf_counter() - begin) * 1000
+        assert 15 <= elapsed_ms < 20 + 30, elapsed_ms
+        begin = time.perf_counter()
+        for i in range(50):
+            p.get_num_new_matched_tokens(Request(f"r{i + 1}", list(range(300)), {"boomerang": {"conversation_id": "c"}}), 0)
+        assert (time.perf_counter() - begin) * 1000 < 50  # the breaker is open: no more waiting
+        stats = p.boomerang.stats()
+        assert stats["fallback_deadline_exceeded"] == 1 and stats["fallback_breaker_open"] == 50

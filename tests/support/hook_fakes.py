@@ -1,0 +1,136 @@
+"""Scripted stand-ins for the blocking registry and router clients, for the hook's unit tests.
+
+They answer like the real services do at the client boundary (responses, or
+`BoomerangClientError` with the registry's reasons), and record every call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.errors import BoomerangError, Code
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import router_service_pb2 as opb
+from boomerang.v1 import types_pb2 as tpb
+
+
+def client_error(method: str, code: str, reason: str = "") -> BoomerangClientError:
+    """The error a client raises for `code` (and a reason, defaulting to the code)."""
+    return BoomerangClientError(method, BoomerangError(Code(code), reason or code, f"{code} from a fake"))
+
+
+class Done:
+    """A finished `grpc.Future`: a response or an error."""
+
+    def __init__(self, value: Any = None, error: Exception | None = None, log: list[str] | None = None):
+        self.value, self.error, self.log = value, error, log
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.log is not None:
+            self.log.append("result")
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class FakeRegistry:
+    """SyncRegistryClient's surface. `script` maps a method to a queue of errors (or None
+    for success) consumed one per call; `hold` blocks RegisterRetainedBlocks while set."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, Any]] = []
+        self.script: dict[str, deque[Exception | None]] = {}
+        self.leases: dict[tuple[str, int, str], rpb.RegisterRetainedBlocksRequest] = {}
+        self.generation: int | None = None
+        self.hold = threading.Event()
+        self.closed = False
+        self.events: list[str] = []  # "issue" / "result" of RegisterRetainedBlocks futures
+
+    def fail(self, method: str, *errors: Exception | None) -> None:
+        """Make the next calls of `method` fail with these errors (None means succeed)."""
+        self.script.setdefault(method, deque()).extend(errors)
+
+    def _next(self, method: str, req: Any) -> None:
+        with self.lock:
+            self.calls.append((method, req))
+            queue = self.script.get(method)
+            error = queue.popleft() if queue else None
+        if error is not None:
+            raise error
+
+    def names(self) -> list[str]:
+        """The methods called, in order."""
+        return [name for name, _ in self.calls]
+
+    def register_engine(self, req: rpb.RegisterEngineRequest, timeout: float | None = None) -> rpb.RegisterEngineResponse:
+        self._next("RegisterEngine", req)
+        self.generation = req.engine.registration_generation
+        return rpb.RegisterEngineResponse(engine=req.engine)
+
+    def invalidate_engine(self, req: rpb.InvalidateEngineRequest, timeout: float | None = None) -> rpb.InvalidateEngineResponse:
+        self._next("InvalidateEngine", req)
+        return rpb.InvalidateEngineResponse()
+
+    def heartbeat(self, req: rpb.HeartbeatRequest, timeout: float | None = None) -> rpb.HeartbeatResponse:
+        self._next("Heartbeat", req)
+        return rpb.HeartbeatResponse(engine=tpb.Engine(engine_id=req.engine_id))
+
+    def register_retained_blocks_future(self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None) -> Done:
+        self.events.append("issue")
+        deadline = time.monotonic() + 10
+        while self.hold.is_set() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        try:
+            self._next("RegisterRetainedBlocks", req)
+        except BoomerangClientError as err:
+            return Done(error=err, log=self.events)
+        if self.generation is not None and req.engine_generation != self.generation:
+            reason = "STALE_GENERATION" if req.engine_generation < self.generation else "GENERATION_NOT_REGISTERED"
+            return Done(error=client_error("RegisterRetainedBlocks", "FAILED_PRECONDITION", reason), log=self.events)
+        key = (req.engine_id, req.engine_generation, req.remote_request_id)
+        created = key not in self.leases
+        self.leases.setdefault(key, req)
+        resp = rpb.RegisterRetainedBlocksResponse(lease=tpb.Lease(remote_request_id=req.remote_request_id), created=created)
+        return Done(resp, log=self.events)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeRouter:
+    """SyncRouterClient's surface. `planner` makes PlanTurn answers; `delay` sleeps (bounded
+    by the call's timeout, then DEADLINE_EXCEEDED, as gRPC would)."""
+
+    def __init__(self, planner: Callable[[opb.PlanTurnRequest], opb.PlanTurnResponse] | None = None):
+        self.planner = planner or (lambda req: opb.PlanTurnResponse(plan_id="p-cold", decision=opb.PLAN_DECISION_COLD))
+        self.delay = 0.0
+        self.errors: deque[Exception] = deque()
+        self.report_errors: deque[Exception] = deque()
+        self.plans: list[opb.PlanTurnRequest] = []
+        self.reports: list[opb.ReportTurnRequest] = []
+        self.closed = False
+
+    def plan_turn(self, req: opb.PlanTurnRequest, timeout: float | None = None) -> opb.PlanTurnResponse:
+        self.plans.append(req)
+        if self.delay:
+            if timeout is not None and self.delay >= timeout:
+                time.sleep(timeout)
+                raise client_error("PlanTurn", "DEADLINE_EXCEEDED")
+            time.sleep(self.delay)
+        if self.errors:
+            raise self.errors.popleft()
+        return self.planner(req)
+
+    def report_turn(self, req: opb.ReportTurnRequest, timeout: float | None = None) -> opb.ReportTurnResponse:
+        if self.report_errors:
+            raise self.report_errors.popleft()
+        self.reports.append(req)
+        return opb.ReportTurnResponse(plan_id=req.plan_id)
+
+    def close(self) -> None:
+        self.closed = True

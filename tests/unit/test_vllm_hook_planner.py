@@ -1,0 +1,112 @@
+"""The prefill side's plan call: deadline, breaker, request shape, and the PULL params."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from boomerang.tokenchain import build_chain
+from boomerang.v1 import router_service_pb2 as opb
+from boomerang.vllm_hook.planner import CircuitBreaker, PrefillPlanner, decision_name, pull_params, reason_name
+from boomerang.vllm_hook.requestview import TurnContext
+from tests.support.hook_fakes import FakeRouter, client_error
+
+CTX = TurnContext("acme", "c-1")
+PROMPT = list(range(1000, 1100))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def planner(router: FakeRouter, deadline: float = 0.02, plan_with: str = "chain", breaker: CircuitBreaker | None = None) -> PrefillPlanner:
+    return PrefillPlanner(
+        router,  # type: ignore[arg-type]
+        engine_id="p-1",
+        model="qwen3-32b",
+        deadline=deadline,
+        plan_with=plan_with,  # type: ignore[arg-type]
+        chain_block_size=16,
+        breaker=breaker or CircuitBreaker(3, 1.0),
+    )
+
+
+def test_breaker_opens_tries_once_per_cooldown_and_closes() -> None:
+    clock = Clock()
+    b = CircuitBreaker(2, 1.0, clock)
+    b.failure()
+    assert b.allow()
+    b.failure()
+    assert not b.allow() and b.opened == 1
+    clock.now = 1.0
+    assert b.allow() and not b.allow()  # one trial, the rest wait
+    b.failure()  # the trial failed: twice as long now
+    clock.now = 2.5
+    assert not b.allow()
+    clock.now = 3.0
+    assert b.allow()
+    b.success()
+    assert b.allow() and b.allow() and b.cooldown == 1.0
+
+
+def test_plan_request_carries_the_prompt_chain() -> None:
+    router = FakeRouter()
+    attempt = planner(router).plan(CTX, PROMPT, "req-1")
+    assert attempt.response is not None and attempt.error == ""
+    req = router.plans[0]
+    chain = build_chain(PROMPT, 16)
+    assert (req.tenant, req.conversation_id, req.model, req.num_prompt_tokens) == ("acme", "c-1", "qwen3-32b", 100)
+    assert req.prompt_chain.block_hashes == chain.block_hashes and req.prompt_chain.tail_hash == chain.tail_hash
+    assert not req.prompt_token_ids
+    # Stable per (engine, request) and short enough for the router's id rule.
+    p = planner(router)
+    assert req.request_id == p.request_id("req-1") != p.request_id("req-2") and len(req.request_id) == 36
+
+
+def test_plan_with_token_ids() -> None:
+    router = FakeRouter()
+    planner(router, plan_with="tokens").plan(CTX, PROMPT, "req-1")
+    assert list(router.plans[0].prompt_token_ids) == PROMPT and not router.plans[0].HasField("prompt_chain")
+
+
+def test_slow_router_falls_back_within_the_deadline() -> None:
+    router = FakeRouter()
+    router.delay = 1.0
+    start = time.perf_counter()
+    attempt = planner(router, deadline=0.02).plan(CTX, PROMPT, "req-1")
+    elapsed = time.perf_counter() - start
+    assert attempt.response is None and attempt.error == "DEADLINE_EXCEEDED"
+    assert elapsed < 0.035, elapsed
+    assert attempt.request is not None  # kept so the reporter can find a claim made meanwhile
+
+
+def test_failures_open_the_breaker_and_bad_requests_do_not() -> None:
+    router = FakeRouter()
+    p = planner(router, breaker=CircuitBreaker(2, 60.0))
+    router.errors.extend([client_error("PlanTurn", "INVALID_ARGUMENT")] * 3)
+    for _ in range(3):
+        assert p.plan(CTX, PROMPT, "r").error == "INVALID_ARGUMENT"
+    assert p.breaker.failures == 0
+    router.errors.extend([client_error("PlanTurn", "UNAVAILABLE")] * 2)
+    assert p.plan(CTX, PROMPT, "r").error == "UNAVAILABLE"
+    assert p.plan(CTX, PROMPT, "r").error == "UNAVAILABLE"
+    calls = len(router.plans)
+    assert p.plan(CTX, PROMPT, "r").error == "BREAKER_OPEN"
+    assert len(router.plans) == calls  # no call while open
+
+
+def test_out_of_range_tokens_do_not_raise() -> None:
+    assert planner(FakeRouter()).plan(CTX, [2**32], "r").error == "BAD_TOKENS"
+
+
+def test_pull_params_only_for_pull() -> None:
+    params = {"do_remote_decode": True, "remote_block_ids": [[1, 2]], "remote_num_tokens": 32}
+    pull = opb.PlanTurnResponse(decision=opb.PLAN_DECISION_PULL, reason=opb.PLAN_REASON_VERIFIED_PREFIX,
+                                kv_transfer_params_json=json.dumps(params))
+    assert pull_params(pull) == params and decision_name(pull) == "PULL" and reason_name(pull) == "VERIFIED_PREFIX"
+    cold = opb.PlanTurnResponse(decision=opb.PLAN_DECISION_COLD, kv_transfer_params_json='{"do_remote_decode": true}')
+    assert pull_params(cold) is None and decision_name(cold) == "COLD"
