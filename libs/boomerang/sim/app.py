@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -64,11 +64,12 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[bytes]):
+    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None]):
         # Not Response.__init__: with no body, no content-length header is written.
         self.status_code = 200
         self.background = None
         self.chunks = chunks
+        self.on_close = on_close
         self.init_headers({"cache-control": "no-cache"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -90,6 +91,7 @@ class EventStream(Response):
                 writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await writer
+            self.on_close()
 
 
 class Api:
@@ -142,8 +144,12 @@ class Api:
         builder = protocol.ResponseBuilder(parsed, request_id)
         tokens = self.engine.run(admission)
         if parsed.stream:
-            return EventStream(self._stream(builder, tokens, parsed.include_usage))
-        return await self._complete(request, builder, tokens)
+            return EventStream(self._stream(builder, tokens, parsed.include_usage),
+                               on_close=lambda: self.engine.discard(admission))
+        try:
+            return await self._complete(request, builder, tokens)
+        finally:
+            self.engine.discard(admission)
 
     async def _complete(self, request: Request, builder: protocol.ResponseBuilder, tokens: AsyncIterator[Token]) -> Response:
         """Non-streaming: collect the whole output, aborting if the client goes away."""

@@ -91,6 +91,7 @@ class Engine:
         freed at once and nothing is retained, as vLLM does for an aborted request.
         """
         req, n = adm.req, len(adm.req.prompt_ids)
+        adm.ran = True
         self.in_flight += 1
         self.queued_prompt_tokens += n
         queued, finished = True, False
@@ -120,6 +121,13 @@ class Engine:
             if not finished:
                 self.stats.aborted += 1
                 self.kv.release(adm.alloc)
+
+    def discard(self, adm: Admission) -> None:
+        """Release an admitted request whose run never started (the client left first)."""
+        if not adm.ran and adm.alloc.live:
+            adm.ran = True
+            self.stats.aborted += 1
+            self.kv.release(adm.alloc)
 
     def _output(self, effective: list[int], req: GenRequest) -> list[Piece]:
         """The output pieces, honouring max_tokens, min_tokens and ignore_eos."""

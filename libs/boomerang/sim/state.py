@@ -105,6 +105,7 @@ class Admission:
     alloc: Allocation
     epoch: int
     started: float
+    ran: bool = False  # set once Engine.run starts; otherwise Engine.discard releases it
 
 
 class AdmissionError(Exception):
