@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from tests.support.procs import ServiceProcess
+from tests.support.procs import BOOMERANG, ServiceProcess
 
 pytestmark = pytest.mark.e2e
 BS = 16
@@ -265,3 +266,24 @@ async def test_static_engines_and_a_stopped_registry(database_url: str, http_eng
     finally:
         router.kill()
         registry.kill()
+
+
+async def test_required_auth_refuses_anonymous_callers(database_url: str, registry: ServiceProcess, unique: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    router = ServiceProcess(
+        ["router", "--listen", "127.0.0.1:0", "--registry", registry.address],
+        {"BOOMERANG_DATABASE_URL": database_url, "BOOMERANG_REQUIRE_AUTH": "true"},
+    ).start()
+    try:
+        req = rtpb.RouterServiceListEnginesRequest()
+        async with RouterClient(router.address) as anonymous:
+            with pytest.raises(BoomerangClientError) as err:
+                await anonymous.list_engines(req)
+            assert (err.value.code, err.value.reason) == ("UNAUTHENTICATED", "NO_CREDENTIALS")
+        out = subprocess.run([BOOMERANG, "credentials", "create", f"service:gw-{unique}", "--database-url", database_url],
+                             capture_output=True, text=True, check=True)
+        monkeypatch.setenv("BOOMERANG_AUTH_TOKEN", out.stdout.split()[1])
+        async with RouterClient(router.address) as gateway:
+            await gateway.list_engines(req)
+    finally:
+        router.kill()

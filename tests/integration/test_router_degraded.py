@@ -169,6 +169,41 @@ async def test_orphan_probe_releases_a_claim_whose_answer_was_lost(
         await close(router)
 
 
+async def test_orphan_probe_leaves_a_claim_that_a_retry_was_handed(
+    database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim id of a request id is shared by its retries: a retry may hold it; never release it then."""
+    monkeypatch.setattr(planner_module, "ORPHAN_PROBE_DELAYS", (0.05,))
+    model, conv, history, lease_id = await retained_lease(registry, unique)
+    prompt = history + [1] * 40
+    first, retry = (make_router(database_url, registry_proc.address) for _ in range(2))
+    for r in (first, retry):
+        r.audit.start()
+        await RegistryRefresher(r.pool, r.registry).refresh()
+    try:
+        # The retry (on another replica) gets the claim and hands it out...
+        req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=prompt, request_id=f"r-{unique}")
+        handed = await retry.plan(requests.plan_turn(req, 10**6))
+        assert handed.decision is PlanDecision.PULL and handed.lease_id == lease_id
+        from boomerang.tokenchain import build_chain
+
+        chain = build_chain(prompt, BS)
+        lost = rpb.ClaimReuseRequest(
+            tenant="acme", conversation_id=conv, model=model, claim_id=handed.claim_id, min_reusable_tokens=64,
+            prompt_chain=tpb.TokenChain(block_size=BS, num_tokens=chain.num_tokens, block_hashes=chain.block_hashes, tail_hash=chain.tail_hash),
+        )
+        # ...so neither the replica that holds it in memory nor the one that timed out releases it.
+        await retry._orphan_probe(lost)
+        assert retry.stats["orphan_claims_in_use"] == 1
+        await retry.audit.flush()
+        await first._orphan_probe(lost)
+        assert first.stats["orphan_claims_in_use"] == 1 and first.stats["orphan_claims_found"] == 0
+        assert (await lease_state(registry, conv))[0] == tpb.LEASE_STATE_CLAIMED
+    finally:
+        await close(first)
+        await close(retry)
+
+
 async def test_registry_down_answers_degraded_and_the_breaker_stops_asking(database_url: str, unique: str) -> None:
     router = make_router(database_url, f"127.0.0.1:{free_port()}", claim_deadline_ms=50, breaker_failures=2,
                          breaker_cooldown_seconds=60)
@@ -238,5 +273,26 @@ async def test_caller_that_gives_up_mid_claim_gets_its_claim_released(
         await router.audit.flush()
         row = await pg.fetchrow("SELECT decision, outcome FROM turn_plans WHERE tenant = 'acme' AND conversation_id = $1", conv)
         assert (row["decision"], row["outcome"]) == ("PULL", "ABANDONED")
+    finally:
+        await close(router)
+
+
+async def test_a_degraded_plan_is_not_replayed_to_a_retry(
+    database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, pg: asyncpg.Connection, unique: str
+) -> None:
+    model, conv, history, lease_id = await retained_lease(registry, unique)
+    router = make_router(database_url, registry_proc.address, claim_deadline_ms=100)
+    router.audit.start()
+    await RegistryRefresher(router.pool, router.registry).refresh()
+    req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=history + [3] * 40,
+                               request_id=f"r-{unique}")
+    try:
+        async with pg.transaction():
+            await pg.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease_id))
+            first = await router.plan(requests.plan_turn(req, 10**6))
+        assert first.reason is PlanReason.CONTROL_PLANE_DEGRADED
+        retry = await router.plan(requests.plan_turn(req, 10**6))
+        assert retry.plan_id != first.plan_id and retry.decision is PlanDecision.PULL and retry.lease_id == lease_id
+        assert await router.plan(requests.plan_turn(req, 10**6)) is retry  # a real answer is replayed
     finally:
         await close(router)

@@ -9,8 +9,8 @@ Claims that the router will not hand out are given back in the background: when 
 decides against pulling after a successful claim, when the caller went away before the
 answer, and when the claim call timed out but may still have gone through (an orphan
 probe re-asks with the same claim id, which can only return that claim, never take a new
-one). A claim whose id derives from the caller's `request_id` is never given back on a
-timeout, because a retry on another replica may be holding it.
+one) and no recorded plan holds it — a retry with the same `request_id`, here or on another
+replica, may have been handed that very claim.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import socket
 import time
 from collections import Counter as Tally
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Coroutine
 
 from prometheus_client import Counter, Histogram
@@ -35,7 +35,7 @@ from boomerang.settings import RouterSettings
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_router import kvparams
+from boomerang_router import kvparams, metrics
 from boomerang_router.domain import (
     CircuitBreaker,
     ClaimResult,
@@ -43,6 +43,7 @@ from boomerang_router.domain import (
     HandleUse,
     LeaseHandle,
     PlanDecision,
+    PlanReason,
     Retention,
     claim_floor,
     decide,
@@ -144,7 +145,9 @@ class Router:
         if p.request_id:
             key = (p.tenant, p.request_id)
             done = self.store.by_request(*key)
-            if done is not None:
+            # A degraded answer is not replayed: asking again may find the claim that
+            # committed after the deadline (the same claim id returns it) and use it.
+            if done is not None and done.reason is not PlanReason.CONTROL_PLANE_DEGRADED:
                 self.stats["plans_replayed"] += 1
                 return done
             task = self._inflight.get(key)
@@ -216,6 +219,7 @@ class Router:
         self._remember(record)
         PLANS.labels(d.decision.value, d.reason.value).inc()
         PLAN_SECONDS.observe(elapsed)
+        metrics.observe_plan(record)
         return record
 
     async def _claim(self, p: PlanInput, block_size: int, threshold: int, claim_id: str) -> ClaimResult:
@@ -241,7 +245,7 @@ class Router:
             if transient:
                 self.breaker.record_failure()
             self.stats[f"claims_failed_{err.code.lower()}"] += 1
-            if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN") and not p.request_id:
+            if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"):
                 self._probe_orphan(req)
             log.log(logging.INFO if transient else logging.ERROR, "claim failed, planning without reuse: %s", err)
             return ClaimResult(ClaimStatus.UNAVAILABLE, detail=f"ClaimReuse {err.code} {err.reason}")
@@ -315,10 +319,17 @@ class Router:
         self._spawn(self._orphan_probe(claim))
 
     async def _orphan_probe(self, claim: rpb.ClaimReuseRequest) -> None:
-        """A timed-out claim may still commit: find it under its id and give it back."""
+        """A timed-out claim may still commit: find it under its id and give it back.
+
+        Only while no plan holds it: a claim id derived from a caller's request id is shared
+        by that caller's retries, and a retry (here or on another replica) may have been
+        handed this very claim. Plans that hand a claim out are in this router's store or
+        in `turn_plans`; when neither can be checked, the claim is left to expire.
+        """
         probe = rpb.ClaimReuseRequest()
         probe.CopyFrom(claim)
         probe.min_reusable_tokens = _NEVER
+        since = datetime.now(timezone.utc) - timedelta(hours=1)
         try:
             for delay in ORPHAN_PROBE_DELAYS:
                 await asyncio.sleep(delay)
@@ -326,10 +337,23 @@ class Router:
                     resp = await self.registry.claim_reuse(probe, timeout=self.settings.report_timeout_seconds)
                 except BoomerangClientError:
                     continue
-                if resp.outcome == rpb.CLAIM_OUTCOME_CLAIMED and resp.HasField("lease"):
-                    self.stats["orphan_claims_found"] += 1
-                    await self._release(claim.tenant, resp.lease.lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
+                if resp.outcome != rpb.CLAIM_OUTCOME_CLAIMED or not resp.HasField("lease"):
+                    continue
+                if self.store.by_claim(claim.claim_id) is not None:
+                    self.stats["orphan_claims_in_use"] += 1
                     return
+                try:
+                    held = await self.repo.claim_handed_out(claim.tenant, claim.conversation_id, claim.claim_id, since)
+                except Exception:  # noqa: BLE001 - unknown: leave the claim to expire, never risk it
+                    log.warning("cannot check whether claim %s is in use; leaving it", claim.claim_id, exc_info=True)
+                    self.stats["orphan_claims_unchecked"] += 1
+                    return
+                if held:
+                    self.stats["orphan_claims_in_use"] += 1
+                    return
+                self.stats["orphan_claims_found"] += 1
+                await self._release(claim.tenant, resp.lease.lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
+                return
         finally:
             self._orphan_probes -= 1
 
@@ -381,6 +405,7 @@ class Router:
         self._uncount(record)
         self.audit.submit(record)
         self.stats["reports"] += 1
+        metrics.observe_report(record)
         return ReportResult(record, lease_state, retention, lease, retain_detail)
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -102,6 +102,7 @@ class PlanStore:
         self._mono = clock
         self._plans: OrderedDict[str, tuple[float, PlanRecord]] = OrderedDict()
         self._by_request: dict[tuple[str, str], str] = {}
+        self._by_claim: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -112,6 +113,8 @@ class PlanStore:
         self._plans.move_to_end(record.plan_id)
         if record.request_id:
             self._by_request[(record.tenant, record.request_id)] = record.plan_id
+        if record.claim_id:
+            self._by_claim[record.claim_id] = record.plan_id
         return self.evict()
 
     def get(self, plan_id: str) -> PlanRecord | None:
@@ -124,6 +127,11 @@ class PlanStore:
         plan_id = self._by_request.get((tenant, request_id))
         return None if plan_id is None else self.get(plan_id)
 
+    def by_claim(self, claim_id: str) -> PlanRecord | None:
+        """The plan in memory that handed out this claim, if any."""
+        plan_id = self._by_claim.get(claim_id)
+        return None if plan_id is None else self.get(plan_id)
+
     def evict(self) -> list[PlanRecord]:
         """Drop plans past their time or over the size limit; returns them."""
         out: list[PlanRecord] = []
@@ -133,7 +141,9 @@ class PlanStore:
             if stamp >= cutoff and len(self._plans) <= self.max_plans:
                 break
             del self._plans[plan_id]
-            if record.request_id:
-                self._by_request.pop((record.tenant, record.request_id), None)
+            if record.request_id and self._by_request.get((record.tenant, record.request_id)) == plan_id:
+                del self._by_request[(record.tenant, record.request_id)]
+            if record.claim_id and self._by_claim.get(record.claim_id) == plan_id:
+                del self._by_claim[record.claim_id]
             out.append(record)
         return out

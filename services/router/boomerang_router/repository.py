@@ -153,6 +153,20 @@ class TurnPlanRepository:
             row = (await conn.execute(query)).first()
         return None if row is None else from_row(row._mapping, block_size)
 
+    async def claim_handed_out(self, tenant: str, conversation_id: str, claim_id: str, since: datetime) -> bool:
+        """Whether a recorded PULL plan of the conversation (made after `since`) holds `claim_id`."""
+        query = select(turn_plans.c.plan_id).where(
+            and_(
+                turn_plans.c.tenant == tenant,
+                turn_plans.c.conversation_id == conversation_id,
+                turn_plans.c.created_at >= since,
+                turn_plans.c.claim_id == claim_id,
+                turn_plans.c.decision == "PULL",
+            )
+        ).limit(1)
+        async with self.engine.connect() as conn:
+            return (await conn.execute(query)).first() is not None
+
     async def ensure_partitions(self) -> int:
         """Create the daily partitions around today (idempotent)."""
         async with self.engine.begin() as conn:

@@ -8,6 +8,7 @@ import logging
 import grpc
 
 from boomerang.clients.registry import RegistryClient
+from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
@@ -102,4 +103,5 @@ async def run(settings: RouterSettings) -> None:
         max_message_bytes=settings.max_message_bytes,
         interceptors=grpc_server_interceptors(),
     )
-    await serve(options, [ServiceSpec(SERVICE_NAME, rtgrpc.add_RouterServiceServicer_to_server, RouterServicer(router))], on_stop=stop)
+    servicer = RouterServicer(router, CredentialStore(engine))
+    await serve(options, [ServiceSpec(SERVICE_NAME, rtgrpc.add_RouterServiceServicer_to_server, servicer)], on_stop=stop)

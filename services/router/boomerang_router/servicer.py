@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
+from boomerang.credentials import CredentialStore
 from boomerang.grpcutil.status import rpc
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
@@ -14,9 +17,20 @@ from boomerang_router.planner import Router
 class RouterServicer(rtgrpc.RouterServiceServicer):
     """RouterService over a Router."""
 
-    def __init__(self, router: Router):
+    def __init__(self, router: Router, credentials: CredentialStore | None = None):
         self.router = router
+        self.credentials = credentials
         self.max_prompt_tokens = router.settings.max_prompt_tokens
+
+    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Authenticate the caller from its channel (run by @rpc before every method).
+
+        Gateways (`service:` principals) and the vLLM hook on prefill engines (`engine:`
+        principals) may both plan and report; the tenant in a request is the caller's word
+        for whose turn it is, so with `BOOMERANG_REQUIRE_AUTH` anonymous callers are refused.
+        """
+        if self.credentials is not None:
+            await self.credentials.authenticate(context, self.router.settings.require_auth)
 
     @rpc
     async def PlanTurn(self, request: rtpb.PlanTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.PlanTurnResponse:
