@@ -96,7 +96,7 @@ def setup_tracing(service_name: str, exporter: Any = None) -> bool:
 
         # Batched: a span costs the request a queue append; OTEL_BSP_* tune the flush.
         processor = BatchSpanProcessor(OTLPSpanExporter())
-    name = os.environ.get("OTEL_SERVICE_NAME", service_name)
+    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     # Without OTEL_TRACES_SAMPLER the SDK would trace every background loop (see above).
     sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else request_sampler()
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}), sampler=sampler)
@@ -140,7 +140,18 @@ def instrument_engine(engine: Any) -> None:
         return
     from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
-    SQLAlchemyInstrumentor().instrument(engine=engine.sync_engine)
+    # The instrumentation declares SQLAlchemy < 2.1 but works with 2.1 (the tests check it),
+    # hence skip_dep_check. It is a once-per-process singleton, so an engine after the first
+    # (the registry's row-level-security engine) gets its own listener directly.
+    instrumentor = SQLAlchemyInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(engine=engine.sync_engine, skip_dep_check=True)
+        return
+    from opentelemetry import metrics, trace
+    from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
+
+    usage = metrics.get_meter("boomerang").create_up_down_counter("db.client.connections.usage")
+    EngineTracer(trace.get_tracer("opentelemetry.instrumentation.sqlalchemy"), engine.sync_engine, usage)
 
 
 def asgi_app(app: Any) -> Any:
