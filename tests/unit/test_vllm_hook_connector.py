@@ -123,6 +123,22 @@ def test_pull_never_allocated_is_reported_unknown(connector: Any, fakes: Fakes) 
     assert fakes.background.reports[0].handle_use == opb.HANDLE_USE_UNKNOWN
 
 
+def test_unusable_pull_params_give_the_claim_back(connector: Any, fakes: Fakes) -> None:
+    fakes.router.planner = lambda req: opb.PlanTurnResponse(plan_id="plan-9", decision=opb.PLAN_DECISION_PULL,
+                                                            kv_transfer_params_json="{not json")
+    conn = connector("p-1", extra("prefill"))
+    req = prefill_request()
+    before = dict(req.kv_transfer_params or {})
+    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert req.kv_transfer_params == before
+    conn.update_state_after_alloc(req, None, 0)
+    req.status = "FINISHED_STOPPED"
+    conn.request_finished(req, block_ids_for(100, 16))
+    assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
+    assert fakes.background.reports[0].handle_use == opb.HANDLE_USE_NOT_READ
+    assert conn.boomerang.stats()["bad_plan_params"] == 1
+
+
 def test_cold_plan_leaves_the_request_alone(connector: Any, fakes: Fakes) -> None:
     conn = connector("p-1", extra("prefill"))
     req = prefill_request()

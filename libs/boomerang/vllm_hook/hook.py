@@ -187,7 +187,14 @@ class BoomerangHook:
         resp = attempt.response
         state.plan_id, state.decision = resp.plan_id, decision_name(resp)
         self.counters[f"plan_{state.decision.lower()}"] += 1
-        params = pull_params(resp)
+        try:
+            params = pull_params(resp)
+        except ValueError:
+            params = None
+        if state.decision == "PULL" and params is None:
+            # Unusable params: vLLM never sees the handle, so the claim goes back unread.
+            self.counters["bad_plan_params"] += 1
+            state.decision = "PULL_UNUSED"
         if params is not None:
             current = getattr(request, "kv_transfer_params", None)
             merged = dict(current) if isinstance(current, dict) else {}
@@ -214,6 +221,8 @@ class BoomerangHook:
             use = opb.HANDLE_USE_UNSPECIFIED
             if state.decision == "PULL":
                 use = opb.HANDLE_USE_READ if state.allocated else opb.HANDLE_USE_UNKNOWN
+            elif state.decision == "PULL_UNUSED":
+                use = opb.HANDLE_USE_NOT_READ
             if not self.reporter.submit(Report(state.context.tenant if state.context else "", state.plan_id, use)):
                 self.counters["report_rejected_full"] += 1
         if state is not None and state.context is not None and isinstance(params, dict) and params.get("do_remote_prefill"):

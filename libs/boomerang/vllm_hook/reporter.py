@@ -60,7 +60,7 @@ class TurnReporter:
         self.clock = clock
         self.outbox: Outbox[Report] = Outbox(queue_size, when_full, clock)
         self.reported = 0
-        self.released_lost = 0
+        self.given_back = 0
         self.transient_failures = 0
         self.rejected: Counter[str] = Counter()
         self._busy = False
@@ -98,7 +98,7 @@ class TurnReporter:
         return {
             "queued": len(self.outbox),
             "reported": self.reported,
-            "released_lost": self.released_lost,
+            "given_back": self.given_back,
             "transient_failures": self.transient_failures,
             "rejected": dict(self.rejected),
             "expired": s.expired,
@@ -150,6 +150,6 @@ class TurnReporter:
             log.warning("boomerang: ReportTurn refused for plan %s: %s", report.plan_id, err)
             return True
         if report.handle_use == opb.HANDLE_USE_NOT_READ:
-            self.released_lost += 1
+            self.given_back += 1
         self.reported += 1
         return True
