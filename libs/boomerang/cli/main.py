@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "boomerang_router.cli",
     "boomerang_gateway.cli",
     "boomerang.stack.cli",
+    "boomerang.demo.cli",
     "boomerang_reaper.cli",
     "boomerang.cli.migrate",
     "boomerang.cli.credentials",

@@ -9,6 +9,7 @@ Stop order is the reverse, each child draining while what it calls still answers
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -44,6 +45,8 @@ class StackConfig:
     allow_anonymous: bool = True
     strip_reasoning: bool = False
     sim_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    gateway_args: list[str] = field(default_factory=list)
     log_level: str = "INFO"
 
 
@@ -144,10 +147,13 @@ class Stack:
         self.registry_address = registry.wait_ready()
         self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
         sims = []
+        # A fresh engine id per run: a restarted engine must never be mistaken for the old
+        # one (its blocks are gone), as vLLM's random engine ids ensure.
+        run = uuid.uuid4().hex[:6]
         for i, spec in enumerate(cfg.sims):
             args = ["sim", "--role", spec.role, "--port", str(spec.port), "--profile", spec.profile,
                     "--ttl", str(cfg.ttl_seconds), "--registry", self.registry_address,
-                    "--time-scale", str(cfg.time_scale), "--engine-id", f"sim-{spec.role}-{spec.profile}-{i}",
+                    "--time-scale", str(cfg.time_scale), "--engine-id", f"sim-{spec.role}-{i}-{run}",
                     *(["--strip-reasoning"] if cfg.strip_reasoning else []), *cfg.sim_args]
             sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args)))
         for spec, child in sims:
@@ -166,7 +172,7 @@ class Stack:
             static = [a for u in self.prefill_urls for a in ("--prefill", u)]
             static += [a for u in self.decode_urls for a in ("--decode", u)]
         router = self._spawn("router", ["router", "--listen", f"127.0.0.1:{router_port}",
-                                        "--registry", self.registry_address, *static])
+                                        "--registry", self.registry_address, *static, *cfg.router_args])
         reaper = self._spawn("reaper", ["reaper", "--listen", f"127.0.0.1:{reaper_port}",
                                         "--registry", self.registry_address])
         self.router_address = router.wait_ready()
@@ -174,7 +180,8 @@ class Stack:
         self.endpoints.append(Endpoint("reaper", reaper.wait_ready(), "gRPC TTLReaperService"))
         gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
                                           "--router", self.router_address, "--registry", self.registry_address,
-                                          *static, *(["--allow-anonymous"] if cfg.allow_anonymous else [])])
+                                          *static, *(["--allow-anonymous"] if cfg.allow_anonymous else []),
+                                          *cfg.gateway_args])
         self.gateway_url = f"http://{gateway.wait_ready()}"
         access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
         self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))

@@ -92,7 +92,9 @@ class Handlers:
         try:
             tenant = await self._tenant(request)
             raw = await self._body(request)
-            req = protocol.parse(kind, raw, request.headers.get(protocol.CONVERSATION_HEADER))
+            req = protocol.parse(
+                kind, raw, request.headers.get(protocol.CONVERSATION_HEADER), request.headers.get(protocol.REUSE_HEADER)
+            )
             if req.dropped_kv_params:
                 self.s.metrics.dropped_kv_params.inc()
             self._check_model(req.model)

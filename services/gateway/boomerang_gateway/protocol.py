@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +21,9 @@ from boomerang_gateway.errors import ApiError
 BOOMERANG_FIELDS = ("conversation_id",)
 DROPPED_FIELDS = ("kv_transfer_params",)
 CONVERSATION_HEADER = "x-conversation-id"
+# `X-Boomerang-Reuse: off` serves the turn as plain prefill→decode with no tokenize, plan or
+# report: the "feature off" baseline of `boomerang demo` and `boomerang replay --mode off`.
+REUSE_HEADER = "x-boomerang-reuse"
 MAX_CONVERSATION_ID = 256
 # Chat fields that change how /tokenize renders the prompt; sent along so the count matches.
 _TEMPLATE_FIELDS = (
@@ -59,7 +62,7 @@ class ClientRequest:
     conversation_id: str
     dropped_kv_params: bool = False
     prompt_token_ids: list[int] | None = None  # completions given token ids
-    extra: dict[str, Any] = field(default_factory=dict)
+    reuse: bool = True
 
 
 def _conversation_id(value: Any, source: str) -> str:
@@ -94,8 +97,11 @@ def _completion_prompt(prompt: Any) -> list[int] | None:
     raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
 
 
-def parse(kind: Kind, raw: bytes, conversation_header: str | None) -> ClientRequest:
+def parse(kind: Kind, raw: bytes, conversation_header: str | None, reuse_header: str | None = None) -> ClientRequest:
     """Validate a client body; ApiError(400) names the field at fault."""
+    reuse = (reuse_header or "on").strip().lower()
+    if reuse not in ("on", "off"):
+        raise ApiError(400, "X-Boomerang-Reuse must be on or off", param="X-Boomerang-Reuse")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -142,6 +148,7 @@ def parse(kind: Kind, raw: bytes, conversation_header: str | None) -> ClientRequ
         conversation_id=conversation,
         dropped_kv_params="kv_transfer_params" in body,
         prompt_token_ids=prompt_ids,
+        reuse=reuse == "on",
     )
 
 

@@ -183,6 +183,8 @@ class TurnRunner:
 
     async def _plan(self, req: ClientRequest, tenant: str, timings: dict[str, float]) -> tuple[Plan, list[int] | None]:
         tokens = req.prompt_token_ids
+        if not req.reuse:
+            return fallback("", "REUSE_OFF"), tokens
         if self.control.router is None:
             return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED"), tokens
         if not self.control.available():
