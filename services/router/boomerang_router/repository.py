@@ -18,7 +18,6 @@ from typing import Any, Mapping
 
 from prometheus_client import Counter
 from sqlalchemy import and_, select, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang.db.models import turn_plans
@@ -116,15 +115,22 @@ def from_row(row: Mapping[str, Any], block_size: int) -> PlanRecord:
     )
 
 
-def _upsert_statement() -> Any:
-    stmt = pg_insert(turn_plans)
-    return stmt.on_conflict_do_update(
-        index_elements=[turn_plans.c.plan_id, turn_plans.c.created_at],
-        set_={
-            name: text(f"COALESCE(EXCLUDED.{name}, turn_plans.{name})")  # noqa: S608 - fixed names
-            for name in _OUTCOME_COLUMNS
-        },
-    )
+_PG_TYPES = {"UUID": "uuid", "DateTime": "timestamptz", "BigInteger": "bigint", "Integer": "integer", "Text": "text"}
+
+
+def _pg_type(column: Any) -> str:
+    return _PG_TYPES[type(column.type).__name__]
+
+
+# One statement per batch, its rows passed as one array per column: asyncpg encodes the
+# arrays in C, so a 500-row batch costs the event loop a few milliseconds, not fifty.
+_COLUMNS = [c.name for c in turn_plans.columns]
+UPSERT_SQL = (
+    f"INSERT INTO turn_plans ({', '.join(_COLUMNS)}) "
+    f"SELECT * FROM unnest({', '.join(f'${i + 1}::{_pg_type(c)}[]' for i, c in enumerate(turn_plans.columns))}) "
+    "ON CONFLICT (plan_id, created_at) DO UPDATE SET "
+    + ", ".join(f"{name} = COALESCE(EXCLUDED.{name}, turn_plans.{name})" for name in _OUTCOME_COLUMNS)
+)
 
 
 class TurnPlanRepository:
@@ -132,13 +138,15 @@ class TurnPlanRepository:
 
     def __init__(self, engine: AsyncEngine):
         self.engine = engine
-        self._upsert = _upsert_statement()
 
     async def upsert(self, rows: list[dict[str, Any]]) -> None:
-        """Write plan rows (insert, or fill in their outcome) in one transaction."""
-        if rows:
-            async with self.engine.begin() as conn:
-                await conn.execute(self._upsert, rows)
+        """Write plan rows (insert, or fill in their outcome) in one statement."""
+        if not rows:
+            return
+        arrays = [[row[name] for row in rows] for name in _COLUMNS]
+        async with self.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            await raw.driver_connection.execute(UPSERT_SQL, *arrays)  # type: ignore[union-attr]
 
     async def get(self, tenant: str, plan_id: str, created_at: datetime, block_size: int) -> PlanRecord | None:
         """One tenant's plan by id (`created_at` comes from the id and selects the partition)."""
