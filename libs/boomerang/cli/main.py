@@ -22,6 +22,8 @@ COMMAND_MODULES = [
     "boomerang_reaper.cli",
     "boomerang.cli.migrate",
     "boomerang.cli.credentials",
+    "boomerang.cli.status",
+    "boomerang.cli.audit",
     "boomerang.sim.cli",
 ]
 
