@@ -8,6 +8,7 @@ import os
 import socket
 import uuid
 
+from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
@@ -67,7 +68,7 @@ async def run(settings: ReaperSettings) -> None:
         await registry.close()
         await engine.dispose()
 
-    servicer = TTLReaperServicer(settings, repo, election, reaper)
+    servicer = TTLReaperServicer(settings, repo, election, reaper, CredentialStore(engine))
     options = ServerOptions(
         name="reaper",
         listen=settings.listen,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import grpc
 
 from boomerang.clients.base import BoomerangClientError
-from boomerang.errors import Violations, failed_precondition
+from boomerang.credentials import CredentialStore
+from boomerang.errors import BoomerangError, Code, Violations, failed_precondition
 from boomerang.grpcutil.status import rpc
 from boomerang.settings import ReaperSettings
 from boomerang.v1 import reaper_service_pb2 as pb
@@ -25,11 +27,27 @@ _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
 class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
     """TTLReaperService over this replica's election, worker and repository."""
 
-    def __init__(self, settings: ReaperSettings, repo: ReaperRepository, election: LeaderElection, reaper: Reaper):
+    def __init__(
+        self,
+        settings: ReaperSettings,
+        repo: ReaperRepository,
+        election: LeaderElection,
+        reaper: Reaper,
+        credentials: CredentialStore | None = None,
+    ):
         self.settings = settings
         self.repo = repo
         self.election = election
         self.reaper = reaper
+        self.credentials = credentials
+
+    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Authenticate the caller (run by @rpc first): operators and services, not engines."""
+        if self.credentials is None:
+            return
+        principal = await self.credentials.authenticate(context, self.settings.require_auth)
+        if principal.kind == "engine":
+            raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for operators and services, not engines")
 
     @rpc
     async def GetStatus(
