@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "boomerang_gateway.cli",
     "boomerang.stack.cli",
     "boomerang.demo.cli",
+    "boomerang.replay.cli",
     "boomerang_reaper.cli",
     "boomerang.cli.migrate",
     "boomerang.cli.credentials",

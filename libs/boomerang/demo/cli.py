@@ -51,6 +51,8 @@ def _sim_stats(urls: list[str]) -> dict[str, int]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import logging
+
     from rich.console import Console
 
     from boomerang.demo.workload import POINTS, QUICK_POINTS
@@ -60,6 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     from boomerang.stack.stack import SimSpec, Stack, StackConfig
 
     console = Console()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
     unknown = [p for p in profiles if p not in POINTS]
     if unknown or not profiles:

@@ -92,6 +92,7 @@ class Stack:
         self.decode_urls: list[str] = []
         self.registry_address = ""
         self.router_address = ""
+        self.sim_engine_ids: list[str] = []
 
     @property
     def log_dir(self) -> Path:
@@ -146,14 +147,17 @@ class Stack:
         registry = self._spawn("registry", ["registry", "--listen", f"127.0.0.1:{registry_port}"])
         self.registry_address = registry.wait_ready()
         self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
+        _retire_unreachable_engines(self.registry_address)
         sims = []
         # A fresh engine id per run: a restarted engine must never be mistaken for the old
         # one (its blocks are gone), as vLLM's random engine ids ensure.
         run = uuid.uuid4().hex[:6]
         for i, spec in enumerate(cfg.sims):
+            engine_id = f"sim-{spec.role}-{i}-{run}"
+            self.sim_engine_ids.append(engine_id)
             args = ["sim", "--role", spec.role, "--port", str(spec.port), "--profile", spec.profile,
                     "--ttl", str(cfg.ttl_seconds), "--registry", self.registry_address,
-                    "--time-scale", str(cfg.time_scale), "--engine-id", f"sim-{spec.role}-{i}-{run}",
+                    "--time-scale", str(cfg.time_scale), "--engine-id", engine_id,
                     *(["--strip-reasoning"] if cfg.strip_reasoning else []), *cfg.sim_args]
             sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args)))
         for spec, child in sims:
@@ -232,13 +236,71 @@ class Stack:
         return [c for c in self.children if not c.alive()]
 
     def stop(self) -> None:
-        """Stop every child (reverse order), then the embedded database if this stack started it."""
+        """Stop every child (reverse order), then the embedded database if this stack started it.
+
+        The simulated engines are first marked dead in the registry (their blocks die with
+        them), so nothing plans on them while they stop or after.
+        """
         try:
+            if self.registry_address and self.sim_engine_ids:
+                _retire(self.registry_address, self.sim_engine_ids, "ENGINE_STOPPED")
             stop_all(self.children)
         finally:
             self.children = []
             if self.postgres is not None:
                 self.postgres.stop()
+
+
+def _retire(registry: str, engine_ids: list[str], reason: str) -> None:
+    """Mark engines dead in the registry, ending their leases (best effort)."""
+    import asyncio
+
+    from boomerang.clients.registry import RegistryClient
+    from boomerang.v1 import registry_service_pb2 as rpb
+
+    async def retire() -> None:
+        async with RegistryClient(registry, timeout=3.0) as client:
+            for engine_id in engine_ids:
+                try:
+                    await client.invalidate_engine(rpb.InvalidateEngineRequest(
+                        engine_id=engine_id, reason=reason, request_id=str(uuid.uuid4())))
+                except Exception:  # noqa: BLE001 - the reaper's heartbeat sweep is the backstop
+                    log.debug("could not retire %s", engine_id, exc_info=True)
+
+    asyncio.run(retire())
+
+
+def _retire_unreachable_engines(registry: str) -> None:
+    """Mark dead the engines a previous run left active whose HTTP API no longer answers."""
+    import asyncio
+
+    import httpx
+
+    from boomerang.clients.registry import RegistryClient
+    from boomerang.v1 import registry_service_pb2 as rpb
+    from boomerang.v1 import types_pb2 as tpb
+
+    async def find() -> list[str]:
+        async with RegistryClient(registry, timeout=3.0) as client:
+            listed = await client.list_engines(rpb.ListEnginesRequest())
+        gone = []
+        async with httpx.AsyncClient(timeout=0.5) as http:
+            for e in listed.engines:
+                if e.status != tpb.ENGINE_STATUS_ACTIVE or not e.http_base_url:
+                    continue
+                try:
+                    await http.get(e.http_base_url.rstrip("/") + "/health")
+                except httpx.HTTPError:
+                    gone.append(e.engine_id)
+        return gone
+
+    try:
+        gone = asyncio.run(find())
+    except Exception:  # noqa: BLE001 - best effort
+        log.debug("could not list engines", exc_info=True)
+        return
+    if gone:
+        _retire(registry, gone, "ENGINE_UNREACHABLE")
 
 
 __all__ = ["ChildFailed", "SimSpec", "Stack", "StackConfig", "sims_for", "redact"]

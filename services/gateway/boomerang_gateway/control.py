@@ -5,6 +5,10 @@ prefill→decode turn (recompute), and for `control_plane_backoff_seconds` after
 failure the gateway does not ask at all, so a dead router costs each turn nothing. Reports
 run in the background after the client has its last byte; shutdown waits for them (up to a
 deadline) so a drain loses none.
+
+A client may send its next turn before the previous turn's report has landed (a benchmark
+does, at once). The next plan of the same conversation therefore waits for that report —
+at most the plan deadline — or it would find no lease and recompute a prefix it could pull.
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ class ControlPlane:
         self.backoff = backoff
         self._skip_until = 0.0
         self._reports: set[asyncio.Task[None]] = set()
+        # (tenant, conversation) → its report in flight, awaited by the next plan.
+        self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def available(self) -> bool:
         """Whether to ask the router now (configured, and not backing off after a failure)."""
@@ -109,6 +115,9 @@ class ControlPlane:
         """The router's plan, or None when it failed or was late (the turn recomputes)."""
         if self.router is None or not self.available():
             return None
+        pending = self._pending.get((tenant, conversation_id)) if conversation_id else None
+        if pending is not None and not pending.done():
+            await asyncio.wait({pending}, timeout=self.plan_timeout)
         req = rtpb.PlanTurnRequest(
             tenant=tenant,
             conversation_id=conversation_id,
@@ -152,6 +161,10 @@ class ControlPlane:
         task = asyncio.ensure_future(self._report(report))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
+        if report.conversation_id:
+            key = (report.tenant, report.conversation_id)
+            self._pending[key] = task
+            task.add_done_callback(lambda t, key=key: self._pending.pop(key, None) if self._pending.get(key) is t else None)
 
     async def _report(self, report: Report) -> None:
         assert self.router is not None

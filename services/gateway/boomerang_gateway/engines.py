@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from boomerang.v1 import types_pb2 as tpb
 log = logging.getLogger(__name__)
 
 PREFILL, DECODE = "prefill", "decode"
+DOWN_SECONDS = 5.0
 
 
 @dataclass
@@ -66,6 +68,10 @@ class EnginePool:
         self.refreshed = False
         self._rr = itertools.count()
         self._task: asyncio.Task[None] | None = None
+        # URL → monotonic time until which it is skipped: set when a connection to it fails,
+        # so a dead engine costs one refused connection, not one per turn (the registry
+        # keeps listing it until its heartbeats time out).
+        self.down_until: dict[str, float] = {}
 
     @property
     def source(self) -> str:
@@ -149,6 +155,14 @@ class EnginePool:
         """Whether some prefill engine serves `model`."""
         return model in self.view.cards
 
+    def mark_down(self, url: str, seconds: float = DOWN_SECONDS) -> None:
+        """Skip `url` for a while: a connection to it was refused."""
+        self.down_until[url] = time.monotonic() + seconds
+
+    def is_down(self, url: str) -> bool:
+        """Whether `url` is being skipped."""
+        return self.down_until.get(url, 0.0) > time.monotonic()
+
     def choose(self, role: str, model: str, avoid: str = "") -> EngineRef | None:
         """The least busy healthy engine of `role` serving `model` (round-robin on ties)."""
         candidates = [
@@ -156,7 +170,7 @@ class EnginePool:
         ] or [e for e in self.view.engines if e.role == role and model in e.models]
         if not candidates:
             return None
-        healthy = [e for e in candidates if e.healthy] or candidates
+        healthy = [e for e in candidates if e.healthy and not self.is_down(e.url)] or candidates
         least = min(e.in_flight for e in healthy)
         tied = [e for e in healthy if e.in_flight == least]
         return tied[next(self._rr) % len(tied)]

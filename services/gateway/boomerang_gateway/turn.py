@@ -65,6 +65,7 @@ class Turn:
     runner: "TurnRunner"
     capture: Capture = field(default_factory=Capture)
     finished: bool = False
+    reported: bool = False
 
     @property
     def headers(self) -> dict[str, str]:
@@ -85,6 +86,8 @@ class Turn:
         try:
             async for data in sse_data(self.response):
                 if data.strip() == DONE:
+                    # Report now, before the client has `[DONE]` and can send its next turn.
+                    self._report()
                     return
                 try:
                     chunk = json.loads(data)
@@ -108,13 +111,20 @@ class Turn:
             raise UpstreamBroken("decode engine stream ended before the turn finished")
 
     async def finish(self) -> None:
-        """Close D's stream and send ReportTurn in the background (idempotent)."""
+        """Close D's stream and make sure the turn is reported (idempotent)."""
         if self.finished:
             return
         self.finished = True
         self.decode.in_flight -= 1
         self.runner.metrics.in_flight.dec()
         await self.response.aclose()
+        self._report()
+
+    def _report(self) -> None:
+        """Send ReportTurn in the background, once."""
+        if self.reported:
+            return
+        self.reported = True
         params = self.capture.kv_transfer_params if self.capture.finish_reason else None
         prompt = self.capture.prompt_token_ids or self.prompt_token_ids or []
         self.runner.control.report_later(
@@ -209,19 +219,27 @@ class TurnRunner:
 
     async def _tokenize(self, req: ClientRequest) -> list[int] | None:
         engine = self.pool.choose(PREFILL, req.model)
-        if engine is None:
-            return None
-        try:
-            resp = await self.http.post(
-                engine.url + "/tokenize", json=protocol.tokenize_body(req), timeout=self.config.tokenize_timeout
-            )
-            if resp.status_code != 200:
-                log.warning("tokenize on %s: HTTP %d", engine.url, resp.status_code)
+        deadline = time.monotonic() + self.config.tokenize_timeout
+        tokens = None
+        for _ in (1, 2):
+            if engine is None:
                 return None
-            tokens = resp.json().get("tokens")
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            log.warning("tokenize on %s failed: %r", engine.url, exc)
-            return None
+            try:
+                resp = await self.http.post(engine.url + "/tokenize", json=protocol.tokenize_body(req),
+                                            timeout=max(0.01, deadline - time.monotonic()))
+                if resp.status_code != 200:
+                    log.warning("tokenize on %s: HTTP %d", engine.url, resp.status_code)
+                    return None
+                tokens = resp.json().get("tokens")
+                break
+            except httpx.ConnectError as exc:
+                log.warning("tokenize on %s: cannot connect: %r", engine.url, exc)
+                self.pool.mark_down(engine.url)
+                other = self.pool.choose(PREFILL, req.model, avoid=engine.url)
+                engine = other if other is not None and other.url != engine.url else None
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                log.warning("tokenize on %s failed: %r", engine.url, exc)
+                return None
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
             return None
         return tokens
@@ -259,12 +277,14 @@ class TurnRunner:
             except httpx.HTTPError as exc:
                 self.metrics.engine_errors.labels(PREFILL, type(exc).__name__).inc()
                 log.warning("prefill on %s failed: %r", engine.url, exc)
-                error = ApiError(503 if isinstance(exc, httpx.ConnectError) else 502,
-                                 f"prefill engine unreachable: {exc!r}", code="engine_unavailable",
-                                 type_="upstream_error")
+                refused = isinstance(exc, httpx.ConnectError)
+                error = ApiError(503 if refused else 502, f"prefill engine unreachable: {exc!r}",
+                                 code="engine_unavailable", type_="upstream_error")
                 if isinstance(exc, httpx.TimeoutException):
                     error.status = 504
-                failed_use = "NOT_READ" if isinstance(exc, httpx.ConnectError) else "UNKNOWN"
+                if refused:
+                    self.pool.mark_down(engine.url)
+                failed_use = "NOT_READ" if refused else "UNKNOWN"
             else:
                 if resp.status_code == 200:
                     try:
@@ -272,6 +292,8 @@ class TurnRunner:
                     except ValueError:
                         body = {}
                     kv = body.get("kv_transfer_params") if isinstance(body, dict) else None
+                    if handle_use == "NOT_READ" and plan.decision == "PULL":
+                        handle_use = "READ"  # the retry on another engine used the handle
                     return (kv if isinstance(kv, dict) else None), engine, handle_use
                 self.metrics.engine_errors.labels(PREFILL, f"http_{resp.status_code}").inc()
                 error = from_engine("prefill", resp.status_code, resp.content)
@@ -285,11 +307,17 @@ class TurnRunner:
             if attempt == 2:
                 error.handle_use = handle_use  # type: ignore[attr-defined]
                 raise error
-            # Retry once, computing everything, on another prefill engine when there is one.
-            if plan.decision == "PULL":
+            # Retry once on another prefill engine when there is one. Nothing reached a
+            # refused engine, so a pull's handle is still unread and the retry keeps it;
+            # otherwise P may have read it, and the retry computes everything.
+            if plan.decision == "PULL" and failed_use != "NOT_READ":
                 handle_use = failed_use
                 plan.decision, plan.reason, plan.reused_tokens = "RECOMPUTE", "PREFILL_RETRY", 0
-            params = first_turn_params()
+                params = first_turn_params()
+            elif plan.decision == "PULL":
+                handle_use = "NOT_READ"  # until the retry succeeds
+            else:
+                params = first_turn_params()
             engine = self.pool.choose(PREFILL, req.model, avoid=engine.url) or engine
         raise AssertionError("unreachable")
 
@@ -308,6 +336,7 @@ class TurnRunner:
                 )
             except httpx.ConnectError as exc:
                 engine.in_flight -= 1
+                self.pool.mark_down(engine.url)
                 self.metrics.engine_errors.labels(DECODE, "ConnectError").inc()
                 log.warning("decode on %s: cannot connect: %r", engine.url, exc)
                 other = self.pool.choose(DECODE, req.model, avoid=engine.url)
