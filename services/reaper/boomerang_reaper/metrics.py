@@ -49,8 +49,8 @@ def observe_invalidated(n: int) -> None:
 
 
 async def refresh_gauges(repo: ReaperRepository, election: LeaderElection) -> None:
-    """Leadership from this replica; backlog and live leases from Postgres."""
-    LEADER.set(1 if election.leader else 0)
+    """Leadership from this replica (read at each scrape); backlog and live leases from Postgres."""
+    LEADER.set_function(lambda: 1.0 if election.leader else 0.0)
     figures = await repo.lease_figures()
     BACKLOG.set(figures.backlog)
     LIVE.set(figures.live)
