@@ -334,6 +334,24 @@ async def test_advise_ttl_on_a_recorded_history(reapers: dict[str, ServiceProces
     assert bad.returncode == 2 and "target_reuse" in bad.stderr
 
 
+async def test_fenced_registry_rpcs_name_every_bad_field(registry: ServiceProcess) -> None:
+    async with ReaperRegistryClient(registry.address) as c:
+        calls = [
+            (c.expire_leases(rpb.ExpireLeasesRequest(max_leases=10_001, actor="a b")), {"fence", "max_leases", "actor"}),
+            (c.sweep_engines(rpb.SweepEnginesRequest(fence=rpb.ReaperFence(term=0), heartbeat_timeout_seconds=-1,
+                                                     request_id="x" * 200)),
+             {"fence.term", "heartbeat_timeout_seconds", "request_id"}),
+            (c.enforce_event_retention(rpb.EnforceEventRetentionRequest(
+                fence=rpb.ReaperFence(election="bad election", term=1), retention_days=4000, days_ahead=61)),
+             {"fence.election", "retention_days", "days_ahead"}),
+        ]
+        for call, fields in calls:
+            with pytest.raises(BoomerangClientError) as err:
+                await call
+            assert err.value.code == "INVALID_ARGUMENT"
+            assert {v.field for v in err.value.error.violations} == fields
+
+
 async def test_registry_drain_ends_deadline_watches_promptly(db_url: str) -> None:
     reg = ServiceProcess(
         ["registry", "--listen", "127.0.0.1:0", "--grace-seconds", "20"],

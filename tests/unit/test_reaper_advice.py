@@ -122,3 +122,11 @@ def test_query_validation_names_each_field() -> None:
     q = make_query()
     assert (q.target, q.history_hours, q.safety_seconds, q.candidates) == (0.95, 168.0, 15.0, DEFAULT_CANDIDATES)
     assert make_query(safety_seconds=0.0).safety_seconds == 0.0
+
+
+def test_advice_survives_the_wire() -> None:
+    from boomerang_reaper.convert import advice_from_proto, advice_to_proto
+
+    records = [turn("c", 0.0, claimed=12.0, bpb=1024), turn("c", 20.0, state="RETAINED", bpb=1024)]
+    for a in advise(records, target=0.9, safety=3.0, candidates=(10, 60)):
+        assert advice_from_proto(advice_to_proto(a)) == a

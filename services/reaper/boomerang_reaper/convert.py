@@ -3,6 +3,7 @@ sends it, `boomerang advise-ttl --reaper` reads it back to print)."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime, timezone
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -30,57 +31,25 @@ def lag(summary: LagSummary) -> pb.LagSummary:
     )
 
 
+# The advice messages carry the dataclasses' fields under the same names; only the
+# nested lists differ in form.
+_SCALARS = [f.name for f in fields(TtlAdvice) if f.name not in ("pause_percentiles", "candidates")]
+_CANDIDATE = [f.name for f in fields(CandidateOutcome)]
+
+
 def advice_to_proto(a: TtlAdvice) -> pb.TtlAdvice:
     """A TtlAdvice message."""
     return pb.TtlAdvice(
-        tenant=a.tenant,
-        model=a.model,
-        turns=a.turns,
-        next_turns=a.next_turns,
-        exact_pauses=a.exact_pauses,
+        **{name: getattr(a, name) for name in _SCALARS},
         pause_percentiles=[pb.PausePercentile(percentile=q, seconds=s) for q, s in a.pause_percentiles],
-        candidates=[
-            pb.TtlCandidate(
-                ttl_seconds=c.ttl_seconds,
-                reuse_share=c.reuse_share,
-                block_seconds=c.block_seconds,
-                byte_seconds=c.byte_seconds,
-                mean_resident_blocks=c.mean_resident_blocks,
-                mean_resident_bytes=c.mean_resident_bytes,
-                recommended=c.recommended,
-                current=c.current,
-            )
-            for c in a.candidates
-        ],
-        recommended_ttl_seconds=a.recommended_ttl_seconds,
-        current_ttl_seconds=a.current_ttl_seconds,
-        bytes_known_share=a.bytes_known_share,
+        candidates=[pb.TtlCandidate(**{name: getattr(c, name) for name in _CANDIDATE}) for c in a.candidates],
     )
 
 
 def advice_from_proto(m: pb.TtlAdvice) -> TtlAdvice:
     """A TtlAdvice value from its message."""
     return TtlAdvice(
-        tenant=m.tenant,
-        model=m.model,
-        turns=m.turns,
-        next_turns=m.next_turns,
-        exact_pauses=m.exact_pauses,
+        **{name: getattr(m, name) for name in _SCALARS},
         pause_percentiles=[(p.percentile, p.seconds) for p in m.pause_percentiles],
-        candidates=[
-            CandidateOutcome(
-                ttl_seconds=c.ttl_seconds,
-                reuse_share=c.reuse_share,
-                block_seconds=c.block_seconds,
-                byte_seconds=c.byte_seconds,
-                mean_resident_blocks=c.mean_resident_blocks,
-                mean_resident_bytes=c.mean_resident_bytes,
-                recommended=c.recommended,
-                current=c.current,
-            )
-            for c in m.candidates
-        ],
-        recommended_ttl_seconds=m.recommended_ttl_seconds,
-        current_ttl_seconds=m.current_ttl_seconds,
-        bytes_known_share=m.bytes_known_share,
+        candidates=[CandidateOutcome(**{name: getattr(c, name) for name in _CANDIDATE}) for c in m.candidates],
     )

@@ -5,6 +5,7 @@ audit retention. A mixin of BlockRegistryServicer: validate, delegate to `expiry
 from __future__ import annotations
 
 import logging
+from typing import Any
 from datetime import datetime, timezone
 
 import grpc
@@ -22,12 +23,18 @@ log = logging.getLogger(__name__)
 MAX_EXPIRE_BATCH = 10_000
 
 
-def _fence(v: Violations, msg: rpb.ReaperFence, present: bool) -> Fence:
-    if not present:
+def _fenced(v: Violations, request: Any) -> Fence:
+    """Validate what every fenced request carries: its fence, its request id and, where the
+    message has one, its actor."""
+    msg = request.fence
+    if not request.HasField("fence"):
         v.add("fence", "is required")
     else:
         requests.check_id(v, "fence.election", msg.election, required=False)
         v.require(msg.term >= 1, "fence.term", "must be a leadership term (at least 1)")
+    if "actor" in request.DESCRIPTOR.fields_by_name:
+        requests.check_id(v, "actor", request.actor, required=False)
+    requests.check_id(v, "request_id", request.request_id, required=False)
     return Fence(msg.election or DEFAULT_ELECTION, msg.term)
 
 
@@ -101,10 +108,8 @@ class ReaperFacingServicer:
         self, request: rpb.ExpireLeasesRequest, context: grpc.aio.ServicerContext
     ) -> rpb.ExpireLeasesResponse:
         v = Violations()
-        fence = _fence(v, request.fence, request.HasField("fence"))
+        fence = _fenced(v, request)
         v.require(0 <= request.max_leases <= MAX_EXPIRE_BATCH, "max_leases", f"must be 0 (default 1000) to {MAX_EXPIRE_BATCH}")
-        requests.check_id(v, "actor", request.actor, required=False)
-        requests.check_id(v, "request_id", request.request_id, required=False)
         v.raise_if_any()
         out = await self.expiry.expire_due(
             fence, request.max_leases or 1000, request.actor or "reaper", request.request_id
@@ -131,12 +136,10 @@ class ReaperFacingServicer:
         self, request: rpb.SweepEnginesRequest, context: grpc.aio.ServicerContext
     ) -> rpb.SweepEnginesResponse:
         v = Violations()
-        fence = _fence(v, request.fence, request.HasField("fence"))
+        fence = _fenced(v, request)
         v.require(
             0 <= request.heartbeat_timeout_seconds <= 86400, "heartbeat_timeout_seconds", "must be 0 to 86400 seconds"
         )
-        requests.check_id(v, "actor", request.actor, required=False)
-        requests.check_id(v, "request_id", request.request_id, required=False)
         v.raise_if_any()
         out = await self.expiry.sweep_engines(
             fence, request.heartbeat_timeout_seconds, request.actor or "reaper", request.request_id
@@ -154,10 +157,9 @@ class ReaperFacingServicer:
         self, request: rpb.EnforceEventRetentionRequest, context: grpc.aio.ServicerContext
     ) -> rpb.EnforceEventRetentionResponse:
         v = Violations()
-        fence = _fence(v, request.fence, request.HasField("fence"))
+        fence = _fenced(v, request)
         v.require(0 <= request.retention_days <= 3650, "retention_days", "must be 0 (default 30) to 3650 days")
         v.require(0 <= request.days_ahead <= 60, "days_ahead", "must be 0 (default 7) to 60 days")
-        requests.check_id(v, "request_id", request.request_id, required=False)
         v.raise_if_any()
         out = await self.expiry.enforce_retention(fence, request.retention_days or 30, request.days_ahead or 7)
         if out.dropped:
