@@ -26,8 +26,13 @@ from typing import Any, ContextManager, Iterator, Mapping, Sequence
 
 _enabled = False
 
-# Root spans with these name prefixes are never sampled (see the module docstring).
-_UNTRACED_ROOTS = ("/grpc.health.", "/grpc.reflection.")
+# Root spans with these name prefixes are never sampled (see the module docstring); the
+# reaper's deadline watch is a stream that lasts as long as the process.
+_UNTRACED_ROOTS = (
+    "/grpc.health.",
+    "/grpc.reflection.",
+    "/boomerang.v1.BlockRegistryService/WatchLeaseDeadlines",
+)
 # HTTP paths whose requests are not traced (health probes and Prometheus scrapes).
 UNTRACED_PATHS = ("/health", "/metrics", "/sim/stats")
 

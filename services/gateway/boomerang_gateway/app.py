@@ -22,6 +22,7 @@ from boomerang_gateway.errors import ApiError
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest, Kind
 from boomerang_gateway.tenants import AuthUnavailable, TenantAuth
+from boomerang_gateway.tracing import annotate_turn
 from boomerang_gateway.turn import Turn, TurnRunner, UpstreamBroken
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class Handlers:
         except ApiError as exc:
             self.s.metrics.requests.labels(endpoint, str(exc.status)).inc()
             return exc.response()
+        annotate_turn(turn)
         if req.stream:
             self.s.metrics.requests.labels(endpoint, "200").inc()
             return StreamingResponse(self._stream(turn, req), media_type="text/event-stream",
