@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "boomerang.stack.cli",
     "boomerang.demo.cli",
     "boomerang.replay.cli",
+    "boomerang.bench.cli",
     "boomerang_reaper.cli",
     "boomerang.cli.migrate",
     "boomerang.cli.credentials",

@@ -1,0 +1,137 @@
+"""`bench-report.json` (the issue's shape, plus detail) and its Markdown summary."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from boomerang.bench.config import BenchConfig
+from boomerang.bench.stats import clean
+
+# The targets on this 2-core machine (issue 8, DESIGN.md §4).
+TARGETS = {
+    "plan_p50_ms_at_1000": ("plan p50 at 1,000/s, 100k leases", "≤", 1.0),
+    "plan_p99_ms_at_1000": ("plan p99 at 1,000/s, 100k leases", "≤", 5.0),
+    "max_rps_p99_5ms": ("plans/s with p99 ≤ 5 ms", "≥", 3000),
+    "register_rps": ("committed registrations/s", "≥", 5000),
+    "expiry_lag_p99_s": ("expiry lag p99, s", "≤", 1.0),
+    "gateway_overhead_ratio": ("gateway overhead / naive proxy's (p50)", "≤", 1.5),
+}
+
+
+def _targets(report: dict[str, Any]) -> dict[str, Any]:
+    at_1000 = next((r for r in report["plan"]["rates"] if r["rate"] == 1000), {})
+    values = {
+        "plan_p50_ms_at_1000": at_1000.get("p50_ms"),
+        "plan_p99_ms_at_1000": at_1000.get("p99_ms"),
+        "max_rps_p99_5ms": report["plan"]["max_rps_p99_5ms"],
+        "register_rps": report["register_rps"],
+        "expiry_lag_p99_s": report["expiry_lag_p99_s"],
+        "gateway_overhead_ratio": report["gateway_overhead"]["ratio"],
+    }
+    out = {}
+    for key, (label, op, goal) in TARGETS.items():
+        value = values[key]
+        met = value is not None and (value <= goal if op == "≤" else value >= goal)
+        out[key] = {"label": label, "target": f"{op} {goal:g}", "value": value, "met": bool(met)}
+    return out
+
+
+def build_report(
+    cfg: BenchConfig, results: dict[str, Any], memory: dict[str, dict[str, float]], host: dict[str, Any],
+    database: dict[str, str], started: float, finished: float,
+) -> dict[str, Any]:
+    """The report: the issue's keys first, then everything useful."""
+    register = results["register"]
+    report: dict[str, Any] = {
+        "plan": results["plan"],
+        "register_rps": register["register_rps"],
+        "expiry_lag_p99_s": results["expiry"]["lag_p99_s"],
+        "gateway_overhead": results["gateway_overhead"],
+        "scale": results["scale"],
+        "memory_mb": {name: m["peak_rss_mb"] for name, m in sorted(memory.items())},
+        "register": register,
+        "expiry": results["expiry"],
+        "memory_detail_mb": memory,
+        "preload": results.get("preload"),
+        "quick": cfg.quick,
+        "machine": host,
+        "database": database,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(finished - started, 1),
+        "method": {
+            "plans": f"open-loop Poisson arrivals from {cfg.clients} client processes; each plan's prompt extends "
+                     "a live lease's tokens (the registry verifies the prefix and the plan PULLs); claimed leases "
+                     "are given back between steps so every step claims afresh",
+            "registrations": "closed loop, each call the next turn of a conversation (superseding its lease), "
+                             "counted when acknowledged (after commit)",
+            "expiry": "lag_seconds the registry records in each TTL_EXPIRED event (database clock)",
+            "gateway_overhead": "turn time (send to last streamed byte) less the direct path's, same run, "
+                                "interleaved; ratio = Boomerang's added time / the naive proxy's",
+        },
+    }
+    report["targets"] = _targets(report)
+    return clean(report)  # type: ignore[return-value]
+
+
+def _ms(value: Any) -> str:
+    return "—" if value is None else f"{value:,.2f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The human summary."""
+    m = report["machine"]
+    plan = report["plan"]
+    lines = [
+        f"# Boomerang benchmark{' (--quick)' if report['quick'] else ''}",
+        "",
+        f"{report['started_at']}, {report['duration_s']:.0f} s on {m['cpus']} CPUs ({m['cpu_model']}), "
+        f"{m['memory_gb']} GB, Python {m['python']}, PostgreSQL {report['database'].get('version', '?')} "
+        f"({report['database'].get('server', '')}).",
+        "",
+        "## Targets",
+        "",
+        "| target | goal | measured | |",
+        "|---|---|---|---|",
+    ]
+    for t in report["targets"].values():
+        value = t["value"]
+        shown = "—" if value is None else (f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
+        lines.append(f"| {t['label']} | {t['target']} | {shown} | {'met' if t['met'] else '**not met**'} |")
+    lines += ["", f"## PlanTurn at {plan['leases']:,} live leases ({plan['clients']} client processes, open loop)", "",
+              "| rate/s | achieved/s | p50 ms | p99 ms | p99.9 ms | PULL | errors | p99 ≤ 5 ms |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in plan["rates"] + plan["search"]:
+        lines.append(f"| {r['rate']:,} | {r['achieved_rps']:,.0f} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | "
+                     f"{_ms(r['p999_ms'])} | {r['pull_fraction']:.0%} | {sum(r['errors'].values())} | "
+                     f"{'yes' if r['meets_p99_budget'] else 'no'} |")
+    lines += ["", f"Highest rate with p99 ≤ 5 ms: **{plan['max_rps_p99_5ms']:,}/s**.", "",
+              "## Scale", "", "| live leases | p50 ms | p99 ms | p99.9 ms | database MB | leases MB | lease indexes MB |",
+              "|---|---|---|---|---|---|---|"]
+    for s in report["scale"]:
+        lines.append(f"| {s['leases']:,} | {_ms(s['p50_ms'])} | {_ms(s['p99_ms'])} | {_ms(s['p999_ms'])} | "
+                     f"{s['db_size_mb']:,} | {s['leases_table_mb']:,} | {s['lease_indexes_mb']:,} |")
+    reg, exp, gw = report["register"], report["expiry"], report["gateway_overhead"]
+    lines += ["", "## Registrations, expiry, gateway", "",
+              f"- Committed RegisterRetainedBlocks: **{reg['register_rps']:,.0f}/s** from {reg['clients']} "
+              f"concurrent clients (p50 {_ms(reg['latency']['p50_ms'])} ms, p99 {_ms(reg['latency']['p99_ms'])} ms).",
+              f"- Expiry of {exp['leases']:,} leases due within {exp['window_seconds']:g} s: lag p50 "
+              f"{exp['lag_p50_s']} s, p99 **{exp['lag_p99_s']} s**, max {exp['lag_max_s']} s; "
+              f"{exp['expired']:,} expired, {exp['expired_early']} early, {exp['still_live']} left live.",
+              f"- Gateway overhead over calling the engines directly: p50 **{_ms(gw['boomerang_p50_ms'])} ms** vs naive "
+              f"proxy {_ms(gw['naive_p50_ms'])} ms (ratio **{gw['ratio']}**); p99 {_ms(gw['boomerang_p99_ms'])} ms vs "
+              f"{_ms(gw['naive_p99_ms'])} ms (ratio {gw['ratio_p99']}).",
+              "", "## Memory (peak RSS, MB)", "",
+              ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items()), ""]
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """Write `bench-report.json` and `bench-report.md`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "bench-report.json", out_dir / "bench-report.md"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    md_path.write_text(markdown(report))
+    return json_path, md_path

@@ -1,0 +1,185 @@
+"""One benchmark run: start everything, measure in order, write the report, stop everything."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from boomerang.bench import overhead, phases
+from boomerang.bench.config import BenchConfig
+from boomerang.bench.database import BenchDatabase
+from boomerang.bench.loadgen import Workers
+from boomerang.bench.report import build_report, write_report
+from boomerang.bench.services import BenchEngines, Services
+from boomerang.clients.registry import RegistryClient
+
+log = logging.getLogger(__name__)
+TTL_MARGIN_SECONDS = 10.0  # the registry's default BOOMERANG_TTL_MARGIN_SECONDS
+
+
+def machine() -> dict[str, Any]:
+    """What the figures came from."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        mem_kb = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+    except (OSError, StopIteration):
+        mem_kb = 0
+    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gb": round(mem_kb / 1024 / 1024, 1),
+            "python": platform.python_version(), "platform": platform.platform(), "load_avg_at_start": os.getloadavg()}
+
+
+class CountColumn(ProgressColumn):
+    """`done/total` for tasks with a total, nothing for open-ended ones."""
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("")
+        return Text(f"{task.completed:,.0f}/{task.total:,.0f}")
+
+
+class Bench:
+    """Everything a run holds: the database, the services, the engines, the client processes."""
+
+    def __init__(self, cfg: BenchConfig, database_url: str, data_dir: Path, console: Console, keep_database: bool):
+        self.cfg = cfg
+        self.console = console
+        self.db = BenchDatabase(database_url, data_dir, keep=keep_database)
+        self.log_dir = data_dir / "bench-logs"
+        self.services: Services
+        self.pg: asyncpg.Connection
+        self.registry: RegistryClient
+        self.engines: BenchEngines
+        self.workers: Workers
+        self.registry_address = ""
+        self.router_address = ""
+        self.margin_seconds = TTL_MARGIN_SECONDS
+        self.preloaded = 0
+        self.copy_rows_per_second = 10_000.0
+        self.step = 0
+        self.memory: dict[str, dict[str, float]] = {}
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 CountColumn(), TimeElapsedColumn(),
+                                 console=console, transient=True)
+
+    def sample_memory(self) -> None:
+        """Remember each service's resident memory (the peak is the kernel's high-water mark)."""
+        for name, mem in self.services.memory().items():
+            self.memory[name] = mem
+
+    async def start(self) -> None:
+        """Database, migrations, registry, router, reaper, engines, client processes."""
+        for noisy in ("alembic", "httpx"):  # before the import: alembic logs its plugins then
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        from boomerang.db.migrate import upgrade
+
+        url = await self.db.start()
+        await asyncio.to_thread(upgrade, url)
+        env = {"BOOMERANG_DATABASE_URL": url, "BOOMERANG_MIGRATE_ON_START": "false", "BOOMERANG_LOG_LEVEL": "INFO",
+               "BOOMERANG_DRAIN_DELAY_SECONDS": "0.1", "BOOMERANG_GRACE_SECONDS": "3",
+               "BOOMERANG_METRICS_LISTEN": ""}
+        self.services = Services(self.log_dir, env)
+        s = self.services
+        s.start("registry", ["registry", "--listen", "127.0.0.1:0"])
+        (self.registry_address,) = await s.ready("registry")
+        s.start("router", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address])
+        s.start("reaper", ["reaper", "--listen", "127.0.0.1:0", "--registry", self.registry_address])
+        self.registry = RegistryClient(self.registry_address, timeout=10.0)
+        self.engines = BenchEngines(self.registry)
+        await self.engines.register(self.cfg.decode_engines, self.cfg.prefill_engines)
+        self.router_address, _ = await s.ready("router", "reaper")
+        self.workers = await asyncio.to_thread(Workers, self.cfg.clients, self.router_address, self.registry_address)
+        self.pg = await asyncpg.connect(url)
+        await self._wait_pool()
+
+    async def _wait_pool(self, timeout: float = 30.0) -> None:
+        """Until the router's pool holds the benchmark's engines (it polls the registry)."""
+        from boomerang.bench.workload import MODEL
+        from boomerang.clients.router import RouterClient
+        from boomerang.v1 import router_service_pb2 as rtpb
+
+        want = self.cfg.decode_engines + self.cfg.prefill_engines
+        deadline = time.monotonic() + timeout
+        async with RouterClient(self.router_address, timeout=2.0) as router:
+            while time.monotonic() < deadline:
+                try:
+                    listed = await router.list_engines(rtpb.RouterServiceListEnginesRequest(model=MODEL))
+                    if sum(1 for e in listed.engines if e.available) >= want:
+                        return
+                except Exception:  # noqa: BLE001 - not yet
+                    pass
+                await asyncio.sleep(0.2)
+        raise RuntimeError("the router did not see the benchmark's engines in time")
+
+    async def stop(self) -> None:
+        """Stop what started, in reverse."""
+        for step in (lambda: self.workers.close(), lambda: self.services.stop()):
+            try:
+                await asyncio.to_thread(step)
+            except AttributeError:
+                pass  # never started
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                log.warning("stopping failed", exc_info=True)
+        for closer in ("engines", "registry", "pg"):
+            obj = getattr(self, closer, None)
+            if obj is not None:
+                try:
+                    await (obj.stop() if closer == "engines" else obj.close())
+                except Exception:  # noqa: BLE001
+                    log.warning("closing %s failed", closer, exc_info=True)
+        await self.db.stop()
+
+    async def measure(self) -> dict[str, Any]:
+        """Every measurement, in an order that keeps each one's conditions clean."""
+        cfg = self.cfg
+        results: dict[str, Any] = {"scale": []}
+        small_tiers = [t for t in cfg.scale_tiers if t < cfg.leases]
+        big_tiers = [t for t in cfg.scale_tiers if t > cfg.leases]
+        for tier in small_tiers:
+            results["scale"].append(await phases.scale_point(self, tier, None))
+        results["preload"] = await phases.preload_to(self, cfg.leases)
+        results["plan"] = await phases.plan_rates(self)
+        at_scale_rate = next((r for r in results["plan"]["rates"] if r["rate"] == cfg.scale_rate), None)
+        results["scale"].append(await phases.scale_point(self, cfg.leases, at_scale_rate))
+        results["register"] = await phases.registrations(self)
+        results["expiry"] = await phases.expiry(self)
+        results["gateway_overhead"] = await overhead.gateway_overhead(self)
+        self.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode")
+        for tier in big_tiers:
+            results["scale"].append(await phases.scale_point(self, tier, None))
+        self.sample_memory()
+        return results
+
+
+async def run_bench(cfg: BenchConfig, database_url: str, data_dir: Path, out_dir: Path, keep_database: bool) -> dict[str, Any]:
+    """Run the benchmark and write `bench-report.json` and `bench-report.md` into `out_dir`."""
+    console = Console(stderr=True)
+    started = time.time()
+    bench = Bench(cfg, database_url, data_dir, console, keep_database)
+    host = machine()
+    try:
+        with bench.progress:
+            task = bench.progress.add_task("starting Postgres and the services", total=None)
+            await bench.start()
+            bench.progress.remove_task(task)
+            results = await bench.measure()
+    finally:
+        await bench.stop()
+    report = build_report(cfg, results, bench.memory, host, bench.db.notes, started, time.time())
+    json_path, md_path = write_report(report, out_dir)
+    console.print(md_path.read_text())
+    console.print(f"wrote {json_path} and {md_path}")
+    return report
