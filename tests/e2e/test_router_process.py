@@ -223,7 +223,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_static_engines_and_a_stopped_registry(database_url: str, http_engine: str, unique: str) -> None:
+async def test_static_engines_and_a_stopped_registry(database_url: str, http_engine: str, pg: asyncpg.Connection,
+                                                      unique: str) -> None:
     """Static pool with health checks; then the registry dies: plans stay on time, degraded."""
     reg_port = free_port()
     registry = ServiceProcess(["registry", "--listen", f"127.0.0.1:{reg_port}"], {"BOOMERANG_DATABASE_URL": database_url}).start()
@@ -243,18 +244,35 @@ async def test_static_engines_and_a_stopped_registry(database_url: str, http_eng
 
             await eventually(down_left)
             req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=f"c-{unique}", model="any", prompt_token_ids=list(range(200)))
-            healthy = await client.plan_turn(req)
-            assert (healthy.decision, healthy.reason) == (rtpb.PLAN_DECISION_COLD, rtpb.PLAN_REASON_NO_LEASE)
+            answers: list[rtpb.PlanTurnResponse] = []
+
+            async def answered_normally() -> bool:  # a loaded machine may miss the 50 ms once
+                answers.append(await client.plan_turn(req))
+                return answers[-1].reason == rtpb.PLAN_REASON_NO_LEASE
+
+            await eventually(answered_normally)
+            healthy = answers[-1]
+            assert healthy.decision == rtpb.PLAN_DECISION_COLD
             assert healthy.decode_engine.engine_id == "d-up" and healthy.prefill_engine.http_base_url == http_engine
 
             registry.kill()
+            degraded = []
             for _ in range(8):
                 start = time.perf_counter()
                 plan = await client.plan_turn(req)
                 took = time.perf_counter() - start
                 assert (plan.decision, plan.reason) == (rtpb.PLAN_DECISION_COLD, rtpb.PLAN_REASON_CONTROL_PLANE_DEGRADED)
-                assert took < 0.05 + 0.25, took
+                assert took < 1.0, took
                 assert json.loads(plan.kv_transfer_params_json)["remote_engine_id"] is None
+                degraded.append(uuid.UUID(plan.plan_id))
+
+            async def recorded() -> bool:
+                return await pg.fetchval("SELECT count(*) FROM turn_plans WHERE plan_id = ANY($1)", degraded) == 8
+
+            await eventually(recorded)
+            # The router's own time per plan (claim attempt included) stayed within the deadline.
+            slowest = await pg.fetchval("SELECT max(plan_micros) FROM turn_plans WHERE plan_id = ANY($1)", degraded)
+            assert slowest < 50_000 + 50_000, slowest
 
             registry = ServiceProcess(["registry", "--listen", f"127.0.0.1:{reg_port}"], {"BOOMERANG_DATABASE_URL": database_url}).start()
 

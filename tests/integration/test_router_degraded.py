@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-import boomerang_router.planner as planner_module
+import boomerang_router.claims as claims_module
 from boomerang.clients.registry import RegistryClient
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
@@ -117,7 +117,7 @@ async def test_slow_postgres_answers_degraded_in_time_and_leaves_no_claim_behind
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, pg: asyncpg.Connection,
     unique: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(planner_module, "ORPHAN_PROBE_DELAYS", (0.3, 0.6))
+    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.3, 0.6))
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=100)
     router.audit.start()
@@ -144,7 +144,7 @@ async def test_slow_postgres_answers_degraded_in_time_and_leaves_no_claim_behind
 async def test_orphan_probe_releases_a_claim_whose_answer_was_lost(
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(planner_module, "ORPHAN_PROBE_DELAYS", (0.05,))
+    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.05,))
     model, conv, history, lease_id = await retained_lease(registry, unique)
     from boomerang.tokenchain import build_chain
 
@@ -158,12 +158,12 @@ async def test_orphan_probe_releases_a_claim_whose_answer_was_lost(
     assert got.outcome == rpb.CLAIM_OUTCOME_CLAIMED
     router = make_router(database_url, registry_proc.address)
     try:
-        await router._orphan_probe(claim)
+        await router.claims.orphan_probe(claim)
         state, reasons = await lease_state(registry, conv)
         assert state == tpb.LEASE_STATE_RETAINED and "ROUTER_CLAIM_TIMED_OUT" in reasons
         assert router.stats["orphan_claims_found"] == 1
         # A probe never takes a lease itself: probing again finds nothing and claims nothing.
-        await router._orphan_probe(claim)
+        await router.claims.orphan_probe(claim)
         assert (await lease_state(registry, conv))[0] == tpb.LEASE_STATE_RETAINED
     finally:
         await close(router)
@@ -173,7 +173,7 @@ async def test_orphan_probe_leaves_a_claim_that_a_retry_was_handed(
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The claim id of a request id is shared by its retries: a retry may hold it; never release it then."""
-    monkeypatch.setattr(planner_module, "ORPHAN_PROBE_DELAYS", (0.05,))
+    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.05,))
     model, conv, history, lease_id = await retained_lease(registry, unique)
     prompt = history + [1] * 40
     first, retry = (make_router(database_url, registry_proc.address) for _ in range(2))
@@ -193,10 +193,10 @@ async def test_orphan_probe_leaves_a_claim_that_a_retry_was_handed(
             prompt_chain=tpb.TokenChain(block_size=BS, num_tokens=chain.num_tokens, block_hashes=chain.block_hashes, tail_hash=chain.tail_hash),
         )
         # ...so neither the replica that holds it in memory nor the one that timed out releases it.
-        await retry._orphan_probe(lost)
+        await retry.claims.orphan_probe(lost)
         assert retry.stats["orphan_claims_in_use"] == 1
         await retry.audit.flush()
-        await first._orphan_probe(lost)
+        await first.claims.orphan_probe(lost)
         assert first.stats["orphan_claims_in_use"] == 1 and first.stats["orphan_claims_found"] == 0
         assert (await lease_state(registry, conv))[0] == tpb.LEASE_STATE_CLAIMED
     finally:
@@ -265,7 +265,7 @@ async def test_caller_that_gives_up_mid_claim_gets_its_claim_released(
             with pytest.raises(asyncio.CancelledError):
                 await caller
         deadline = time.monotonic() + 10
-        while router.stats["claims_released_caller_gone"] == 0 or router._tasks:
+        while router.stats["claims_released_caller_gone"] == 0 or router.claims.tasks:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         state, reasons = await lease_state(registry, conv)

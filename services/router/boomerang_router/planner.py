@@ -22,8 +22,8 @@ import socket
 import time
 from collections import Counter as Tally
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Coroutine
+from datetime import datetime, timezone
+from typing import Any
 
 from prometheus_client import Counter, Histogram
 
@@ -36,6 +36,7 @@ from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import kvparams, metrics
+from boomerang_router.claims import ClaimKeeper
 from boomerang_router.domain import (
     CircuitBreaker,
     ClaimResult,
@@ -76,8 +77,6 @@ _CLAIM_STATUS = {
 }
 # A min_reusable_tokens no prompt can reach: the claim then only returns an earlier claim
 # held under the same id (see CLAIM_SQL's `prior`), never takes a new one.
-_NEVER = 2**62
-ORPHAN_PROBE_DELAYS = (1.0, 4.0, 15.0)
 
 
 def lease_handle(lease: tpb.Lease) -> LeaseHandle:
@@ -134,8 +133,7 @@ class Router:
         self.stats: Tally[str] = Tally()
         self._inflight: dict[tuple[str, str], asyncio.Task[PlanRecord]] = {}
         self._report_locks: dict[str, list[Any]] = {}  # plan id → [lock, users]
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._orphan_probes = 0
+        self.claims = ClaimKeeper(settings, registry, self.store, repo, self.stats)
         self.reporter = Reporter(settings, registry, pool)
 
     # -- PlanTurn ------------------------------------------------------------------------
@@ -186,7 +184,7 @@ class Router:
         alive = lease is None or self.pool.source_alive(lease.engine_id, lease.engine_generation)
         d = decide(claim, p.prompt_tokens, block_size, threshold, alive)
         if d.release_claim and lease is not None:
-            self._spawn(self._release(p.tenant, lease.lease_id, lease.claim_id, f"ROUTER_{d.reason.value}"))
+            self.claims.spawn(self.claims.release(p.tenant, lease.lease_id, lease.claim_id, f"ROUTER_{d.reason.value}"))
         pulled = d.decision is PlanDecision.PULL and lease is not None
         record = PlanRecord(
             plan_id=plan_id,
@@ -246,7 +244,7 @@ class Router:
                 self.breaker.record_failure()
             self.stats[f"claims_failed_{err.code.lower()}"] += 1
             if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"):
-                self._probe_orphan(req)
+                self.claims.probe_orphan(req)
             log.log(logging.INFO if transient else logging.ERROR, "claim failed, planning without reuse: %s", err)
             return ClaimResult(ClaimStatus.UNAVAILABLE, detail=f"ClaimReuse {err.code} {err.reason}")
         self.breaker.record_success()
@@ -280,82 +278,8 @@ class Router:
             record.outcome = "ABANDONED"
             record.outcome_detail = "the caller went away before the answer; claim released"
             self._uncount(record)
-            self._spawn(self._release(record.tenant, record.lease_id, record.claim_id, "ROUTER_CALLER_GONE"))
+            self.claims.spawn(self.claims.release(record.tenant, record.lease_id, record.claim_id, "ROUTER_CALLER_GONE"))
             self.audit.submit(record)
-
-    # -- giving claims back --------------------------------------------------------------
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._background_done)
-
-    def _background_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background claim task failed", exc_info=task.exception())
-
-    async def _release(self, tenant: str, lease_id: str, claim_id: str, reason: str, attempts: int = 3) -> bool:
-        req = rpb.ReleaseClaimRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id, reason=reason)
-        for attempt in range(attempts):
-            try:
-                await self.registry.release_claim(req, timeout=self.settings.report_timeout_seconds)
-                self.stats["claims_released"] += 1
-                return True
-            except BoomerangClientError as err:
-                if err.code not in TRANSIENT:
-                    log.warning("could not release claim on lease %s: %s", lease_id, err)
-                    return False
-                await asyncio.sleep(0.2 * 2**attempt)
-        log.warning("gave up releasing claim on lease %s; it stays claimed until it expires", lease_id)
-        self.stats["claims_release_failed"] += 1
-        return False
-
-    def _probe_orphan(self, claim: rpb.ClaimReuseRequest) -> None:
-        if self._orphan_probes >= 256:
-            self.stats["orphan_probes_skipped"] += 1
-            return
-        self._orphan_probes += 1
-        self._spawn(self._orphan_probe(claim))
-
-    async def _orphan_probe(self, claim: rpb.ClaimReuseRequest) -> None:
-        """A timed-out claim may still commit: find it under its id and give it back.
-
-        Only while no plan holds it: a claim id derived from a caller's request id is shared
-        by that caller's retries, and a retry (here or on another replica) may have been
-        handed this very claim. Plans that hand a claim out are in this router's store or
-        in `turn_plans`; when neither can be checked, the claim is left to expire.
-        """
-        probe = rpb.ClaimReuseRequest()
-        probe.CopyFrom(claim)
-        probe.min_reusable_tokens = _NEVER
-        since = datetime.now(timezone.utc) - timedelta(hours=1)
-        try:
-            for delay in ORPHAN_PROBE_DELAYS:
-                await asyncio.sleep(delay)
-                try:
-                    resp = await self.registry.claim_reuse(probe, timeout=self.settings.report_timeout_seconds)
-                except BoomerangClientError:
-                    continue
-                if resp.outcome != rpb.CLAIM_OUTCOME_CLAIMED or not resp.HasField("lease"):
-                    continue
-                if self.store.by_claim(claim.claim_id) is not None:
-                    self.stats["orphan_claims_in_use"] += 1
-                    return
-                try:
-                    held = await self.repo.claim_handed_out(claim.tenant, claim.conversation_id, claim.claim_id, since)
-                except Exception:  # noqa: BLE001 - unknown: leave the claim to expire, never risk it
-                    log.warning("cannot check whether claim %s is in use; leaving it", claim.claim_id, exc_info=True)
-                    self.stats["orphan_claims_unchecked"] += 1
-                    return
-                if held:
-                    self.stats["orphan_claims_in_use"] += 1
-                    return
-                self.stats["orphan_claims_found"] += 1
-                await self._release(claim.tenant, resp.lease.lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
-                return
-        finally:
-            self._orphan_probes -= 1
 
     # -- ReportTurn ----------------------------------------------------------------------
 
@@ -411,13 +335,8 @@ class Router:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def drain(self, timeout: float = 5.0) -> None:
-        """Wait (bounded) for background releases; orphan probes still sleeping are cancelled."""
-        if not self._tasks:
-            return
-        _, pending = await asyncio.wait(list(self._tasks), timeout=timeout)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        """Wait (bounded) for background claim releases."""
+        await self.claims.drain(timeout)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

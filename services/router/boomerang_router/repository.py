@@ -204,6 +204,7 @@ class AuditWriter:
         self.written = 0
         self.dropped = 0
         self._wake = asyncio.Event()
+        self._writing = asyncio.Lock()  # one batch at a time, so flush() also waits for it
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -238,10 +239,11 @@ class AuditWriter:
             self.pending.clear()
 
     async def flush(self) -> None:
-        """Write everything pending now (used at shutdown and by tests)."""
-        while self.pending:
-            if not await self._flush_batch():
-                return
+        """Write everything pending now, including a batch the background task is writing."""
+        async with self._writing:
+            while self.pending:
+                if not await self._flush_batch():
+                    return
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
