@@ -348,7 +348,7 @@ class RouterSettings(CommonSettings):
     plan_memory_seconds: float = Field(
         default=900.0, ge=1, le=86400, description="Seconds plans stay in memory for ReportTurn and retries."
     )
-    plan_memory_max: int = Field(default=200_000, ge=100, description="Plans kept in memory at most.")
+    plan_memory_max: int = Field(default=100_000, ge=100, description="Plans kept in memory at most.")
     max_prompt_tokens: int = Field(default=4_194_304, ge=1, description="Longest prompt accepted.")
     audit_flush_ms: float = Field(
         default=100.0, gt=0, le=60_000, description="Milliseconds between turn_plans batch writes."

@@ -358,5 +358,9 @@ async def test_request_id_makes_plans_idempotent_across_routers(harness: Harness
         assert err.value.code is Code.NOT_FOUND
         rep = await replica.report(a, handle_use=rtpb.HANDLE_USE_READ)
         assert rep.claimed_lease_state == "CONSUMED"
+        await harness.report(a, handle_use=rtpb.HANDLE_USE_READ)
+        with pytest.raises(BoomerangError) as err:  # the handle is spent: a late retry gets no copy of it
+            await harness.plan("acme", conv, model, prompt, request_id="req-1")
+        assert err.value.reason == "PLAN_ALREADY_REPORTED"
     finally:
         await replica.close()

@@ -68,7 +68,9 @@ def params(p: KvParams) -> tpb.KvTransferParams:
 
 def plan_response(r: PlanRecord) -> rtpb.PlanTurnResponse:
     """PlanTurnResponse for a plan."""
-    p = r.params or kvparams.first_turn()
+    p = r.params if r.params is not None else kvparams.first_turn()
+    if r.decision is PlanDecision.PULL and r.params is None:
+        raise ValueError(f"plan {r.plan_id} pulls but its params are gone")
     return rtpb.PlanTurnResponse(
         plan_id=r.plan_id,
         decision=DECISION[r.decision],

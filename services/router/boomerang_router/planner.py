@@ -146,6 +146,11 @@ class Router:
             # A degraded answer is not replayed: asking again may find the claim that
             # committed after the deadline (the same claim id returns it) and use it.
             if done is not None and done.reason is not PlanReason.CONTROL_PLANE_DEGRADED:
+                if done.reported_at is not None and done.decision is PlanDecision.PULL:
+                    raise failed_precondition(
+                        "PLAN_ALREADY_REPORTED",
+                        f"request {p.request_id!r} was planned as {done.plan_id} and that turn is reported",
+                    )
                 self.stats["plans_replayed"] += 1
                 return done
             task = self._inflight.get(key)
@@ -326,6 +331,7 @@ class Router:
         record.new_lease_id = lease.lease_id if lease is not None else ""
         record.outcome = turn_outcome(record.decision, r.handle_use, lease_state)
         record.outcome_detail = "; ".join(d for d in (handle_detail, retain_detail) if d)
+        record.params = None  # a reported turn's handle is never handed out again; free its block ids
         self._uncount(record)
         self.audit.submit(record)
         self.stats["reports"] += 1

@@ -35,7 +35,10 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
     @rpc
     async def PlanTurn(self, request: rtpb.PlanTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.PlanTurnResponse:
         plan = await self.router.plan(requests.plan_turn(request, self.max_prompt_tokens))
-        return convert.plan_response(plan)
+        response = convert.plan_response(plan)
+        if not plan.request_id:
+            plan.params = None  # only retries by request id replay the answer; keep memory small
+        return response
 
     @rpc
     async def ReportTurn(self, request: rtpb.ReportTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.ReportTurnResponse:
