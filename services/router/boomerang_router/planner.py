@@ -75,8 +75,6 @@ _CLAIM_STATUS = {
     rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimStatus.ALREADY_CLAIMED,
     rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimStatus.BLOCK_SIZE_MISMATCH,
 }
-# A min_reusable_tokens no prompt can reach: the claim then only returns an earlier claim
-# held under the same id (see CLAIM_SQL's `prior`), never takes a new one.
 
 
 def lease_handle(lease: tpb.Lease) -> LeaseHandle:
