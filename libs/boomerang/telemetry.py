@@ -199,6 +199,14 @@ def _instrument_httpx() -> None:
     instrumentor = HTTPXClientInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(request_hook=name_span, async_request_hook=name_async)
+    # The gateway talks to engines with httpx2 (httpx's API, a faster pool): trace it too.
+    try:
+        from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
+    except ImportError:  # an instrumentation release without httpx2 support
+        return
+    second = HTTPX2ClientInstrumentor()
+    if not second.is_instrumented_by_opentelemetry:
+        second.instrument(request_hook=name_span, async_request_hook=name_async)
 
 
 def annotate(**attributes: Any) -> None:

@@ -12,7 +12,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from boomerang.stack.children import Child, ChildFailed, stop_all
 from boomerang.stack.postgres import EmbeddedPostgres
@@ -58,15 +58,6 @@ def sims_for(spec: str, profile: str, prefill_base: int = 8100, decode_base: int
     out = [SimSpec("prefill", profile, prefill_base + i if prefill_base else 0) for i in range(int(p))]
     out += [SimSpec("decode", profile, decode_base + i if decode_base else 0) for i in range(int(d))]
     return out
-
-
-def redact(url: str) -> str:
-    """A database URL without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 @dataclass
@@ -303,4 +294,4 @@ def _retire_unreachable_engines(registry: str) -> None:
         _retire(registry, gone, "ENGINE_UNREACHABLE")
 
 
-__all__ = ["ChildFailed", "SimSpec", "Stack", "StackConfig", "sims_for", "redact"]
+__all__ = ["ChildFailed", "SimSpec", "Stack", "StackConfig", "sims_for"]

@@ -15,8 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-import httpx
-
+from boomerang_gateway.http import httpx
 from boomerang_gateway.protocol import ClientRequest, Kind
 
 DONE = "[DONE]"

@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_gateway.http import httpx
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +88,17 @@ class EnginePool:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _loop(self) -> None:
+        failing = False
         while True:
             try:
                 await self.refresh()
-            except Exception:  # noqa: BLE001 - keep the last good view
-                log.warning("engine refresh failed", exc_info=True)
+                if failing:
+                    log.info("engine refresh works again")
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - keep the last good view
+                if not failing:  # once per outage, not once per attempt
+                    log.warning("engine refresh failed, keeping the last view: %s", exc)
+                failing = True
             await asyncio.sleep(self.refresh_seconds if self.refreshed else min(0.5, self.refresh_seconds))
 
     async def refresh(self) -> None:

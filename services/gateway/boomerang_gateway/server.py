@@ -15,7 +15,6 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-import httpx
 import uvicorn
 
 from boomerang.clients.registry import RegistryClient
@@ -26,6 +25,7 @@ from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
 from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
+from boomerang_gateway.http import httpx
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.tenants import TenantAuth, TenantStore
 from boomerang_gateway.turn import TurnConfig, TurnRunner

@@ -22,13 +22,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-import httpx
-
 from boomerang_gateway import protocol
 from boomerang_gateway.chunks import DONE, Capture, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, fallback, first_turn_params
 from boomerang_gateway.engines import DECODE, PREFILL, EngineRef, EnginePool
 from boomerang_gateway.errors import ApiError, from_engine
+from boomerang_gateway.http import httpx
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest
 

@@ -1,0 +1,74 @@
+"""The demo's conversations hit AWS's context lengths to the token; its report has the issue's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from boomerang.demo import report
+from boomerang.demo.client import TurnResult
+from boomerang.demo.runner import Record, RunResult
+from boomerang.demo.workload import NEW_TOKENS, POINTS, QUICK_POINTS, AgentConversation, Step, filler, prepare, steps
+from boomerang.sim import template
+from boomerang.sim.tokenizer import encode
+
+
+def test_filler_has_exactly_the_tokens_asked_for() -> None:
+    import random
+
+    rng = random.Random(3)
+    for n in (0, 1, 7, 50, 333, 4000):
+        assert len(encode(filler(rng, n)).ids) == n
+
+
+def test_probe_prompts_are_exact_and_add_about_128_tokens() -> None:
+    conv = AgentConversation(seed=11, model="m")
+    assert conv.prompt_tokens() < 1000
+    conv.add_reply("I will look at the code first.")
+    held = 0
+    for step in steps(POINTS["qwen3-32b"]):
+        n = prepare(conv, step)
+        if step.probe:
+            assert n == step.point
+            assert NEW_TOKENS - 40 <= n - held <= NEW_TOKENS + 40, (step, n, held)
+        reply = "Reading the block cache now."
+        conv.add_reply(reply)
+        held = n + len(encode(reply).ids) + 1  # + <|im_end|>, as the decode engine holds it
+    text = template.render(conv.messages, add_generation_prompt=True, tools=conv.body()["tools"])
+    assert len(encode(text).ids) > 24000
+    assert set(QUICK_POINTS) == set(POINTS) and max(POINTS["glm-5-fp8"]) == 20000
+
+
+def test_same_seed_same_conversation() -> None:
+    a, b = AgentConversation(5, "m"), AgentConversation(5, "m")
+    for conv in (a, b):
+        prepare(conv, Step(2000, False))
+    assert a.messages == b.messages
+    c = AgentConversation(6, "m")
+    prepare(c, Step(2000, False))
+    assert c.messages != a.messages
+
+
+def _rec(mode: str, point: int, ttft: float, text: str = "same") -> Record:
+    return Record("qwen3-32b", mode, 0, Step(point, True), point,
+                  TurnResult(ok=True, ttft_ms=ttft, text=text, plan="PULL" if mode == "on" else "COLD", reused_tokens=point - 128))
+
+
+def test_report_rows_and_json_shape(tmp_path: Path) -> None:
+    result = RunResult(records=[_rec("off", 2000, 160), _rec("on", 2000, 130), _rec("off", 24000, 900), _rec("on", 24000, 500)])
+    rows = report.rows(result, "qwen3-32b", (2000, 24000))
+    assert rows == [{"context_tokens": 2000, "ttft_off_ms": 160.0, "ttft_on_ms": 130.0, "speedup": 1.23},
+                    {"context_tokens": 24000, "ttft_off_ms": 900.0, "ttft_on_ms": 500.0, "speedup": 1.8}]
+    data = report.report([("qwen3-32b", rows)], 0, 0)
+    report.write_json(data, tmp_path / "r.json")
+    loaded = json.loads((tmp_path / "r.json").read_text())
+    assert set(loaded) == {"profiles", "corrupt_pulls", "requests_failed"}
+    assert set(loaded["profiles"][0]) == {"profile", "rows"}
+    assert set(loaded["profiles"][0]["rows"][0]) == {"context_tokens", "ttft_off_ms", "ttft_on_ms", "speedup"}
+    report.chart([("qwen3-32b", rows)], tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.probe_plans("qwen3-32b", 24000) == "PULL 23,872"
+    assert result.mismatched_replies() == 0
+    result.records.append(_rec("on", 8000, 1.0, "x"))
+    result.records.append(_rec("off", 8000, 1.0, "y"))
+    assert result.mismatched_replies() == 1

@@ -1,0 +1,96 @@
+"""What the gateway captures from D's stream, what the client sees, and non-streaming folding."""
+
+from __future__ import annotations
+
+import json
+
+from boomerang_gateway import protocol
+from boomerang_gateway.chunks import Aggregate, Capture, for_client, sse
+from boomerang_gateway.protocol import Kind
+
+KV = {"do_remote_decode": True, "remote_block_ids": [[7, 8]], "remote_request_id": "r", "remote_num_tokens": 20}
+
+
+def chat_stream() -> list[dict]:
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 5, "model": "m"}
+    return [
+        {**head, "prompt_token_ids": [1, 2, 3], "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {**head, "choices": [{"index": 0, "delta": {"content": "Hel"}, "token_ids": [10]}]},
+        {**head, "choices": [{"index": 0, "delta": {"content": "lo",
+                                                     "tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                                                     "function": {"name": "read", "arguments": '{"p'}}]},
+                              "token_ids": [11]}]},
+        {**head, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '": 1}'}}]},
+                              "token_ids": [12], "finish_reason": "stop", "stop_reason": None}],
+         "kv_transfer_params": KV},
+        {**head, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}},
+    ]
+
+
+def req(**extra: object) -> protocol.ClientRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **extra}
+    return protocol.parse(Kind.CHAT, json.dumps(body).encode(), None)
+
+
+def test_capture_keeps_prompt_and_output_ids_and_ds_final_params() -> None:
+    cap = Capture()
+    for chunk in chat_stream():
+        cap.observe(chunk)
+    assert cap.prompt_token_ids == [1, 2, 3] and cap.output_token_ids == [10, 11, 12]
+    assert cap.kv_transfer_params == KV and cap.finish_reason == "stop"
+    assert cap.first_token_at is not None and cap.finished_at is not None and cap.usage["total_tokens"] == 6
+
+
+def test_completion_stream_prompt_ids_come_per_choice() -> None:
+    cap = Capture()
+    cap.observe({"choices": [{"index": 0, "text": "a", "prompt_token_ids": [4, 5], "token_ids": [9]}]})
+    cap.observe({"choices": [{"index": 0, "text": "b", "token_ids": [8], "finish_reason": "length"}],
+                 "kv_transfer_params": KV})
+    assert cap.prompt_token_ids == [4, 5] and cap.output_token_ids == [9, 8] and cap.kv_transfer_params == KV
+
+
+def test_client_never_sees_the_handle_nor_unrequested_ids_or_usage() -> None:
+    plain = req(stream=True)
+    out = [for_client(c, plain) for c in chat_stream()]
+    assert out[-1] is None  # the usage chunk the gateway asked for itself
+    text = json.dumps([o for o in out if o])
+    for field in ("kv_transfer_params", "token_ids", "prompt_token_ids", "usage", "remote_block_ids"):
+        assert field not in text
+    asked = req(stream=True, return_token_ids=True, stream_options={"include_usage": True})
+    out = [for_client(c, asked) for c in chat_stream()]
+    assert out[0]["prompt_token_ids"] == [1, 2, 3] and out[1]["choices"][0]["token_ids"] == [10]
+    assert out[-1]["usage"]["total_tokens"] == 6 and "kv_transfer_params" not in out[3]
+
+
+def test_aggregate_folds_a_chat_stream_into_one_response() -> None:
+    agg = Aggregate(req())
+    for chunk in chat_stream():
+        agg.add(chunk)
+    out = agg.result()
+    assert out["object"] == "chat.completion" and out["id"] == "chatcmpl-1" and out["created"] == 5
+    choice = out["choices"][0]
+    assert choice["message"]["content"] == "Hello" and choice["finish_reason"] == "stop"
+    assert choice["message"]["tool_calls"] == [
+        {"id": "call_a", "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}}]
+    assert out["usage"]["completion_tokens"] == 3
+    assert "token_ids" not in choice and "prompt_token_ids" not in out and "kv_transfer_params" not in out
+    agg = Aggregate(req(return_token_ids=True))
+    for chunk in chat_stream():
+        agg.add(chunk)
+    out = agg.result()
+    assert out["choices"][0]["token_ids"] == [10, 11, 12] and out["prompt_token_ids"] == [1, 2, 3]
+
+
+def test_aggregate_folds_a_completion_stream() -> None:
+    comp = protocol.parse(Kind.COMPLETION, json.dumps({"model": "m", "prompt": "hi"}).encode(), None)
+    agg = Aggregate(comp)
+    agg.add({"id": "cmpl-1", "created": 1, "model": "m", "choices": [{"index": 0, "text": "a "}]})
+    agg.add({"id": "cmpl-1", "choices": [{"index": 0, "text": "b", "finish_reason": "length"}]})
+    out = agg.result()
+    assert out["object"] == "text_completion" and out["choices"][0]["text"] == "a b"
+    assert out["choices"][0]["finish_reason"] == "length"
+
+
+def test_sse_encoding() -> None:
+    assert sse("[DONE]") == b"data: [DONE]\n\n"
+    assert sse({"a": "é"}) == 'data: {"a":"é"}\n\n'.encode()

@@ -1,0 +1,22 @@
+"""`boomerang up`'s pieces: the --sim spec and the PostgreSQL binaries hint."""
+
+from __future__ import annotations
+
+import pytest
+
+from boomerang.stack.postgres import INSTALL_HINT
+from boomerang.stack.stack import SimSpec, sims_for
+
+
+def test_sim_spec_ports() -> None:
+    assert sims_for("1x1", "qwen3-32b") == [SimSpec("prefill", "qwen3-32b", 8100), SimSpec("decode", "qwen3-32b", 8200)]
+    two = sims_for("2X3", "glm-5-fp8", 0, 0)
+    assert [s.role for s in two] == ["prefill"] * 2 + ["decode"] * 3 and {s.port for s in two} == {0}
+    assert [s.port for s in sims_for("2x1", "p")] == [8100, 8101, 8200]
+    for bad in ("1", "0x1", "x", "1x17", "ax1"):
+        with pytest.raises(ValueError):
+            sims_for(bad, "p")
+
+
+def test_install_hint_says_what_to_do() -> None:
+    assert "apt-get install postgresql" in INSTALL_HINT and "--database-url" in INSTALL_HINT
