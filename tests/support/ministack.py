@@ -2,7 +2,8 @@
 router, reaper and gateway, all on free ports, sharing one environment.
 
 The sims run at time scale 0 (no simulated delays) and register with the registry; the
-router and the gateway find them there.
+router and the gateway find them there. They serve a model name of their own, so engines
+other tests left in the same database are never chosen.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from tests.support.procs import ServiceProcess
 
-MODEL = "Qwen/Qwen3-32B"
+PROFILE_MODEL = "Qwen/Qwen3-32B"
 
 
 class MiniStack:
@@ -35,6 +36,7 @@ class MiniStack:
         self.with_reaper = reaper
         self.procs: dict[str, ServiceProcess] = {}
         self.run = uuid.uuid4().hex[:6]
+        self.model = f"{PROFILE_MODEL}-{self.run}"
 
     def _start(self, name: str, args: list[str], extra: dict[str, str] | None = None) -> ServiceProcess:
         proc = ServiceProcess(args, {**self.env, **(extra or {})}, name=name)
@@ -52,6 +54,7 @@ class MiniStack:
                 self._start(f"sim-{role}", [
                     "sim", "--role", role, "--port", "0", "--engine-id", f"sim-{role}-{self.run}",
                     "--registry", registry.address, "--heartbeat-seconds", "0.5", "--time-scale", "0",
+                    "--served-model-name", self.model,
                 ])
             self._start("router", ["router", "--listen", "127.0.0.1:0", "--registry", registry.address,
                                    "--engine-refresh-seconds", "0.2", *m()],
@@ -73,7 +76,7 @@ class MiniStack:
         while time.monotonic() < deadline:
             try:
                 data = httpx.get(self.gateway_url + "/v1/models", timeout=2).json().get("data", [])
-                if any(card.get("id") == MODEL for card in data):
+                if any(card.get("id") == self.model for card in data):
                     return
             except (httpx.HTTPError, ValueError):
                 pass
@@ -114,10 +117,10 @@ def user_turns(n: int, words: int = 120) -> list[str]:
     return [" ".join(f"turn{i}-word{j}" for j in range(words)) for i in range(n)]
 
 
-def chat(base_url: str, conversation: str, messages: list[dict[str, Any]], headers: dict[str, str] | None = None,
-         max_tokens: int = 16) -> httpx.Response:
+def chat(base_url: str, model: str, conversation: str, messages: list[dict[str, Any]],
+         headers: dict[str, str] | None = None, max_tokens: int = 16) -> httpx.Response:
     """One non-streaming chat turn through the gateway."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "conversation_id": conversation}
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "conversation_id": conversation}
     return httpx.post(base_url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=30)
 
 
@@ -146,7 +149,7 @@ def converse(stack: MiniStack, conversation: str, turns: int, headers_for: Any =
     out = []
     for i, text in enumerate(user_turns(turns)):
         messages.append({"role": "user", "content": text})
-        resp = chat(stack.gateway_url, conversation, messages, headers_for(i) if headers_for else None)
+        resp = chat(stack.gateway_url, stack.model, conversation, messages, headers_for(i) if headers_for else None)
         resp.raise_for_status()
         out.append(resp)
         messages.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
