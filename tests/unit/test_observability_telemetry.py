@@ -108,9 +108,12 @@ def spans() -> Iterator[InMemorySpanExporter]:
     try:
         yield exporter
     finally:
-        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+        from opentelemetry.instrumentation import httpx as httpx_instrumentation
 
-        HTTPXClientInstrumentor().uninstrument()
+        for name in ("HTTPXClientInstrumentor", "HTTPX2ClientInstrumentor"):
+            instrumentor = getattr(httpx_instrumentation, name, None)
+            if instrumentor is not None and instrumentor().is_instrumented_by_opentelemetry:
+                instrumentor().uninstrument()
         telemetry._enabled = False  # noqa: SLF001 - the module's switch; tests only
 
 
