@@ -75,12 +75,22 @@ class RegistrationBatcher:
         BATCH_SIZE.observe(len(batch))
         outcomes: list[Result | BoomerangError] = []
         try:
-            async with self.repo.tenant_engine.begin() as conn:
-                for item in batch:
-                    try:
-                        outcomes.append(await self.repo.register_blocks_in(conn, item.request))
-                    except BoomerangError as err:
-                        outcomes.append(err)  # a refusal writes nothing; the rest go on
+            if self.repo.raw is not None:
+                async with self.repo.raw.transaction() as raw:
+                    tenant = ""  # set per item, and only when it changes
+                    for item in batch:
+                        try:
+                            outcomes.append(await self.repo.register_blocks_raw(raw, item.request, tenant))
+                        except BoomerangError as err:
+                            outcomes.append(err)
+                        tenant = item.request.tenant
+            else:
+                async with self.repo.tenant_engine.begin() as conn:
+                    for item in batch:
+                        try:
+                            outcomes.append(await self.repo.register_blocks_in(conn, item.request))
+                        except BoomerangError as err:
+                            outcomes.append(err)  # a refusal writes nothing; the rest go on
         except Exception:  # noqa: BLE001 - the whole batch failed: retry each alone
             log.warning("group commit of %d registrations failed; retrying one by one", len(batch), exc_info=True)
             await asyncio.gather(*(self._alone(item) for item in batch))

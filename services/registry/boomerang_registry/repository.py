@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
+import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -29,6 +30,7 @@ from boomerang_registry.domain import (
     RetainedBlocks,
     explain_no_claim,
 )
+from boomerang_registry.rawsql import SET_TENANT_LOCAL, TenantPool, db_span
 
 Row = Mapping[str, Any]
 
@@ -69,11 +71,13 @@ WITH old AS (
 SELECT lease_id::text AS lease_id FROM moved
 """
 
-REGISTER_SQL = """
+# Returns the new lease's row (and how many it superseded), or no row when the request was
+# already registered or the engine refuses it (the caller then explains why).
+REGISTER_SQL = f"""
 WITH eng AS (
     SELECT * FROM engines WHERE engine_id = :engine_id FOR SHARE
 ), ins AS (
-    INSERT INTO leases (lease_id, tenant, conversation_id, model, engine_id, engine_generation,
+    INSERT INTO leases AS l (lease_id, tenant, conversation_id, model, engine_id, engine_generation,
                         remote_request_id, block_ids, num_blocks, num_tokens, block_size, chain,
                         tail_hash, remote_host, remote_port, tp_size, dcp_size, pp_size, state,
                         finished_at, expires_at)
@@ -91,7 +95,7 @@ WITH eng AS (
     WHERE eng.generation = :generation AND eng.status = 'ACTIVE'
       AND eng.role = 'DECODE' AND eng.block_size = :block_size
     ON CONFLICT (engine_id, engine_generation, remote_request_id) DO NOTHING
-    RETURNING lease_id, tenant, conversation_id, finished_at
+    RETURNING {LEASE_COLUMNS}
 ), sup_old AS (
     SELECT l.lease_id, l.state FROM leases l, ins
     WHERE l.tenant = ins.tenant AND l.conversation_id = ins.conversation_id
@@ -104,7 +108,7 @@ WITH eng AS (
 ), ev AS (
     INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
                               actor, request_id, details)
-    SELECT lease_id, tenant, conversation_id, NULL, 'RETAINED', 'REGISTERED', :actor,
+    SELECT CAST(lease_id AS uuid), tenant, conversation_id, NULL, 'RETAINED', 'REGISTERED', :actor,
            :request_id, NULL FROM ins
     UNION ALL
     SELECT sup.lease_id, sup.tenant, sup.conversation_id, 'RETAINED', 'SUPERSEDED',
@@ -112,7 +116,7 @@ WITH eng AS (
            jsonb_build_object('superseded_by', (SELECT lease_id::text FROM ins))
     FROM sup
 )
-SELECT (SELECT count(*) FROM ins) AS inserted, (SELECT count(*) FROM sup) AS superseded
+SELECT (SELECT count(*) FROM sup) AS superseded, ins.* FROM ins
 """
 
 # One statement, one round trip: find the conversation's live leases on the live-lease
@@ -218,8 +222,12 @@ class RegistryRepository:
         ttl_margin_seconds: float,
         actor: str = "registry",
         tenant_engine: AsyncEngine | None = None,
+        raw: TenantPool | None = None,
     ):
         self.engine = engine
+        # The claim and the group commit go through `raw` (plain asyncpg, rawsql.py) when
+        # given; the same statements otherwise run through `tenant_engine`.
+        self.raw = raw
         # Tenant-scoped statements run on `tenant_engine` (the row-level-security role of
         # migration 0006) with `boomerang.tenant` set; cross-tenant work uses `engine`.
         self.tenant_engine = tenant_engine or engine
@@ -365,9 +373,30 @@ class RegistryRepository:
     async def register_blocks_in(self, conn: AsyncConnection, req: RetainedBlocks) -> tuple[Row, bool, int]:
         """`register_blocks` inside the caller's transaction (for group commit)."""
         await set_tenant(conn, req.tenant)
-        lease_id = str(uuid.uuid4())
-        params = {
-            "lease_id": lease_id,
+        row = (await conn.execute(text(REGISTER_SQL), self._register_params(req))).first()
+        if row is not None:
+            lease = row._mapping
+            return lease, True, int(lease["superseded"])
+        return await self._explain_register_conflict(req), False, 0
+
+    async def register_blocks_raw(
+        self, conn: asyncpg.Connection, req: RetainedBlocks, tenant_set: str
+    ) -> tuple[Row, bool, int]:
+        """`register_blocks_in` on a raw connection of `self.raw` in the caller's transaction;
+        `tenant_set` is the tenant the transaction is already scoped to ('' for none)."""
+        assert self.raw is not None
+        if req.tenant != tenant_set:
+            await conn.execute(SET_TENANT_LOCAL, req.tenant)
+        query, args = self.raw.args(REGISTER_SQL, self._register_params(req))
+        with db_span("RegisterRetainedBlocks"):
+            row = await conn.fetchrow(query, *args)
+        if row is not None:
+            return row, True, int(row["superseded"])
+        return await self._explain_register_conflict(req), False, 0
+
+    def _register_params(self, req: RetainedBlocks) -> dict[str, Any]:
+        return {
+            "lease_id": str(uuid.uuid4()),
             "tenant": req.tenant,
             "conversation_id": req.conversation_id,
             "model": req.model,
@@ -387,12 +416,6 @@ class RegistryRepository:
             "actor": self.actor,
             "request_id": req.request_id,
         }
-        counts = (await conn.execute(text(REGISTER_SQL), params)).one()
-        if counts.inserted:
-            lease = await self._lease(conn, lease_id)
-            assert lease is not None
-            return lease, True, int(counts.superseded)
-        return await self._explain_register_conflict(req), False, 0
 
     async def _explain_register_conflict(self, req: RetainedBlocks) -> Row:
         # Across tenants on purpose (owner connection): the natural key is global.
@@ -456,8 +479,12 @@ class RegistryRepository:
             "min_remaining": q.min_remaining_seconds,
             "actor": self.actor,
         }
-        async with self.tenant_transaction(q.tenant) as conn:
-            rows = [r._mapping for r in await conn.execute(text(CLAIM_SQL), params)]
+        rows: Sequence[Row]
+        if self.raw is not None:
+            rows = await self.raw.fetch_as(q.tenant, CLAIM_SQL, params, "ClaimReuse")
+        else:
+            async with self.tenant_transaction(q.tenant) as conn:
+                rows = [r._mapping for r in await conn.execute(text(CLAIM_SQL), params)]
         by_kind: dict[str, list[Row]] = {}
         for row in rows:
             by_kind.setdefault(row["kind"], []).append(row)

@@ -17,6 +17,7 @@ from boomerang.telemetry import grpc_server_interceptors, instrument_engine, set
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.metrics import refresh_gauges
+from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.servicer import BlockRegistryServicer
 
@@ -40,7 +41,8 @@ async def run(settings: RegistrySettings) -> None:
         tenant_engine = make_engine(url, settings.db_pool_size, "boomerang-registry", role=settings.db_tenant_role)
         instrument_engine(tenant_engine)
         await warm_pool(tenant_engine, min(4, settings.db_pool_size))
-    repo = RegistryRepository(engine, settings.ttl_margin_seconds, tenant_engine=tenant_engine)
+    raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role)
+    repo = RegistryRepository(engine, settings.ttl_margin_seconds, tenant_engine=tenant_engine, raw=raw)
     batcher = RegistrationBatcher(repo, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4))
     batcher.start()
     servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore(engine))
@@ -50,6 +52,7 @@ async def run(settings: RegistrySettings) -> None:
     async def stop() -> None:
         gauges.cancel()
         await batcher.stop()
+        await raw.close()
         await engine.dispose()
         if tenant_engine is not engine:
             await tenant_engine.dispose()

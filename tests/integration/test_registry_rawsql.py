@@ -1,0 +1,87 @@
+"""The registry's hot path on raw asyncpg (rawsql.py) behaves exactly as through SQLAlchemy.
+
+Every test of test_registry_repository.py runs again here with a repository whose claims
+go through the raw pool (as the service runs), plus the group commit on that pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from boomerang.db.engine import make_engine
+from boomerang.errors import BoomerangError
+from boomerang_registry import requests
+from boomerang_registry.batching import RegistrationBatcher
+from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry.rawsql import TenantPool, positional
+from boomerang_registry.repository import RegistryRepository
+from tests.integration import test_registry_repository as base
+from tests.support.registry_data import blocks_request, claim_request, engine_request
+
+pytestmark = pytest.mark.integration
+
+# The repository tests that use a repository, collected again in this module, get this
+# module's `repo` fixture.
+for _name, _test in vars(base).items():
+    if _name.startswith("test_") and "repo" in inspect.signature(_test).parameters:
+        globals()[_name] = _test
+
+
+@pytest.fixture(scope="module")
+async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
+    engine = make_engine(database_url, pool_size=20)
+    tenant_engine = make_engine(database_url, pool_size=20, role="boomerang_service")
+    raw = await TenantPool.open(database_url, 20, "boomerang_service")
+    yield RegistryRepository(engine, ttl_margin_seconds=10.0, tenant_engine=tenant_engine, raw=raw)
+    await raw.close()
+    await tenant_engine.dispose()
+    await engine.dispose()
+
+
+def test_named_parameters_become_positional_and_casts_stay() -> None:
+    sql, names = positional("SELECT :a, CAST(:b AS uuid), x::text, :a WHERE y = :b_2 AND z::int > 0")
+    assert sql == "SELECT $1, CAST($2 AS uuid), x::text, $1 WHERE y = $3 AND z::int > 0"
+    assert names == ["a", "b", "b_2"]
+
+
+async def test_group_commit_on_the_raw_pool(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    batcher = RegistrationBatcher(repo, max_batch=64, workers=1)
+    batcher.start()
+    eid = f"raw-{unique}"
+    try:
+        await repo.register_engine(requests.engine_spec(engine_request(eid, generation=2), 480), "r")
+        tokens = list(range(80))
+        good = [requests.retained_blocks(blocks_request(f"t{i % 3}-{unique}", f"c{i}", eid, tokens, generation=2),
+                                         10**6, 10**7) for i in range(60)]
+        stale = requests.retained_blocks(blocks_request(f"t0-{unique}", "stale", eid, tokens, generation=1), 10**6, 10**7)
+        first = await asyncio.gather(*(batcher.register(r) for r in [*good[:30], stale, *good[30:]]),
+                                     return_exceptions=True)
+        again = await asyncio.gather(*(batcher.register(r) for r in good[:5]))
+    finally:
+        await batcher.stop()
+    errors = [r for r in first if isinstance(r, BaseException)]
+    assert len(errors) == 1 and isinstance(errors[0], BoomerangError) and errors[0].reason == "STALE_GENERATION"
+    assert max(batcher.batch_sizes) > 1
+    created = [r for r in first if not isinstance(r, BaseException)]
+    assert all(c for _, c, _ in created) and len({row["lease_id"] for row, _, _ in created}) == 60
+    row = created[0][0]
+    assert row["state"] == "RETAINED" and row["block_ids"] == [list(range(100, 105))] and row["num_tokens"] == 80
+    # Repeats are idempotent and answer the stored lease.
+    assert [c for _, c, _ in again] == [False] * 5
+    assert {r["lease_id"] for r, _, _ in again} == {r["lease_id"] for r, _, _ in created[:5]}
+    assert await pg.fetchval("SELECT count(*) FROM leases WHERE engine_id = $1", eid) == 60
+    assert await pg.fetchval(
+        "SELECT count(*) FROM lease_events e JOIN leases l USING (lease_id) WHERE l.engine_id = $1 "
+        "AND e.reason = 'REGISTERED'", eid) == 60
+    # Each lease landed in its own tenant, and a claim as another tenant finds nothing.
+    lease_tenant = await pg.fetchval("SELECT tenant FROM leases WHERE lease_id = $1::uuid", created[1][0]["lease_id"])
+    assert lease_tenant == f"t1-{unique}"
+    outcome, _, _, _ = await repo.claim(requests.claim(claim_request(f"t2-{unique}", "c1", tokens + [1, 2, 3])))
+    assert outcome is ClaimOutcome.NO_LEASE
+    outcome, lease, reusable, _ = await repo.claim(requests.claim(claim_request(f"t1-{unique}", "c1", tokens + [1, 2, 3])))
+    assert outcome is ClaimOutcome.CLAIMED and lease is not None and reusable == 80
