@@ -29,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--expiry-window", type=float, help="seconds their deadlines spread over (default 60; quick 10)")
     parser.add_argument("--gateway-seconds", type=float, help="seconds of gateway-overhead turns (default 30; quick 8)")
     parser.add_argument("--register-seconds", type=float, help="seconds of registrations (default 10; quick 4)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the services with py-spy during the 1,000/s step, the registrations and the "
+                        "gateway turns (collapsed stacks in OUT/bench-profiles, top functions in the report)")
     parser.add_argument("--keep-database", action="store_true", help="keep the scratch database afterwards")
     # The naive proxy runs as its own process through this same command (not for users).
     parser.add_argument("--serve-naive-proxy", metavar="HOST:PORT", help=argparse.SUPPRESS)
@@ -64,5 +67,5 @@ def _run(args: argparse.Namespace) -> int:
             setattr(cfg, attr, value)
     if cfg.leases < 10:
         raise SystemExit("boomerang bench: --leases must be at least 10")
-    run_async(run_bench(cfg, settings.database_url, args.data_dir, args.out, args.keep_database))
+    run_async(run_bench(cfg, settings.database_url, args.data_dir, args.out, args.keep_database, args.profile))
     return 0

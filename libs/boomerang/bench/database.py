@@ -53,6 +53,7 @@ class BenchDatabase:
             server_url = await asyncio.to_thread(self.embedded.start)
             self.notes["server"] = f"embedded, data in {self.embedded.data}"
         self.name = f"boomerang_bench_{uuid.uuid4().hex[:10]}"
+        self.notes["name"] = self.name
         admin = await asyncpg.connect(with_database(server_url, "postgres"), timeout=10)
         try:
             await admin.execute(f'CREATE DATABASE "{self.name}"')

@@ -60,7 +60,11 @@ async def gateway_overhead(b: "Bench") -> dict[str, Any]:
            "model": SIM_MODEL, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5,
            "slots": cfg.gateway_slots, "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
            "think_seconds": 0.02}
-    (result,) = await b.workers.run([job], timeout=cfg.gateway_seconds + 120)
+    running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
+    await asyncio.sleep(0.5)
+    sampler = b.sampler("turns", ("gateway", "naive-proxy", "router", "registry"), cfg.gateway_seconds)
+    (result,) = await running
+    await b.collect("turns", sampler)
     b.progress.remove_task(task)
     b.sample_memory()
     from boomerang.bench.phases import _floats

@@ -46,7 +46,7 @@ async def preload_to(b: "Bench", target: int) -> dict[str, Any]:
     return {"rows": len(convs), "seconds": round(seconds, 2), "rows_per_second": round(b.copy_rows_per_second)}
 
 
-async def plan_step(b: "Bench", rate: int, seconds: float, label: str, report: bool = True) -> dict[str, Any]:
+async def plan_step(b: "Bench", rate: int, seconds: float, label: str, profile: str = "") -> dict[str, Any]:
     """PlanTurn at `rate`/s open loop for `seconds`, from every client process."""
     cfg = b.cfg
     b.step += 1
@@ -58,7 +58,13 @@ async def plan_step(b: "Bench", rate: int, seconds: float, label: str, report: b
              "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
              "engines": cfg.decode_engines, "start_at": start_at} for i in range(b.workers.count)]
     task = b.progress.add_task(f"{label}: {rate:,} plans/s for {seconds:g}s", total=None)
-    results = await b.workers.run(jobs, timeout=seconds + 120)
+    running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 120))
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    meter = (await b.cpu_meter("registry", "router")).start()
+    sampler = b.sampler(profile, ("registry", "router"), seconds) if profile else None
+    results = await running
+    cpu = meter.stop()
+    await b.collect(profile, sampler)
     b.progress.remove_task(task)
     latencies = [x for r in results for x in _floats(r["latencies_ms"])]
     lags = [x for r in results for x in _floats(r["send_lag_ms"])]
@@ -78,6 +84,7 @@ async def plan_step(b: "Bench", rate: int, seconds: float, label: str, report: b
         reasons=dict(reasons),
         errors=dict(errors),
         pull_fraction=round(reasons.get("VERIFIED_PREFIX", 0) / max(sent, 1), 4),
+        cpu_ms_per_plan={k: round(1000 * v / max(sent, 1), 3) for k, v in cpu.items()},
     )
     out["meets_p99_budget"] = bool(
         out["p99_ms"] <= cfg.p99_budget_ms and not errors and reasons.get(DEGRADED, 0) == 0
@@ -92,7 +99,8 @@ async def plan_rates(b: "Bench") -> dict[str, Any]:
     """The fixed rates, then higher ones until p99 passes the budget no more."""
     cfg = b.cfg
     await plan_step(b, 300, min(2.0, cfg.step_seconds), "warm-up")
-    rates = [await plan_step(b, r, cfg.step_seconds, "plan rate") for r in cfg.rates]
+    rates = [await plan_step(b, r, cfg.step_seconds, "plan rate", profile=f"plans-{r}" if r == 1000 else "")
+             for r in cfg.rates]
     search = []
     best = max([r["rate"] for r in rates if r["meets_p99_budget"]], default=0)
     if best == max(cfg.rates):
@@ -131,7 +139,13 @@ async def registrations(b: "Bench") -> dict[str, Any]:
             for i in range(b.workers.count)]
     task = b.progress.add_task(
         f"registrations: {cfg.register_concurrency * b.workers.count} clients for {cfg.register_seconds:g}s", total=None)
-    results = await b.workers.run(jobs, timeout=cfg.register_seconds + 120)
+    running = asyncio.ensure_future(b.workers.run(jobs, timeout=cfg.register_seconds + 120))
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    meter = (await b.cpu_meter("registry")).start()
+    sampler = b.sampler("registrations", ("registry",), cfg.register_seconds)
+    results = await running
+    cpu = meter.stop()
+    await b.collect("registrations", sampler)
     b.progress.remove_task(task)
     outcomes: Counter[str] = Counter()
     for r in results:
@@ -140,9 +154,11 @@ async def registrations(b: "Bench") -> dict[str, Any]:
     elapsed = max(r["elapsed_s"] for r in results)
     committed = outcomes.get("created", 0)
     b.sample_memory()
+    per = {k: round(1000 * v / max(committed, 1), 3) for k, v in cpu.items()}
     return {"register_rps": round(committed / max(elapsed, 1e-6), 1), "clients": cfg.register_concurrency * len(jobs),
             "seconds": round(elapsed, 2), "outcomes": dict(outcomes),
-            "latency": summarize(latencies), "ran_out_of_requests": any(r["exhausted"] for r in results)}
+            "latency": summarize(latencies), "ran_out_of_requests": any(r["exhausted"] for r in results),
+            "cpu_ms_per_registration": per}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,9 @@ from boomerang.bench import overhead, phases
 from boomerang.bench.config import BenchConfig
 from boomerang.bench.database import BenchDatabase
 from boomerang.bench.loadgen import Workers
+from boomerang.bench.profiling import Sampler
 from boomerang.bench.report import build_report, write_report
-from boomerang.bench.services import BenchEngines, Services
+from boomerang.bench.services import BenchEngines, CpuMeter, Services
 from boomerang.clients.registry import RegistryClient
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class Bench:
         self.copy_rows_per_second = 10_000.0
         self.step = 0
         self.memory: dict[str, dict[str, float]] = {}
+        self.profile_dir: Path | None = None
+        self.profiles: dict[str, object] = {}
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  CountColumn(), TimeElapsedColumn(),
                                  console=console, transient=True)
@@ -79,6 +82,27 @@ class Bench:
         """Remember each service's resident memory (the peak is the kernel's high-water mark)."""
         for name, mem in self.services.memory().items():
             self.memory[name] = mem
+
+    def sampler(self, label: str, names: tuple[str, ...], seconds: float) -> Sampler | None:
+        """With `--profile`, py-spy on the named services for `seconds` (starting now)."""
+        if self.profile_dir is None:
+            return None
+        pids = {n: c.proc.pid for n, c in self.services.children.items() if n in names and c.proc is not None}
+        return Sampler(self.profile_dir, label, pids, seconds)
+
+    async def cpu_meter(self, *names: str) -> CpuMeter:
+        """A CPU meter over the named services, this database's Postgres backends and the clients."""
+        pids = self.services.pids(*names)
+        rows = await self.pg.fetch("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                   "AND pid <> pg_backend_pid()")
+        pids["postgres"] = [int(r["pid"]) for r in rows]
+        pids["clients"] = [p.pid for p in self.workers.procs if p.pid is not None]
+        return CpuMeter(pids)
+
+    async def collect(self, label: str, sampler: Sampler | None) -> None:
+        """Keep what a sampler found under `label`."""
+        if sampler is not None:
+            self.profiles[label] = await asyncio.to_thread(sampler.finish)
 
     async def start(self) -> None:
         """Database, migrations, registry, router, reaper, engines, client processes."""
@@ -164,11 +188,15 @@ class Bench:
         return results
 
 
-async def run_bench(cfg: BenchConfig, database_url: str, data_dir: Path, out_dir: Path, keep_database: bool) -> dict[str, Any]:
+async def run_bench(
+    cfg: BenchConfig, database_url: str, data_dir: Path, out_dir: Path, keep_database: bool, profile: bool = False
+) -> dict[str, Any]:
     """Run the benchmark and write `bench-report.json` and `bench-report.md` into `out_dir`."""
     console = Console(stderr=True)
     started = time.time()
     bench = Bench(cfg, database_url, data_dir, console, keep_database)
+    if profile:
+        bench.profile_dir = out_dir / "bench-profiles"
     host = machine()
     try:
         with bench.progress:
@@ -179,6 +207,8 @@ async def run_bench(cfg: BenchConfig, database_url: str, data_dir: Path, out_dir
     finally:
         await bench.stop()
     report = build_report(cfg, results, bench.memory, host, bench.db.notes, started, time.time())
+    if bench.profiles:
+        report["profiles"] = bench.profiles
     json_path, md_path = write_report(report, out_dir)
     console.print(md_path.read_text())
     console.print(f"wrote {json_path} and {md_path}")

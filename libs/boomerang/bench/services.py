@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,36 @@ def memory_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds a process has used (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU used by some processes between `start()` and `stop()`, in seconds per process."""
+
+    def __init__(self, pids: dict[str, list[int]]):
+        self.pids = pids
+        self.before: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: sum(cpu_seconds(p) for p in pids) for name, pids in self.pids.items()}
+
+    def start(self) -> "CpuMeter":
+        """Take the starting point."""
+        self.before = self._now()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds used since `start()`."""
+        after = self._now()
+        return {name: round(after[name] - self.before.get(name, 0.0), 3) for name in after}
+
+
 @dataclass
 class Services:
     """Children started by the benchmark, stopped in reverse order."""
@@ -54,6 +85,10 @@ class Services:
     def memory(self) -> dict[str, dict[str, float]]:
         """Memory of every running child."""
         return {n: memory_mb(c.proc.pid) for n, c in self.children.items() if c.alive() and c.proc is not None}
+
+    def pids(self, *names: str) -> dict[str, list[int]]:
+        """Process ids of the named running children."""
+        return {n: [c.proc.pid] for n, c in self.children.items() if n in names and c.proc is not None and c.alive()}
 
     def stop(self, *names: str) -> None:
         """Stop the named children (all when none are named), last started first."""

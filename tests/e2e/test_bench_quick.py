@@ -1,0 +1,69 @@
+"""`boomerang bench --quick`, scaled down: the harness runs end to end and writes a report of
+the promised shape. Not a timed test: the performance goals live in the report itself."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.conftest import ADMIN_URL
+from tests.support.procs import BOOMERANG, ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+async def test_quick_bench_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cmd = [BOOMERANG, "bench", "--quick", "--leases", "2000", "--step-seconds", "1", "--clients", "2",
+           "--expiry-leases", "400", "--expiry-window", "2", "--gateway-seconds", "2", "--register-seconds", "1",
+           "--out", str(out), "--data-dir", str(tmp_path / "data")]
+    env = {**os.environ, "BOOMERANG_DATABASE_URL": ADMIN_URL}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    report = json.loads((out / "bench-report.json").read_text())
+    # The issue's shape.
+    plan = report["plan"]
+    assert plan["leases"] == 2000
+    assert [r["rate"] for r in plan["rates"]] == [500, 1000, 2000]
+    for step in plan["rates"] + plan["search"]:
+        assert all(_number(step[k]) for k in ("p50_ms", "p99_ms", "p999_ms")), step
+        assert step["p50_ms"] <= step["p99_ms"] <= step["p999_ms"]
+        assert step["plans"] > 0 and set(step["cpu_ms_per_plan"]) >= {"router", "registry", "postgres", "clients"}
+    assert isinstance(plan["max_rps_p99_5ms"], int)
+    assert plan["max_rps_p99_5ms"] in {0, *(s["rate"] for s in plan["rates"] + plan["search"] if s["meets_p99_budget"])}
+    # The plans really verified preloaded prefixes and pulled (the workload matches its leases).
+    assert sum(s["reasons"].get("VERIFIED_PREFIX", 0) for s in plan["rates"]) > 0, plan["rates"]
+    assert _number(report["register_rps"]) and report["register_rps"] > 0
+    assert report["register"]["outcomes"].get("created", 0) > 0
+    assert _number(report["expiry_lag_p99_s"])
+    assert report["expiry"]["expired"] == 400 and report["expiry"]["expired_early"] == 0
+    gw = report["gateway_overhead"]
+    assert {"boomerang_p50_ms", "naive_p50_ms", "ratio"} <= set(gw)
+    assert _number(gw["boomerang_p50_ms"]) and _number(gw["naive_p50_ms"])
+    assert all(gw["turn_ms"][p]["count"] > 0 for p in ("direct", "naive", "boomerang")), gw["turn_ms"]
+    assert gw["errors"] == {}
+    assert [s["leases"] for s in report["scale"]] == [200, 2000]
+    assert all(_number(s["db_size_mb"]) and _number(s["p99_ms"]) for s in report["scale"])
+    assert {"registry", "router", "reaper", "gateway", "naive-proxy"} <= set(report["memory_mb"])
+    assert all(v > 0 for v in report["memory_mb"].values())
+    assert set(report["targets"]) == {"plan_p50_ms_at_1000", "plan_p99_ms_at_1000", "max_rps_p99_5ms",
+                                      "register_rps", "expiry_lag_p99_s", "gateway_overhead_ratio"}
+    assert "## Targets" in (out / "bench-report.md").read_text()
+
+    # The scratch database is gone.
+    conn = await asyncpg.connect(ADMIN_URL)
+    try:
+        assert not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", report["database"]["name"])
+    finally:
+        await conn.close()
