@@ -24,7 +24,9 @@ class ServiceProcess:
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, name: str = ""):
         self.args = args
-        self.env = {**os.environ, **(env or {})}
+        # Small pools: a full test run has many services up at once on one Postgres
+        # (max_connections defaults to 100); a test may still ask for more.
+        self.env = {**os.environ, "BOOMERANG_DB_POOL_SIZE": "3", **(env or {})}
         self.name = name or args[0]
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
