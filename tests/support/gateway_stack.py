@@ -39,6 +39,8 @@ class GatewayStack:
             "BOOMERANG_CLAIM_DEADLINE_MS": "2000",
             "BOOMERANG_POOL_REFRESH_SECONDS": "0.2",
             "BOOMERANG_PLAN_TIMEOUT_SECONDS": "3",
+            # Small pools: the test Postgres is shared by every test session on the machine.
+            "BOOMERANG_DB_POOL_SIZE": "3",
         }
         self.time_scale = time_scale
         self.gateway_args = gateway_args or []

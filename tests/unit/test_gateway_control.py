@@ -56,3 +56,17 @@ async def test_the_next_plan_of_a_conversation_waits_for_its_report() -> None:
         assert control._pending == {}  # noqa: SLF001
     finally:
         await router.close()
+
+
+async def test_a_failure_gets_a_fresh_channel_for_the_next_attempt() -> None:
+    made: list[RouterClient] = []
+
+    def factory() -> RouterClient:
+        made.append(RouterClient(f"127.0.0.1:{closed_port()}", timeout=0.2, plan_timeout=0.2))
+        return made[-1]
+
+    control = ControlPlane(factory(), plan_timeout=0.2, report_timeout=0.2, backoff=0.0, reconnect=factory)
+    assert await control.plan("t", "c", "m", [1]) is None  # fails on the first client
+    assert await control.plan("t", "c", "m", [1]) is None  # asks again on a new one
+    assert len(made) == 2 and control.router is made[1]
+    await control.drain(1.0)

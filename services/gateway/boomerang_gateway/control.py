@@ -93,9 +93,16 @@ class ControlPlane:
         report_timeout: float,
         backoff: float,
         on_report: Callable[[str], None] | None = None,
+        reconnect: Callable[[], RouterClient] | None = None,
     ):
         self.router = router
         self.on_report = on_report
+        # Makes a fresh client after a failure: a gRPC channel that failed to connect waits
+        # out its own reconnect back-off (up to two minutes) even once the router is back.
+        self.reconnect = reconnect
+        self._stale = False
+        self._retired: set[RouterClient] = set()
+        self._closers: set[asyncio.Task[None]] = set()
         self.plan_timeout = plan_timeout
         self.report_timeout = report_timeout
         self.backoff = backoff
@@ -110,11 +117,33 @@ class ControlPlane:
 
     def _failed(self) -> None:
         self._skip_until = time.monotonic() + self.backoff
+        self._stale = self.reconnect is not None
+
+    def _fresh_channel(self) -> None:
+        """Swap in a new client after a failure; the old one closes once reports still using
+        it have had their deadline."""
+        if self._stale and self.reconnect is not None and self.router is not None:
+            old = self.router
+            self._retired.add(old)
+            self.router = self.reconnect()
+            self._stale = False
+
+            async def close_later() -> None:
+                await asyncio.sleep(self.report_timeout + 1.0)
+                if old in self._retired:
+                    self._retired.discard(old)
+                    await old.close()
+
+            task = asyncio.ensure_future(close_later())
+            self._closers.add(task)
+            task.add_done_callback(self._closers.discard)
 
     async def plan(self, tenant: str, conversation_id: str, model: str, token_ids: list[int]) -> Plan | None:
         """The router's plan, or None when it failed or was late (the turn recomputes)."""
         if self.router is None or not self.available():
             return None
+        self._fresh_channel()
+        assert self.router is not None
         pending = self._pending.get((tenant, conversation_id)) if conversation_id else None
         if pending is not None and not pending.done():
             await asyncio.wait({pending}, timeout=self.plan_timeout)
@@ -197,6 +226,11 @@ class ControlPlane:
         return len(self._reports)
 
     async def drain(self, timeout: float) -> None:
-        """Wait up to `timeout` seconds for reports in flight."""
+        """Wait up to `timeout` seconds for reports in flight, then close the clients."""
         if self._reports:
             await asyncio.wait(set(self._reports), timeout=timeout)
+        for task in list(self._closers):
+            task.cancel()
+        for client in [*self._retired, *([self.router] if self.router is not None else [])]:
+            await client.close()
+        self._retired.clear()

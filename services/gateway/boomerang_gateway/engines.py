@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -56,11 +56,14 @@ class EnginePool:
         http: httpx.AsyncClient,
         prefill_urls: list[str],
         decode_urls: list[str],
-        registry: RegistryClient | None,
+        registry: Callable[[], RegistryClient] | None,
         refresh_seconds: float,
     ):
         self.http = http
-        self.registry = registry
+        # A factory: a fresh client (channel) after a failed refresh, so a registry that
+        # comes back is seen at the next refresh, not after gRPC's reconnect back-off.
+        self.new_registry = registry
+        self.registry = registry() if registry is not None else None
         self.refresh_seconds = refresh_seconds
         self.static = [EngineRef(u, PREFILL, u) for u in prefill_urls] + [EngineRef(u, DECODE, u) for u in decode_urls]
         self.view = PoolView(engines=list(self.static))
@@ -86,6 +89,8 @@ class EnginePool:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self.registry is not None:
+            await self.registry.close()
 
     async def _loop(self) -> None:
         failing = False
@@ -99,6 +104,9 @@ class EnginePool:
                 if not failing:  # once per outage, not once per attempt
                     log.warning("engine refresh failed, keeping the last view: %s", exc)
                 failing = True
+                if self.new_registry is not None and self.registry is not None:
+                    await self.registry.close()
+                    self.registry = self.new_registry()
             await asyncio.sleep(self.refresh_seconds if self.refreshed else min(0.5, self.refresh_seconds))
 
     async def refresh(self) -> None:

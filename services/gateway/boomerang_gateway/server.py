@@ -103,12 +103,11 @@ async def run(settings: GatewaySettings) -> None:
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
     )
     static = bool(settings.prefill_urls or settings.decode_urls)
-    registry = RegistryClient(settings.registry_address) if not static and settings.registry_address else None
-    router = (
-        RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
-        if settings.router_address
-        else None
-    )
+    registry = (lambda: RegistryClient(settings.registry_address)) if not static and settings.registry_address else None
+    def new_router() -> RouterClient:
+        return RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
+
+    router = new_router() if settings.router_address else None
     pool = EnginePool(http, settings.prefill_urls, settings.decode_urls, registry, settings.pool_refresh_seconds)
     control = ControlPlane(
         router,
@@ -116,6 +115,7 @@ async def run(settings: GatewaySettings) -> None:
         settings.report_turn_timeout_seconds,
         settings.control_plane_backoff_seconds,
         on_report=lambda outcome: metrics.reports.labels(outcome).inc(),
+        reconnect=new_router,
     )
     runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host))
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
@@ -151,9 +151,6 @@ async def run(settings: GatewaySettings) -> None:
         await control.drain(settings.grace_seconds)
         await pool.stop()
         await http.aclose()
-        for client in (router, registry):
-            if client is not None:
-                await client.close()
         if db is not None:
             await db.dispose()
         shutdown_tracing()

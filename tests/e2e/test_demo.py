@@ -1,0 +1,44 @@
+"""`boomerang demo --quick` end to end: the whole system comes up, the table has AWS's shape
+(speedup growing with context, large at the longest), the report has the issue's exact shape,
+nothing failed and nothing corrupt was pulled."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from boomerang.demo.workload import QUICK_POINTS
+from tests.support.gateway_stack import BOOMERANG
+
+pytestmark = pytest.mark.e2e
+
+
+def test_quick_demo(database_url: str, tmp_path: Path) -> None:
+    run = subprocess.run(
+        [BOOMERANG, "demo", "--quick", "--database-url", database_url, "--out", str(tmp_path),
+         "--data-dir", str(tmp_path / ".boomerang")],
+        capture_output=True, text=True, timeout=240, env={"PATH": "/usr/bin:/bin", "BOOMERANG_DB_POOL_SIZE": "3",
+                                                          "COLUMNS": "160"},
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    report = json.loads((tmp_path / "demo-report.json").read_text())
+    assert set(report) == {"profiles", "corrupt_pulls", "requests_failed"}
+    assert report["corrupt_pulls"] == 0 and report["requests_failed"] == 0
+    assert [p["profile"] for p in report["profiles"]] == ["qwen3-32b", "glm-5-fp8"]
+    for profile in report["profiles"]:
+        rows = profile["rows"]
+        assert [r["context_tokens"] for r in rows] == list(QUICK_POINTS[profile["profile"]])
+        for row in rows:
+            assert set(row) == {"context_tokens", "ttft_off_ms", "ttft_on_ms", "speedup"}
+            assert row["speedup"] == round(row["ttft_off_ms"] / row["ttft_on_ms"], 2)
+        # AWS's shape: recomputing grows with the context much faster than pulling does.
+        assert rows[-1]["speedup"] > rows[0]["speedup"], rows
+        assert rows[-1]["ttft_off_ms"] > 3 * rows[0]["ttft_off_ms"], rows
+    qwen, glm = (p["rows"][-1]["speedup"] for p in report["profiles"])
+    assert qwen >= 1.25 and glm >= 2.0, (qwen, glm)  # AWS: 1.6× and 3.3× at the longest contexts
+    assert (tmp_path / "demo-report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = run.stdout
+    assert "AWS off" in out and "Audit trail" in out and "lease_events" in out and "OK" in out
