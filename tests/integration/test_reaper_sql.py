@@ -237,6 +237,25 @@ async def test_retention_drops_whole_old_partitions_only(engine, db, fence: Fenc
     assert (await expiry.enforce_retention(fence, 30, 9)).dropped == []
 
 
+async def test_retention_deletes_old_ended_leases_but_never_live_ones(engine, db, fence: Fence) -> None:  # type: ignore[no-untyped-def]
+    expiry = ExpiryRepository(engine)
+    insert = (
+        "INSERT INTO leases (lease_id, tenant, conversation_id, model, engine_id, engine_generation, "
+        "remote_request_id, block_ids, num_blocks, num_tokens, block_size, chain, tail_hash, remote_host, "
+        "remote_port, tp_size, dcp_size, pp_size, state, finished_at, created_at, expires_at) "
+        "VALUES (gen_random_uuid(), 'acme', $1, 'm', 'old-engine', 1, $1, '[[1]]', 1, 16, 16, '', '', 'h', 1, 1, 1, 1, "
+        "$2, $3::timestamptz, $3::timestamptz, $3::timestamptz + interval '1 minute') RETURNING lease_id"
+    )
+    old = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    ended = await db.fetchval(insert, "ended-old", "CONSUMED", old)
+    live = await db.fetchval(insert, "live-old", "RETAINED", old)
+    recent = await db.fetchval(insert, "ended-new", "EXPIRED", datetime.now(timezone.utc))
+    out = await expiry.enforce_retention(fence, retention_days=30, days_ahead=7)
+    assert out.purged_leases >= 1
+    left = {r["lease_id"] for r in await db.fetch("SELECT lease_id FROM leases WHERE lease_id = ANY($1::uuid[])", [ended, live, recent])}
+    assert left == {live, recent}
+
+
 async def test_new_leases_notify_their_deadline_after_commit(db_url: str, registry) -> None:  # type: ignore[no-untyped-def]
     hub = DeadlineHub(db_url)
     sub = await hub.subscribe()

@@ -154,6 +154,21 @@ class SweepOutcome:
     db_now: datetime
 
 
+PURGE_BATCH = 10_000
+PURGE_MAX_BATCHES = 50
+PURGE_ENDED_SQL = """
+WITH gone AS (
+    DELETE FROM leases WHERE lease_id IN (
+        SELECT lease_id FROM leases
+        WHERE created_at < :cutoff AND state NOT IN ('RETAINED', 'CLAIMED')
+        ORDER BY created_at LIMIT :limit
+    )
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+
+
 @dataclass(frozen=True)
 class RetentionOutcome:
     """What one EnforceEventRetention call did."""
@@ -162,6 +177,7 @@ class RetentionOutcome:
     busy: list[str]
     created: int
     cutoff: datetime
+    purged_leases: int = 0
 
 
 def _lock_not_granted(exc: BaseException) -> bool:
@@ -260,4 +276,21 @@ class ExpiryRepository:
                 if not _lock_not_granted(exc):
                     raise
                 busy.append(name)
-        return RetentionOutcome(dropped, busy, created, cutoff)
+        purged = await self._purge_ended_leases(fence, cutoff)
+        return RetentionOutcome(dropped, busy, created, cutoff, purged)
+
+    async def _purge_ended_leases(self, fence: Fence, cutoff: datetime) -> int:
+        """Delete ended leases created before the cutoff, in bounded batches.
+
+        Lease rows are state, not audit: once their events are past retention, an ended
+        lease is deleted (live ones never are). Batches keep each transaction short.
+        """
+        purged = 0
+        for _ in range(PURGE_MAX_BATCHES):
+            async with self.engine.begin() as conn:
+                await self.check_fence(conn, fence)
+                done = (await conn.execute(text(PURGE_ENDED_SQL), {"cutoff": cutoff, "limit": PURGE_BATCH})).scalar_one()
+            purged += int(done)
+            if done < PURGE_BATCH:
+                break
+        return purged

@@ -164,6 +164,8 @@ class ReaperFacingServicer:
         out = await self.expiry.enforce_retention(fence, request.retention_days or 30, request.days_ahead or 7)
         if out.dropped:
             log.info("dropped audit partitions older than %s: %s", out.cutoff.isoformat(), ", ".join(out.dropped))
+        if out.purged_leases:
+            log.info("deleted %d ended leases created before %s", out.purged_leases, out.cutoff.isoformat())
         return rpb.EnforceEventRetentionResponse(
             dropped_partitions=out.dropped,
             busy_partitions=out.busy,
