@@ -237,6 +237,21 @@ async def test_retention_drops_whole_old_partitions_only(engine, db, fence: Fenc
     assert (await expiry.enforce_retention(fence, 30, 9)).dropped == []
 
 
+async def test_retention_drops_old_plan_record_partitions_too(engine, db, fence: Fence) -> None:  # type: ignore[no-untyped-def]
+    expiry = ExpiryRepository(engine)
+    await db.execute(
+        "CREATE TABLE turn_plans_p20200102 PARTITION OF turn_plans "
+        "FOR VALUES FROM ('2020-01-02 00:00+00') TO ('2020-01-03 00:00+00')"
+    )
+    today = datetime.now(timezone.utc).date()
+    out = await expiry.enforce_retention(fence, retention_days=30, days_ahead=8)
+    assert "turn_plans_p20200102" in out.dropped
+    tables = {r["relname"] for r in await db.fetch("SELECT relname FROM pg_class WHERE relname LIKE 'turn_plans_p%'")}
+    assert "turn_plans_p20200102" not in tables
+    assert f"turn_plans_p{(today + timedelta(days=8)):%Y%m%d}" in tables
+    assert f"turn_plans_p{today:%Y%m%d}" in tables
+
+
 async def test_retention_deletes_old_ended_leases_but_never_live_ones(engine, db, fence: Fence) -> None:  # type: ignore[no-untyped-def]
     expiry = ExpiryRepository(engine)
     insert = (

@@ -27,7 +27,12 @@ from boomerang.errors import failed_precondition
 Row = Mapping[str, Any]
 DEFAULT_ELECTION = "ttl-reaper"
 LIVE = "('RETAINED', 'CLAIMED')"
-PARTITION_PATTERN = r"^lease_events_p[0-9]{8}$"
+# Day-partitioned tables under the audit retention, with the function that makes their
+# partitions ahead: the lease audit trail, and the router's plan records.
+RETAINED_TABLES = (
+    ("lease_events", "boomerang_ensure_event_partitions"),
+    ("turn_plans", "boomerang_ensure_turn_plan_partitions"),
+)
 
 FENCE_SQL = """
 SELECT term, holder, expires_at > now() AS unexpired
@@ -111,11 +116,11 @@ SELECT reason, count(*) AS leases FROM moved GROUP BY reason
 """
 
 # Day partitions whose whole range [day, day + 1) lies before the cutoff.
-EXPIRED_PARTITIONS_SQL = f"""
+EXPIRED_PARTITIONS_SQL = """
 SELECT c.relname AS name
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = 'lease_events'::regclass AND c.relname ~ '{PARTITION_PATTERN}'
-  AND ((to_date(substring(c.relname FROM 15 FOR 8), 'YYYYMMDD') + 1)::timestamp
+WHERE i.inhparent = to_regclass(:parent) AND c.relname ~ ('^' || :parent || '_p[0-9]{8}$')
+  AND ((to_date(right(c.relname, 8), 'YYYYMMDD') + 1)::timestamp
        AT TIME ZONE 'UTC') <= now() - make_interval(days => :days)
 ORDER BY c.relname
 """
@@ -251,16 +256,21 @@ class ExpiryRepository:
             async with self.engine.begin() as conn:
                 await self.check_fence(conn, fence)
                 await conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
-                made = await conn.execute(
-                    text("SELECT boomerang_ensure_event_partitions(0, :ahead)"), {"ahead": days_ahead}
-                )
-                created = int(made.scalar_one())
+                for parent, ensure in RETAINED_TABLES:
+                    if (await conn.execute(text("SELECT to_regclass(:t)"), {"t": parent})).scalar_one() is None:
+                        continue  # that service's migration is not applied here
+                    made = await conn.execute(text(f"SELECT {ensure}(0, :ahead)"), {"ahead": days_ahead})
+                    created += int(made.scalar_one())
         except sqlalchemy.exc.DBAPIError as exc:
             if not _lock_not_granted(exc):
                 raise  # a busy default partition only delays creation to the next run
         async with self.engine.begin() as conn:
             await self.check_fence(conn, fence)
-            due = [r.name for r in await conn.execute(text(EXPIRED_PARTITIONS_SQL), {"days": retention_days})]
+            due = [
+                r.name
+                for parent, _ in RETAINED_TABLES
+                for r in await conn.execute(text(EXPIRED_PARTITIONS_SQL), {"parent": parent, "days": retention_days})
+            ]
             cutoff = (await conn.execute(text(CUTOFF_SQL), {"days": retention_days})).scalar_one()
         dropped: list[str] = []
         busy: list[str] = []
@@ -269,7 +279,7 @@ class ExpiryRepository:
                 async with self.engine.begin() as conn:
                     await self.check_fence(conn, fence)
                     await conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
-                    # `name` matched PARTITION_PATTERN in the catalog query: safe to quote.
+                    # `name` matched `<parent>_pYYYYMMDD` in the catalog query: safe to quote.
                     await conn.execute(text(f'DROP TABLE IF EXISTS "{name}"'))
                 dropped.append(name)
             except sqlalchemy.exc.DBAPIError as exc:
