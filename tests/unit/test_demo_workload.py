@@ -67,7 +67,7 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
     assert set(loaded["profiles"][0]["rows"][0]) == {"context_tokens", "ttft_off_ms", "ttft_on_ms", "speedup"}
     report.chart([("qwen3-32b", rows)], tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert result.probe_plans("qwen3-32b", 24000) == "PULL 23,872"
+    assert result.probe_plans("qwen3-32b", 24000) == "23,872"
     assert result.mismatched_replies() == 0
     result.records.append(_rec("on", 8000, 1.0, "x"))
     result.records.append(_rec("off", 8000, 1.0, "y"))

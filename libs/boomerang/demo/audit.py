@@ -46,25 +46,25 @@ async def trail(database_url: str, tenant: str, conversation_id: str) -> list[En
     finally:
         await conn.close()
     out = [
-        Entry(p["created_at"], "plan", f"{p['decision']} ({p['reason']})",
-              f"prompt {p['prompt_tokens']:,} tokens, pull {p['reused_tokens']:,}, planned in "
-              f"{p['plan_micros'] / 1000:.1f} ms" + (f", retention {p['retention']}" if p["retention"] else ""))
+        Entry(p["created_at"], "plan", f"{p['decision']} {p['reason']}",
+              f"prompt {p['prompt_tokens']:,}, pull {p['reused_tokens']:,}; {p['plan_micros'] / 1000:.1f} ms")
         for p in plans
     ]
     for e in events:
         move = f"{e['from_state'] or '·'} → {e['to_state']}"
-        size = f", {e['num_tokens']:,} tokens on {e['engine_id']}" if e["num_tokens"] is not None else ""
-        out.append(Entry(e["created_at"], "lease", move, f"{e['reason']} by {e['actor']}, lease {e['lease_id'][:8]}{size}"))
+        size = f", {e['num_tokens']:,} tokens" if e["num_tokens"] is not None else ""
+        why = f" ({e['reason']})" if e["reason"] != e["to_state"] else ""  # REGISTERED → RETAINED says it all
+        out.append(Entry(e["created_at"], "lease", move, f"lease {e['lease_id'][:8]}{size}{why}"))
     out.sort(key=lambda entry: (entry.at, entry.source != "plan"))
     return out
 
 
 def render(entries: list[Entry], conversation_id: str, limit: int = 16) -> Table:
     """The trail as a table (the first `limit` entries, then a count of the rest)."""
-    t = Table(title=f"Audit trail of conversation {conversation_id!r}, from Postgres (turn_plans + lease_events)",
+    t = Table(title=f"Audit trail of conversation {conversation_id!r}, from Postgres",
               title_justify="left", header_style="bold")
     t.add_column("t", justify="right")
-    t.add_column("table")
+    t.add_column("table", no_wrap=True)
     t.add_column("what")
     t.add_column("detail", overflow="fold")
     start = entries[0].at if entries else None

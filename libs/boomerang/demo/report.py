@@ -58,7 +58,7 @@ def table(profile: str, data: list[dict[str, Any]], plans: dict[int, str] | None
     for col in ("AWS off", "AWS on", "AWS speedup"):
         t.add_column(col, justify="right", style="dim")
     if plans is not None:
-        t.add_column("plan (tokens pulled)", justify="left")
+        t.add_column("pulled", justify="right")
     published = _published(profile)
     for row in data:
         aws = published.get(row["context_tokens"])
@@ -93,8 +93,9 @@ def chart(profiles: list[tuple[str, list[dict[str, Any]]]], path: Path) -> None:
         ax.plot(px, pub.ttft_on_ms, "s--", color="#1f77b4", mfc="none", ms=9, alpha=0.6, label="AWS on (published)")
         if data:
             last = data[-1]
-            ax.annotate(f"{last['speedup']:.2f}×", (xs[-1], last["ttft_on_ms"]), textcoords="offset points",
-                        xytext=(-10, 12), ha="right", fontsize=11, fontweight="bold", color="#1f77b4")
+            ax.annotate(f"{last['speedup']:.2f}× at {last['context_tokens'] // 1000}k", (xs[-1], last["ttft_on_ms"]),
+                        textcoords="offset points", xytext=(-10, 12), ha="right", fontsize=11, fontweight="bold",
+                        color="#1f77b4")
         ax.set_title(f"{p.served_model_name}")
         ax.set_xlabel("context length (thousand tokens)")
         ax.set_ylabel("time to first token (ms)")

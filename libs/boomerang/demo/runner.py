@@ -60,12 +60,13 @@ class RunResult:
         return statistics.median(values) if values else None
 
     def probe_plans(self, profile: str, point: int) -> str:
-        """How the measured turns at `point` were planned with Boomerang on, e.g. `PULL 23,872`."""
+        """Tokens the measured turns at `point` pulled with Boomerang on (e.g. `23,872`), or
+        their plan and reason when they did not pull."""
         seen = []
         for r in self.records:
             if r.profile == profile and r.mode == "on" and r.step and r.step.probe and r.step.point == point:
                 res = r.result
-                seen.append(f"PULL {res.reused_tokens:,}" if res.plan == "PULL" else f"{res.plan or 'FAILED'} ({res.reason})")
+                seen.append(f"{res.reused_tokens:,}" if res.plan == "PULL" else f"{res.plan or 'FAILED'} ({res.reason})")
         return ", ".join(dict.fromkeys(seen)) or "—"
 
     def mismatched_replies(self) -> int:
