@@ -90,3 +90,30 @@ async def test_sigterm_drains_a_stream_in_flight(engines: tuple[str, str]) -> No
         assert time.monotonic() - t < 15
     finally:
         gw.kill()
+
+
+async def test_a_client_that_leaves_mid_stream_aborts_the_decode_request(engines: tuple[str, str]) -> None:
+    gw = gateway(engines, "--allow-anonymous").start()
+    decode_stats = engines[1] + "/sim/stats"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "go on"}], "max_tokens": 300,
+            "ignore_eos": True, "stream": True}
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            before = (await http.get(decode_stats)).json()
+            async with http.stream("POST", f"http://{gw.address}/v1/chat/completions", json=body) as resp:
+                lines = resp.aiter_lines()
+                for _ in range(6):
+                    await anext(lines)
+            # The client is gone: the gateway must close D's stream, and D (as vLLM) aborts
+            # the request and retains nothing for it.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                after = (await http.get(decode_stats)).json()
+                if after["aborted"] > before["aborted"]:
+                    break
+                await asyncio.sleep(0.1)
+            assert after["aborted"] == before["aborted"] + 1
+            assert after["retained_turns"] == before["retained_turns"]
+            assert after["in_flight"] == 0
+    finally:
+        gw.kill()
