@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from boomerang.bench.config import PHASES
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `bench` subcommand."""
@@ -32,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--profile", action="store_true",
                         help="sample the services with py-spy during the 1,000/s step, the registrations and the "
                         "gateway turns (collapsed stacks in OUT/bench-profiles, top functions in the report)")
+    parser.add_argument("--only", help="comma-separated subset of: " + ", ".join(PHASES) + " (default: all)")
     parser.add_argument("--keep-database", action="store_true", help="keep the scratch database afterwards")
     # The naive proxy runs as its own process through this same command (not for users).
     parser.add_argument("--serve-naive-proxy", metavar="HOST:PORT", help=argparse.SUPPRESS)
@@ -65,6 +68,11 @@ def _run(args: argparse.Namespace) -> int:
             if value <= 0:
                 raise SystemExit(f"boomerang bench: --{name.replace('_', '-')} must be positive")
             setattr(cfg, attr, value)
+    if args.only:
+        chosen = {p.strip() for p in args.only.split(",") if p.strip()}
+        if not chosen or chosen - set(PHASES):
+            raise SystemExit(f"boomerang bench: --only takes a comma-separated subset of {', '.join(PHASES)}")
+        cfg.phases = chosen
     if cfg.leases < 10:
         raise SystemExit("boomerang bench: --leases must be at least 10")
     run_async(run_bench(cfg, settings.database_url, args.data_dir, args.out, args.keep_database, args.profile))

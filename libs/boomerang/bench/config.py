@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PHASES = ("scale", "plans", "register", "expiry", "gateway")
+
 
 @dataclass
 class BenchConfig:
@@ -28,6 +30,7 @@ class BenchConfig:
     gateway_seconds: float = 30.0
     gateway_slots: int = 2  # concurrent conversations per path
     seed: int = 1
+    phases: set[str] = field(default_factory=lambda: set(PHASES))
 
     @classmethod
     def for_run(cls, quick: bool, leases: int | None = None, step_seconds: float | None = None) -> "BenchConfig":

@@ -118,6 +118,8 @@ async def scale_point(b: "Bench", tier: int, step: dict[str, Any] | None) -> dic
     """Plan latency at `scale_rate` and database size at `tier` live leases."""
     load = await preload_to(b, tier)
     size = await sizes(b.pg)
+    if b.step == 0:  # the run's first plans: open channels and connections first
+        await plan_step(b, 300, min(2.0, b.cfg.step_seconds), "warm-up")
     if step is None:
         step = await plan_step(b, b.cfg.scale_rate, b.cfg.step_seconds, f"scale {tier:,} leases")
     return {"leases": tier, "rate": step["rate"], "p50_ms": step["p50_ms"], "p99_ms": step["p99_ms"],

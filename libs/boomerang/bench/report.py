@@ -44,16 +44,19 @@ def build_report(
     database: dict[str, str], started: float, finished: float,
 ) -> dict[str, Any]:
     """The report: the issue's keys first, then everything useful."""
-    register = results["register"]
+    register = results.get("register") or {"register_rps": None}
+    expiry = results.get("expiry") or {"lag_p99_s": None}
     report: dict[str, Any] = {
-        "plan": results["plan"],
+        "plan": results.get("plan") or {"leases": cfg.leases, "rates": [], "max_rps_p99_5ms": None, "search": []},
         "register_rps": register["register_rps"],
-        "expiry_lag_p99_s": results["expiry"]["lag_p99_s"],
-        "gateway_overhead": results["gateway_overhead"],
+        "expiry_lag_p99_s": expiry["lag_p99_s"],
+        "gateway_overhead": results.get("gateway_overhead") or {"boomerang_p50_ms": None, "naive_p50_ms": None,
+                                                                "ratio": None},
         "scale": results["scale"],
         "memory_mb": {name: m["peak_rss_mb"] for name, m in sorted(memory.items())},
         "register": register,
-        "expiry": results["expiry"],
+        "expiry": expiry,
+        "phases": sorted(cfg.phases),
         "memory_detail_mb": memory,
         "preload": results.get("preload"),
         "quick": cfg.quick,
@@ -80,6 +83,10 @@ def _ms(value: Any) -> str:
     return "—" if value is None else f"{value:,.2f}"
 
 
+def _cpu(per: dict[str, float] | None) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in (per or {}).items()) or "—"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The human summary."""
     m = report["machine"]
@@ -89,7 +96,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['started_at']}, {report['duration_s']:.0f} s on {m['cpus']} CPUs ({m['cpu_model']}), "
         f"{m['memory_gb']} GB, Python {m['python']}, PostgreSQL {report['database'].get('version', '?')} "
-        f"({report['database'].get('server', '')}).",
+        f"({report['database'].get('server', '')}); load average at start {m['load_avg_at_start'][0]:.1f}.",
         "",
         "## Targets",
         "",
@@ -100,32 +107,43 @@ def markdown(report: dict[str, Any]) -> str:
         value = t["value"]
         shown = "—" if value is None else (f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
         lines.append(f"| {t['label']} | {t['target']} | {shown} | {'met' if t['met'] else '**not met**'} |")
-    lines += ["", f"## PlanTurn at {plan['leases']:,} live leases ({plan['clients']} client processes, open loop)", "",
-              "| rate/s | achieved/s | p50 ms | p99 ms | p99.9 ms | PULL | errors | p99 ≤ 5 ms |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in plan["rates"] + plan["search"]:
-        lines.append(f"| {r['rate']:,} | {r['achieved_rps']:,.0f} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | "
-                     f"{_ms(r['p999_ms'])} | {r['pull_fraction']:.0%} | {sum(r['errors'].values())} | "
-                     f"{'yes' if r['meets_p99_budget'] else 'no'} |")
-    lines += ["", f"Highest rate with p99 ≤ 5 ms: **{plan['max_rps_p99_5ms']:,}/s**.", "",
-              "## Scale", "", "| live leases | p50 ms | p99 ms | p99.9 ms | database MB | leases MB | lease indexes MB |",
-              "|---|---|---|---|---|---|---|"]
-    for s in report["scale"]:
-        lines.append(f"| {s['leases']:,} | {_ms(s['p50_ms'])} | {_ms(s['p99_ms'])} | {_ms(s['p999_ms'])} | "
-                     f"{s['db_size_mb']:,} | {s['leases_table_mb']:,} | {s['lease_indexes_mb']:,} |")
+    if plan["rates"]:
+        lines += ["", f"## PlanTurn at {plan['leases']:,} live leases ({plan['clients']} client processes, open loop)",
+                  "", "| rate/s | achieved/s | p50 ms | p99 ms | p99.9 ms | PULL | degraded | p99 ≤ 5 ms | CPU ms per plan |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in plan["rates"] + plan["search"]:
+            degraded = r["reasons"].get("CONTROL_PLANE_DEGRADED", 0) + sum(r["errors"].values())
+            lines.append(f"| {r['rate']:,} | {r['achieved_rps']:,.0f} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | "
+                         f"{_ms(r['p999_ms'])} | {r['pull_fraction']:.0%} | {degraded / max(r['plans'], 1):.0%} | "
+                         f"{'yes' if r['meets_p99_budget'] else 'no'} | {_cpu(r.get('cpu_ms_per_plan'))} |")
+        lines += ["", f"Highest rate with p99 ≤ 5 ms: **{plan['max_rps_p99_5ms']:,}/s**."]
+    if report["scale"]:
+        lines += ["", "## Scale", "",
+                  "| live leases | p50 ms | p99 ms | p99.9 ms | database MB | leases MB | lease indexes MB | audit MB |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for x in report["scale"]:
+            lines.append(f"| {x['leases']:,} | {_ms(x['p50_ms'])} | {_ms(x['p99_ms'])} | {_ms(x['p999_ms'])} | "
+                         f"{x['db_size_mb']:,} | {x['leases_table_mb']:,} | {x['lease_indexes_mb']:,} | "
+                         f"{x['lease_events_mb']:,} |")
     reg, exp, gw = report["register"], report["expiry"], report["gateway_overhead"]
-    lines += ["", "## Registrations, expiry, gateway", "",
-              f"- Committed RegisterRetainedBlocks: **{reg['register_rps']:,.0f}/s** from {reg['clients']} "
-              f"concurrent clients (p50 {_ms(reg['latency']['p50_ms'])} ms, p99 {_ms(reg['latency']['p99_ms'])} ms).",
-              f"- Expiry of {exp['leases']:,} leases due within {exp['window_seconds']:g} s: lag p50 "
-              f"{exp['lag_p50_s']} s, p99 **{exp['lag_p99_s']} s**, max {exp['lag_max_s']} s; "
-              f"{exp['expired']:,} expired, {exp['expired_early']} early, {exp['still_live']} left live.",
-              f"- Gateway overhead over calling the engines directly: p50 **{_ms(gw['boomerang_p50_ms'])} ms** vs naive "
-              f"proxy {_ms(gw['naive_p50_ms'])} ms (ratio **{gw['ratio']}**); p99 {_ms(gw['boomerang_p99_ms'])} ms vs "
-              f"{_ms(gw['naive_p99_ms'])} ms (ratio {gw['ratio_p99']}).",
-              "", "## Memory (peak RSS, MB)", "",
-              ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items()), ""]
-    return "\n".join(lines)
+    lines += ["", "## Registrations, expiry, gateway", ""]
+    if reg.get("register_rps") is not None:
+        lines.append(f"- Committed RegisterRetainedBlocks: **{reg['register_rps']:,.0f}/s** from {reg['clients']} "
+                     f"concurrent clients (p50 {_ms(reg['latency']['p50_ms'])} ms, p99 {_ms(reg['latency']['p99_ms'])} ms; "
+                     f"CPU ms per registration: {_cpu(reg.get('cpu_ms_per_registration'))}).")
+    if exp.get("lag_p99_s") is not None:
+        lines.append(f"- Expiry of {exp['leases']:,} leases due within {exp['window_seconds']:g} s: lag p50 "
+                     f"{exp['lag_p50_s']} s, p99 **{exp['lag_p99_s']} s**, max {exp['lag_max_s']} s; "
+                     f"{exp['expired']:,} expired, {exp['expired_early']} early, {exp['still_live']} left live.")
+    if gw.get("boomerang_p50_ms") is not None:
+        turn = gw["turn_ms"]
+        lines.append(f"- Gateway overhead over calling the engines directly (turn p50 {_ms(turn['direct']['p50_ms'])} ms): "
+                     f"p50 **{_ms(gw['boomerang_p50_ms'])} ms** vs the naive proxy's {_ms(gw['naive_p50_ms'])} ms "
+                     f"(ratio **{gw['ratio']}**); p99 {_ms(gw['boomerang_p99_ms'])} ms vs {_ms(gw['naive_p99_ms'])} ms "
+                     f"(ratio {gw['ratio_p99']}); {sum(x['count'] for x in turn.values()):,} turns.")
+    if report["memory_mb"]:
+        lines += ["", "## Memory (peak RSS, MB)", "", ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items())]
+    return "\n".join(lines) + "\n"
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:

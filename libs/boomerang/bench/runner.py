@@ -43,6 +43,22 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "platform": platform.platform(), "load_avg_at_start": os.getloadavg()}
 
 
+def _backends(database: str) -> list[int]:
+    """Process ids of the Postgres backends connected to `database` (from /proc: no query, so
+    it can run between awaits without a round trip)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"postgres: ") and f" {database} ".encode() in title:
+            out.append(int(entry.name))
+    return out
+
+
 class CountColumn(ProgressColumn):
     """`done/total` for tasks with a total, nothing for open-ended ones."""
 
@@ -93,11 +109,9 @@ class Bench:
     async def cpu_meter(self, *names: str) -> CpuMeter:
         """A CPU meter over the named services, this database's Postgres backends and the clients."""
         pids = self.services.pids(*names)
-        rows = await self.pg.fetch("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                                   "AND pid <> pg_backend_pid()")
-        pids["postgres"] = [int(r["pid"]) for r in rows]
+        pids["postgres"] = backends = _backends(self.db.name)
         pids["clients"] = [p.pid for p in self.workers.procs if p.pid is not None]
-        return CpuMeter(pids)
+        return CpuMeter(pids, {"postgres": lambda: _backends(self.db.name) + backends})
 
     async def collect(self, label: str, sampler: Sampler | None) -> None:
         """Keep what a sampler found under `label`."""
@@ -167,21 +181,27 @@ class Bench:
         await self.db.stop()
 
     async def measure(self) -> dict[str, Any]:
-        """Every measurement, in an order that keeps each one's conditions clean."""
+        """Every measurement asked for, in an order that keeps each one's conditions clean."""
         cfg = self.cfg
+        want = cfg.phases.__contains__
         results: dict[str, Any] = {"scale": []}
-        small_tiers = [t for t in cfg.scale_tiers if t < cfg.leases]
-        big_tiers = [t for t in cfg.scale_tiers if t > cfg.leases]
+        small_tiers = [t for t in cfg.scale_tiers if t < cfg.leases] if want("scale") else []
+        big_tiers = [t for t in cfg.scale_tiers if t > cfg.leases] if want("scale") else []
         for tier in small_tiers:
             results["scale"].append(await phases.scale_point(self, tier, None))
         results["preload"] = await phases.preload_to(self, cfg.leases)
-        results["plan"] = await phases.plan_rates(self)
-        at_scale_rate = next((r for r in results["plan"]["rates"] if r["rate"] == cfg.scale_rate), None)
-        results["scale"].append(await phases.scale_point(self, cfg.leases, at_scale_rate))
-        results["register"] = await phases.registrations(self)
-        results["expiry"] = await phases.expiry(self)
-        results["gateway_overhead"] = await overhead.gateway_overhead(self)
-        self.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode")
+        if want("plans"):
+            results["plan"] = await phases.plan_rates(self)
+        if want("scale"):
+            at_rate = next((r for r in results.get("plan", {}).get("rates", []) if r["rate"] == cfg.scale_rate), None)
+            results["scale"].append(await phases.scale_point(self, cfg.leases, at_rate))
+        if want("register"):
+            results["register"] = await phases.registrations(self)
+        if want("expiry"):
+            results["expiry"] = await phases.expiry(self)
+        if want("gateway"):
+            results["gateway_overhead"] = await overhead.gateway_overhead(self)
+            self.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode")
         for tier in big_tiers:
             results["scale"].append(await phases.scale_point(self, tier, None))
         self.sample_memory()

@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from boomerang.bench.preload import EngineRow
 from boomerang.bench.workload import BLOCK_SIZE, MODEL
@@ -43,24 +44,30 @@ def cpu_seconds(pid: int) -> float:
 
 
 class CpuMeter:
-    """CPU used by some processes between `start()` and `stop()`, in seconds per process."""
+    """CPU used by groups of processes between `start()` and `stop()`, seconds per group.
 
-    def __init__(self, pids: dict[str, list[int]]):
+    Each process counts from its value at `start()` (or from zero when it started later);
+    `refresh` re-lists a group's processes at `stop()` (Postgres backends come and go). A
+    process that ended in between is not counted, so a figure may fall short, never over.
+    """
+
+    def __init__(self, pids: dict[str, list[int]], refresh: dict[str, Callable[[], list[int]]] | None = None):
         self.pids = pids
-        self.before: dict[str, float] = {}
-
-    def _now(self) -> dict[str, float]:
-        return {name: sum(cpu_seconds(p) for p in pids) for name, pids in self.pids.items()}
+        self.refresh = refresh or {}
+        self.before: dict[int, float] = {}
 
     def start(self) -> "CpuMeter":
         """Take the starting point."""
-        self.before = self._now()
+        self.before = {p: cpu_seconds(p) for pids in self.pids.values() for p in pids}
         return self
 
     def stop(self) -> dict[str, float]:
-        """CPU seconds used since `start()`."""
-        after = self._now()
-        return {name: round(after[name] - self.before.get(name, 0.0), 3) for name in after}
+        """CPU seconds used since `start()`, per group."""
+        out = {}
+        for name, pids in self.pids.items():
+            now = self.refresh[name]() if name in self.refresh else pids
+            out[name] = round(sum(max(0.0, cpu_seconds(p) - self.before.get(p, 0.0)) for p in set(now)), 3)
+        return out
 
 
 @dataclass
