@@ -9,7 +9,8 @@ run as the row-level-security role like the tenant engine's, with generic plans 
 the long claim statement is planned once per connection rather than on each call.
 
 Every use sets `boomerang.tenant` before its statement on a connection it holds
-exclusively, so a session-level setting left on a pooled connection is never relied on.
+exclusively, so a session-level setting left on a pooled connection is never relied on;
+that is also why a connection goes back to the pool without asyncpg's reset query.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def db_span(operation: str) -> Iterator[None]:
         yield
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release without asyncpg's default reset query (a round trip per release): every user
+    of this pool sets the tenant before its statement, and asyncpg still rolls back a
+    transaction left open."""
+
+
 async def _init(conn: asyncpg.Connection) -> None:
     # As SQLAlchemy's asyncpg dialect does: jsonb parameters go as the JSON text the
     # repository already made, results come back decoded.
@@ -79,8 +86,8 @@ class TenantPool:
         if role:
             settings["role"] = role
         dsn = normalize_database_url(url).replace("postgresql+asyncpg://", "postgresql://")
-        pool = await asyncpg.create_pool(dsn, min_size=size, max_size=size, init=_init, server_settings=settings,
-                                         command_timeout=10, timeout=5)
+        pool = await asyncpg.create_pool(dsn, min_size=size, max_size=size, init=_init, reset=_keep_session,
+                                         server_settings=settings, command_timeout=10, timeout=5)
         return cls(pool)
 
     async def close(self) -> None:
