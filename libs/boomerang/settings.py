@@ -251,6 +251,12 @@ class GatewaySettings(CommonSettings):
     pool_refresh_seconds: float = Field(
         default=2.0, gt=0, le=3600, description="Seconds between refreshes of the gateway's engines and models."
     )
+    heartbeat_timeout_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=86400,
+        description="A registry engine whose heartbeat has not advanced this long leaves the pool; 0: never.",
+    )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)."
     )

@@ -11,12 +11,17 @@ from pathlib import Path
 import pytest
 
 from boomerang.demo.workload import QUICK_POINTS
-from tests.support.gateway_stack import BOOMERANG
+from tests.support.gateway_stack import BOOMERANG, fresh_database
 
 pytestmark = pytest.mark.e2e
 
 
-def test_quick_demo(database_url: str, tmp_path: Path) -> None:
+def test_quick_demo(tmp_path: Path) -> None:
+    with fresh_database() as database_url:
+        _quick_demo(database_url, tmp_path)
+
+
+def _quick_demo(database_url: str, tmp_path: Path) -> None:
     run = subprocess.run(
         [BOOMERANG, "demo", "--quick", "--database-url", database_url, "--out", str(tmp_path),
          "--data-dir", str(tmp_path / ".boomerang")],

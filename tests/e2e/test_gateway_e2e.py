@@ -21,17 +21,18 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway_stack import BOOMERANG, MODEL, THINKING, GatewayStack
+from tests.support.gateway_stack import BOOMERANG, MODEL, THINKING, GatewayStack, fresh_database
 
 pytestmark = pytest.mark.e2e
 SYSTEM = "You are a careful coding agent. " + "Read the code before you change it and run the tests. " * 30
 
 
 @pytest.fixture(scope="module")
-def stack(database_url: str) -> Iterator[GatewayStack]:
-    s = GatewayStack(database_url).start()
-    yield s
-    s.stop()
+def stack() -> Iterator[GatewayStack]:
+    with fresh_database() as url:
+        s = GatewayStack(url).start()
+        yield s
+        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +244,7 @@ async def test_errors_are_openai_shaped_with_the_right_status(stack: GatewayStac
         engine_error = cases[8][0].json()["error"]
         assert "max_tokens" in engine_error["message"]  # the engine's own words, passed through
         models = (await http.get(url + "/v1/models", headers=good)).json()
-        assert {m["id"] for m in models["data"]} == {MODEL, THINKING}
+        assert {m["id"] for m in models["data"]} == {MODEL, THINKING}  # its own database: only its engines
         assert (await http.get(url + "/health")).json()["status"] == "ok"
         metrics = (await http.get(url + "/metrics")).text
         assert 'boomerang_gateway_turns_total{decision="PULL",reason="VERIFIED_PREFIX"}' in metrics

@@ -5,6 +5,7 @@ turn), nothing corrupt is pulled, and reuse comes back when they do."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.gateway_stack import MODEL, GatewayStack
+from tests.support.gateway_stack import MODEL, GatewayStack, fresh_database
 from tests.support.procs import ServiceProcess
 
 pytestmark = pytest.mark.e2e
@@ -20,14 +21,14 @@ CONVERSATIONS = 16
 
 
 @pytest.fixture
-def stack(database_url: str) -> Iterator[GatewayStack]:
-    s = GatewayStack(database_url)
-    # Fail fast while a service is down: a short claim deadline and plan deadline.
-    s.env.update({"BOOMERANG_CLAIM_DEADLINE_MS": "300", "BOOMERANG_PLAN_TIMEOUT_SECONDS": "0.6",
-                  "BOOMERANG_CONTROL_PLANE_BACKOFF_SECONDS": "0.3"})
-    s.start()
-    yield s
-    s.stop()
+def stack() -> Iterator[GatewayStack]:
+    with fresh_database() as url:
+        s = GatewayStack(url)
+        # Fail fast while a service is down: the gateway waits at most 0.6 s for a plan.
+        s.env.update({"BOOMERANG_PLAN_TIMEOUT_SECONDS": "0.6", "BOOMERANG_CONTROL_PLANE_BACKOFF_SECONDS": "0.3"})
+        s.start()
+        yield s
+        s.stop()
 
 
 class Conversations:
@@ -71,7 +72,7 @@ async def test_router_then_registry_killed_mid_run_every_request_succeeds(stack:
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as http:
         for _ in range(3):
             await convs.step(http, "healthy")
-        assert convs.plans("healthy").count("PULL") == 2 * CONVERSATIONS
+        assert convs.plans("healthy").count("PULL") == 2 * CONVERSATIONS, convs.results
 
         # The router dies while turns are in flight.
         await asyncio.gather(convs.step(http, "router-dying"), _kill_soon(router, 0.02))
@@ -85,14 +86,12 @@ async def test_router_then_registry_killed_mid_run_every_request_succeeds(stack:
         reasons = {r for p, _, _, r in convs.results if p in ("router-dead", "all-dead")}
         assert reasons == {"CONTROL_PLANE_DEGRADED"}
 
-        # Both come back on their old addresses (the router with a roomier claim deadline,
-        # as it warms up on a busy test box); reuse resumes within a few turns.
-        env = {**stack.env, "BOOMERANG_CLAIM_DEADLINE_MS": "2000"}
+        # Both come back on their old addresses; reuse resumes within a few turns.
         for proc in (registry, router):
             args = [a if a != "127.0.0.1:0" else proc.address for a in proc.args]
-            stack.procs[proc.name] = await asyncio.to_thread(ServiceProcess(args, env, name=proc.name).start)
+            stack.procs[proc.name] = await asyncio.to_thread(ServiceProcess(args, stack.env, name=proc.name).start)
         steps = 0
-        while steps < 6:
+        while steps < 12:
             await asyncio.sleep(0.5)
             await convs.step(http, "recovered")
             steps += 1
@@ -101,5 +100,62 @@ async def test_router_then_registry_killed_mid_run_every_request_succeeds(stack:
     assert all(status == 200 for _, status, _, _ in convs.results)
     assert len(convs.results) == (8 + steps) * CONVERSATIONS
     recovered = [r for r in convs.results if r[0] == "recovered"][-CONVERSATIONS:]
-    assert [plan for _, _, plan, _ in recovered].count("PULL") >= CONVERSATIONS // 2, recovered
+    assert [plan for _, _, plan, _ in recovered].count("PULL") >= CONVERSATIONS // 2, (
+        recovered, stack.procs["gateway"].output()[-2500:], stack.procs["router"].output()[-2500:])
     assert stack.unsafe() == 0
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_engines_that_died_unannounced_cost_no_request() -> None:
+    """A crashed engine stays registered (heartbeat still fresh) until the reaper notices: the
+    gateway tries it, is refused, and serves the turn on a live engine."""
+    with fresh_database() as url:
+        env = {"BOOMERANG_DATABASE_URL": url, "BOOMERANG_MIGRATE_ON_START": "false", "BOOMERANG_DB_POOL_SIZE": "3",
+               "BOOMERANG_POOL_REFRESH_SECONDS": "0.2"}
+        procs = [ServiceProcess(["registry", "--listen", "127.0.0.1:0"], env).start()]
+        try:
+            registry = procs[0].address
+            for role in ("prefill", "decode"):
+                procs.append(ServiceProcess(["sim", "--role", role, "--port", "0", "--registry", registry,
+                                             "--time-scale", "0"], env).start())
+            asyncio.run(_register_crashed_engines(registry))
+            gw = ServiceProcess(["gateway", "--listen", "127.0.0.1:0", "--router", "", "--registry", registry,
+                                 "--allow-anonymous"], env).start()
+            procs.append(gw)
+            with httpx.Client(base_url=f"http://{gw.address}", timeout=30) as http:
+                for _ in range(100):
+                    if http.get("/health").json().get("models"):
+                        break
+                    time.sleep(0.1)
+                for i in range(8):
+                    resp = http.post("/v1/chat/completions", json={
+                        "model": MODEL, "messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 4})
+                    assert resp.status_code == 200, resp.text
+                metrics = http.get("/metrics").text
+            for role in ("prefill", "decode"):
+                assert f'boomerang_gateway_engine_errors_total{{kind="ConnectError",role="{role}"}}' in metrics, metrics
+        finally:
+            for proc in reversed(procs):
+                proc.kill()
+
+
+async def _register_crashed_engines(registry: str) -> None:
+    """A prefill and a decode engine whose HTTP and side-channel ports nobody listens on."""
+    from boomerang.clients.registry import RegistryClient
+    from boomerang.v1 import registry_service_pb2 as rpb
+    from boomerang.v1 import types_pb2 as tpb
+
+    async with RegistryClient(registry, timeout=5) as client:
+        for role in (tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE):
+            port = _closed_port()
+            await client.register_engine(rpb.RegisterEngineRequest(engine=tpb.Engine(
+                engine_id=f"crashed-{role}-{uuid.uuid4().hex[:6]}", role=role, model=MODEL,
+                side_channel_host="127.0.0.1", side_channel_port=port, http_base_url=f"http://127.0.0.1:{port}",
+                registration_generation=1, kv_blocks_ttl_seconds=480, block_size=16)))

@@ -10,13 +10,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.gateway_stack import MODEL
+from tests.support.gateway_stack import MODEL, fresh_database
 from tests.support.procs import ServiceProcess
 
 pytestmark = pytest.mark.e2e
 
 
-def test_up_serves_and_stops_cleanly(database_url: str, tmp_path: Path) -> None:
+def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
+    with fresh_database() as database_url:
+        _up(database_url, tmp_path)
+
+
+def _up(database_url: str, tmp_path: Path) -> None:
     up = ServiceProcess(["up", "--sim", "1x1", "--free-ports", "--database-url", database_url, "--time-scale", "0",
                          "--data-dir", str(tmp_path / ".boomerang")], {"BOOMERANG_DB_POOL_SIZE": "3"}, name="up")
     up.start(timeout=120)

@@ -9,20 +9,55 @@ registry; the router and the gateway find them there. API keys are made with the
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+
+import asyncpg
 
 import httpx
 
 from tests.support.procs import ServiceProcess
 
+ADMIN_URL = os.environ.get("BOOMERANG_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 MODEL = "Qwen/Qwen3-32B"
 THINKING = "qwen3-thinking"
 BOOMERANG = str(Path(sys.executable).with_name("boomerang"))
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A migrated database of its own, dropped afterwards.
+
+    The session's shared database keeps every engine other tests registered (and left
+    ACTIVE until their heartbeats time out); a stack that discovers engines through the
+    registry must not see them.
+    """
+    from boomerang.db.migrate import upgrade
+
+    name = f"boomerang_gw_{uuid.uuid4().hex[:10]}"
+    base = ADMIN_URL.rsplit("/", 1)[0]
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(ADMIN_URL)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        upgrade(f"{base}/{name}")
+        yield f"{base}/{name}"
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 class GatewayStack:
@@ -121,8 +156,6 @@ class GatewayStack:
         raise RuntimeError("the gateway never saw both models:\n" + self.procs["gateway"].output())
 
     def _router_engines(self) -> int:
-        import asyncio
-
         from boomerang.clients.router import RouterClient
         from boomerang.v1 import router_service_pb2 as rtpb
 

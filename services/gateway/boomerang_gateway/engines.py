@@ -58,6 +58,7 @@ class EnginePool:
         decode_urls: list[str],
         registry: Callable[[], RegistryClient] | None,
         refresh_seconds: float,
+        heartbeat_timeout: float = 30.0,
     ):
         self.http = http
         # A factory: a fresh client (channel) after a failed refresh, so a registry that
@@ -74,6 +75,10 @@ class EnginePool:
         # so a dead engine costs one refused connection, not one per turn (the registry
         # keeps listing it until its heartbeats time out).
         self.down_until: dict[str, float] = {}
+        # engine id → (last heartbeat time seen, monotonic time it was first seen): an engine
+        # whose heartbeat stops advancing leaves the pool before the reaper marks it dead.
+        self.heartbeat_timeout = heartbeat_timeout
+        self._beats: dict[str, tuple[float, float]] = {}
 
     @property
     def source(self) -> str:
@@ -146,8 +151,19 @@ class EnginePool:
         old = {(e.role, e.url): e for e in self.view.engines}
         engines: list[EngineRef] = []
         cards: dict[str, dict[str, Any]] = {}
+        beats: dict[str, tuple[float, float]] = {}
+        now_mono, now_wall = time.monotonic(), time.time()
         for e in listed.engines:
             if e.status != tpb.ENGINE_STATUS_ACTIVE or not e.http_base_url:
+                continue
+            # Judged on this process's monotonic clock once seen (the router does the same);
+            # a first sighting estimates the heartbeat's age from wall clocks.
+            beat = e.heartbeat_time.seconds + e.heartbeat_time.nanos / 1e9
+            last = self._beats.get(e.engine_id)
+            if last is None or last[0] != beat:
+                last = (beat, now_mono - (max(0.0, now_wall - beat) if last is None and beat else 0.0))
+            beats[e.engine_id] = last
+            if self.heartbeat_timeout > 0 and now_mono - last[1] > self.heartbeat_timeout:
                 continue
             role = PREFILL if e.role == tpb.ENGINE_ROLE_PREFILL else DECODE
             url = e.http_base_url.rstrip("/")
@@ -158,6 +174,7 @@ class EnginePool:
             if role == PREFILL:
                 cards[e.model] = {"id": e.model, "object": "model", "created": 0, "owned_by": "boomerang", "root": e.model}
         self.view = PoolView(engines=engines, cards=cards)
+        self._beats = beats
         self.refreshed = True
 
     def models(self) -> list[dict[str, Any]]:
@@ -176,11 +193,14 @@ class EnginePool:
         """Whether `url` is being skipped."""
         return self.down_until.get(url, 0.0) > time.monotonic()
 
-    def choose(self, role: str, model: str, avoid: str = "") -> EngineRef | None:
-        """The least busy healthy engine of `role` serving `model` (round-robin on ties)."""
-        candidates = [
-            e for e in self.view.engines if e.role == role and model in e.models and e.url != avoid
-        ] or [e for e in self.view.engines if e.role == role and model in e.models]
+    def choose(self, role: str, model: str, avoid: set[str] | None = None) -> EngineRef | None:
+        """The least busy healthy engine of `role` serving `model` (round-robin on ties).
+
+        With `avoid` (engines already tried), only the others, or None when there are none.
+        """
+        candidates = [e for e in self.view.engines if e.role == role and model in e.models]
+        if avoid:
+            candidates = [e for e in candidates if e.url not in avoid]
         if not candidates:
             return None
         healthy = [e for e in candidates if e.healthy and not self.is_down(e.url)] or candidates

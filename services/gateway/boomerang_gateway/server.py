@@ -108,7 +108,8 @@ async def run(settings: GatewaySettings) -> None:
         return RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
 
     router = new_router() if settings.router_address else None
-    pool = EnginePool(http, settings.prefill_urls, settings.decode_urls, registry, settings.pool_refresh_seconds)
+    pool = EnginePool(http, settings.prefill_urls, settings.decode_urls, registry, settings.pool_refresh_seconds,
+                      settings.heartbeat_timeout_seconds)
     control = ControlPlane(
         router,
         settings.plan_timeout_seconds,

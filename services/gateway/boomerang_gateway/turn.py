@@ -32,6 +32,9 @@ from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest
 
 log = logging.getLogger(__name__)
+# Engines tried for one request when they refuse connections (a crashed engine stays listed
+# until its heartbeats time out).
+ENGINE_ATTEMPTS = 3
 
 
 class UpstreamBroken(Exception):
@@ -219,10 +222,11 @@ class TurnRunner:
     async def _tokenize(self, req: ClientRequest) -> list[int] | None:
         engine = self.pool.choose(PREFILL, req.model)
         deadline = time.monotonic() + self.config.tokenize_timeout
-        tokens = None
-        for _ in (1, 2):
+        tokens, tried = None, set()
+        for _ in range(ENGINE_ATTEMPTS):
             if engine is None:
                 return None
+            tried.add(engine.url)
             try:
                 resp = await self.http.post(engine.url + "/tokenize", json=protocol.tokenize_body(req),
                                             timeout=max(0.01, deadline - time.monotonic()))
@@ -234,8 +238,7 @@ class TurnRunner:
             except httpx.ConnectError as exc:
                 log.warning("tokenize on %s: cannot connect: %r", engine.url, exc)
                 self.pool.mark_down(engine.url)
-                other = self.pool.choose(PREFILL, req.model, avoid=engine.url)
-                engine = other if other is not None and other.url != engine.url else None
+                engine = self.pool.choose(PREFILL, req.model, avoid=tried)
             except (httpx.HTTPError, ValueError, AttributeError) as exc:
                 log.warning("tokenize on %s failed: %r", engine.url, exc)
                 return None
@@ -262,69 +265,74 @@ class TurnRunner:
     async def _prefill(
         self, req: ClientRequest, plan: Plan, engine: EngineRef, request_id: str
     ) -> tuple[dict[str, Any] | None, EngineRef, str]:
-        """P's returned kv_transfer_params, the engine used, and what became of the handle."""
-        handle_use = "READ"
-        params = plan.kv_transfer_params
-        for attempt in (1, 2):
-            engine.in_flight += 1
+        """P's returned kv_transfer_params, the engine used, and what became of the handle.
+
+        An engine that refuses the connection never saw the request, so the next engine gets
+        the same params (a pull's handle is still unread), up to `ENGINE_ATTEMPTS` engines.
+        Any other failure may have read the handle: one more try, computing everything.
+        """
+        handle_use, params, tried, recomputed = "READ", plan.kv_transfer_params, {engine.url}, False
+        for _ in range(ENGINE_ATTEMPTS):
             try:
-                resp = await self.http.post(
-                    engine.url + req.kind.path,
-                    json=protocol.prefill_body(req, params),
-                    headers={"X-Request-Id": request_id},
-                )
+                resp = await self._post_prefill(engine, req, params, request_id)
             except httpx.HTTPError as exc:
-                self.metrics.engine_errors.labels(PREFILL, type(exc).__name__).inc()
-                log.warning("prefill on %s failed: %r", engine.url, exc)
                 refused = isinstance(exc, httpx.ConnectError)
-                error = ApiError(503 if refused else 502, f"prefill engine unreachable: {exc!r}",
-                                 code="engine_unavailable", type_="upstream_error")
-                if isinstance(exc, httpx.TimeoutException):
-                    error.status = 504
-                if refused:
-                    self.pool.mark_down(engine.url)
+                status = 503 if refused else 504 if isinstance(exc, httpx.TimeoutException) else 502
+                error = ApiError(status, f"prefill engine unreachable: {exc!r}", code="engine_unavailable",
+                                 type_="upstream_error")
                 failed_use = "NOT_READ" if refused else "UNKNOWN"
             else:
                 if resp.status_code == 200:
-                    try:
-                        body = resp.json()
-                    except ValueError:
-                        body = {}
-                    kv = body.get("kv_transfer_params") if isinstance(body, dict) else None
-                    if handle_use == "NOT_READ" and plan.decision == "PULL":
-                        handle_use = "READ"  # the retry on another engine used the handle
+                    kv = _json_field(resp, "kv_transfer_params")
                     return (kv if isinstance(kv, dict) else None), engine, handle_use
                 self.metrics.engine_errors.labels(PREFILL, f"http_{resp.status_code}").inc()
                 error = from_engine("prefill", resp.status_code, resp.content)
                 if resp.status_code < 500:
                     # The engine refused the request before running it; a retry would not help.
-                    error.handle_use = "NOT_READ" if attempt == 1 else handle_use  # type: ignore[attr-defined]
+                    error.handle_use = "NOT_READ" if handle_use == "READ" else handle_use  # type: ignore[attr-defined]
                     raise error
                 failed_use = "UNKNOWN"
-            finally:
-                engine.in_flight -= 1
-            if attempt == 2:
-                error.handle_use = handle_use  # type: ignore[attr-defined]
-                raise error
-            # Retry once on another prefill engine when there is one. Nothing reached a
-            # refused engine, so a pull's handle is still unread and the retry keeps it;
-            # otherwise P may have read it, and the retry computes everything.
-            if plan.decision == "PULL" and failed_use != "NOT_READ":
-                handle_use = failed_use
-                plan.decision, plan.reason, plan.reused_tokens = "RECOMPUTE", "PREFILL_RETRY", 0
-                params = first_turn_params()
-            elif plan.decision == "PULL":
-                handle_use = "NOT_READ"  # until the retry succeeds
-            else:
-                params = first_turn_params()
-            engine = self.pool.choose(PREFILL, req.model, avoid=engine.url) or engine
-        raise AssertionError("unreachable")
+            if failed_use == "UNKNOWN":
+                if recomputed:
+                    break
+                recomputed, params = True, first_turn_params()
+                if plan.decision == "PULL":
+                    handle_use = "UNKNOWN"
+                    plan.decision, plan.reason, plan.reused_tokens = "RECOMPUTE", "PREFILL_RETRY", 0
+            other = self.pool.choose(PREFILL, req.model, avoid=tried)
+            if other is None:
+                if failed_use == "NOT_READ":
+                    break
+                other = engine  # a 5xx on the only engine: try it once more, computing everything
+            engine = other
+            tried.add(engine.url)
+        error.handle_use = "NOT_READ" if handle_use == "READ" and plan.decision == "PULL" else handle_use  # type: ignore[attr-defined]
+        raise error
+
+    async def _post_prefill(
+        self, engine: EngineRef, req: ClientRequest, params: dict[str, Any], request_id: str
+    ) -> httpx.Response:
+        engine.in_flight += 1
+        try:
+            return await self.http.post(engine.url + req.kind.path, json=protocol.prefill_body(req, params),
+                                        headers={"X-Request-Id": request_id})
+        except httpx.HTTPError as exc:
+            self.metrics.engine_errors.labels(PREFILL, type(exc).__name__).inc()
+            log.warning("prefill on %s failed: %r", engine.url, exc)
+            if isinstance(exc, httpx.ConnectError):
+                self.pool.mark_down(engine.url)
+            raise
+        finally:
+            engine.in_flight -= 1
 
     async def _open_decode(
         self, req: ClientRequest, params: dict[str, Any] | None, engine: EngineRef, request_id: str
     ) -> tuple[httpx.Response, EngineRef]:
+        """D's streaming response; an engine that refuses the connection is replaced by
+        another (nothing reached it, so P's blocks are still unread), up to `ENGINE_ATTEMPTS`."""
         body = protocol.decode_body(req, params)
-        for attempt in (1, 2):
+        tried = {engine.url}
+        while True:
             engine.in_flight += 1
             try:
                 resp = await self.http.send(
@@ -338,11 +346,12 @@ class TurnRunner:
                 self.pool.mark_down(engine.url)
                 self.metrics.engine_errors.labels(DECODE, "ConnectError").inc()
                 log.warning("decode on %s: cannot connect: %r", engine.url, exc)
-                other = self.pool.choose(DECODE, req.model, avoid=engine.url)
-                if attempt == 2 or other is None or other.url == engine.url:
+                other = self.pool.choose(DECODE, req.model, avoid=tried)
+                if other is None or len(tried) >= ENGINE_ATTEMPTS:
                     raise ApiError(503, f"decode engine unreachable: {exc!r}", code="engine_unavailable",
                                    type_="upstream_error") from None
-                engine = other  # nothing reached D, so P's handle is still unread
+                engine = other
+                tried.add(engine.url)
                 continue
             except httpx.HTTPError as exc:
                 engine.in_flight -= 1
@@ -357,5 +366,12 @@ class TurnRunner:
                 self.metrics.engine_errors.labels(DECODE, f"http_{resp.status_code}").inc()
                 raise from_engine("decode", resp.status_code, raw)
             return resp, engine
-        raise AssertionError("unreachable")
 
+
+def _json_field(resp: httpx.Response, name: str) -> Any:
+    """A top-level field of a JSON response body, or None."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body.get(name) if isinstance(body, dict) else None
