@@ -18,7 +18,10 @@ import time
 from pathlib import Path
 from typing import IO
 
-BOOMERANG = [sys.executable, "-m", "boomerang.cli.main"]
+# The `boomerang` script beside this interpreter (so `ps` shows `boomerang registry`, …), or
+# the same entry point through `-m` when it is not installed as a script.
+_SCRIPT = Path(sys.executable).with_name("boomerang")
+BOOMERANG = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "boomerang.cli.main"]
 
 
 class ChildFailed(RuntimeError):
