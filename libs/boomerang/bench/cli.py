@@ -27,9 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--clients", type=int, default=3, help="load-generator processes (default 3)")
     parser.add_argument("--leases", type=int, help="live leases for the plan rates (default 100000)")
     parser.add_argument("--step-seconds", type=float, help="seconds per measured plan rate (default 10; quick 3)")
-    parser.add_argument("--expiry-leases", type=int, help="leases in the expiry test (default 100000; quick 20000)")
+    parser.add_argument("--expiry-leases", type=int, help="leases in the expiry test (default 100000; quick 10000)")
     parser.add_argument("--expiry-window", type=float, help="seconds their deadlines spread over (default 60; quick 10)")
-    parser.add_argument("--gateway-seconds", type=float, help="seconds of gateway-overhead turns (default 30; quick 8)")
+    parser.add_argument("--gateway-seconds", type=float, help="seconds of gateway-overhead turns (default 30; quick 6)")
     parser.add_argument("--register-seconds", type=float, help="seconds of registrations (default 10; quick 4)")
     parser.add_argument("--profile", action="store_true",
                         help="sample the services with py-spy during the 1,000/s step, the registrations and the "

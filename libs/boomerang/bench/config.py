@@ -40,9 +40,9 @@ class BenchConfig:
             cfg.step_seconds = 3.0
             cfg.search_rates = [3000, 4000]
             cfg.register_seconds = 4.0
-            cfg.expiry_leases = 20_000
+            cfg.expiry_leases = 10_000
             cfg.expiry_window_seconds = 10.0
-            cfg.gateway_seconds = 8.0
+            cfg.gateway_seconds = 6.0
         if leases is not None:
             cfg.leases = leases
         if step_seconds is not None:

@@ -96,6 +96,7 @@ async def _serve(pipe: Connection, index: int, router: str, registry: str) -> No
         "plan": lambda job: plan_job(router_client, job, index),
         "register": lambda job: register_job(registry_client, job, index),
         "turns": lambda job: _turns(job, index),
+        "health": lambda job: health_job(job, index),
     }
     try:
         while True:
@@ -245,3 +246,24 @@ async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
         "elapsed_s": time.perf_counter() - t_start,
         "exhausted": next(cursor, None) is None,
     }
+
+
+async def health_job(job: Job, index: int) -> dict[str, Any]:
+    """Open-loop grpc.health.v1 Check calls: what one gRPC call costs with no work behind it."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    channel = grpc.aio.insecure_channel(job["target"])
+    stub = health_pb2_grpc.HealthStub(channel)
+    await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    offsets = schedule(job["rate"], job["duration"], index + 7, 10**7)
+    request = health_pb2.HealthCheckRequest()
+
+    async def send(i: int) -> None:
+        await stub.Check(request, timeout=5)
+
+    try:
+        await open_loop(offsets, job["start_at"], send)
+    finally:
+        await channel.close()
+    return {"sent": len(offsets)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
 import time
 from array import array
@@ -37,7 +38,7 @@ async def preload_to(b: "Bench", target: int) -> dict[str, Any]:
     cfg = b.cfg
     convs = [conversation(k, cfg.tenants, cfg.decode_engines) for k in range(have, target)]
     task = b.progress.add_task(f"preload {have:,} → {target:,} leases", total=len(convs))
-    seconds = await copy_leases(b.pg, convs, b.engines.decode, b.margin_seconds,
+    seconds = await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
                                 progress=lambda n: b.progress.advance(task, n))
     await b.pg.execute("VACUUM (ANALYZE) leases")
     b.progress.remove_task(task)
@@ -98,7 +99,15 @@ async def plan_step(b: "Bench", rate: int, seconds: float, label: str, profile: 
 async def plan_rates(b: "Bench") -> dict[str, Any]:
     """The fixed rates, then higher ones until p99 passes the budget no more."""
     cfg = b.cfg
-    await plan_step(b, 300, min(2.0, cfg.step_seconds), "warm-up")
+    await plan_step(b, 300, min(1.0 if cfg.quick else 2.0, cfg.step_seconds), "warm-up")
+    short = min(2.0 if cfg.quick else 3.0, cfg.step_seconds)
+    floor = await grpc_floor(b, seconds=short)
+    idle = await idle_cpu(b, short)
+    cost = await plan_step(b, 200, short if cfg.quick else cfg.step_seconds, "CPU cost per plan")
+    cost["idle_cpu_ms_per_s"] = idle
+    cost["marginal_cpu_ms_per_plan"] = {
+        k: round(max(0.0, v - idle.get(k, 0.0) * (short if cfg.quick else cfg.step_seconds) / max(cost["plans"], 1)), 3)
+        for k, v in cost["cpu_ms_per_plan"].items()}
     rates = [await plan_step(b, r, cfg.step_seconds, "plan rate", profile=f"plans-{r}" if r == 1000 else "")
              for r in cfg.rates]
     search = []
@@ -111,7 +120,49 @@ async def plan_rates(b: "Bench") -> dict[str, Any]:
                 break
             best = rate
     return {"leases": b.preloaded, "rates": rates, "max_rps_p99_5ms": best, "search": search,
-            "clients": b.workers.count, "step_seconds": cfg.step_seconds}
+            "clients": b.workers.count, "step_seconds": cfg.step_seconds,
+            "cpu_cost": {**capacity(cost, "marginal_cpu_ms_per_plan"), "cpu_ms_per_plan": cost["cpu_ms_per_plan"],
+                         "idle_cpu_ms_per_s": idle},
+            "grpc_floor": floor}
+
+
+async def grpc_floor(b: "Bench", rate: int = 1000, seconds: float = 3.0) -> dict[str, Any]:
+    """CPU of an empty gRPC call (grpc.health.v1 Check on the registry) from the same client
+    processes: the floor under every hop of a plan (client → router → registry)."""
+    start_at = time.time() + 1.0
+    jobs = [{"kind": "health", "target": b.registry_address, "rate": rate / b.workers.count, "duration": seconds,
+             "start_at": start_at} for _ in range(b.workers.count)]
+    task = b.progress.add_task(f"gRPC floor: {rate:,} empty calls/s", total=None)
+    running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 60))
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    meter = (await b.cpu_meter("registry")).start()
+    results = await running
+    cpu = meter.stop()
+    b.progress.remove_task(task)
+    sent = sum(r["sent"] for r in results)
+    return {"rate": rate, "calls": sent, "server_cpu_ms_per_call": round(1000 * cpu["registry"] / max(sent, 1), 3),
+            "client_cpu_ms_per_call": round(1000 * cpu["clients"] / max(sent, 1), 3)}
+
+
+async def idle_cpu(b: "Bench", seconds: float) -> dict[str, float]:
+    """CPU each process uses per second with no load (heartbeats, pool refreshes, pollers)."""
+    meter = (await b.cpu_meter("registry", "router")).start()
+    await asyncio.sleep(seconds)
+    return {k: round(v * 1000 / seconds, 2) for k, v in meter.stop().items()}
+
+
+def capacity(step: dict[str, Any], key: str) -> dict[str, Any]:
+    """What one operation costs in CPU, and the rate that cost allows on this machine's cores
+    with nothing else running (the services alone, and with the load generators)."""
+    per = step[key]
+    services = sum(v for k, v in per.items() if k != "clients")
+    cores = os.cpu_count() or 1
+    return {"rate": step.get("rate"), key: per, "services_cpu_ms": round(services, 3),
+            "capacity_rps_services_only": round(cores * 1000 / services) if services > 0 else None,
+            "capacity_rps_with_clients": round(cores * 1000 / (services + per.get("clients", 0.0)))
+            if services > 0 else None,
+            "degraded_fraction": round(step.get("reasons", {}).get(DEGRADED, 0) / max(step.get("plans", 1), 1), 4)
+            if "reasons" in step else None}
 
 
 async def scale_point(b: "Bench", tier: int, step: dict[str, Any] | None) -> dict[str, Any]:
@@ -157,7 +208,8 @@ async def registrations(b: "Bench") -> dict[str, Any]:
     committed = outcomes.get("created", 0)
     b.sample_memory()
     per = {k: round(1000 * v / max(committed, 1), 3) for k, v in cpu.items()}
-    return {"register_rps": round(committed / max(elapsed, 1e-6), 1), "clients": cfg.register_concurrency * len(jobs),
+    cost = capacity({"cpu_ms_per_registration": per}, "cpu_ms_per_registration")
+    return {"register_rps": round(committed / max(elapsed, 1e-6), 1), "cpu_cost": cost, "clients": cfg.register_concurrency * len(jobs),
             "seconds": round(elapsed, 2), "outcomes": dict(outcomes),
             "latency": summarize(latencies), "ran_out_of_requests": any(r["exhausted"] for r in results),
             "cpu_ms_per_registration": per}
@@ -186,7 +238,7 @@ async def expiry(b: "Bench") -> dict[str, Any]:
     lead = 2.0 + 1.5 * n / max(b.copy_rows_per_second, 1000.0)
     start = time.time() + lead
     task = b.progress.add_task(f"expiry: preload {n:,} leases due over {cfg.expiry_window_seconds:g}s", total=n)
-    await copy_leases(b.pg, convs, b.engines.decode, b.margin_seconds,
+    await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
                       deadline=SpreadDeadline(start, cfg.expiry_window_seconds, n),
                       progress=lambda k: b.progress.advance(task, k))
     loaded_at = time.time()

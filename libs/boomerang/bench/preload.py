@@ -17,7 +17,7 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import asyncpg
 
@@ -84,7 +84,7 @@ def lease_records(
 
 
 async def copy_leases(
-    conn: asyncpg.Connection,
+    conns: Sequence[asyncpg.Connection],
     convs: list[Conversation],
     engines: list[EngineRow],
     margin_seconds: float,
@@ -93,24 +93,32 @@ async def copy_leases(
 ) -> float:
     """COPY `convs` as live leases (chunks of 10k, one transaction each); returns seconds.
 
-    The next chunk's rows are built in a helper process while Postgres takes the current
-    one, so building (Python) and loading (the server) overlap on two cores.
+    Each connection loads every n-th chunk while helper processes build the next ones, so
+    building (Python) and loading (the server) overlap.
     """
     started = time.perf_counter()
     chunks = [convs[i : i + CHUNK] for i in range(0, len(convs), CHUNK)]
     loop = asyncio.get_running_loop()
     # Spawned, not forked: the parent has gRPC threads, which a fork must not copy.
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        building = [loop.run_in_executor(pool, lease_records, c, engines, margin_seconds, deadline) for c in chunks[:2]]
-        for i, chunk in enumerate(chunks):
-            leases, events = await building[i]
-            if i + 2 < len(chunks):
-                building.append(loop.run_in_executor(pool, lease_records, chunks[i + 2], engines, margin_seconds, deadline))
-            async with conn.transaction():
-                await conn.copy_records_to_table("leases", records=leases, columns=LEASE_COLUMNS)
-                await conn.copy_records_to_table("lease_events", records=events, columns=EVENT_COLUMNS)
-            if progress is not None:
-                progress(len(chunk))
+    with ProcessPoolExecutor(len(conns), mp_context=multiprocessing.get_context("spawn")) as pool:
+
+        def build(i: int) -> asyncio.Future[tuple[list[tuple[object, ...]], list[tuple[object, ...]]]]:
+            return loop.run_in_executor(pool, lease_records, chunks[i], engines, margin_seconds, deadline)
+
+        async def load(first: int, conn: asyncpg.Connection) -> None:
+            mine = list(range(first, len(chunks), len(conns)))
+            ahead = [build(i) for i in mine[:2]]
+            for k, i in enumerate(mine):
+                leases, events = await ahead[k]
+                if k + 2 < len(mine):
+                    ahead.append(build(mine[k + 2]))
+                async with conn.transaction():
+                    await conn.copy_records_to_table("leases", records=leases, columns=LEASE_COLUMNS)
+                    await conn.copy_records_to_table("lease_events", records=events, columns=EVENT_COLUMNS)
+                if progress is not None:
+                    progress(len(chunks[i]))
+
+        await asyncio.gather(*(load(j, c) for j, c in enumerate(conns)))
     return time.perf_counter() - started
 
 

@@ -59,6 +59,7 @@ def build_report(
         "phases": sorted(cfg.phases),
         "memory_detail_mb": memory,
         "preload": results.get("preload"),
+        "timings_s": results.get("timings_s"),
         "quick": cfg.quick,
         "machine": host,
         "database": database,
@@ -81,6 +82,10 @@ def build_report(
 
 def _ms(value: Any) -> str:
     return "—" if value is None else f"{value:,.2f}"
+
+
+def _count(value: Any) -> str:
+    return "—" if value is None else f"{value:,}"
 
 
 def _cpu(per: dict[str, float] | None) -> str:
@@ -117,6 +122,21 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{_ms(r['p999_ms'])} | {r['pull_fraction']:.0%} | {degraded / max(r['plans'], 1):.0%} | "
                          f"{'yes' if r['meets_p99_budget'] else 'no'} | {_cpu(r.get('cpu_ms_per_plan'))} |")
         lines += ["", f"Highest rate with p99 ≤ 5 ms: **{plan['max_rps_p99_5ms']:,}/s**."]
+        cost = plan.get("cpu_cost")
+        if cost:
+            idle = ", ".join(f"{k} {v:.0f}" for k, v in cost["idle_cpu_ms_per_s"].items())
+            lines += ["", f"CPU per plan at {cost['rate']}/s ({cost['degraded_fraction']:.0%} degraded), idle use "
+                      f"({idle} ms per second) taken out: {_cpu(cost['marginal_cpu_ms_per_plan'])} ms — the services' "
+                      f"{cost['services_cpu_ms']:.2f} ms allow at "
+                      f"most {_count(cost['capacity_rps_services_only'])} plans/s on {m['cpus']} cores with nothing else "
+                      f"running ({_count(cost['capacity_rps_with_clients'])}/s with the load generators on the same cores)."]
+        floor = plan.get("grpc_floor")
+        if floor:
+            hops = 2 * (floor["server_cpu_ms_per_call"] + floor["client_cpu_ms_per_call"])
+            lines += ["", f"The floor under that: one empty gRPC call (grpc.health.v1 Check, {floor['rate']:,}/s) costs "
+                      f"{floor['server_cpu_ms_per_call']:.2f} ms of server CPU and {floor['client_cpu_ms_per_call']:.2f} "
+                      f"ms of client CPU here; a plan crosses two hops (client → router → registry), "
+                      f"{hops:.2f} ms before any work."]
     if report["scale"]:
         lines += ["", "## Scale", "",
                   "| live leases | p50 ms | p99 ms | p99.9 ms | database MB | leases MB | lease indexes MB | audit MB |",
@@ -130,7 +150,8 @@ def markdown(report: dict[str, Any]) -> str:
     if reg.get("register_rps") is not None:
         lines.append(f"- Committed RegisterRetainedBlocks: **{reg['register_rps']:,.0f}/s** from {reg['clients']} "
                      f"concurrent clients (p50 {_ms(reg['latency']['p50_ms'])} ms, p99 {_ms(reg['latency']['p99_ms'])} ms; "
-                     f"CPU ms per registration: {_cpu(reg.get('cpu_ms_per_registration'))}).")
+                     f"CPU ms per registration: {_cpu(reg.get('cpu_ms_per_registration'))}; at most "
+                     f"{_count(reg['cpu_cost']['capacity_rps_services_only'])}/s on these cores for the services alone).")
     if exp.get("lag_p99_s") is not None:
         lines.append(f"- Expiry of {exp['leases']:,} leases due within {exp['window_seconds']:g} s: lag p50 "
                      f"{exp['lag_p50_s']} s, p99 **{exp['lag_p99_s']} s**, max {exp['lag_max_s']} s; "

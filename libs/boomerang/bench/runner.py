@@ -184,26 +184,42 @@ class Bench:
         """Every measurement asked for, in an order that keeps each one's conditions clean."""
         cfg = self.cfg
         want = cfg.phases.__contains__
-        results: dict[str, Any] = {"scale": []}
+        results: dict[str, Any] = {"scale": [], "timings_s": {}}
+        mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            results["timings_s"][name] = round(results["timings_s"].get(name, 0.0) + now - mark, 1)
+            mark = now
+
         small_tiers = [t for t in cfg.scale_tiers if t < cfg.leases] if want("scale") else []
         big_tiers = [t for t in cfg.scale_tiers if t > cfg.leases] if want("scale") else []
         for tier in small_tiers:
             results["scale"].append(await phases.scale_point(self, tier, None))
+            lap("scale")
         results["preload"] = await phases.preload_to(self, cfg.leases)
+        lap("preload")
         if want("plans"):
             results["plan"] = await phases.plan_rates(self)
+            lap("plans")
         if want("scale"):
             at_rate = next((r for r in results.get("plan", {}).get("rates", []) if r["rate"] == cfg.scale_rate), None)
             results["scale"].append(await phases.scale_point(self, cfg.leases, at_rate))
+            lap("scale")
         if want("register"):
             results["register"] = await phases.registrations(self)
+            lap("register")
         if want("expiry"):
             results["expiry"] = await phases.expiry(self)
+            lap("expiry")
         if want("gateway"):
             results["gateway_overhead"] = await overhead.gateway_overhead(self)
             self.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode")
+            lap("gateway")
         for tier in big_tiers:
             results["scale"].append(await phases.scale_point(self, tier, None))
+            lap("scale")
         self.sample_memory()
         return results
 
