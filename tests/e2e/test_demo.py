@@ -38,12 +38,12 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
         assert [r["context_tokens"] for r in rows] == list(QUICK_POINTS[profile["profile"]])
         for row in rows:
             assert set(row) == {"context_tokens", "ttft_off_ms", "ttft_on_ms", "speedup"}
-            assert row["speedup"] == round(row["ttft_off_ms"] / row["ttft_on_ms"], 2)
+            assert abs(row["speedup"] - row["ttft_off_ms"] / row["ttft_on_ms"]) < 0.011  # rounded separately
         # AWS's shape: recomputing grows with the context much faster than pulling does.
-        assert rows[-1]["speedup"] > rows[0]["speedup"], rows
-        assert rows[-1]["ttft_off_ms"] > 3 * rows[0]["ttft_off_ms"], rows
+        assert rows[-1]["speedup"] > rows[0]["speedup"], run.stdout
+        assert rows[-1]["ttft_off_ms"] > 3 * rows[0]["ttft_off_ms"], run.stdout
     qwen, glm = (p["rows"][-1]["speedup"] for p in report["profiles"])
-    assert qwen >= 1.25 and glm >= 2.0, (qwen, glm)  # AWS: 1.6× and 3.3× at the longest contexts
+    assert qwen >= 1.25 and glm >= 2.0, run.stdout  # AWS: 1.6× and 3.3× at the longest contexts
     assert (tmp_path / "demo-report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = run.stdout
     assert "AWS off" in out and "Audit trail" in out and "lease_events" in out and "OK" in out

@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-CLAIM_DEADLINE_MS = 250
+CLAIM_DEADLINE_MS = 1000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

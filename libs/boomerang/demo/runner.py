@@ -26,7 +26,7 @@ import xxhash
 from boomerang.demo.client import REUSE_HEADER, TurnResult, stream_chat
 from boomerang.demo.workload import AgentConversation, Step, prepare, steps
 
-THINK_SECONDS = 0.15
+THINK_SECONDS = 0.3
 
 
 @dataclass
