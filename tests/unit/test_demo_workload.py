@@ -72,3 +72,14 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
     result.records.append(_rec("on", 8000, 1.0, "x"))
     result.records.append(_rec("off", 8000, 1.0, "y"))
     assert result.mismatched_replies() == 1
+
+
+def test_server_timing_and_overhead() -> None:
+    from boomerang.demo.client import server_timing
+
+    assert server_timing({"server-timing": "tokenize;dur=3.10, plan;dur=1.25, prefill;dur=100"}) == {
+        "tokenize": 3.1, "plan": 1.25, "prefill": 100.0}
+    assert server_timing({}) == {}
+    rec = _rec("on", 2000, 130)
+    rec.result.headers = {"server-timing": "tokenize;dur=4.0, plan;dur=2.0, prefill;dur=90"}
+    assert RunResult(records=[rec]).overhead_ms("qwen3-32b", 2000) == 6.0

@@ -36,6 +36,18 @@ class TurnResult:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+def server_timing(headers: dict[str, str]) -> dict[str, float]:
+    """`Server-Timing: tokenize;dur=3.1, plan;dur=1.2` as {"tokenize": 3.1, "plan": 1.2} (ms)."""
+    out: dict[str, float] = {}
+    for part in headers.get("server-timing", "").split(","):
+        name, _, rest = part.strip().partition(";dur=")
+        try:
+            out[name] = float(rest)
+        except ValueError:
+            continue
+    return out
+
+
 def _content(chunk: dict[str, Any]) -> str:
     out = []
     for choice in chunk.get("choices") or ():
@@ -62,7 +74,8 @@ async def stream_chat(
     try:
         async with http.stream("POST", url, json=payload, headers=headers or {}, timeout=timeout) as resp:
             result.status = resp.status_code
-            result.headers = {k.lower(): v for k, v in resp.headers.items() if k.lower().startswith("x-boomerang")}
+            result.headers = {k.lower(): v for k, v in resp.headers.items()
+                              if k.lower().startswith("x-boomerang") or k.lower() == "server-timing"}
             result.plan = resp.headers.get("x-boomerang-plan", "")
             result.reason = resp.headers.get("x-boomerang-reason", "")
             reused = resp.headers.get("x-boomerang-reused-tokens", "0")

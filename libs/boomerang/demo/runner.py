@@ -23,7 +23,7 @@ from typing import Callable
 import httpx
 import xxhash
 
-from boomerang.demo.client import REUSE_HEADER, TurnResult, stream_chat
+from boomerang.demo.client import REUSE_HEADER, TurnResult, server_timing, stream_chat
 from boomerang.demo.workload import AgentConversation, Step, prepare, steps
 
 THINK_SECONDS = 0.3
@@ -68,6 +68,17 @@ class RunResult:
                 res = r.result
                 seen.append(f"{res.reused_tokens:,}" if res.plan == "PULL" else f"{res.plan or 'FAILED'} ({res.reason})")
         return ", ".join(dict.fromkeys(seen)) or "—"
+
+    def overhead_ms(self, profile: str, point: int) -> float | None:
+        """Median time the gateway spent on Boomerang's own steps (tokenize + plan) for the
+        measured turns at `point` with Boomerang on."""
+        values = []
+        for r in self.records:
+            if r.profile == profile and r.mode == "on" and r.step and r.step.probe and r.step.point == point:
+                timing = server_timing(r.result.headers)
+                if "plan" in timing:
+                    values.append(timing.get("tokenize", 0.0) + timing.get("report_wait", 0.0) + timing["plan"])
+        return statistics.median(values) if values else None
 
     def mismatched_replies(self) -> int:
         """Turns whose reply differs between off and on (a wrong KV would change the reply)."""

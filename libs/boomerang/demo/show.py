@@ -80,6 +80,11 @@ def conclude(
     plans = _plans(result)
     mismatched = result.mismatched_replies()
     console.print()
+    spent = [f"{p} {points[p][-1] // 1000}k: {ms:.0f} ms" for p in profiles
+             if (ms := result.overhead_ms(p, points[p][-1])) is not None]
+    if spent:
+        console.print("Boomerang's own share of a turn's TTFT (tokenize on the prefill engine + plan), "
+                      f"at the longest context: {', '.join(spent)}.")
     console.print(
         f"Boomerang on: {', '.join(f'{v} {k}' for k, v in sorted(plans.items()))} turns; "
         f"{stats['pulls']:,} pulls moved {stats['pulled_tokens']:,} tokens instead of recomputing them."

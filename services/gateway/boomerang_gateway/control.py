@@ -138,15 +138,24 @@ class ControlPlane:
             self._closers.add(task)
             task.add_done_callback(self._closers.discard)
 
-    async def plan(self, tenant: str, conversation_id: str, model: str, token_ids: list[int]) -> Plan | None:
-        """The router's plan, or None when it failed or was late (the turn recomputes)."""
+    async def plan(
+        self, tenant: str, conversation_id: str, model: str, token_ids: list[int], timings: dict[str, float] | None = None
+    ) -> Plan | None:
+        """The router's plan, or None when it failed or was late (the turn recomputes).
+
+        `timings` gets `report_wait`: seconds spent waiting for the conversation's previous
+        report, when there was one in flight.
+        """
         if self.router is None or not self.available():
             return None
         self._fresh_channel()
         assert self.router is not None
         pending = self._pending.get((tenant, conversation_id)) if conversation_id else None
         if pending is not None and not pending.done():
+            started = time.monotonic()
             await asyncio.wait({pending}, timeout=self.plan_timeout)
+            if timings is not None:
+                timings["report_wait"] = time.monotonic() - started
         req = rtpb.PlanTurnRequest(
             tenant=tenant,
             conversation_id=conversation_id,

@@ -211,8 +211,8 @@ class TurnRunner:
                 self.metrics.fallbacks.labels("tokenize").inc()
                 return fallback(req.conversation_id, "TOKENIZE_FAILED"), None
         t = time.monotonic()
-        plan = await self.control.plan(tenant, req.conversation_id, req.model, tokens)
-        timings["plan"] = time.monotonic() - t
+        plan = await self.control.plan(tenant, req.conversation_id, req.model, tokens, timings)
+        timings["plan"] = time.monotonic() - t - timings.get("report_wait", 0.0)
         self.metrics.stage_seconds.labels("plan").observe(timings["plan"])
         if plan is None:
             self.metrics.fallbacks.labels("router").inc()
