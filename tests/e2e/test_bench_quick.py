@@ -36,12 +36,14 @@ async def test_quick_bench_writes_the_report(tmp_path: Path) -> None:
     plan = report["plan"]
     assert plan["leases"] == 2000
     assert [r["rate"] for r in plan["rates"]] == [500, 1000, 2000]
-    for step in plan["rates"] + plan["search"]:
+    for step in [plan["low_rate"], *plan["rates"], *plan["search"]]:
         assert all(_number(step[k]) for k in ("p50_ms", "p99_ms", "p999_ms")), step
         assert step["p50_ms"] <= step["p99_ms"] <= step["p999_ms"]
         assert step["plans"] > 0 and set(step["cpu_ms_per_plan"]) >= {"router", "registry", "postgres", "clients"}
     assert isinstance(plan["max_rps_p99_5ms"], int)
-    assert plan["max_rps_p99_5ms"] in {0, *(s["rate"] for s in plan["rates"] + plan["search"] if s["meets_p99_budget"])}
+    steps = [plan["low_rate"], *plan["rates"], *plan["search"]]
+    assert plan["max_rps_p99_5ms"] in {0, *(s["rate"] for s in steps if s["meets_p99_budget"])}
+    assert plan["grpc_floor"]["calls"] > 0 and plan["cpu_cost"]["services_cpu_ms"] > 0
     # The plans really verified preloaded prefixes and pulled (the workload matches its leases).
     assert sum(s["reasons"].get("VERIFIED_PREFIX", 0) for s in plan["rates"]) > 0, plan["rates"]
     assert _number(report["register_rps"]) and report["register_rps"] > 0

@@ -111,7 +111,7 @@ async def plan_rates(b: "Bench") -> dict[str, Any]:
     rates = [await plan_step(b, r, cfg.step_seconds, "plan rate", profile=f"plans-{r}" if r == 1000 else "")
              for r in cfg.rates]
     search = []
-    best = max([r["rate"] for r in rates if r["meets_p99_budget"]], default=0)
+    best = max([r["rate"] for r in [cost, *rates] if r["meets_p99_budget"]], default=0)
     if best == max(cfg.rates):
         for rate in cfg.search_rates:
             step = await plan_step(b, rate, cfg.step_seconds, "highest rate with p99 ≤ 5 ms")
@@ -123,6 +123,7 @@ async def plan_rates(b: "Bench") -> dict[str, Any]:
             "clients": b.workers.count, "step_seconds": cfg.step_seconds,
             "cpu_cost": {**capacity(cost, "marginal_cpu_ms_per_plan"), "cpu_ms_per_plan": cost["cpu_ms_per_plan"],
                          "idle_cpu_ms_per_s": idle},
+            "low_rate": cost,
             "grpc_floor": floor}
 
 

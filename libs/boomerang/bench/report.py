@@ -116,7 +116,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"## PlanTurn at {plan['leases']:,} live leases ({plan['clients']} client processes, open loop)",
                   "", "| rate/s | achieved/s | p50 ms | p99 ms | p99.9 ms | PULL | degraded | p99 ≤ 5 ms | CPU ms per plan |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        for r in plan["rates"] + plan["search"]:
+        for r in [x for x in [plan.get("low_rate")] if x] + plan["rates"] + plan["search"]:
             degraded = r["reasons"].get("CONTROL_PLANE_DEGRADED", 0) + sum(r["errors"].values())
             lines.append(f"| {r['rate']:,} | {r['achieved_rps']:,.0f} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | "
                          f"{_ms(r['p999_ms'])} | {r['pull_fraction']:.0%} | {degraded / max(r['plans'], 1):.0%} | "
