@@ -82,7 +82,7 @@ class TenantPool:
     @classmethod
     async def open(cls, url: str, size: int, role: str = "", application_name: str = "boomerang-registry") -> "TenantPool":
         """Connect `size` connections (as `role` when given)."""
-        settings = {"application_name": application_name, "plan_cache_mode": "force_generic_plan"}
+        settings = {"application_name": application_name, "plan_cache_mode": "force_generic_plan", "jit": "off"}
         if role:
             settings["role"] = role
         dsn = normalize_database_url(url).replace("postgresql+asyncpg://", "postgresql://")

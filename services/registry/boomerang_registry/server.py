@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sqlalchemy import text
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine, warm_pool
@@ -25,6 +28,21 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "boomerang.v1.BlockRegistryService"
 
 
+def no_jit(engine: AsyncEngine) -> None:
+    """Turn PostgreSQL's JIT off on the engine's connections.
+
+    The per-engine retained-block sums of ListEngines are estimated expensive enough to be
+    JIT-compiled on every call: at 20,000 live leases compiling took 70 of its 97 ms
+    (`boomerang bench`, EXPLAIN ANALYZE). Nothing the registry runs is a long analytic query.
+    """
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _connect(dbapi_connection: Any, record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET jit = off")
+        cursor.close()
+
+
 async def run(settings: RegistrySettings) -> None:
     """Migrate, warm the pool, serve until SIGTERM, drain."""
     url = settings.require_database()
@@ -32,6 +50,7 @@ async def run(settings: RegistrySettings) -> None:
     if settings.migrate_on_start:
         await asyncio.to_thread(upgrade, url)
     engine = make_engine(url, settings.db_pool_size, "boomerang-registry")
+    no_jit(engine)
     instrument_engine(engine)
     await warm_pool(engine, min(4, settings.db_pool_size))
     async with engine.begin() as conn:
@@ -39,6 +58,7 @@ async def run(settings: RegistrySettings) -> None:
     tenant_engine = engine
     if settings.db_tenant_role:
         tenant_engine = make_engine(url, settings.db_pool_size, "boomerang-registry", role=settings.db_tenant_role)
+        no_jit(tenant_engine)
         instrument_engine(tenant_engine)
         await warm_pool(tenant_engine, min(4, settings.db_pool_size))
     raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role)
