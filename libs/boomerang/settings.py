@@ -260,6 +260,10 @@ class GatewaySettings(CommonSettings):
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)."
     )
+    tenant_requests_per_second: float = Field(
+        default=0.0, ge=0, description="Average requests per second per tenant (429 past it); 0: unlimited."
+    )
+    tenant_burst: int = Field(default=50, ge=1, le=100_000, description="Requests a tenant may send at once.")
     key_cache_seconds: float = Field(
         default=30.0, ge=0, le=3600, description="Seconds a verified API key is cached."
     )

@@ -135,3 +135,26 @@ def test_random_bodies_never_get_a_server_error(anonymous: str, path: str) -> No
                 assert "error" in resp.json()
 
         check()
+
+
+def test_a_tenant_over_its_rate_gets_429_and_others_do_not(engines: tuple[str, str], database_url: str) -> None:
+    env = {"BOOMERANG_DATABASE_URL": database_url, "BOOMERANG_LOG_LEVEL": "WARNING"}
+    keys = []
+    for name in ("rate-noisy", "rate-quiet"):
+        out = subprocess.run([BOOMERANG, "tenants", "create", name], capture_output=True, text=True, timeout=60,
+                             env={"PATH": "/usr/bin:/bin", **env})
+        assert out.returncode == 0, out.stderr
+        keys.append(out.stdout.strip())
+    gw = ServiceProcess(["gateway", "--listen", "127.0.0.1:0", "--router", "", "--prefill", engines[0], "--decode",
+                         engines[1], "--tenant-requests-per-second", "0.5", "--tenant-burst", "3"], env).start()
+    try:
+        url = f"http://{gw.address}/v1/chat/completions"
+        noisy = [httpx.post(url, json=GOOD, headers={"Authorization": f"Bearer {keys[0]}"}, timeout=30) for _ in range(5)]
+        assert [r.status_code for r in noisy] == [200, 200, 200, 429, 429]
+        assert_openai_error(noisy[-1], 429)
+        assert noisy[-1].json()["error"]["type"] == "rate_limit_error"
+        assert int(noisy[-1].headers["retry-after"]) >= 1
+        quiet = httpx.post(url, json=GOOD, headers={"Authorization": f"Bearer {keys[1]}"}, timeout=30)
+        assert quiet.status_code == 200
+    finally:
+        gw.kill()

@@ -1,13 +1,13 @@
 """The gateway's HTTP surface (Starlette): the OpenAI endpoints, `/health`, `/metrics`.
 
-Checks run in the order a client can act on: the key (401), the body's size (413) and
-shape (400), the model (404); then the turn (`turn.py`). Every error is OpenAI-style JSON.
+Checks run in the order a client can act on: the key (401), the tenant's rate (429), the
+body's size (413) and shape (400), the model (404); then the turn (`turn.py`). Every error is OpenAI-style JSON.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
@@ -21,6 +21,7 @@ from boomerang_gateway.engines import EnginePool
 from boomerang_gateway.errors import ApiError
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest, Kind
+from boomerang_gateway.ratelimit import TenantRateLimiter, retry_after_header
 from boomerang_gateway.tenants import AuthUnavailable, TenantAuth
 from boomerang_gateway.tracing import annotate_turn
 from boomerang_gateway.turn import Turn, TurnRunner, UpstreamBroken
@@ -37,6 +38,7 @@ class GatewayState:
     runner: TurnRunner
     metrics: GatewayMetrics
     max_body_bytes: int
+    limiter: TenantRateLimiter = field(default_factory=lambda: TenantRateLimiter(0, 1))
     draining: bool = False
 
 
@@ -92,6 +94,11 @@ class Handlers:
         endpoint = kind.value
         try:
             tenant = await self._tenant(request)
+            wait = self.s.limiter.acquire(tenant)
+            if wait:
+                self.s.metrics.requests.labels(endpoint, "429").inc()
+                return ApiError(429, f"Rate limit reached for tenant {tenant!r}; retry in {wait:.2f} s.",
+                                code="rate_limit_exceeded").response(retry_after_header(wait))
             raw = await self._body(request)
             req = protocol.parse(
                 kind, raw, request.headers.get(protocol.CONVERSATION_HEADER), request.headers.get(protocol.REUSE_HEADER)

@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--plan-timeout-seconds", type=float, help="PlanTurn deadline (default 0.25)")
     parser.add_argument("--tokenize-timeout-seconds", type=float, help="/tokenize deadline (default 1)")
     parser.add_argument("--max-body-bytes", type=int, help="largest request body (default 8 MiB)")
+    parser.add_argument("--tenant-requests-per-second", type=float,
+                        help="average requests/s per tenant, 429 past it (default 0: unlimited)")
+    parser.add_argument("--tenant-burst", type=int, help="requests a tenant may send at once (default 50)")
     parser.set_defaults(handler=_run_gateway)
 
     tenants = subparsers.add_parser("tenants", help="manage the gateway's tenants and their API keys")
@@ -55,6 +58,8 @@ def _run_gateway(args: argparse.Namespace) -> int:
         plan_timeout_seconds=args.plan_timeout_seconds,
         tokenize_timeout_seconds=args.tokenize_timeout_seconds,
         max_body_bytes=args.max_body_bytes,
+        tenant_requests_per_second=args.tenant_requests_per_second,
+        tenant_burst=args.tenant_burst,
     )
     if not settings.database_url and not settings.allow_anonymous:
         raise SystemExit(

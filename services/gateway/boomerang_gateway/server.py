@@ -27,6 +27,7 @@ from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
 from boomerang_gateway.http import httpx
 from boomerang_gateway.metrics import GatewayMetrics
+from boomerang_gateway.ratelimit import TenantRateLimiter
 from boomerang_gateway.tenants import TenantAuth, TenantStore
 from boomerang_gateway.turn import TurnConfig, TurnRunner
 
@@ -120,7 +121,8 @@ async def run(settings: GatewaySettings) -> None:
     )
     runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host))
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
-    state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes)
+    limiter = TenantRateLimiter(settings.tenant_requests_per_second, settings.tenant_burst)
+    state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes, limiter)
     with contextlib.suppress(Exception):
         await asyncio.wait_for(pool.refresh(), timeout=3.0)
     pool.start()
