@@ -10,7 +10,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     """The `q`-th percentile (0–100) of already sorted values, nearest-rank; NaN when empty."""
     if not sorted_values:
         return math.nan
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    # Rounded first: 99.9 / 100 * 1000 is 999.0000000000001 in floating point.
+    rank = max(1, math.ceil(round(q / 100 * len(sorted_values), 9)))
     return float(sorted_values[min(rank, len(sorted_values)) - 1])
 
 

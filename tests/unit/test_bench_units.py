@@ -1,0 +1,89 @@
+"""The benchmark's pure parts: statistics, the synthetic workload, arrivals, report logic."""
+
+from __future__ import annotations
+
+import math
+
+from boomerang.bench.config import BenchConfig
+from boomerang.bench.loadgen import schedule
+from boomerang.bench.profiling import summarize_collapsed
+from boomerang.bench.report import _targets
+from boomerang.bench.stats import clean, percentile, summarize
+from boomerang.bench.workload import (
+    BLOCK_SIZE,
+    NEW_TOKENS,
+    chain_for,
+    conversation,
+    next_prompt,
+    planned_indices,
+    retained_tokens,
+)
+from boomerang.tokenchain import HASH_BYTES, build_chain, common_tokens
+
+
+def test_percentiles_are_nearest_rank_on_raw_samples() -> None:
+    values = list(range(1, 1001))
+    assert percentile(values, 50) == 500 and percentile(values, 99) == 990 and percentile(values, 99.9) == 999
+    assert percentile([7.0], 99.9) == 7.0
+    assert math.isnan(percentile([], 50))
+    s = summarize([3.0, 1.0, 2.0])
+    assert (s["count"], s["p50_ms"], s["max_ms"], s["mean_ms"]) == (3, 2.0, 3.0, 2.0)
+    assert clean({"a": [math.nan, 1.0, math.inf]}) == {"a": [None, 1.0, None]}
+
+
+def test_a_planned_conversation_s_next_prompt_verifies_against_its_lease() -> None:
+    for k in (0, 2, 1234, 99_998):
+        c = conversation(k, tenants=1000, engines=8)
+        assert c.planned and c.tenant == f"bench-t{k % 1000:04d}" and c.engine == k % 8
+        lease = chain_for(c)
+        prompt = next_prompt(c)
+        assert prompt[: c.num_tokens] == retained_tokens(c) and len(prompt) == c.num_tokens + NEW_TOKENS
+        # The registry's check: the whole blocks of the lease are a verified prefix of the prompt.
+        assert common_tokens(lease, build_chain(prompt, BLOCK_SIZE)) == c.num_tokens // BLOCK_SIZE * BLOCK_SIZE
+
+
+def test_filler_chains_have_the_shape_of_real_ones() -> None:
+    c = conversation(7, tenants=10, engines=2)
+    assert not c.planned
+    filler, real = chain_for(c), build_chain(retained_tokens(c), BLOCK_SIZE)
+    assert len(filler.block_hashes) == len(real.block_hashes) == c.num_tokens // BLOCK_SIZE * HASH_BYTES
+    assert len(filler.tail_hash) == len(real.tail_hash)
+    filler.validate()
+    assert planned_indices(3, 11) == [4, 6, 8, 10]
+
+
+def test_poisson_arrivals_hold_the_rate_and_the_limit() -> None:
+    offsets = schedule(1000.0, 10.0, seed=1, limit=10**6)
+    assert 9500 < len(offsets) < 10500
+    assert offsets == sorted(offsets) and 0 < offsets[0] and offsets[-1] < 10.0
+    assert len(schedule(1000.0, 10.0, seed=1, limit=50)) == 50
+
+
+def test_quick_and_full_runs_and_their_scale_tiers() -> None:
+    full, quick = BenchConfig.for_run(False), BenchConfig.for_run(True)
+    assert full.scale_tiers == [10_000, 100_000, 1_000_000] and full.rates == [500, 1000, 2000]
+    assert quick.scale_tiers == [10_000, 100_000] and quick.step_seconds < full.step_seconds
+    assert BenchConfig.for_run(True, leases=2000).scale_tiers == [200, 2000]
+
+
+def test_collapsed_stacks_summarise_into_self_and_inclusive_shares() -> None:
+    text = ("main (a.py:1);serve (b.py:2);claim (c.py:3) 6\n"
+            "main (a.py:1);serve (b.py:2) 3\n"
+            "main (a.py:1);idle (d.py:9) 1\n")
+    out = summarize_collapsed(text)
+    assert out["samples"] == 10
+    assert out["self"][0] == {"function": "claim (c.py)", "percent": 60.0}
+    inclusive = {x["function"]: x["percent"] for x in out["inclusive"]}
+    assert inclusive["main (a.py)"] == 100.0 and inclusive["serve (b.py)"] == 90.0
+
+
+def test_targets_are_judged_against_the_issue_s_goals() -> None:
+    report = {
+        "plan": {"rates": [{"rate": 1000, "p50_ms": 0.9, "p99_ms": 5.5}], "max_rps_p99_5ms": 3000},
+        "register_rps": 4999.0,
+        "expiry_lag_p99_s": 1.0,
+        "gateway_overhead": {"ratio": None},
+    }
+    met = {k: v["met"] for k, v in _targets(report).items()}
+    assert met == {"plan_p50_ms_at_1000": True, "plan_p99_ms_at_1000": False, "max_rps_p99_5ms": True,
+                   "register_rps": False, "expiry_lag_p99_s": True, "gateway_overhead_ratio": False}
