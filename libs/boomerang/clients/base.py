@@ -65,11 +65,6 @@ def aio_channel(target: str, services: list[str], max_message_bytes: int = 16 * 
         *grpc_channel_options(max_message_bytes),
         ("grpc.service_config", retry_service_config(services)),
         ("grpc.enable_retries", 1),
-        # A restarted service is found again within seconds, not after gRPC's default
-        # reconnect back-off of up to two minutes.
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 2000),
     ]
     interceptors: list[Any] = list(grpc_client_interceptors())
     token = client_token()

@@ -52,6 +52,11 @@ def grpc_channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.http2.max_pings_without_data", 0),
+        # Clients find a restarted service within seconds, not after gRPC's default
+        # reconnect back-off of up to two minutes (servers ignore these).
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2000),
     ]
 
 
