@@ -17,6 +17,7 @@ from google.protobuf import descriptor_pb2  # noqa: F401 - keeps descriptor pool
 from hypothesis import HealthCheck, given, settings
 
 from boomerang.v1 import reaper_service_pb2, registry_service_pb2, router_service_pb2
+from tests.support.gateway_stack import fresh_database
 from tests.support.procs import ServiceProcess
 from tests.support.proto_strategies import messages
 
@@ -44,12 +45,17 @@ def addresses(database_url: str) -> Iterator[dict[str, str]]:
     env = {"BOOMERANG_DATABASE_URL": database_url}
     registry = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], env).start()
     router = ServiceProcess(["router", "--listen", "127.0.0.1:0", "--registry", registry.address], env).start()
-    reaper = ServiceProcess(["reaper", "--listen", "127.0.0.1:0", "--registry", registry.address], env).start()
-    try:
-        yield {"BlockRegistryService": registry.address, "RouterService": router.address, "TTLReaperService": reaper.address}
-    finally:
-        for proc in (reaper, router, registry):
-            proc.kill()
+    # The reaper elects its leader in a database of its own: the registry then refuses its
+    # fenced writes, so only the fuzzed calls can change the rows this test counts.
+    with fresh_database() as reaper_db:
+        reaper = ServiceProcess(["reaper", "--listen", "127.0.0.1:0", "--registry", registry.address],
+                                {"BOOMERANG_DATABASE_URL": reaper_db}).start()
+        try:
+            yield {"BlockRegistryService": registry.address, "RouterService": router.address,
+                   "TTLReaperService": reaper.address}
+        finally:
+            for proc in (reaper, router, registry):
+                proc.kill()
 
 
 def row_counts(database_url: str) -> tuple[int, ...]:

@@ -6,54 +6,16 @@ everything in one go. Nothing here touches the database.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timezone
 
 from boomerang.errors import Violations
+from boomerang.validation import MAX_TEXT, check_conversation, check_id, check_text
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_registry.domain import ClaimQuery, EngineRole, EngineSpec, RetainedBlocks
 
-MAX_ID = 128
-MAX_CONVERSATION_ID = 256
-MAX_TEXT = 512
-_PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
 MAX_BLOCK_ID = 2**31 - 1
-
-
-def check_id(v: Violations, path: str, value: str, limit: int = MAX_ID, required: bool = True) -> None:
-    """An identifier: printable ASCII without spaces, at most `limit` characters."""
-    if not value:
-        if required:
-            v.add(path, "is required")
-        return
-    if len(value) > limit:
-        v.add(path, f"must be at most {limit} characters, got {len(value)}")
-    elif not _PRINTABLE.match(value):
-        v.add(path, "must be printable ASCII without spaces")
-
-
-def check_text(v: Violations, path: str, value: str, limit: int = MAX_TEXT, required: bool = False) -> None:
-    """Free text (a model name, a host): no control characters, at most `limit` characters."""
-    if not value:
-        if required:
-            v.add(path, "is required")
-        return
-    if len(value) > limit:
-        v.add(path, f"must be at most {limit} characters, got {len(value)}")
-    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        v.add(path, "must not contain control characters")
-
-
-def check_conversation(v: Violations, path: str, value: str) -> None:
-    """A conversation id: any text but control characters, 1 to 256 characters."""
-    if not value:
-        v.add(path, "is required")
-    elif len(value) > MAX_CONVERSATION_ID:
-        v.add(path, f"must be at most {MAX_CONVERSATION_ID} characters, got {len(value)}")
-    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        v.add(path, "must not contain control characters")
 
 
 def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain, present: bool) -> TokenChain | None:

@@ -7,11 +7,12 @@ touches the network or the database.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from datetime import datetime
 
 from boomerang.errors import Violations
+from boomerang.validation import MAX_TEXT, check_id, check_text
+from boomerang.validation import check_conversation as _check_conversation
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
@@ -20,36 +21,19 @@ from boomerang_router.domain import HandleUse
 from boomerang_router.kvparams import KvParams
 from boomerang_router.plans import plan_time
 
-MAX_ID = 128
-MAX_CONVERSATION_ID = 256
-MAX_TEXT = 512
-_PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
+
+
+def check_conversation(v: Violations, path: str, value: str) -> None:
+    """An optional conversation id (a plan without one simply asks for no reuse)."""
+    _check_conversation(v, path, value, required=False)
+
+
 _HANDLE_USE = {
     rtpb.HANDLE_USE_UNSPECIFIED: HandleUse.UNKNOWN,
     rtpb.HANDLE_USE_READ: HandleUse.READ,
     rtpb.HANDLE_USE_NOT_READ: HandleUse.NOT_READ,
     rtpb.HANDLE_USE_UNKNOWN: HandleUse.UNKNOWN,
 }
-
-
-def check_id(v: Violations, path: str, value: str, limit: int = MAX_ID, required: bool = True) -> None:
-    """An identifier: printable ASCII without spaces, at most `limit` characters."""
-    if not value:
-        if required:
-            v.add(path, "is required")
-        return
-    if len(value) > limit:
-        v.add(path, f"must be at most {limit} characters, got {len(value)}")
-    elif not _PRINTABLE.match(value):
-        v.add(path, "must be printable ASCII without spaces")
-
-
-def check_conversation(v: Violations, path: str, value: str) -> None:
-    """An optional conversation id: no control characters, at most 256 characters."""
-    if len(value) > MAX_CONVERSATION_ID:
-        v.add(path, f"must be at most {MAX_CONVERSATION_ID} characters, got {len(value)}")
-    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        v.add(path, "must not contain control characters")
 
 
 def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain) -> TokenChain | None:
