@@ -27,6 +27,14 @@ def common_overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def require_database(settings: Any, command: str) -> None:
+    """Exit with an actionable message when no database is configured for `command`."""
+    try:
+        settings.require_database()
+    except ValueError as exc:
+        raise SystemExit(f"boomerang {command}: {exc}") from None
+
+
 def run_async(coro: Awaitable[Any]) -> Any:
     """Run a service's main coroutine on uvloop."""
     import uvloop
@@ -34,4 +42,4 @@ def run_async(coro: Awaitable[Any]) -> Any:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
-__all__ = ["add_common_flags", "common_overrides", "run_async", "asyncio"]
+__all__ = ["add_common_flags", "common_overrides", "require_database", "run_async", "asyncio"]

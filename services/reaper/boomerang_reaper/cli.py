@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 
-from boomerang.cli.common import add_common_flags, common_overrides, run_async
+from boomerang.cli.common import add_common_flags, common_overrides, require_database, run_async
 from boomerang.settings import CommonSettings, ReaperSettings, load_settings
 
 
@@ -61,10 +61,7 @@ def _run_reaper(args: argparse.Namespace) -> int:
         retention_days=args.retention_days,
         max_sleep_seconds=args.max_sleep_seconds,
     )
-    try:
-        settings.require_database()
-    except ValueError as exc:
-        raise SystemExit(f"boomerang reaper: {exc}") from None
+    require_database(settings, "reaper")
     from boomerang_reaper.server import run
 
     run_async(run(settings))

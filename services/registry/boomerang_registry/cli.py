@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from boomerang.cli.common import add_common_flags, common_overrides, run_async
+from boomerang.cli.common import add_common_flags, common_overrides, require_database, run_async
 from boomerang.settings import RegistrySettings, load_settings
 
 
@@ -24,10 +24,7 @@ def _run(args: argparse.Namespace) -> int:
         listen=args.listen,
         ttl_margin_seconds=args.ttl_margin_seconds,
     )
-    try:
-        settings.require_database()
-    except ValueError as exc:
-        raise SystemExit(f"boomerang registry: {exc}") from None
+    require_database(settings, "registry")
     from boomerang_registry.server import run
 
     run_async(run(settings))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from boomerang.cli.common import add_common_flags, common_overrides, run_async
+from boomerang.cli.common import add_common_flags, common_overrides, require_database, run_async
 from boomerang.settings import RouterSettings, load_settings
 
 
@@ -44,10 +44,7 @@ def _run(args: argparse.Namespace) -> int:
         engine_refresh_seconds=args.engine_refresh_seconds,
         health_check_seconds=args.health_check_seconds,
     )
-    try:
-        settings.require_database()
-    except ValueError as exc:
-        raise SystemExit(f"boomerang router: {exc}") from None
+    require_database(settings, "router")
     from boomerang_router.server import run
 
     run_async(run(settings))
