@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,9 +58,16 @@ def test_the_conversation_reused_the_previous_turns(conversation: dict[str, Any]
 
 
 def test_status_from_the_apis(stack: MiniStack, conversation: dict[str, Any]) -> None:
-    out = boomerang("status", "--json", *api_flags(stack))
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+    # The registry's per-engine retained totals may be up to 2 s old (RetainedTotals).
+    deadline = time.monotonic() + 10
+    while True:
+        out = boomerang("status", "--json", *api_flags(stack))
+        assert out.returncode == 0, out.stderr
+        d = json.loads(out.stdout)
+        held = [e["retained_blocks"] for e in d["engines"] if e["engine_id"].endswith(stack.run) and e["role"] == "DECODE"]
+        if (held and held[0] > 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert d["source"] == "api"
     engines = {e["role"]: e for e in d["engines"] if e["engine_id"].endswith(stack.run)}
     assert set(engines) == {"PREFILL", "DECODE"}

@@ -8,8 +8,10 @@ index; the prefix comparison runs inside it (`boomerang_common_tokens`).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -45,11 +47,46 @@ ENGINE_COLUMNS = """
     e.engine_id, e.role, e.model, e.side_channel_host, e.side_channel_port, e.http_base_url,
     e.generation, e.kv_blocks_ttl_seconds, e.block_size, e.tp_size, e.dcp_size, e.pp_size,
     e.bytes_per_block, e.kv_recompute_threshold, e.status, e.registered_at, e.heartbeat_at,
-    e.in_flight_requests, e.queued_prompt_tokens,
-    COALESCE((SELECT sum(num_blocks) FROM leases r
-              WHERE r.engine_id = e.engine_id AND r.state IN ('RETAINED', 'CLAIMED')), 0)
-        AS retained_blocks
+    e.in_flight_requests, e.queued_prompt_tokens
 """
+
+# Blocks held by live leases, per engine: one scan of the live-lease index for all engines.
+RETAINED_SQL = """
+SELECT engine_id, sum(num_blocks) AS blocks FROM leases
+WHERE state IN ('RETAINED', 'CLAIMED') GROUP BY engine_id
+"""
+
+
+class RetainedTotals:
+    """Per-engine retained blocks, recomputed at most every `max_age` seconds.
+
+    Summing live leases per engine on every ListEngines or Heartbeat grew with the number
+    of leases (35 ms per call at 20,000); the totals are a load signal and a memory
+    figure, so a value at most `max_age` old serves every caller from one scan.
+    """
+
+    def __init__(self, max_age: float = 2.0):
+        self.max_age = max_age
+        self.values: dict[str, int] = {}
+        self.at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def get(self, engine: AsyncEngine) -> dict[str, int]:
+        """The totals, rescanned when older than `max_age` (one scan however many callers)."""
+        if time.monotonic() - self.at < self.max_age:
+            return self.values
+        async with self._lock:
+            if time.monotonic() - self.at >= self.max_age:
+                async with engine.connect() as conn:
+                    rows = await conn.execute(text(RETAINED_SQL))
+                    self.values = {r.engine_id: int(r.blocks) for r in rows}
+                self.at = time.monotonic()
+        return self.values
+
+    def with_totals(self, row: Row) -> Row:
+        """The engine row with its `retained_blocks`."""
+        return {**row, "retained_blocks": self.values.get(row["engine_id"], 0)}
+
 
 # Moves the leases selected by {where} to :to_state and appends one event per lease.
 TRANSITION_SQL = """
@@ -225,6 +262,7 @@ class RegistryRepository:
         raw: TenantPool | None = None,
     ):
         self.engine = engine
+        self.retained = RetainedTotals()
         # The claim and the group commit go through `raw` (plain asyncpg, rawsql.py) when
         # given; the same statements otherwise run through `tenant_engine`.
         self.raw = raw
@@ -245,6 +283,7 @@ class RegistryRepository:
 
     async def register_engine(self, spec: EngineSpec, request_id: str) -> tuple[Row, int]:
         """Upsert an engine generation; invalidate older generations' leases."""
+        await self.retained.get(self.engine)
         async with self.engine.begin() as conn:
             current = (
                 await conn.execute(
@@ -301,6 +340,7 @@ class RegistryRepository:
 
     async def heartbeat(self, engine_id: str, generation: int, in_flight: int, queued: int) -> Row:
         """Record liveness and load for the engine's current generation."""
+        await self.retained.get(self.engine)
         async with self.engine.begin() as conn:
             current = (
                 await conn.execute(
@@ -351,7 +391,8 @@ class RegistryRepository:
             return await self._transition(conn, where, params, LeaseState.INVALIDATED, reason, request_id)
 
     async def list_engines(self, model: str, role: str) -> list[Row]:
-        """Engines with their retained blocks, by id."""
+        """Engines with their retained blocks (at most `RetainedTotals.max_age` old), by id."""
+        await self.retained.get(self.engine)
         async with self.engine.connect() as conn:
             rows = await conn.execute(
                 text(
@@ -361,7 +402,7 @@ class RegistryRepository:
                 ),
                 {"model": model, "role": role},
             )
-            return [r._mapping for r in rows]
+            return [self.retained.with_totals(r._mapping) for r in rows]
 
     # -- leases --------------------------------------------------------------------------
 
@@ -699,4 +740,4 @@ class RegistryRepository:
         row = (
             await conn.execute(text(f"SELECT {ENGINE_COLUMNS} FROM engines e WHERE e.engine_id = :id"), {"id": engine_id})
         ).first()
-        return None if row is None else row._mapping
+        return None if row is None else self.retained.with_totals(row._mapping)
