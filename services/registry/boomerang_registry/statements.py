@@ -1,0 +1,170 @@
+"""The registry's SQL statements, written deliberately for the hot path (see repository.py).
+
+Every lease state change appends its `lease_events` row in the same statement; the claim
+is one statement on the `(tenant, conversation_id)` live-lease index.
+"""
+
+from __future__ import annotations
+
+LEASE_COLUMNS = """
+    l.lease_id::text AS lease_id, l.tenant, l.conversation_id, l.model, l.engine_id,
+    l.engine_generation, l.remote_request_id, l.block_ids, l.num_blocks, l.num_tokens,
+    l.block_size, l.state, l.version, l.claim_id, l.finished_at, l.created_at, l.expires_at,
+    l.updated_at, l.remote_host, l.remote_port, l.tp_size, l.dcp_size, l.pp_size
+"""
+
+ENGINE_COLUMNS = """
+    e.engine_id, e.role, e.model, e.side_channel_host, e.side_channel_port, e.http_base_url,
+    e.generation, e.kv_blocks_ttl_seconds, e.block_size, e.tp_size, e.dcp_size, e.pp_size,
+    e.bytes_per_block, e.kv_recompute_threshold, e.status, e.registered_at, e.heartbeat_at,
+    e.in_flight_requests, e.queued_prompt_tokens
+"""
+
+# Blocks held by live leases, per engine: one scan of the live-lease index for all engines.
+RETAINED_SQL = """
+SELECT engine_id, sum(num_blocks) AS blocks FROM leases
+WHERE state IN ('RETAINED', 'CLAIMED') GROUP BY engine_id
+"""
+
+
+# Moves the leases selected by {where} to :to_state and appends one event per lease.
+TRANSITION_SQL = """
+WITH old AS (
+    SELECT lease_id, state FROM leases WHERE {where} FOR UPDATE
+), moved AS (
+    UPDATE leases l SET state = CAST(:to_state AS text), version = l.version + 1,
+           updated_at = now() {extra_set}
+    FROM old WHERE l.lease_id = old.lease_id
+    RETURNING l.lease_id, l.tenant, l.conversation_id, l.claim_id, old.state AS from_state
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state,
+                              reason, actor, request_id, claim_id)
+    SELECT lease_id, tenant, conversation_id, from_state, CAST(:to_state AS text),
+           CAST(:reason AS text), CAST(:actor AS text), CAST(:request_id AS text),
+           COALESCE(claim_id, CAST(:event_claim_id AS text))
+    FROM moved
+)
+SELECT lease_id::text AS lease_id FROM moved
+"""
+
+# Returns the new lease's row (and how many it superseded), or no row when the request was
+# already registered or the engine refuses it (the caller then explains why).
+REGISTER_SQL = f"""
+WITH eng AS (
+    SELECT * FROM engines WHERE engine_id = :engine_id FOR SHARE
+), ins AS (
+    INSERT INTO leases AS l (lease_id, tenant, conversation_id, model, engine_id, engine_generation,
+                        remote_request_id, block_ids, num_blocks, num_tokens, block_size, chain,
+                        tail_hash, remote_host, remote_port, tp_size, dcp_size, pp_size, state,
+                        finished_at, expires_at)
+    SELECT CAST(:lease_id AS uuid), :tenant, :conversation_id,
+           COALESCE(NULLIF(:model, ''), eng.model), eng.engine_id, :generation,
+           :remote_request_id, CAST(:block_ids AS jsonb), :num_blocks, :num_tokens,
+           :block_size, :chain, :tail_hash,
+           COALESCE(NULLIF(:remote_host, ''), eng.side_channel_host),
+           COALESCE(NULLIF(:remote_port, 0), eng.side_channel_port),
+           eng.tp_size, eng.dcp_size, eng.pp_size, 'RETAINED',
+           LEAST(COALESCE(CAST(:finished_at AS timestamptz), now()), now()),
+           LEAST(COALESCE(CAST(:finished_at AS timestamptz), now()), now())
+             + make_interval(secs => eng.kv_blocks_ttl_seconds - CAST(:margin AS float8))
+    FROM eng
+    WHERE eng.generation = :generation AND eng.status = 'ACTIVE'
+      AND eng.role = 'DECODE' AND eng.block_size = :block_size
+    ON CONFLICT (engine_id, engine_generation, remote_request_id) DO NOTHING
+    RETURNING {LEASE_COLUMNS}
+), sup_old AS (
+    SELECT l.lease_id, l.state FROM leases l, ins
+    WHERE l.tenant = ins.tenant AND l.conversation_id = ins.conversation_id
+      AND l.state = 'RETAINED' AND l.finished_at <= ins.finished_at
+    FOR UPDATE OF l
+), sup AS (
+    UPDATE leases l SET state = 'SUPERSEDED', version = l.version + 1, updated_at = now()
+    FROM sup_old WHERE l.lease_id = sup_old.lease_id
+    RETURNING l.lease_id, l.tenant, l.conversation_id
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, details)
+    SELECT CAST(lease_id AS uuid), tenant, conversation_id, NULL, 'RETAINED', 'REGISTERED', :actor,
+           :request_id, NULL FROM ins
+    UNION ALL
+    SELECT sup.lease_id, sup.tenant, sup.conversation_id, 'RETAINED', 'SUPERSEDED',
+           'SUPERSEDED', :actor, :request_id,
+           jsonb_build_object('superseded_by', (SELECT lease_id::text FROM ins))
+    FROM sup
+)
+SELECT (SELECT count(*) FROM sup) AS superseded, ins.* FROM ins
+"""
+
+# One statement, one round trip: find the conversation's live leases on the live-lease
+# index, verify each one's prefix against the prompt, claim the best under its row lock
+# (a concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing),
+# append the CLAIMED event, and return the claimed lease, or a retried claim's lease, or
+# every candidate with why it did not qualify.
+CLAIM_SQL = f"""
+WITH prior AS (
+    SELECT l.lease_id FROM leases l
+    WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
+      AND l.claim_id = :claim_id AND l.state IN ('CLAIMED', 'CONSUMED')
+), cands AS (
+    SELECT l.lease_id, l.state, l.expires_at,
+           (e.status = 'ACTIVE' AND e.generation = l.engine_generation) AS engine_ok,
+           (l.block_size = :block_size) AS block_size_ok,
+           CASE WHEN l.block_size = :block_size THEN
+               boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens,
+                                       :chain, :tail_hash, :num_tokens, l.block_size)
+           ELSE 0 END AS common_tokens,
+           EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
+    FROM leases l JOIN engines e ON e.engine_id = l.engine_id
+    WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
+      AND l.state IN ('RETAINED', 'CLAIMED')
+      AND (:model = '' OR l.model = :model)
+), pick AS (
+    SELECT lease_id, common_tokens FROM cands
+    WHERE NOT EXISTS (SELECT 1 FROM prior) AND state = 'RETAINED' AND engine_ok
+      AND common_tokens >= :min_tokens AND common_tokens > 0
+      AND remaining_seconds > :min_remaining
+    ORDER BY common_tokens DESC, expires_at DESC
+    LIMIT 1
+), claimed AS (
+    UPDATE leases l SET state = 'CLAIMED', claim_id = :claim_id, version = l.version + 1,
+                        updated_at = now()
+    FROM pick
+    WHERE l.lease_id = pick.lease_id AND l.state = 'RETAINED'
+      AND l.expires_at > now() + make_interval(secs => CAST(:min_remaining AS float8))
+    RETURNING {LEASE_COLUMNS}, pick.common_tokens,
+              EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, claim_id, details)
+    SELECT CAST(lease_id AS uuid), tenant, conversation_id, 'RETAINED', 'CLAIMED', 'CLAIMED',
+           :actor, :claim_id, :claim_id, jsonb_build_object('reusable_tokens', common_tokens)
+    FROM claimed
+)
+SELECT 'claimed' AS kind, TRUE AS engine_ok, TRUE AS block_size_ok, claimed.* FROM claimed
+UNION ALL
+SELECT 'prior', TRUE, TRUE, {LEASE_COLUMNS},
+       boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens, :chain, :tail_hash,
+                               :num_tokens, l.block_size),
+       EXTRACT(EPOCH FROM l.expires_at - now())::float8
+FROM prior JOIN leases l ON l.lease_id = prior.lease_id
+UNION ALL
+SELECT 'candidate', c.engine_ok, c.block_size_ok, {LEASE_COLUMNS}, c.common_tokens,
+       c.remaining_seconds
+FROM cands c JOIN leases l ON l.lease_id = c.lease_id
+"""
+
+# Where a released claim goes: back to RETAINED only while live, valid and newest.
+RELEASE_TARGET_SQL = """
+SELECT CASE
+    WHEN l.expires_at <= now() THEN 'EXPIRED'
+    WHEN e.status <> 'ACTIVE' OR e.generation <> l.engine_generation THEN 'INVALIDATED'
+    WHEN EXISTS (SELECT 1 FROM leases n WHERE n.tenant = l.tenant
+                 AND n.conversation_id = l.conversation_id
+                 AND n.state IN ('RETAINED', 'CLAIMED') AND n.finished_at > l.finished_at)
+        THEN 'SUPERSEDED'
+    ELSE 'RETAINED' END
+FROM leases l JOIN engines e ON e.engine_id = l.engine_id
+WHERE l.lease_id = CAST(:id AS uuid)
+"""
+
+LIVE_LEASE_FILTER = "state IN ('RETAINED', 'CLAIMED')"
