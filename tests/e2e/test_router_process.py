@@ -305,3 +305,53 @@ async def test_required_auth_refuses_anonymous_callers(database_url: str, regist
             await gateway.list_engines(req)
     finally:
         router.kill()
+
+
+async def test_finished_turns_keep_an_engine_that_never_heartbeats_in_the_pool(
+    database_url: str, registry: ServiceProcess, rc: RegistryClient, unique: str
+) -> None:
+    """Real vLLM without the hook never heartbeats; the router vouches for it after each turn."""
+    timeout = 1.5
+    proc = ServiceProcess(
+        ["router", "--listen", "127.0.0.1:0", "--registry", registry.address, "--engine-refresh-seconds", "0.1",
+         "--claim-deadline-ms", "2000", "--heartbeat-timeout-seconds", str(timeout)],
+        {"BOOMERANG_DATABASE_URL": database_url},
+    ).start()
+    model, silent = f"m-{unique}", f"vllm-{unique}"  # `silent`: known only from its handles
+    await add_engine(rc, f"p-{unique}", tpb.ENGINE_ROLE_PREFILL, model, 8100)
+    await add_engine(rc, f"d-{unique}", tpb.ENGINE_ROLE_DECODE, model, 8200)
+
+    async def keep_alive() -> None:  # the engines the plans choose heartbeat themselves
+        while True:
+            for engine_id in (f"p-{unique}", f"d-{unique}"):
+                await rc.heartbeat(rpb.HeartbeatRequest(engine_id=engine_id, registration_generation=1))
+            await asyncio.sleep(0.3)
+
+    beating = asyncio.create_task(keep_alive())
+    try:
+        async with RouterClient(proc.address, plan_timeout=5.0) as client:
+            await pool_has(client, model, f"p-{unique}", f"d-{unique}")
+
+            async def turn(conv: str, prompt: list[int]) -> rtpb.PlanTurnResponse:
+                plan = await client.plan_turn(rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model,
+                                                                   prompt_token_ids=prompt))
+                rep = await client.report_turn(rtpb.ReportTurnRequest(
+                    tenant="acme", plan_id=plan.plan_id, decode_kv_transfer_params_json=json.dumps(handle(silent, len(prompt) + 16)),
+                    prompt_token_ids=prompt, output_token_ids=history(16, 9)))
+                assert rep.retention in (rtpb.RETENTION_OUTCOME_REGISTERED, rtpb.RETENTION_OUTCOME_ALREADY_REGISTERED)
+                return plan
+
+            first = history(400, 3)
+            await turn(f"c0-{unique}", first)  # registers `silent` from its handle
+            # Other conversations' turns finish on `silent` for longer than the timeout...
+            for i in range(1, 8):
+                await asyncio.sleep(0.4)
+                await turn(f"c{i}-{unique}", history(200, 10 + i))
+            # ...so it is still alive to the router, and the first conversation pulls from it.
+            again = await client.plan_turn(rtpb.PlanTurnRequest(
+                tenant="acme", conversation_id=f"c0-{unique}", model=model, prompt_token_ids=first + history(16, 9) + [5] * 40))
+            assert again.decision == rtpb.PLAN_DECISION_PULL, again
+            assert json.loads(again.kv_transfer_params_json)["remote_engine_id"] == silent
+    finally:
+        beating.cancel()
+        proc.kill()

@@ -147,6 +147,11 @@ class EnginePool:
             fresh[info.engine_id] = entry
         self.registry, self._progress, self.refreshed = fresh, progress, True
 
+    def heartbeat_age(self, engine_id: str) -> float | None:
+        """Seconds since this router saw the engine's heartbeat advance; None if never seen."""
+        seen = self._progress.get(engine_id)
+        return None if seen is None else max(0.0, self.mono() - seen.seen_mono)
+
     def known(self, engine_id: str) -> EngineInfo | None:
         """The registry's record of an engine, if this router has seen it."""
         entry = self.registry.get(engine_id)

@@ -9,7 +9,9 @@ the blocks (a stale generation, a dead engine) is an outcome, recorded, not an e
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from urllib.parse import urlparse
 
 from boomerang.clients.base import BoomerangClientError
@@ -62,6 +64,42 @@ class Reporter:
         self.registry = registry
         self.pool = pool
         self.engines_registered = 0
+        self.vouched = 0
+        self._vouched_at: dict[str, float] = {}
+        self._vouching: set[asyncio.Task[None]] = set()
+
+    def vouch_for(self, engine_id: str, generation: int) -> None:
+        """A finished turn proves its decode engine alive: heartbeat for it if it does not.
+
+        Engines that the router only knows from their handles (real vLLM without the hook)
+        never heartbeat, and would leave every pool and lose their leases to the reaper's
+        liveness sweep one timeout after their registration. An engine whose own heartbeats
+        are recent is left alone (its reported load is not overwritten); otherwise at most
+        one heartbeat per engine per sixth of the timeout, in the background.
+        """
+        timeout = self.pool.heartbeat_timeout
+        if timeout <= 0:
+            return
+        age = self.pool.heartbeat_age(engine_id)
+        now = time.monotonic()
+        if age is not None and age < timeout / 3:
+            return
+        if now - self._vouched_at.get(engine_id, float("-inf")) < timeout / 6:
+            return
+        self._vouched_at[engine_id] = now
+        task = asyncio.ensure_future(self._heartbeat(engine_id, generation))
+        self._vouching.add(task)
+        task.add_done_callback(self._vouching.discard)
+
+    async def _heartbeat(self, engine_id: str, generation: int) -> None:
+        try:
+            await self.registry.heartbeat(
+                rpb.HeartbeatRequest(engine_id=engine_id, registration_generation=generation),
+                timeout=self.settings.report_timeout_seconds,
+            )
+            self.vouched += 1
+        except BoomerangClientError as err:  # best effort: a stale engine only costs reuse
+            log.debug("heartbeat for %s after its turn failed: %s", engine_id, err)
 
     async def settle_handle(self, record: PlanRecord, use: HandleUse) -> tuple[str, str]:
         """MarkConsumed (read, or not known) or ReleaseClaim (never read)."""
@@ -129,6 +167,7 @@ class Reporter:
         for attempt in (1, 2):
             try:
                 resp = await self.registry.register_retained_blocks(req, timeout=self.settings.report_timeout_seconds)
+                self.vouch_for(p.remote_engine_id, generation)
                 return (Retention.REGISTERED if resp.created else Retention.ALREADY_REGISTERED), resp.lease, ""
             except BoomerangClientError as err:
                 if err.code in TRANSIENT:
