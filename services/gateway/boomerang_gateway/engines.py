@@ -150,6 +150,7 @@ class EnginePool:
         listed = await self.registry.list_engines(rpb.ListEnginesRequest(), timeout=2.0)
         old = {(e.role, e.url): e for e in self.view.engines}
         engines: list[EngineRef] = []
+        stale: list[EngineRef] = []
         cards: dict[str, dict[str, Any]] = {}
         beats: dict[str, tuple[float, float]] = {}
         now_mono, now_wall = time.monotonic(), time.time()
@@ -163,16 +164,24 @@ class EnginePool:
             if last is None or last[0] != beat:
                 last = (beat, now_mono - (max(0.0, now_wall - beat) if last is None and beat else 0.0))
             beats[e.engine_id] = last
-            if self.heartbeat_timeout > 0 and now_mono - last[1] > self.heartbeat_timeout:
-                continue
             role = PREFILL if e.role == tpb.ENGINE_ROLE_PREFILL else DECODE
             url = e.http_base_url.rstrip("/")
             ref = EngineRef(url, role, e.engine_id, (e.model,))
             if (role, url) in old:
                 ref.in_flight = old[(role, url)].in_flight
+            if self.heartbeat_timeout > 0 and now_mono - last[1] > self.heartbeat_timeout:
+                stale.append(ref)
+                continue
             engines.append(ref)
-            if role == PREFILL:
-                cards[e.model] = {"id": e.model, "object": "model", "created": 0, "owned_by": "boomerang", "root": e.model}
+        # Heartbeats also stop when the registry or its database was down, not only when an
+        # engine died: where a model has no engine with a fresh heartbeat, its stale ones stay
+        # (a dead one is refused and skipped per request) rather than failing every request.
+        fresh_kinds = {(ref.role, ref.models) for ref in engines}
+        engines += [ref for ref in stale if (ref.role, ref.models) not in fresh_kinds]
+        for ref in engines:
+            if ref.role == PREFILL:
+                model = ref.models[0]
+                cards[model] = {"id": model, "object": "model", "created": 0, "owned_by": "boomerang", "root": model}
         self.view = PoolView(engines=engines, cards=cards)
         self._beats = beats
         self.refreshed = True
