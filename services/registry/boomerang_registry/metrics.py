@@ -7,6 +7,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang.metrics import LATENCY_BUCKETS
+from boomerang_registry.totals import RetainedTotals
 
 CLAIMS = Counter("boomerang_registry_claims_total", "ClaimReuse calls by outcome.", ["outcome"])
 CLAIM_SECONDS = Histogram(
@@ -37,8 +38,13 @@ RETAINED_BYTES = Gauge(
 _STATES = ("RETAINED", "CLAIMED", "CONSUMED", "EXPIRED", "SUPERSEDED", "INVALIDATED")
 
 
-async def refresh_gauges(engine: AsyncEngine) -> None:
-    """Read lease counts and retained memory from Postgres into the gauges."""
+async def refresh_gauges(engine: AsyncEngine, totals: RetainedTotals) -> None:
+    """Read lease counts and retained memory from Postgres into the gauges.
+
+    Per-engine blocks come from the registry's shared `RetainedTotals` (one scan of live
+    leases serves ListEngines, Heartbeat and these gauges).
+    """
+    blocks = await totals.get(engine)
     async with engine.connect() as conn:
         counts = dict(
             (
@@ -50,18 +56,13 @@ async def refresh_gauges(engine: AsyncEngine) -> None:
                 )
             ).all()
         )
-        per_engine = (
-            await conn.execute(
-                text(
-                    "SELECT e.engine_id, COALESCE(sum(l.num_blocks), 0), e.bytes_per_block FROM engines e "
-                    "LEFT JOIN leases l ON l.engine_id = e.engine_id AND l.state IN ('RETAINED', 'CLAIMED') "
-                    "WHERE e.role = 'DECODE' GROUP BY e.engine_id, e.bytes_per_block"
-                )
-            )
+        decode_engines = (
+            await conn.execute(text("SELECT engine_id, bytes_per_block FROM engines WHERE role = 'DECODE'"))
         ).all()
     for state in _STATES:
         LIVE_LEASES.labels(state).set(counts.get(state, 0))
-    for engine_id, blocks, bytes_per_block in per_engine:
-        RETAINED_BLOCKS.labels(engine_id).set(blocks)
+    for engine_id, bytes_per_block in decode_engines:
+        held = blocks.get(engine_id, 0)
+        RETAINED_BLOCKS.labels(engine_id).set(held)
         if bytes_per_block:
-            RETAINED_BYTES.labels(engine_id).set(blocks * bytes_per_block)
+            RETAINED_BYTES.labels(engine_id).set(held * bytes_per_block)

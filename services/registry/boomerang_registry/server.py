@@ -67,7 +67,7 @@ async def run(settings: RegistrySettings) -> None:
     batcher.start()
     servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore(engine))
     serve_metrics(settings.metrics_listen)
-    gauges = asyncio.create_task(refresh_forever(lambda: refresh_gauges(engine), 5.0))
+    gauges = asyncio.create_task(refresh_forever(lambda: refresh_gauges(engine, repo.retained), 5.0))
 
     async def stop() -> None:
         gauges.cancel()
