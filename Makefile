@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/boomerang/v1/*.proto)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup proto lint test test-fast demo bench up migrate clean
+.PHONY: help setup proto lint test test-fast test-vllm demo bench up migrate clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -28,8 +28,12 @@ lint: setup ## Lint the protos (buf, STANDARD rules) and check the stubs match p
 	$(BIN)/buf lint
 	$(BIN)/python -m boomerang.protogen --check libs
 
-test: setup ## Run every test: unit, integration (real Postgres), end-to-end (processes)
+test: setup ## Run every test: unit, integration (real Postgres), end-to-end (processes), real vLLM
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-vllm
+
+test-vllm: setup ## The hook inside vLLM 0.33.0's own scheduler (its virtualenv is built once, cached)
+	@venv=$$(PYTHON=$(PYTHON) tests/vllm/venv.sh) && BOOMERANG_VLLM_SUITE=1 "$$venv/bin/python" -m pytest -q tests/vllm
 
 test-fast: setup ## Run unit tests only
 	$(BIN)/python -m pytest -q tests/unit

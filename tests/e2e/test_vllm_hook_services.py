@@ -111,15 +111,15 @@ def test_decode_registers_and_prefill_pulls_the_next_turn(
     assert p.get_num_new_matched_tokens(p1, 0) == (0, False)
     p.update_state_after_alloc(p1, None, 0)
     p1.status = "FINISHED_LENGTH_CAPPED"
-    _, to_d = p.request_finished(p1, block_ids_for(len(prompt1), BLOCK))
+    _, to_d = p.request_finished_all_groups(p1, block_ids_for(len(prompt1), BLOCK))
     assert to_d is not None and to_d["boomerang"] == {"tenant": tenant, "conversation_id": conversation}
 
     # Turn 1 on D: reads P's KV, generates (reasoning included), keeps every block.
-    output1 = list(range(7000, 7037))
+    output1 = list(range(7000, 7038))  # D computed KV for 200 + 38 − 1 = 237 tokens
     d1 = Request("d-turn-1", prompt1, to_d, output_token_ids=output1)
     assert d.get_num_new_matched_tokens(d1, 0) == (len(prompt1), True)
     d1.status = "FINISHED_STOPPED"
-    _, handle = d.request_finished(d1, block_ids_for(237, BLOCK, start=300))
+    _, handle = d.request_finished_all_groups(d1, block_ids_for(237, BLOCK, start=300))
     assert handle is not None and handle["remote_num_tokens"] == 237
 
     def retained() -> list[tpb.Lease]:
@@ -128,7 +128,7 @@ def test_decode_registers_and_prefill_pulls_the_next_turn(
     assert wait_for(lambda: len(retained()) == 1, 10), d.boomerang.stats()
     lease = retained()[0]
     assert (lease.engine_id, lease.remote_request_id, lease.num_tokens) == (d.engine_id, "d-turn-1", 237)
-    assert [list(g.block_ids) for g in lease.block_groups] == block_ids_for(237, BLOCK, start=300)
+    assert [list(g.block_ids) for g in lease.block_groups] == list(block_ids_for(237, BLOCK, start=300))
 
     # Turn 2 on P: the prompt extends everything D holds; P is told to pull the whole blocks.
     prompt2 = prompt1 + output1 + list(range(3000, 3050))
@@ -146,7 +146,7 @@ def test_decode_registers_and_prefill_pulls_the_next_turn(
     p.update_state_after_alloc(p2, None, count)
     assert p.pulls == [("p-turn-2", "d-turn-1", verified)]
     p2.status = "FINISHED_LENGTH_CAPPED"
-    p.request_finished(p2, block_ids_for(len(prompt2), BLOCK))
+    p.request_finished_all_groups(p2, block_ids_for(len(prompt2), BLOCK))
     # The report settles the claim: the lease was read once and is never handed out again.
     assert wait_for(lambda: leases(registry, tenant, conversation).leases[0].state == tpb.LEASE_STATE_CONSUMED, 10), \
         p.boomerang.stats()
@@ -170,7 +170,7 @@ def test_gateway_and_hook_both_report_one_turn(
     def decode_turn(conversation: str, rid: str) -> tuple[Request, dict[str, Any]]:
         req = Request(rid, prompt, {"do_remote_prefill": True, "boomerang": {"conversation_id": conversation}},
                       output_token_ids=output, status="FINISHED_STOPPED")
-        _, handle = d.request_finished(req, block_ids_for(120, BLOCK))
+        _, handle = d.request_finished_all_groups(req, block_ids_for(120, BLOCK))
         assert handle is not None
         return req, handle
 
@@ -221,6 +221,7 @@ def test_router_down_prefill_computes_locally_within_the_deadline(
         assert p.get_num_new_matched_tokens(req, 0) == (0, False)
         timings.append((time.perf_counter() - begin) * 1000)
         assert req.kv_transfer_params == {"do_remote_decode": True, "boomerang": {"conversation_id": "c"}}
+        p.build_connector_meta(None)  # one request per scheduler step
     assert max(timings) < 20 + 30, timings
     stats = p.boomerang.stats()
     assert stats.get("fallback_unavailable", 0) + stats.get("fallback_deadline_exceeded", 0) == 3, stats
@@ -241,9 +242,11 @@ def test_hanging_router_costs_one_deadline(engines: list[Connector], unique: str
         assert p.get_num_new_matched_tokens(first, 0) == (0, False)
         elapsed_ms = (time.perf_counter() - begin) * 1000
         assert 15 <= elapsed_ms < 20 + 30, elapsed_ms
+        p.build_connector_meta(None)  # the scheduler step ends
         begin = time.perf_counter()
         for i in range(50):
             p.get_num_new_matched_tokens(Request(f"r{i + 1}", list(range(300)), {"boomerang": {"conversation_id": "c"}}), 0)
+            p.build_connector_meta(None)
         assert (time.perf_counter() - begin) * 1000 < 50  # the breaker is open: no more waiting
         stats = p.boomerang.stats()
         assert stats["fallback_deadline_exceeded"] == 1 and stats["fallback_breaker_open"] == 50

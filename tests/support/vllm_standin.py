@@ -1,14 +1,22 @@
 """A stand-in for vLLM's scheduler-side NixlConnector and Request, following VLLM_FACTS.md.
 
+For fast unit tests only: tests/vllm/ drives vLLM 0.33.0's real scheduler and connector,
+and its test_standin_surface.py fails when this stand-in drifts from them.
+
 Only what the hook relies on, to the field: `Request.kv_transfer_params`,
-`prompt_token_ids`, `all_token_ids` (prompt plus output), `request_id`; the connector's
+`prompt_token_ids`, `all_token_ids` (prompt plus output), `request_id`,
+`num_computed_tokens`, `num_preemptions`; the connector's
 `get_num_new_matched_tokens(request, num_computed_tokens) -> (int | None, bool)`,
-`update_state_after_alloc(request, blocks, num_external_tokens)` and
-`request_finished(request, block_ids) -> (delay_free, kv_transfer_params | None)`, with
-the NixlConnector's rules: P pulls when the request carries a complete handle and loads
-`min(remote_num_tokens, prompt) − computed` tokens, recomputing (and freeing D's blocks)
-below `kv_recompute_threshold`; D returns its bidirectional handle only for requests that
-finished normally; P returns its own params for D.
+`update_state_after_alloc(request, blocks, num_external_tokens)` and, because the
+NixlConnector supports the hybrid KV-cache manager, `request_finished_all_groups(request,
+block_ids: tuple[list[int], ...]) -> (delay_free, kv_transfer_params | None)` (vLLM's
+scheduler calls `request_finished(request, block_ids: list[int])` only on connectors
+without that support). The NixlConnector's rules: P pulls when the request carries a
+complete handle and loads `min(remote_num_tokens, prompt) − computed` tokens, recomputing
+(and freeing D's blocks) below `kv_recompute_threshold`; D returns its bidirectional
+handle (block ids as the tuple of lists it was given, `remote_num_tokens` = the request's
+computed tokens: everything but the last sampled token) only for requests that finished
+normally; P returns its own params for D.
 """
 
 from __future__ import annotations
@@ -39,6 +47,12 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     sampling_params: Any = None
     status: str = "WAITING"
+    num_preemptions: int = 0
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens with KV: everything but the last sampled token, which has none yet."""
+        return len(self.all_token_ids) - (1 if self.output_token_ids else 0)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -131,7 +145,20 @@ class StandInNixlConnector:
             else:
                 self.frees.append(params["remote_request_id"])
 
-    def request_finished(self, request: Request, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+    def shutdown(self) -> None:
+        """vLLM calls it when the engine core stops; the stand-in holds nothing to release."""
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        """Called once at the end of every `schedule()`; the stand-in has nothing to send."""
+        return SimpleNamespace(reqs_to_recv={})
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """The non-HMA path: one KV-cache group's block ids."""
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
         """(delay_free, kv_transfer_params): P's params for D, or D's bidirectional handle."""
         if request.status not in FINISHED_NORMALLY:
             return False, None
@@ -160,13 +187,14 @@ class StandInNixlConnector:
             "tp_size": 1,
             "dcp_size": 1,
             "pp_size": 1,
-            "remote_num_tokens": len(request.all_token_ids),
+            "remote_num_tokens": request.num_computed_tokens,
             "remote_blocks_expiry_time": time.perf_counter() + self.ttl,
             "remote_registration_generation": self.generation,
             "transfer_mode": "pull",
         }
 
 
-def block_ids_for(num_tokens: int, block_size: int, start: int = 0) -> list[list[int]]:
-    """One KV-cache group of consecutive block ids covering `num_tokens`."""
-    return [list(range(start, start + -(-num_tokens // block_size)))]
+def block_ids_for(num_tokens: int, block_size: int, start: int = 0) -> tuple[list[int], ...]:
+    """One KV-cache group of consecutive block ids covering `num_tokens`, shaped as vLLM's
+    scheduler passes them to `request_finished_all_groups`."""
+    return (list(range(start, start + -(-num_tokens // block_size))),)

@@ -102,7 +102,7 @@ def test_prefill_pull_turn(connector: Any, fakes: Fakes) -> None:
     conn.update_state_after_alloc(req, None, 80)
     assert conn.pulls == [("p-req-1", "d-req-1", 80)]
     req.status = "FINISHED_LENGTH_CAPPED"
-    delay_free, out = conn.request_finished(req, block_ids_for(100, 16))
+    delay_free, out = conn.request_finished_all_groups(req, block_ids_for(100, 16))
     assert delay_free and out["do_remote_prefill"] is True
     assert out["boomerang"] == {"tenant": "acme", "conversation_id": "c-1"}  # travels to D with P's params
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
@@ -118,7 +118,7 @@ def test_pull_never_allocated_is_reported_unknown(connector: Any, fakes: Fakes) 
     req = prefill_request()
     conn.get_num_new_matched_tokens(req, 0)
     req.status = "FINISHED_ABORTED"
-    assert conn.request_finished(req, block_ids_for(100, 16)) == (False, None)
+    assert conn.request_finished_all_groups(req, block_ids_for(100, 16)) == (False, None)
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
     assert fakes.background.reports[0].handle_use == opb.HANDLE_USE_UNKNOWN
 
@@ -133,7 +133,7 @@ def test_unusable_pull_params_give_the_claim_back(connector: Any, fakes: Fakes) 
     assert req.kv_transfer_params == before
     conn.update_state_after_alloc(req, None, 0)
     req.status = "FINISHED_STOPPED"
-    conn.request_finished(req, block_ids_for(100, 16))
+    conn.request_finished_all_groups(req, block_ids_for(100, 16))
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
     assert fakes.background.reports[0].handle_use == opb.HANDLE_USE_NOT_READ
     assert conn.boomerang.stats()["bad_plan_params"] == 1
@@ -146,7 +146,7 @@ def test_cold_plan_leaves_the_request_alone(connector: Any, fakes: Fakes) -> Non
     assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
     assert req.kv_transfer_params == before
     req.status = "FINISHED_STOPPED"
-    conn.request_finished(req, block_ids_for(100, 16))
+    conn.request_finished_all_groups(req, block_ids_for(100, 16))
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
     assert fakes.background.reports[0].handle_use == opb.HANDLE_USE_UNSPECIFIED
 
@@ -189,12 +189,14 @@ def test_decode_registers_what_it_holds(connector: Any, fakes: Fakes) -> None:
     prompt, output = list(range(500, 570)), list(range(900, 925))
     req = Request("d-req-1", prompt, {"do_remote_prefill": True, "boomerang": {"conversation_id": "c-1", "tenant": "acme"}},
                   output_token_ids=output, status="FINISHED_STOPPED")
-    delay_free, params = conn.request_finished(req, block_ids_for(95, 16, start=40))
+    delay_free, params = conn.request_finished_all_groups(req, block_ids_for(95, 16, start=40))
     assert delay_free and params["do_remote_decode"] is True and "boomerang" not in params
     assert wait_for(lambda: conn.boomerang.sender.registered == 1, 5)
     sent = next(r for name, r in fakes.registry.calls if name == "RegisterRetainedBlocks")
-    chain = build_chain(prompt + output, 16)
-    assert sent.num_tokens == 95 and sent.token_chain.block_hashes == chain.block_hashes
+    # D holds KV for every token but the last one sampled (vLLM's remote_num_tokens is the
+    # request's num_computed_tokens), and the lease covers exactly that.
+    chain = build_chain((prompt + output)[:94], 16)
+    assert sent.num_tokens == 94 and sent.token_chain.block_hashes == chain.block_hashes
     assert sent.token_chain.tail_hash == chain.tail_hash
     assert (sent.engine_id, sent.engine_generation, sent.remote_request_id) == ("d-1", 1, "d-req-1")
     assert [list(g.block_ids) for g in sent.block_groups] == [list(range(40, 46))]
@@ -206,9 +208,9 @@ def test_decode_registers_what_it_holds(connector: Any, fakes: Fakes) -> None:
 def test_decode_skips_aborts_and_unnamed_conversations(connector: Any, fakes: Fakes) -> None:
     conn = connector("d-1", extra("decode"))
     aborted = Request("a", list(range(40)), {"boomerang": {"conversation_id": "c"}}, status="FINISHED_ABORTED")
-    assert conn.request_finished(aborted, block_ids_for(40, 16)) == (False, None)
+    assert conn.request_finished_all_groups(aborted, block_ids_for(40, 16)) == (False, None)
     anonymous = Request("b", list(range(40)), {"do_remote_prefill": True}, status="FINISHED_STOPPED")
-    assert conn.request_finished(anonymous, block_ids_for(40, 16))[0] is True
+    assert conn.request_finished_all_groups(anonymous, block_ids_for(40, 16))[0] is True
     stats = conn.boomerang.stats()
     assert stats["finished_without_handle"] == 1 and stats["no_conversation"] == 1
     assert stats["sender"]["offered"] == 0
@@ -225,7 +227,7 @@ def test_hook_errors_never_reach_vllm(connector: Any, fakes: Fakes, monkeypatch:
     req = prefill_request()
     assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
     req.status = "FINISHED_STOPPED"
-    assert conn.request_finished(req, block_ids_for(100, 16))[1]["do_remote_prefill"] is True
+    assert conn.request_finished_all_groups(req, block_ids_for(100, 16))[1]["do_remote_prefill"] is True
     assert conn.boomerang.counters["hook_errors"] == 2
 
 

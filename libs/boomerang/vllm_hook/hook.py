@@ -9,7 +9,10 @@
   its handle (from then on the handle counts as read).
 * `on_finished(request, (delay_free, kv_transfer_params))` — decode engines: a bidirectional
   handle is queued for registration; prefill engines: the plan is reported, and the
-  conversation is copied into P's returned params so it reaches D with them.
+  conversation is copied into P's returned params so it reaches D with them. It runs for
+  every way a request ends (stopped, length-capped, aborted, freed while waiting), so the
+  per-request state is released there; a preempted request is not ended (vLLM re-queues
+  it), it only counts as waiting for allocation again.
 
 None of it raises into vLLM and none of it blocks on the network except the one bounded
 PlanTurn call.
@@ -43,6 +46,8 @@ from boomerang.vllm_hook.sender import Registration, RegistrationSender
 
 log = logging.getLogger(__name__)
 MAX_TRACKED = 100_000
+# Plan failures that say the router refused this request, not that it is slow or away.
+REFUSALS = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "FAILED_PRECONDITION", "BAD_TOKENS"})
 
 
 @dataclass
@@ -53,7 +58,9 @@ class TurnState:
     prompt_tokens: int
     plan_id: str = ""
     decision: str = ""
-    allocated: bool = False
+    allocated: bool = False  # holds blocks now (False again after a preemption)
+    handle_used: bool = False  # vLLM allocated it with the plan's handle: counts as read
+    preemptions: int = 0
 
 
 class BoomerangHook:
@@ -76,6 +83,10 @@ class BoomerangHook:
         self.counters: Counter[str] = Counter()
         self.plan_seconds: deque[float] = deque(maxlen=4096)
         self._turns: OrderedDict[str, TurnState] = OrderedDict()
+        # Set when a plan failed for want of a router during this scheduler step: vLLM asks
+        # for every waiting request in one `schedule()`, so without it a hanging router
+        # would cost one deadline per request in the step, not one per step.
+        self._step_failed = False
         creds: dict[str, Any] = {"auth_token": b.token(), "tls": b.tls()}
         self.sender: RegistrationSender | None = None
         if b.registry:
@@ -163,8 +174,14 @@ class BoomerangHook:
     def before_match(self, request: Any, num_computed_tokens: int) -> None:
         """Plan a prefill request that names a conversation and carries no handle (once)."""
         rid = str(request.request_id)
-        if rid in self._turns:
-            return  # vLLM asks again each step until it can schedule the request
+        known = self._turns.get(rid)
+        if known is not None:
+            # vLLM asks again each step until it can schedule the request, and again after
+            # a preemption (which freed its blocks: it waits for allocation once more).
+            preemptions = int(getattr(request, "num_preemptions", 0) or 0)
+            if preemptions > known.preemptions:
+                known.preemptions, known.allocated = preemptions, False
+            return
         prompt = token_ids(request, "prompt_token_ids")
         found = self._context(request)
         state = self._track(rid, TurnState(None if isinstance(found, Skip) else found, len(prompt)))
@@ -176,10 +193,15 @@ class BoomerangHook:
         if has_pull_handle(getattr(request, "kv_transfer_params", None)):
             self.counters["handle_given"] += 1  # a gateway planned this turn already
             return
+        if self._step_failed:
+            self.counters["fallback_step_failed"] += 1
+            return
         attempt = self.planner.plan(found, prompt, rid)
         self.plan_seconds.append(attempt.elapsed)
         if attempt.response is None:
             self.counters[f"fallback_{attempt.error.lower()}"] += 1
+            if attempt.error not in REFUSALS and attempt.error != "BREAKER_OPEN":
+                self._step_failed = True
             if attempt.error == "DEADLINE_EXCEEDED" and attempt.request is not None and self.reporter is not None:
                 # The router may have claimed a lease for an answer that never arrived.
                 self.reporter.submit(Report(found.tenant, replan=attempt.request))
@@ -202,11 +224,15 @@ class BoomerangHook:
             request.kv_transfer_params = merged
             self.counters["reused_tokens"] += int(resp.reusable_tokens)
 
+    def end_step(self) -> None:
+        """vLLM finished one `schedule()`: the next step may plan again."""
+        self._step_failed = False
+
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
         """vLLM allocated the request: with a PULL plan, the handle is now in use."""
         state = self._turns.get(str(request.request_id))
         if state is not None:
-            state.allocated = True
+            state.allocated = state.handle_used = True
 
     def on_finished(self, request: Any, result: tuple[bool, dict[str, Any] | None]) -> tuple[bool, dict[str, Any] | None]:
         """Register D's retained blocks, or report P's plan; returns vLLM's result (P's params
@@ -220,7 +246,7 @@ class BoomerangHook:
         if state is not None and state.plan_id and self.reporter is not None:
             use = opb.HANDLE_USE_UNSPECIFIED
             if state.decision == "PULL":
-                use = opb.HANDLE_USE_READ if state.allocated else opb.HANDLE_USE_UNKNOWN
+                use = opb.HANDLE_USE_READ if state.handle_used else opb.HANDLE_USE_UNKNOWN
             elif state.decision == "PULL_UNUSED":
                 use = opb.HANDLE_USE_NOT_READ
             if not self.reporter.submit(Report(state.context.tenant if state.context else "", state.plan_id, use)):

@@ -7,8 +7,15 @@ gets a hook; worker-role instances behave exactly like the NixlConnector.
 
 The overrides follow the NixlConnector's signatures:
 `get_num_new_matched_tokens(request, num_computed_tokens) -> (int | None, bool)`,
-`update_state_after_alloc(request, blocks, num_external_tokens)`,
-`request_finished(request, block_ids) -> (delay_free, kv_transfer_params | None)`.
+`update_state_after_alloc(request, blocks, num_external_tokens)`, and the two ways a
+request's end reaches a connector:
+`request_finished_all_groups(request, block_ids: tuple[list[int], ...])` for connectors
+that support the hybrid KV-cache manager (`SupportsHMA`; vLLM 0.33.0's scheduler calls
+this one on the NixlConnector, with or without `--disable-hybrid-kv-cache-manager`), and
+`request_finished(request, block_ids: list[int])` for connectors without it. Every way a
+request ends inside vLLM's scheduler (stopped, length-capped, aborted, or freed while
+waiting) goes through one of them; preemption does not end a request (vLLM puts it back in
+the waiting queue and asks `get_num_new_matched_tokens` again).
 """
 
 from __future__ import annotations
@@ -131,9 +138,27 @@ class BoomerangConnectorMixin:
         if self._boomerang is not None:
             self._guard("after_alloc", self._boomerang.after_alloc, request, num_external_tokens)
 
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        """The NixlConnector's metadata for this step; the step is over for the hook too."""
+        meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
+        if self._boomerang is not None:
+            self._guard("end_step", self._boomerang.end_step)
+        return meta
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        """The end of a request on an HMA connector (the NixlConnector): the NixlConnector's
+        result, registered (decode) or reported (prefill)."""
+        result: tuple[bool, dict[str, Any] | None] = super().request_finished_all_groups(  # type: ignore[misc]
+            request, block_ids
+        )
+        return self._finished(request, result)
+
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
-        """The NixlConnector's result, registered (decode) or reported (prefill)."""
+        """The end of a request on a connector without HMA support (same treatment)."""
         result: tuple[bool, dict[str, Any] | None] = super().request_finished(request, block_ids)  # type: ignore[misc]
+        return self._finished(request, result)
+
+    def _finished(self, request: Any, result: tuple[bool, dict[str, Any] | None]) -> tuple[bool, dict[str, Any] | None]:
         if self._boomerang is None:
             return result
         changed = self._guard("request_finished", self._boomerang.on_finished, request, result)

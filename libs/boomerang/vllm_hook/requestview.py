@@ -90,12 +90,17 @@ def _is_int(value: Any) -> bool:
 
 
 def block_groups(value: Any) -> tuple[tuple[int, ...], ...] | None:
-    """`remote_block_ids` as groups (older vLLM sent one flat list), or None when malformed."""
-    if not isinstance(value, list) or not value:
+    """`remote_block_ids` as groups, or None when malformed.
+
+    Inside the engine vLLM 0.33.0 hands over a tuple of lists (one per KV-cache group,
+    `KVCacheConfig.select_transfer_block_ids`); in JSON it is a list of lists; older vLLM
+    sent one flat list. Any sequence of sequences of ints is accepted.
+    """
+    if not isinstance(value, (list, tuple)) or not value:
         return None
     if all(_is_int(v) for v in value):
         return (tuple(value),)
-    if all(isinstance(g, list) and g and all(_is_int(v) for v in g) for g in value):
+    if all(isinstance(g, (list, tuple)) and g and all(_is_int(v) for v in g) for g in value):
         return tuple(tuple(g) for g in value)
     return None
 

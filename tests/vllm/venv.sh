@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build (once) the virtualenv of the real-vLLM suite and print its path.
+#
+# The virtualenv is cached outside the checkout, keyed on the hash of
+# tests/vllm/requirements.lock, so CI on a fresh clone builds it once per lock and reuses it
+# after; Boomerang itself is reinstalled from this checkout on every call (seconds).
+# BOOMERANG_VLLM_VENV_CACHE moves the cache (default ~/.cache/boomerang).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python3}
+lock=tests/vllm/requirements.lock
+key=$(sha256sum "$lock" | cut -c1-16)
+cache=${BOOMERANG_VLLM_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/boomerang}
+venv="$cache/vllm-venv-$key"
+quiet=(--quiet --disable-pip-version-check)
+if [ ! -f "$venv/.complete" ]; then
+    echo "vllm-suite: building $venv (vLLM 0.33.0, torch 2.13.0 CPU build; once per lock)" >&2
+    rm -rf "$venv"
+    mkdir -p "$cache"
+    "$PYTHON" -m venv "$venv"
+    # Exactly the lock, nothing resolved: vLLM's own metadata asks for torch 2.14.0 and CUDA
+    # packages that this CPU-only suite neither needs nor can use.
+    "$venv/bin/python" -m pip install "${quiet[@]}" --no-deps -r "$lock" >&2
+    touch "$venv/.complete"
+fi
+"$venv/bin/python" -m pip install "${quiet[@]}" --no-deps --no-build-isolation --force-reinstall . >&2
+echo "$venv"
