@@ -1,20 +1,29 @@
 # One image for every Boomerang service; the command picks the service
 # (`boomerang registry`, `boomerang router`, ...).
-FROM python:3.11-slim
+#
+# Runtime dependencies only (requirements.lock; the development and test pins in
+# requirements-dev.lock stay out), and Boomerang installed from a wheel, not editable.
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /app
-
-COPY requirements.lock ./
-RUN pip install --no-cache-dir -r requirements.lock
-
+FROM python:3.11-slim AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY libs ./libs
 COPY services ./services
-RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
+COPY tools ./tools
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY requirements.lock /tmp/requirements.lock
+COPY --from=build /wheels /tmp/wheels
+RUN pip install --no-cache-dir -r /tmp/requirements.lock \
+    && pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels /tmp/requirements.lock \
     && useradd --system --uid 10001 boomerang
 USER boomerang
+WORKDIR /home/boomerang
 
 ENTRYPOINT ["boomerang"]
 CMD ["--help"]

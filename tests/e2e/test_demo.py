@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from boomerang.demo.workload import QUICK_POINTS
+from boomerang_tools.demo.workload import QUICK_POINTS
 from tests.support.gateway_stack import BOOMERANG, fresh_database
 
 pytestmark = pytest.mark.e2e

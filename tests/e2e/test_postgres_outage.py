@@ -23,7 +23,7 @@ import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
 from boomerang.db.migrate import upgrade
-from boomerang.stack.postgres import EmbeddedPostgres, find_binaries
+from boomerang_tools.stack.postgres import EmbeddedPostgres, find_binaries
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb

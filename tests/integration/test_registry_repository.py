@@ -12,7 +12,7 @@ import pytest
 
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
-from boomerang.settings import RegistrySettings
+from boomerang_registry.settings import RegistrySettings
 from boomerang.tokenchain import build_chain, common_tokens
 from boomerang_registry import requests
 from boomerang_registry.domain import ClaimOutcome

@@ -20,7 +20,7 @@ import pytest
 from boomerang.clients.registry import RegistryClient
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
-from boomerang.settings import RouterSettings
+from boomerang_router.settings import RouterSettings
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb

@@ -12,7 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from boomerang.stack.postgres import EmbeddedPostgres, PostgresError, find_binaries
+from boomerang_tools.stack.postgres import EmbeddedPostgres, PostgresError, find_binaries
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(find_binaries() is None, reason="no local PostgreSQL binaries")]

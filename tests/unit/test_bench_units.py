@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-from boomerang.bench.config import BenchConfig
-from boomerang.bench.loadgen import schedule
-from boomerang.bench.profiling import summarize_collapsed
-from boomerang.bench.report import _targets
-from boomerang.bench.stats import clean, percentile, summarize
-from boomerang.bench.workload import (
+from boomerang_tools.bench.config import BenchConfig
+from boomerang_tools.bench.loadgen import schedule
+from boomerang_tools.bench.profiling import summarize_collapsed
+from boomerang_tools.bench.report import _targets
+from boomerang_tools.bench.stats import clean, percentile, summarize
+from boomerang_tools.bench.workload import (
     BLOCK_SIZE,
     NEW_TOKENS,
     chain_for,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from boomerang.demo import report
-from boomerang.demo.client import TurnResult
-from boomerang.demo.runner import Record, RunResult
-from boomerang.demo.workload import NEW_TOKENS, POINTS, QUICK_POINTS, AgentConversation, Step, filler, prepare, steps
-from boomerang.sim import template
-from boomerang.sim.tokenizer import encode
+from boomerang_tools.demo import report
+from boomerang_tools.demo.client import TurnResult
+from boomerang_tools.demo.runner import Record, RunResult
+from boomerang_tools.demo.workload import NEW_TOKENS, POINTS, QUICK_POINTS, AgentConversation, Step, filler, prepare, steps
+from boomerang_tools.sim import template
+from boomerang_tools.sim.tokenizer import encode
 
 
 def test_filler_has_exactly_the_tokens_asked_for() -> None:
@@ -75,7 +75,7 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
 
 
 def test_server_timing_and_overhead() -> None:
-    from boomerang.demo.client import server_timing
+    from boomerang_tools.demo.client import server_timing
 
     assert server_timing({"server-timing": "tokenize;dur=3.10, plan;dur=1.25, prefill;dur=100"}) == {
         "tokenize": 3.1, "plan": 1.25, "prefill": 100.0}

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from boomerang.cli.main import build_parser
+from boomerang_cli.main import build_parser
 from tests.support.promnames import dashboard, dashboard_queries, exported_in_process, metric_names, referenced
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import REGISTRY
 from rich.console import Console
 
-from boomerang.cli import audit, status
-from boomerang.cli.status_db import window_from_plans
+from boomerang_cli import audit, status
+from boomerang_cli.status_db import window_from_plans
 from boomerang.v1 import types_pb2 as tpb
 
 

@@ -34,7 +34,7 @@ def test_off_unless_configured_and_then_nothing_of_opentelemetry_is_even_importe
 import json, sys
 from boomerang import telemetry
 import boomerang_gateway.server, boomerang_registry.server, boomerang_router.server, boomerang_reaper.server
-import boomerang.sim.server
+import boomerang_tools.sim.server
 app = object()
 result = {
     "setup": telemetry.setup_tracing("x"),
@@ -87,7 +87,7 @@ def test_traces_start_at_requests_not_at_background_calls() -> None:
 
     assert decide("POST /v1/chat/completions", SpanKind.SERVER) is Decision.RECORD_AND_SAMPLE
     assert decide("/boomerang.v1.RouterService/PlanTurn", SpanKind.SERVER) is Decision.RECORD_AND_SAMPLE
-    assert decide("boomerang.replay", SpanKind.INTERNAL) is Decision.RECORD_AND_SAMPLE
+    assert decide("boomerang_tools.replay", SpanKind.INTERNAL) is Decision.RECORD_AND_SAMPLE
     # A heartbeat, a pool refresh, a gauge read: client spans nobody asked for.
     assert decide("/boomerang.v1.BlockRegistryService/Heartbeat", SpanKind.CLIENT) is Decision.DROP
     assert decide("SELECT", SpanKind.CLIENT) is Decision.DROP

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from boomerang.demo.client import TurnResult
-from boomerang.replay.loader import ReplayFormatError, load
-from boomerang.replay.runner import ReplayResult, Sample, bucket_of, summarize
+from boomerang_tools.demo.client import TurnResult
+from boomerang_tools.replay.loader import ReplayFormatError, load
+from boomerang_tools.replay.runner import ReplayResult, Sample, bucket_of, summarize
 
 
 def test_jsonl_groups_turns_by_conversation_in_order(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from boomerang.sim.costmodel import NEW_TOKENS_PER_TURN, PROFILES, Profile, published_errors
+from boomerang_tools.sim.costmodel import NEW_TOKENS_PER_TURN, PROFILES, Profile, published_errors
 
 # Largest |relative error| allowed per profile (documented in costmodel.py and README.md).
 BOUNDS = {"qwen3-32b": 0.11, "glm-5-fp8": 0.01}

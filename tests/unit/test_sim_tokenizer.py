@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from boomerang.sim import template
-from boomerang.sim.generate import generate
-from boomerang.sim.tokenizer import IM_END, SPECIAL_TOKENS, decode_pieces, encode, split
+from boomerang_tools.sim import template
+from boomerang_tools.sim.generate import generate
+from boomerang_tools.sim.tokenizer import IM_END, SPECIAL_TOKENS, decode_pieces, encode, split
 
 EOS = "<|im_end|>"
 
@@ -28,7 +28,7 @@ def _reply(prompt_ids: list[int], reasoning: bool = False, limit: int = 200) -> 
 def test_ids_are_stable_across_processes() -> None:
     text = "<|im_start|>user\nHello, world 42!<|im_end|>\n"
     here = encode(text).ids
-    code = f"from boomerang.sim.tokenizer import encode; print(encode({text!r}).ids)"
+    code = f"from boomerang_tools.sim.tokenizer import encode; print(encode({text!r}).ids)"
     # A fresh interpreter has a different PYTHONHASHSEED; the ids must not change.
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "12345"}).stdout.strip()

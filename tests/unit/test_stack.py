@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from boomerang.stack.postgres import INSTALL_HINT
-from boomerang.stack.stack import SimSpec, sims_for
+from boomerang_tools.stack.postgres import INSTALL_HINT
+from boomerang_tools.stack.stack import SimSpec, sims_for
 
 
 def test_sim_spec_ports() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from boomerang.cli.main import subcommand_names
+from boomerang_cli.main import subcommand_names
 from boomerang.protogen import check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def test_compose_parses_and_every_command_is_a_boomerang_subcommand() -> None:
 
 
 def test_compose_commands_parse_with_the_real_cli() -> None:
-    from boomerang.cli.main import build_parser
+    from boomerang_cli.main import build_parser
 
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     parser = build_parser()
@@ -51,6 +51,11 @@ def test_compose_commands_parse_with_the_real_cli() -> None:
 def test_dockerfile_installs_the_locked_requirements() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "requirements.lock" in text and 'ENTRYPOINT ["boomerang"]' in text
+    # Runtime pins only, Boomerang from a wheel: no test tools and no editable install.
+    assert "requirements-dev.lock" not in text
+    assert " -e " not in text and "--editable" not in text
+    for folder in ("libs", "services", "tools"):
+        assert f"COPY {folder} ./{folder}" in text, f"the image build lacks {folder}/"
 
 
 def test_make_help_lists_every_target() -> None:
@@ -64,18 +69,23 @@ def test_make_help_lists_every_target() -> None:
 
 def test_grpcio_and_tools_share_a_version() -> None:
     lock = dict(
-        line.split("==") for line in (ROOT / "requirements.lock").read_text().splitlines() if "==" in line
+        line.split("==")
+        for name in ("requirements.lock", "requirements-dev.lock")
+        for line in (ROOT / name).read_text().splitlines()
+        if "==" in line
     )
     assert lock["grpcio"] == lock["grpcio-tools"]
 
 
 def test_readme_documents_every_setting() -> None:
-    import boomerang.settings as settings_module
+    import importlib
+
     from pydantic_settings import BaseSettings
 
+    modules = ["boomerang.config.settings"] + [f"boomerang_{s}.settings" for s in ("registry", "router", "reaper", "gateway")]
     readme = (ROOT / "README.md").read_text()
     missing = []
-    for obj in vars(settings_module).values():
+    for obj in (o for m in modules for o in vars(importlib.import_module(m)).values()):
         if isinstance(obj, type) and issubclass(obj, BaseSettings) and obj is not BaseSettings:
             for name in obj.model_fields:
                 if f"`BOOMERANG_{name.upper()}`" not in readme:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from boomerang.settings import normalize_database_url
+from boomerang.config.settings import normalize_database_url
 
 
 def make_engine(

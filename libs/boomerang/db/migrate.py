@@ -7,7 +7,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from boomerang.settings import normalize_database_url
+from boomerang.config.settings import normalize_database_url
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 

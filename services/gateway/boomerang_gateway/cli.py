@@ -6,8 +6,9 @@ import argparse
 import asyncio
 import sys
 
-from boomerang.cli.common import add_common_flags, common_overrides, run_async
-from boomerang.settings import CommonSettings, GatewaySettings, load_settings
+from boomerang.config.flags import add_common_flags, common_overrides, run_async
+from boomerang.config.settings import CommonSettings, load_settings
+from boomerang_gateway.settings import GatewaySettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -20,7 +20,7 @@ import uvicorn
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.db.engine import make_engine
-from boomerang.settings import GatewaySettings
+from boomerang_gateway.settings import GatewaySettings
 from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
 from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane

@@ -7,8 +7,9 @@ import asyncio
 import json
 import sys
 
-from boomerang.cli.common import add_common_flags, common_overrides, require_database, run_async
-from boomerang.settings import CommonSettings, ReaperSettings, load_settings
+from boomerang.config.flags import add_common_flags, common_overrides, require_database, run_async
+from boomerang.config.settings import CommonSettings, load_settings
+from boomerang_reaper.settings import ReaperSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -13,7 +13,7 @@ from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
 from boomerang.metrics import refresh_forever, serve_metrics
-from boomerang.settings import ReaperSettings
+from boomerang_reaper.settings import ReaperSettings
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
 from boomerang_reaper import metrics

@@ -11,7 +11,7 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.credentials import CredentialStore
 from boomerang.errors import BoomerangError, Code, Violations, failed_precondition
 from boomerang.grpcutil.status import rpc
-from boomerang.settings import ReaperSettings
+from boomerang_reaper.settings import ReaperSettings
 from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
 from boomerang_reaper import convert

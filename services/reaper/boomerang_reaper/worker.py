@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from boomerang.clients.base import BoomerangClientError
-from boomerang.settings import ReaperSettings
+from boomerang_reaper.settings import ReaperSettings
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_reaper import metrics
 from boomerang_reaper.domain import ClockOffset, DeadlineTracker, LeaderStats

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 import asyncpg
 
 from boomerang import telemetry
-from boomerang.settings import normalize_database_url
+from boomerang.config.settings import normalize_database_url
 
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 SET_TENANT_SESSION = "SELECT set_config('boomerang.tenant', $1, false)"

@@ -12,7 +12,7 @@ import grpc
 
 from boomerang.errors import Violations
 from boomerang.grpcutil.status import error_for_exception, rpc, to_status
-from boomerang.settings import RegistrySettings
+from boomerang_registry.settings import RegistrySettings
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_registry import convert, requests
 from boomerang_registry.deadline_watch import DeadlineHub

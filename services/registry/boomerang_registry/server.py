@@ -15,7 +15,7 @@ from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.metrics import refresh_forever, serve_metrics
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
-from boomerang.settings import RegistrySettings
+from boomerang_registry.settings import RegistrySettings
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang_registry.batching import RegistrationBatcher

@@ -10,7 +10,7 @@ import grpc
 from boomerang.credentials import CredentialStore
 from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.grpcutil.status import rpc
-from boomerang.settings import RegistrySettings
+from boomerang_registry.settings import RegistrySettings
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb

@@ -19,7 +19,7 @@ from typing import Any, Coroutine
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
-from boomerang.settings import RouterSettings
+from boomerang_router.settings import RouterSettings
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_router.plans import PlanStore
 from boomerang_router.reports import TRANSIENT

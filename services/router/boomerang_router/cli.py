@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from boomerang.cli.common import add_common_flags, common_overrides, require_database, run_async
-from boomerang.settings import RouterSettings, load_settings
+from boomerang.config.flags import add_common_flags, common_overrides, require_database, run_async
+from boomerang.config.settings import load_settings
+from boomerang_router.settings import RouterSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from prometheus_client import Counter
 
-from boomerang.settings import TelemetrySettings, load_settings
+from boomerang.config.settings import TelemetrySettings, load_settings
 from boomerang.telemetry import annotate
 from boomerang_router.plans import PlanRecord
 

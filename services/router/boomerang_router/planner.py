@@ -31,7 +31,7 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code, FieldViolation, failed_precondition, invalid, not_found
 from boomerang.metrics import LATENCY_BUCKETS
-from boomerang.settings import RouterSettings
+from boomerang_router.settings import RouterSettings
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb

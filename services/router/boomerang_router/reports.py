@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
-from boomerang.settings import RouterSettings
+from boomerang_router.settings import RouterSettings
 from boomerang.tokenchain import TokenChain, build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb

@@ -13,7 +13,7 @@ from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
 from boomerang.metrics import serve_metrics
-from boomerang.settings import RouterSettings
+from boomerang_router.settings import RouterSettings
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang_router.engines import HealthProber, Periodic, RegistryRefresher

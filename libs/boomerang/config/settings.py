@@ -1,0 +1,136 @@
+"""Configuration from `BOOMERANG_*` environment variables and command-line flags.
+
+Every service reads one settings class; flags override the environment. Values are
+validated at start-up and a bad one stops the process with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TypeVar
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "BOOMERANG_"
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept `postgres://` and `postgresql://` URLs and select the asyncpg driver."""
+    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix) :]
+    raise ValueError(
+        "must be a PostgreSQL URL such as postgresql://user@127.0.0.1:5432/boomerang"
+    )
+
+
+def check_listen(value: str) -> str:
+    """`value` if it is HOST:PORT, else a ValueError that says what is expected."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:50051 (port 0 picks a free one)")
+    return value
+
+
+class CommonSettings(BaseSettings):
+    """Settings every service shares."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    database_url: str = Field(
+        default="",
+        description="PostgreSQL URL, e.g. postgresql://root@127.0.0.1:5432/boomerang.",
+    )
+    db_pool_size: int = Field(default=10, ge=1, le=200, description="Connections per process.")
+    grace_seconds: float = Field(
+        default=10.0, ge=0, le=300, description="Seconds to finish in-flight calls on SIGTERM."
+    )
+    drain_delay_seconds: float = Field(
+        default=1.0, ge=0, le=60, description="Seconds to keep serving after reporting NOT_SERVING."
+    )
+    log_level: str = Field(default="INFO", description="Python logging level.")
+    metrics_listen: str = Field(
+        default="", description="HOST:PORT for the Prometheus /metrics endpoint; empty: off."
+    )
+    require_auth: bool = Field(
+        default=False,
+        description="Refuse calls without a client certificate or bearer token.",
+    )
+    migrate_on_start: bool = Field(
+        default=True, description="Apply database migrations when the service starts."
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        return normalize_database_url(value) if value else value
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, value: str) -> str:
+        return check_listen(value) if value else value
+
+    def require_database(self) -> str:
+        """The database URL, or a clear error when none is configured."""
+        if not self.database_url:
+            raise ValueError(
+                "no database configured: set BOOMERANG_DATABASE_URL (or --database-url), "
+                "e.g. postgresql://root@127.0.0.1:5432/boomerang"
+            )
+        return self.database_url
+
+
+class RegistryClientSettings(CommonSettings):
+    """Settings of a service that calls the block registry."""
+
+    registry_address: str = Field(
+        default="127.0.0.1:50051", description="HOST:PORT of the block registry (or its balancer)."
+    )
+
+    @field_validator("registry_address")
+    @classmethod
+    def _registry_address(cls, value: str) -> str:
+        return check_listen(value) if value else value
+
+
+class EnginePoolSettings(RegistryClientSettings):
+    """Settings of a service that keeps a pool of engines read from the registry (router, gateway)."""
+
+    heartbeat_timeout_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=86400,
+        description="A registry engine whose heartbeat has not advanced this long leaves the pool; 0: never.",
+    )
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Build settings from the environment plus non-None overrides, or exit with a clear message."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return cls(**given)
+    except ValidationError as exc:
+        lines = ["invalid configuration:"]
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {ENV_PREFIX}{name.upper()} (--{name.replace('_', '-')}): {err['msg']}")
+        print("\n".join(lines), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class TelemetrySettings(BaseSettings):
+    """Figures the metrics and `boomerang status` use to turn reused tokens into time."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    prefill_ms_per_token: float = Field(
+        default=0.02061,
+        ge=0,
+        le=1000,
+        description="Milliseconds of prefill compute per prompt token, to estimate the prefill "
+        "time a pull saves (default: the qwen3-32b fit to AWS's table, `boomerang_tools.sim.costmodel`).",
+    )

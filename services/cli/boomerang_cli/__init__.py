@@ -1,0 +1,1 @@
+"""The `boomerang` command line: the composition root that puts the services and tools together."""

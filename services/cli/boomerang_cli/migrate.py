@@ -1,0 +1,28 @@
+"""`boomerang migrate`: apply the database migrations."""
+
+from __future__ import annotations
+
+import argparse
+
+from boomerang.config.settings import CommonSettings, load_settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `migrate` subcommand."""
+    parser = subparsers.add_parser("migrate", help="apply database migrations")
+    parser.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL)")
+    parser.add_argument("--revision", default="heads", help="target revision (default: all heads)")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from boomerang.db.migrate import upgrade
+
+    settings = load_settings(CommonSettings, database_url=args.database_url)
+    try:
+        url = settings.require_database()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    upgrade(url, args.revision)
+    print(f"database migrated to {args.revision}")
+    return 0

@@ -1,0 +1,291 @@
+"""`boomerang status`: engines, leases, retained memory, the reaper, and recent reuse.
+
+By default it asks the services (registry `ListEngines`/`ListLeases`, router `ListEngines`,
+reaper `GetStatus`); with `--database-url` it reads Postgres instead. The reuse figures of
+the last `--window` seconds are exact from the database (`turn_plans`); from the APIs they
+are derived from the leases (no service API lists plans): a turn that pulled consumed the
+previous turn's lease, and each retained turn created one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any, Iterable
+
+from boomerang_cli.tables import add_source_flags, emit, human_bytes, human_seconds, iso, parse_iso, percent, table
+
+LIVE_STATES = ("RETAINED", "CLAIMED")
+ENDED_STATES = ("CONSUMED", "EXPIRED", "SUPERSEDED", "INVALIDATED")
+MAX_PAGES = 50  # × 1000 leases per listing; beyond that counts are marked partial
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `status` subcommand."""
+    parser = subparsers.add_parser(
+        "status",
+        help="show engines, leases, retained KV memory, the reaper and recent reuse",
+        description="Engines with health, generation and load; live leases by state; retained blocks per "
+        "decode engine; the TTL reaper; reuse rate and tokens saved over the last few minutes.",
+    )
+    add_source_flags(parser)
+    parser.add_argument("--window", type=float, default=300.0, help="seconds of recent reuse to summarize (default 300)")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from boomerang.clients.base import BoomerangClientError
+
+    try:
+        if args.database_url:
+            from boomerang_cli.status_db import gather_db
+
+            data = asyncio.run(gather_db(args.database_url, args.window))
+        else:
+            data = asyncio.run(gather_api(args.registry, args.router, args.reaper, args.timeout, args.window))
+    except BoomerangClientError as exc:
+        print(f"boomerang status: registry {args.registry}: {exc.code}: {exc.error.message}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"boomerang status: {exc}", file=sys.stderr)
+        return 1
+    emit(data, args.json, render)
+    return 0
+
+
+# -- figures from the APIs (pure functions over protos, unit-tested) ---------------------------
+
+
+def engine_row(e: Any, now: float) -> dict[str, Any]:
+    """One registry `Engine` as the report shows it."""
+    from boomerang.v1 import types_pb2 as tpb
+
+    heartbeat = e.heartbeat_time.seconds + e.heartbeat_time.nanos / 1e9 if e.HasField("heartbeat_time") else None
+    return {
+        "engine_id": e.engine_id,
+        "role": tpb.EngineRole.Name(e.role).removeprefix("ENGINE_ROLE_"),
+        "model": e.model,
+        "status": tpb.EngineStatus.Name(e.status).removeprefix("ENGINE_STATUS_"),
+        "generation": e.registration_generation,
+        "heartbeat_age_seconds": round(max(0.0, now - heartbeat), 3) if heartbeat else None,
+        "in_flight_requests": e.in_flight_requests,
+        "queued_prompt_tokens": e.queued_prompt_tokens,
+        "retained_blocks": e.retained_blocks,
+        "retained_bytes": e.retained_blocks * e.bytes_per_block if e.bytes_per_block else None,
+        "kv_ttl_seconds": e.kv_blocks_ttl_seconds,
+        "http_base_url": e.http_base_url,
+    }
+
+
+def window_from_leases(leases: Iterable[Any], since: float) -> dict[str, Any]:
+    """Reuse since `since` (epoch seconds) as the leases tell it.
+
+    Each retained turn created a lease; each turn whose prefill engine pulled consumed the
+    previous turn's lease (so CONSUMED leases updated in the window count pulls, and their
+    tokens bound the tokens reused from above).
+    """
+    def epoch(ts: Any) -> float:
+        return ts.seconds + ts.nanos / 1e9
+
+    from boomerang.v1 import types_pb2 as tpb
+
+    created = pulled = reused = 0
+    ended: dict[str, int] = {s: 0 for s in ENDED_STATES}
+    for lease in leases:
+        state = tpb.LeaseState.Name(lease.state).removeprefix("LEASE_STATE_")
+        if epoch(lease.create_time) >= since:
+            created += 1
+        if state in ended and epoch(lease.update_time) >= since:
+            ended[state] += 1
+            if state == "CONSUMED":
+                pulled += 1
+                reused += lease.num_tokens
+    return {
+        "turns": created,
+        "pulled_turns": pulled,
+        "reuse_rate": pulled / created if created else None,
+        "reused_tokens": reused,
+        "ended_leases": ended,
+        "exact": False,
+        "source": "leases (turns = leases created, pulls = leases consumed; reused tokens are an upper bound)",
+    }
+
+
+def saved_seconds(tokens: int) -> float:
+    """Estimated prefill time `tokens` pulled tokens saved (BOOMERANG_PREFILL_MS_PER_TOKEN)."""
+    from boomerang.config.settings import TelemetrySettings, load_settings
+
+    return tokens * load_settings(TelemetrySettings).prefill_ms_per_token / 1000
+
+
+async def _scan(registry: Any, req: Any, stop_before: float | None = None) -> tuple[list[Any], bool]:
+    """Pages of ListLeases (newest first) until done, past `stop_before`, or MAX_PAGES; (leases, partial)."""
+    out: list[Any] = []
+    req.page_size = 1000
+    for _ in range(MAX_PAGES):
+        page = await registry.list_leases(req)
+        out.extend(page.leases)
+        oldest = page.leases[-1].create_time.seconds if page.leases else None
+        if not page.next_page_token or (stop_before is not None and oldest is not None and oldest < stop_before):
+            return out, False
+        req.page_token = page.next_page_token
+    return out, True
+
+
+async def gather_api(registry: str, router: str, reaper: str, timeout: float, window: float) -> dict[str, Any]:
+    """The report from the services' APIs."""
+    from boomerang.clients.base import BoomerangClientError
+    from boomerang.clients.reaper import ReaperClient
+    from boomerang.clients.registry import RegistryClient
+    from boomerang.clients.router import RouterClient
+    from boomerang.v1 import registry_service_pb2 as rpb
+    from boomerang.v1 import router_service_pb2 as rtpb
+    from boomerang.v1 import types_pb2 as tpb
+
+    now = time.time()
+    since = now - window
+    async with RegistryClient(registry, timeout=timeout) as reg:
+        engines = list((await reg.list_engines(rpb.ListEnginesRequest())).engines)
+        live, live_partial = await _scan(
+            reg, rpb.ListLeasesRequest(states=[tpb.LEASE_STATE_RETAINED, tpb.LEASE_STATE_CLAIMED])
+        )
+        # Leases consumed in the window were created at most one TTL before it.
+        lookback = max([e.kv_blocks_ttl_seconds for e in engines] + [480])
+        recent, recent_partial = await _scan(reg, rpb.ListLeasesRequest(), stop_before=since - lookback)
+    counts = {s: 0 for s in LIVE_STATES}
+    for lease in live:
+        counts[tpb.LeaseState.Name(lease.state).removeprefix("LEASE_STATE_")] += 1
+    reuse = window_from_leases(recent, since)
+    reuse.update(window_seconds=window, partial=recent_partial,
+                 saved_prefill_seconds=round(saved_seconds(reuse["reused_tokens"]), 3))
+    data: dict[str, Any] = {
+        "source": "api",
+        "generated_at": iso(now),
+        "registry": registry,
+        "engines": [engine_row(e, now) for e in sorted(engines, key=lambda e: (e.role, e.engine_id))],
+        "live_leases": {"by_state": counts, "partial": live_partial},
+        "retained": _retained([engine_row(e, now) for e in engines]),
+        "reuse": reuse,
+        "router": None,
+        "reaper": None,
+    }
+    if router:
+        try:
+            async with RouterClient(router, timeout=timeout) as rt:
+                pool = await rt.list_engines(rtpb.RouterServiceListEnginesRequest(), timeout=timeout)
+            data["router"] = {"address": router, "pool": [_pool_row(p) for p in pool.engines]}
+        except BoomerangClientError as exc:
+            data["router"] = {"address": router, "error": f"{exc.code}: {exc.error.message}"}
+    if reaper:
+        try:
+            async with ReaperClient(reaper, timeout=timeout) as rp:
+                data["reaper"] = _reaper_row(await rp.get_status(timeout=timeout), reaper)
+        except BoomerangClientError as exc:
+            data["reaper"] = {"address": reaper, "error": f"{exc.code}: {exc.error.message}"}
+    return data
+
+
+def _retained(engines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"engine_id": e["engine_id"], "blocks": e["retained_blocks"], "bytes": e["retained_bytes"]}
+        for e in sorted(engines, key=lambda e: e["engine_id"])
+        if e["role"] == "DECODE"
+    ]
+
+
+def _pool_row(p: Any) -> dict[str, Any]:
+    from boomerang.v1 import router_service_pb2 as rtpb
+    from boomerang.v1 import types_pb2 as tpb
+
+    return {
+        "engine_id": p.engine.engine_id,
+        "role": tpb.EngineRole.Name(p.engine.role).removeprefix("ENGINE_ROLE_"),
+        "source": rtpb.EngineSource.Name(p.source).removeprefix("ENGINE_SOURCE_"),
+        "available": p.available,
+        "unavailable_reason": p.unavailable_reason,
+        "planned_turns": p.planned_turns,
+        "load": round(p.load, 1),
+    }
+
+
+def _reaper_row(s: Any, address: str) -> dict[str, Any]:
+    lag = s.expiry_lag
+    return {
+        "address": address,
+        "leader_replica_id": s.leader_replica_id,
+        "term": s.term,
+        "live_leases": s.live_leases,
+        "backlog_leases": s.backlog_leases,
+        "next_expire_time": iso(s.next_expire_time),
+        "expired_leases": s.expired_leases,
+        "invalidated_leases": s.invalidated_leases,
+        "expiry_lag": {"count": lag.count, "p50_seconds": lag.p50_seconds, "p99_seconds": lag.p99_seconds,
+                       "max_seconds": lag.max_seconds},
+    }
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def render(d: dict[str, Any]) -> list[Any]:
+    """The report as tables a person reads at a glance."""
+    out: list[Any] = []
+    r = d["reuse"]
+    saved = human_seconds(r.get("saved_prefill_seconds"))
+    out.append(table(
+        f"Reuse, last {r['window_seconds']:.0f} s",
+        ["turns", "pulled", "reuse rate", "tokens reused", "prefill time saved (est.)"],
+        [[r["turns"], r["pulled_turns"], percent(r["reuse_rate"]), r["reused_tokens"], saved]],
+        caption=("exact, from turn_plans" if r["exact"] else "from the leases: " + r["source"].split("(", 1)[-1].rstrip(")"))
+        + (" — partial (too many leases to list)" if r.get("partial") else ""),
+    ))
+    now = parse_iso(d["generated_at"])
+    out.append(table(
+        "Engines",
+        ["engine", "role", "model", "status", "gen", "heartbeat", "in flight", "queued tokens", "retained blocks"],
+        [[e["engine_id"], e["role"], e["model"], e["status"], str(e["generation"]),
+          "" if e["heartbeat_age_seconds"] is None else human_seconds(e["heartbeat_age_seconds"]) + " ago",
+          e["in_flight_requests"], e["queued_prompt_tokens"], e["retained_blocks"]] for e in d["engines"]],
+        caption=f"as of {now:%H:%M:%S} UTC" if now else "",
+    ))
+    live = d["live_leases"]
+    ended = r.get("ended_leases", {})
+    out.append(table(
+        "Leases by state",
+        ["state", "leases"],
+        [[s, n] for s, n in live["by_state"].items()] + [[f"{s} (last {r['window_seconds']:.0f} s)", n] for s, n in ended.items()],
+        caption="partial (too many to list)" if live.get("partial") else "",
+    ))
+    out.append(table(
+        "Retained per decode engine",
+        ["engine", "blocks", "memory"],
+        [[x["engine_id"], x["blocks"], human_bytes(x["bytes"]) if x["bytes"] is not None else "unknown"] for x in d["retained"]],
+    ))
+    router = d.get("router")
+    if router is not None:
+        if "error" in router:
+            out.append(f"[bold red]router {router['address']}[/]: {router['error']}")
+        else:
+            out.append(table(
+                f"Router pool ({router['address']})",
+                ["engine", "role", "source", "available", "planned turns", "load"],
+                [[p["engine_id"], p["role"], p["source"], "yes" if p["available"] else f"no: {p['unavailable_reason']}",
+                  p["planned_turns"], p["load"]] for p in router["pool"]],
+            ))
+    reaper = d.get("reaper")
+    if reaper is not None:
+        if "error" in reaper:
+            out.append(f"[bold red]reaper {reaper['address']}[/]: {reaper['error']}")
+        else:
+            lag = reaper["expiry_lag"]
+            out.append(table(
+                "TTL reaper",
+                ["leader", "term", "live", "overdue", "expired", "invalidated", "lag p50", "lag p99", "lag max"],
+                [[reaper["leader_replica_id"] or "none", reaper["term"], reaper["live_leases"], reaper["backlog_leases"],
+                  reaper["expired_leases"], reaper["invalidated_leases"], human_seconds(lag["p50_seconds"]),
+                  human_seconds(lag["p99_seconds"]), human_seconds(lag["max_seconds"])]],
+                caption=f"next deadline {reaper['next_expire_time'] or 'none'}",
+            ))
+    return out

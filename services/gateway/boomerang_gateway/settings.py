@@ -1,0 +1,95 @@
+"""Settings of the OpenAI-compatible gateway (`boomerang gateway`), from `BOOMERANG_*` variables and flags."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+
+from boomerang.config.settings import EnginePoolSettings, check_listen
+
+
+
+def _split_urls(value: Any) -> list[str]:
+    """A list of URLs from a list or a comma-separated string (the environment's form)."""
+    items = value.split(",") if isinstance(value, str) else list(value or [])
+    urls = [str(u).strip().rstrip("/") for u in items if str(u).strip()]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} must be an http:// or https:// base URL")
+    return urls
+
+
+
+class GatewaySettings(EnginePoolSettings):
+    """Settings of the OpenAI-compatible gateway (`boomerang gateway`)."""
+
+    listen: str = Field(default="127.0.0.1:8000", description="HTTP listen address.")
+    db_pool_size: int = Field(default=2, ge=1, le=200, description="Connections per process.")
+    router_address: str = Field(
+        default="127.0.0.1:50052", description="HOST:PORT of the router; empty: no router."
+    )
+    prefill_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Static prefill engines' base URLs, comma-separated."
+    )
+    decode_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Static decode engines' base URLs, comma-separated."
+    )
+    allow_anonymous: bool = Field(
+        default=False, description="Serve requests without an API key as tenant `anonymous`."
+    )
+    tokenize_timeout_seconds: float = Field(
+        default=1.0, gt=0, le=60, description="Deadline of the prefill engine's /tokenize."
+    )
+    plan_timeout_seconds: float = Field(
+        default=0.25, gt=0, le=30, description="Deadline of PlanTurn; past it the turn recomputes."
+    )
+    report_turn_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=120, description="Deadline of ReportTurn (sent after the response)."
+    )
+    control_plane_backoff_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=300,
+        description="After a router failure, seconds to go straight to plain prefill→decode.",
+    )
+    engine_connect_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=120, description="Connect timeout to engines."
+    )
+    engine_timeout_seconds: float = Field(
+        default=600.0, gt=0, le=86400, description="Longest wait for an engine's next bytes."
+    )
+    pool_refresh_seconds: float = Field(
+        default=2.0, gt=0, le=3600, description="Seconds between refreshes of the gateway's engines and models."
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)."
+    )
+    tenant_requests_per_second: float = Field(
+        default=0.0, ge=0, description="Average requests per second per tenant (429 past it); 0: unlimited."
+    )
+    tenant_burst: int = Field(default=50, ge=1, le=100_000, description="Requests a tenant may send at once.")
+    key_cache_seconds: float = Field(
+        default=30.0, ge=0, le=3600, description="Seconds a verified API key is cached."
+    )
+    rewrite_remote_host: bool = Field(
+        default=True,
+        description="Set the prefill engine's kv_transfer_params.remote_host to the host the "
+        "gateway reached it at (as vLLM's proxy does) before forwarding them to the decode engine.",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _gateway_listen(cls, value: str) -> str:
+        return check_listen(value)
+
+    @field_validator("router_address")
+    @classmethod
+    def _optional_address(cls, value: str) -> str:
+        return check_listen(value) if value else value
+
+    @field_validator("prefill_urls", "decode_urls", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> list[str]:
+        return _split_urls(value)

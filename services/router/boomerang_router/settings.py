@@ -1,0 +1,113 @@
+"""Settings of the router service (`boomerang router`), from `BOOMERANG_*` variables and flags."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+
+from boomerang.config.settings import EnginePoolSettings, check_listen
+
+
+
+def _split_list(value: Any) -> Any:
+    """`a,b` from an environment variable, or a list from flags."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+
+class RouterSettings(EnginePoolSettings):
+    """Settings of the router service (`boomerang router`)."""
+
+    listen: str = Field(default="127.0.0.1:50052", description="gRPC listen address.")
+    claim_deadline_ms: float = Field(
+        default=50.0,
+        gt=0,
+        le=60_000,
+        description="Milliseconds a plan waits for the registry's claim before answering "
+        "CONTROL_PLANE_DEGRADED.",
+    )
+    min_remaining_seconds: float = Field(
+        default=10.0,
+        ge=0.5,
+        le=3600,
+        description="Seconds a lease must still live when claimed, so the pull ends well "
+        "before the registry's deadline (itself before the decode node's TTL).",
+    )
+    block_size: int = Field(
+        default=16, ge=1, le=1024, description="Tokens per KV block when engines do not say."
+    )
+    kv_recompute_threshold: int = Field(
+        default=64,
+        ge=0,
+        le=1_000_000,
+        description="Fewest reusable tokens worth a pull when the prefill engine does not say.",
+    )
+    prefill_engines: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Static prefill engines, `URL` or `NAME=URL`, comma-separated."
+    )
+    decode_engines: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Static decode engines, `URL` or `NAME=URL`, comma-separated."
+    )
+    engine_refresh_seconds: float = Field(
+        default=1.0, gt=0, le=3600, description="Seconds between engine-pool refreshes from the registry."
+    )
+    health_check_seconds: float = Field(
+        default=2.0, ge=0, le=3600, description="Seconds between static engines' /health probes; 0: off."
+    )
+    health_check_failures: int = Field(
+        default=2, ge=1, le=100, description="Failed probes in a row before a static engine leaves the pool."
+    )
+    inflight_token_weight: int = Field(
+        default=256, ge=0, description="Prompt tokens one in-flight turn counts as in prefill load."
+    )
+    plan_memory_seconds: float = Field(
+        default=900.0, ge=1, le=86400, description="Seconds plans stay in memory for ReportTurn and retries."
+    )
+    plan_memory_max: int = Field(default=100_000, ge=100, description="Plans kept in memory at most.")
+    max_prompt_tokens: int = Field(default=4_194_304, ge=1, description="Longest prompt accepted.")
+    audit_flush_ms: float = Field(
+        default=100.0, gt=0, le=60_000, description="Milliseconds between turn_plans batch writes."
+    )
+    audit_batch_size: int = Field(default=500, ge=1, le=1000, description="turn_plans rows per write.")
+    audit_queue_max: int = Field(
+        default=100_000, ge=1, description="Unwritten turn_plans rows kept before new ones are dropped."
+    )
+    breaker_failures: int = Field(
+        default=5,
+        ge=0,
+        le=1000,
+        description="Registry failures in a row before plans stop asking for a while; 0: never stop.",
+    )
+    breaker_cooldown_seconds: float = Field(
+        default=1.0, ge=0, le=600, description="Seconds plans stop asking a failing registry."
+    )
+    report_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=600, description="Deadline of each registry call ReportTurn makes."
+    )
+    remote_host_from_url: bool = Field(
+        default=False,
+        description="Register a decode handle's remote_host as the host of the decode engine's "
+        "URL (as vLLM's proxy rewrites it) instead of the host D reported.",
+    )
+    max_message_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="Largest gRPC message accepted."
+    )
+
+    @field_validator("listen", "registry_address")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        return check_listen(value)
+
+    @field_validator("prefill_engines", "decode_engines", mode="before")
+    @classmethod
+    def _engines(cls, value: Any) -> Any:
+        items = _split_list(value)
+        for item in items or []:
+            url = item.partition("=")[2] if "=" in item and "://" not in item.partition("=")[0] else item
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{item!r}: an engine is URL or NAME=URL, the URL starting with http://")
+        return items

@@ -1,0 +1,89 @@
+"""Gateway overhead: the gateway and the naive proxy side by side over the same engines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from boomerang_tools.bench.stats import summarize
+from boomerang_tools.bench.turns import PATHS
+from boomerang.clients.router import RouterClient
+from boomerang.v1 import router_service_pb2 as rtpb
+
+if TYPE_CHECKING:
+    from boomerang_tools.bench.runner import Bench
+
+SIM_MODEL = "Qwen/Qwen3-32B"
+
+
+async def _wait_engines(gateway: str, router: str, timeout: float = 30.0) -> None:
+    """Until the router's pool and the gateway both see the simulated engines."""
+    deadline = time.monotonic() + timeout
+    async with RouterClient(router, timeout=2.0) as client, httpx.AsyncClient(timeout=2.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                listed = await client.list_engines(rtpb.RouterServiceListEnginesRequest(model=SIM_MODEL))
+                health = (await http.get(gateway + "/health")).json()
+                if sum(1 for e in listed.engines if e.available) >= 2 and int(health.get("models", 0)) >= 1:
+                    return
+            except Exception:  # noqa: BLE001 - not yet
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError("the router and gateway did not see the simulated engines in time")
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b > 0 else None
+
+
+async def gateway_overhead(b: "Bench") -> dict[str, Any]:
+    """Turns through the gateway, the naive proxy and directly, interleaved; what each adds."""
+    cfg = b.cfg
+    s = b.services
+    run = uuid.uuid4().hex[:6]
+    task = b.progress.add_task("gateway overhead: starting engines, gateway, naive proxy", total=None)
+    common = ["--port", "0", "--registry", b.registry_address, "--time-scale", "0", "--heartbeat-seconds", "1"]
+    s.start("sim-prefill", ["sim", "--role", "prefill", "--engine-id", f"bench-sim-p-{run}", *common])
+    s.start("sim-decode", ["sim", "--role", "decode", "--engine-id", f"bench-sim-d-{run}", *common])
+    prefill, decode = (f"http://{a}" for a in await s.ready("sim-prefill", "sim-decode"))
+    s.start("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", b.router_address, "--registry",
+                        b.registry_address, "--allow-anonymous"])
+    s.start("naive-proxy", ["bench", "--serve-naive-proxy", "127.0.0.1:0", "--prefill", prefill, "--decode", decode])
+    gateway, naive = (f"http://{a}" for a in await s.ready("gateway", "naive-proxy"))
+    await _wait_engines(gateway, b.router_address)
+    b.progress.update(task, description=f"gateway overhead: turns on 3 paths for {cfg.gateway_seconds:g}s")
+    job = {"kind": "turns", "gateway": gateway, "naive": naive, "prefill": prefill, "decode": decode,
+           "model": SIM_MODEL, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5,
+           "slots": cfg.gateway_slots, "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
+           "think_seconds": 0.02}
+    running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
+    await asyncio.sleep(0.5)
+    sampler = b.sampler("turns", ("gateway", "naive-proxy", "router", "registry"), cfg.gateway_seconds)
+    (result,) = await running
+    await b.collect("turns", sampler)
+    b.progress.remove_task(task)
+    b.sample_memory()
+    from boomerang_tools.bench.phases import _floats
+
+    paths = {p: summarize(_floats(result["times_ms"][p])) for p in PATHS}
+    stages = {k: summarize(_floats(v)) for k, v in result["stages_ms"].items()}
+    direct = paths["direct"]
+    add = {p: {q: round(paths[p][f"{q}_ms"] - direct[f"{q}_ms"], 3) for q in ("p50", "p99")} for p in ("naive", "boomerang")}
+    return {
+        "boomerang_p50_ms": add["boomerang"]["p50"],
+        "naive_p50_ms": add["naive"]["p50"],
+        "ratio": _ratio(add["boomerang"]["p50"], add["naive"]["p50"]),
+        "boomerang_p99_ms": add["boomerang"]["p99"],
+        "naive_p99_ms": add["naive"]["p99"],
+        "ratio_p99": _ratio(add["boomerang"]["p99"], add["naive"]["p99"]),
+        "turn_ms": paths,
+        "gateway_stages_ms": stages,
+        "plans": result["plans"],
+        "direct_turns_with_handle": result["reused"].get("direct", 0),
+        "errors": result["errors"],
+        "engines": "boomerang sim --time-scale 0 (no simulated compute: every millisecond is software)",
+    }

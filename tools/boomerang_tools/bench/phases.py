@@ -1,0 +1,272 @@
+"""The measurements, one function each, over a running `Bench` (see runner.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import time
+from array import array
+from collections import Counter
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from boomerang_tools.bench.database import rearm_claims, sizes
+from boomerang_tools.bench.preload import copy_leases
+from boomerang_tools.bench.stats import summarize
+from boomerang_tools.bench.workload import Conversation, conversation, planned_indices
+
+if TYPE_CHECKING:
+    from boomerang_tools.bench.runner import Bench
+
+DEGRADED = "CONTROL_PLANE_DEGRADED"
+EXPIRY_TENANT = "bench-expiry"
+
+
+def _floats(raw: bytes) -> list[float]:
+    out = array("d")
+    out.frombytes(raw)
+    return out.tolist()
+
+
+async def preload_to(b: "Bench", target: int) -> dict[str, Any]:
+    """Preload conversations until `target` live plan-workload leases exist."""
+    have = b.preloaded
+    if target <= have:
+        return {"rows": 0, "seconds": 0.0}
+    cfg = b.cfg
+    convs = [conversation(k, cfg.tenants, cfg.decode_engines) for k in range(have, target)]
+    task = b.progress.add_task(f"preload {have:,} → {target:,} leases", total=len(convs))
+    seconds = await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
+                                progress=lambda n: b.progress.advance(task, n))
+    await b.pg.execute("VACUUM (ANALYZE) leases")
+    b.progress.remove_task(task)
+    b.preloaded = target
+    b.copy_rows_per_second = len(convs) / max(seconds, 1e-3)
+    return {"rows": len(convs), "seconds": round(seconds, 2), "rows_per_second": round(b.copy_rows_per_second)}
+
+
+async def plan_step(b: "Bench", rate: int, seconds: float, label: str, profile: str = "") -> dict[str, Any]:
+    """PlanTurn at `rate`/s open loop for `seconds`, from every client process."""
+    cfg = b.cfg
+    b.step += 1
+    pool = planned_indices(0, b.preloaded)
+    random.Random(cfg.seed * 1000 + b.step).shuffle(pool)
+    per_worker = int(rate * seconds / b.workers.count * 1.3) + 10
+    start_at = time.time() + 1.0 + 0.0002 * per_worker  # time to build the requests first
+    jobs = [{"kind": "plan", "rate": rate / b.workers.count, "duration": seconds, "seed": b.step,
+             "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
+             "engines": cfg.decode_engines, "start_at": start_at} for i in range(b.workers.count)]
+    task = b.progress.add_task(f"{label}: {rate:,} plans/s for {seconds:g}s", total=None)
+    running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 120))
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    meter = (await b.cpu_meter("registry", "router")).start()
+    sampler = b.sampler(profile, ("registry", "router"), seconds) if profile else None
+    results = await running
+    cpu = meter.stop()
+    await b.collect(profile, sampler)
+    b.progress.remove_task(task)
+    latencies = [x for r in results for x in _floats(r["latencies_ms"])]
+    lags = [x for r in results for x in _floats(r["send_lag_ms"])]
+    reasons: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    for r in results:
+        reasons.update(r["reasons"])
+        errors.update(r["errors"])
+    elapsed = max(r["elapsed_s"] for r in results)
+    sent = sum(r["sent"] for r in results)
+    out: dict[str, Any] = {"rate": rate, **{k: v for k, v in summarize(latencies).items() if k != "count"}}
+    lag = summarize(lags)
+    out.update(
+        plans=sent,
+        achieved_rps=round(sent / max(elapsed, 1e-6), 1),
+        send_lag_p99_ms=lag["p99_ms"],
+        reasons=dict(reasons),
+        errors=dict(errors),
+        pull_fraction=round(reasons.get("VERIFIED_PREFIX", 0) / max(sent, 1), 4),
+        cpu_ms_per_plan={k: round(1000 * v / max(sent, 1), 3) for k, v in cpu.items()},
+    )
+    out["meets_p99_budget"] = bool(
+        out["p99_ms"] <= cfg.p99_budget_ms and not errors and reasons.get(DEGRADED, 0) == 0
+        and out["achieved_rps"] >= 0.9 * rate
+    )
+    b.sample_memory()
+    await rearm_claims(b.pg)
+    return out
+
+
+async def plan_rates(b: "Bench") -> dict[str, Any]:
+    """The fixed rates, then higher ones until p99 passes the budget no more."""
+    cfg = b.cfg
+    await plan_step(b, 300, min(1.0 if cfg.quick else 2.0, cfg.step_seconds), "warm-up")
+    short = min(2.0 if cfg.quick else 3.0, cfg.step_seconds)
+    floor = await grpc_floor(b, seconds=short)
+    idle = await idle_cpu(b, short)
+    cost = await plan_step(b, 200, short if cfg.quick else cfg.step_seconds, "CPU cost per plan")
+    cost["idle_cpu_ms_per_s"] = idle
+    cost["marginal_cpu_ms_per_plan"] = {
+        k: round(max(0.0, v - idle.get(k, 0.0) * (short if cfg.quick else cfg.step_seconds) / max(cost["plans"], 1)), 3)
+        for k, v in cost["cpu_ms_per_plan"].items()}
+    rates = [await plan_step(b, r, cfg.step_seconds, "plan rate", profile=f"plans-{r}" if r == 1000 else "")
+             for r in cfg.rates]
+    search = []
+    best = max([r["rate"] for r in [cost, *rates] if r["meets_p99_budget"]], default=0)
+    if best == max(cfg.rates):
+        for rate in cfg.search_rates:
+            step = await plan_step(b, rate, cfg.step_seconds, "highest rate with p99 ≤ 5 ms")
+            search.append(step)
+            if not step["meets_p99_budget"]:
+                break
+            best = rate
+    return {"leases": b.preloaded, "rates": rates, "max_rps_p99_5ms": best, "search": search,
+            "clients": b.workers.count, "step_seconds": cfg.step_seconds,
+            "cpu_cost": {**capacity(cost, "marginal_cpu_ms_per_plan"), "cpu_ms_per_plan": cost["cpu_ms_per_plan"],
+                         "idle_cpu_ms_per_s": idle},
+            "low_rate": cost,
+            "grpc_floor": floor}
+
+
+async def grpc_floor(b: "Bench", rate: int = 1000, seconds: float = 3.0) -> dict[str, Any]:
+    """CPU of an empty gRPC call (grpc.health.v1 Check on the registry) from the same client
+    processes: the floor under every hop of a plan (client → router → registry)."""
+    start_at = time.time() + 1.0
+    jobs = [{"kind": "health", "target": b.registry_address, "rate": rate / b.workers.count, "duration": seconds,
+             "start_at": start_at} for _ in range(b.workers.count)]
+    task = b.progress.add_task(f"gRPC floor: {rate:,} empty calls/s", total=None)
+    running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 60))
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    meter = (await b.cpu_meter("registry")).start()
+    results = await running
+    cpu = meter.stop()
+    b.progress.remove_task(task)
+    sent = sum(r["sent"] for r in results)
+    return {"rate": rate, "calls": sent, "server_cpu_ms_per_call": round(1000 * cpu["registry"] / max(sent, 1), 3),
+            "client_cpu_ms_per_call": round(1000 * cpu["clients"] / max(sent, 1), 3)}
+
+
+async def idle_cpu(b: "Bench", seconds: float) -> dict[str, float]:
+    """CPU each process uses per second with no load (heartbeats, pool refreshes, pollers)."""
+    meter = (await b.cpu_meter("registry", "router")).start()
+    await asyncio.sleep(seconds)
+    return {k: round(v * 1000 / seconds, 2) for k, v in meter.stop().items()}
+
+
+def capacity(step: dict[str, Any], key: str) -> dict[str, Any]:
+    """What one operation costs in CPU, and the rate that cost allows on this machine's cores
+    with nothing else running (the services alone, and with the load generators)."""
+    per = step[key]
+    services = sum(v for k, v in per.items() if k != "clients")
+    cores = os.cpu_count() or 1
+    return {"rate": step.get("rate"), key: per, "services_cpu_ms": round(services, 3),
+            "capacity_rps_services_only": round(cores * 1000 / services) if services > 0 else None,
+            "capacity_rps_with_clients": round(cores * 1000 / (services + per.get("clients", 0.0)))
+            if services > 0 else None,
+            "degraded_fraction": round(step.get("reasons", {}).get(DEGRADED, 0) / max(step.get("plans", 1), 1), 4)
+            if "reasons" in step else None}
+
+
+async def scale_point(b: "Bench", tier: int, step: dict[str, Any] | None) -> dict[str, Any]:
+    """Plan latency at `scale_rate` and database size at `tier` live leases."""
+    load = await preload_to(b, tier)
+    size = await sizes(b.pg)
+    if b.step == 0:  # the run's first plans: open channels and connections first
+        await plan_step(b, 300, min(2.0, b.cfg.step_seconds), "warm-up")
+    if step is None:
+        step = await plan_step(b, b.cfg.scale_rate, b.cfg.step_seconds, f"scale {tier:,} leases")
+    return {"leases": tier, "rate": step["rate"], "p50_ms": step["p50_ms"], "p99_ms": step["p99_ms"],
+            "p999_ms": step["p999_ms"], **size, "preload": load}
+
+
+async def registrations(b: "Bench") -> dict[str, Any]:
+    """Acknowledged (committed) RegisterRetainedBlocks per second from many decode-node clients."""
+    cfg = b.cfg
+    # Next turns of conversations whose leases are fillers: each supersedes a live lease.
+    pool = [k for k in range(1, b.preloaded, 2)]
+    random.Random(cfg.seed).shuffle(pool)
+    per_worker = min(len(pool) // b.workers.count, int(12_000 * cfg.register_seconds / b.workers.count) + 100)
+    engine_ids = [e.engine_id for e in b.engines.decode]
+    start_at = time.time() + 2.0 + 0.00008 * per_worker
+    jobs = [{"kind": "register", "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
+             "engines": cfg.decode_engines, "engine_ids": engine_ids, "generation": b.engines.decode[0].generation,
+             "concurrency": cfg.register_concurrency, "duration": cfg.register_seconds, "start_at": start_at}
+            for i in range(b.workers.count)]
+    task = b.progress.add_task(
+        f"registrations: {cfg.register_concurrency * b.workers.count} clients for {cfg.register_seconds:g}s", total=None)
+    running = asyncio.ensure_future(b.workers.run(jobs, timeout=cfg.register_seconds + 120))
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    meter = (await b.cpu_meter("registry")).start()
+    sampler = b.sampler("registrations", ("registry",), cfg.register_seconds)
+    results = await running
+    cpu = meter.stop()
+    await b.collect("registrations", sampler)
+    b.progress.remove_task(task)
+    outcomes: Counter[str] = Counter()
+    for r in results:
+        outcomes.update(r["outcomes"])
+    latencies = [x for r in results for x in _floats(r["latencies_ms"])]
+    elapsed = max(r["elapsed_s"] for r in results)
+    committed = outcomes.get("created", 0)
+    b.sample_memory()
+    per = {k: round(1000 * v / max(committed, 1), 3) for k, v in cpu.items()}
+    cost = capacity({"cpu_ms_per_registration": per}, "cpu_ms_per_registration")
+    return {"register_rps": round(committed / max(elapsed, 1e-6), 1), "cpu_cost": cost, "clients": cfg.register_concurrency * len(jobs),
+            "seconds": round(elapsed, 2), "outcomes": dict(outcomes),
+            "latency": summarize(latencies), "ran_out_of_requests": any(r["exhausted"] for r in results),
+            "cpu_ms_per_registration": per}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpreadDeadline:
+    """Deadlines spread evenly over [start, start + window) (picklable for the preload helper)."""
+
+    start: float
+    window: float
+    count: int
+
+    def __call__(self, c: Conversation, now: datetime) -> datetime:
+        slot = (c.index * 7919) % self.count
+        return datetime.fromtimestamp(self.start + self.window * slot / self.count, timezone.utc)
+
+
+async def expiry(b: "Bench") -> dict[str, Any]:
+    """Lag from deadline to recorded expiry, `expiry_leases` leases due within the window."""
+    cfg = b.cfg
+    n = cfg.expiry_leases
+    base = 90_000_001  # odd: filler chains, apart from the plan workload's conversations
+    convs = [dataclasses.replace(conversation(base + 2 * i, cfg.tenants, cfg.decode_engines),
+                                 tenant=f"{EXPIRY_TENANT}-{i % 100:02d}") for i in range(n)]
+    lead = 2.0 + 1.5 * n / max(b.copy_rows_per_second, 1000.0)
+    start = time.time() + lead
+    task = b.progress.add_task(f"expiry: preload {n:,} leases due over {cfg.expiry_window_seconds:g}s", total=n)
+    await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
+                      deadline=SpreadDeadline(start, cfg.expiry_window_seconds, n),
+                      progress=lambda k: b.progress.advance(task, k))
+    loaded_at = time.time()
+    b.progress.remove_task(task)
+    end = start + cfg.expiry_window_seconds
+    task = b.progress.add_task("expiry: waiting for the reaper", total=n)
+    query = ("SELECT count(*) FROM leases WHERE tenant LIKE $1 AND state IN ('RETAINED', 'CLAIMED')")
+    live = n
+    while time.time() < end + 30:
+        live = int(await b.pg.fetchval(query, EXPIRY_TENANT + "%"))
+        b.progress.update(task, completed=n - live)
+        if live == 0 and time.time() > end:
+            break
+        await asyncio.sleep(0.5)
+    b.progress.remove_task(task)
+    lags = [float(r[0]) for r in await b.pg.fetch(
+        "SELECT (details->>'lag_seconds')::float8 FROM lease_events WHERE reason = 'TTL_EXPIRED' AND tenant LIKE $1",
+        EXPIRY_TENANT + "%")]
+    early = int(await b.pg.fetchval(
+        "SELECT count(*) FROM lease_events WHERE reason = 'TTL_EXPIRED' AND tenant LIKE $1 "
+        "AND (details->>'lag_seconds')::float8 < 0", EXPIRY_TENANT + "%"))
+    summary = summarize([x * 1000 for x in lags])
+    b.sample_memory()
+    return {
+        "leases": n, "window_seconds": cfg.expiry_window_seconds, "expired": len(lags), "still_live": live,
+        "expired_early": early, "loaded_before_first_deadline": loaded_at < start,
+        "lag_p50_s": round(summary["p50_ms"] / 1000, 4) if lags else None,
+        "lag_p99_s": round(summary["p99_ms"] / 1000, 4) if lags else None,
+        "lag_max_s": round(summary["max_ms"] / 1000, 4) if lags else None,
+    }

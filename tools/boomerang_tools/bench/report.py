@@ -1,0 +1,176 @@
+"""`bench-report.json` (the issue's shape, plus detail) and its Markdown summary."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from boomerang_tools.bench.config import BenchConfig
+from boomerang_tools.bench.stats import clean
+
+# The targets on this 2-core machine (issue 8, DESIGN.md §4).
+TARGETS = {
+    "plan_p50_ms_at_1000": ("plan p50 at 1,000/s, 100k leases", "≤", 1.0),
+    "plan_p99_ms_at_1000": ("plan p99 at 1,000/s, 100k leases", "≤", 5.0),
+    "max_rps_p99_5ms": ("plans/s with p99 ≤ 5 ms", "≥", 3000),
+    "register_rps": ("committed registrations/s", "≥", 5000),
+    "expiry_lag_p99_s": ("expiry lag p99, s", "≤", 1.0),
+    "gateway_overhead_ratio": ("gateway overhead / naive proxy's (p50)", "≤", 1.5),
+}
+
+
+def _targets(report: dict[str, Any]) -> dict[str, Any]:
+    at_1000 = next((r for r in report["plan"]["rates"] if r["rate"] == 1000), {})
+    values = {
+        "plan_p50_ms_at_1000": at_1000.get("p50_ms"),
+        "plan_p99_ms_at_1000": at_1000.get("p99_ms"),
+        "max_rps_p99_5ms": report["plan"]["max_rps_p99_5ms"],
+        "register_rps": report["register_rps"],
+        "expiry_lag_p99_s": report["expiry_lag_p99_s"],
+        "gateway_overhead_ratio": report["gateway_overhead"]["ratio"],
+    }
+    out = {}
+    for key, (label, op, goal) in TARGETS.items():
+        value = values[key]
+        met = value is not None and (value <= goal if op == "≤" else value >= goal)
+        out[key] = {"label": label, "target": f"{op} {goal:g}", "value": value, "met": bool(met)}
+    return out
+
+
+def build_report(
+    cfg: BenchConfig, results: dict[str, Any], memory: dict[str, dict[str, float]], host: dict[str, Any],
+    database: dict[str, str], started: float, finished: float,
+) -> dict[str, Any]:
+    """The report: the issue's keys first, then everything useful."""
+    register = results.get("register") or {"register_rps": None}
+    expiry = results.get("expiry") or {"lag_p99_s": None}
+    report: dict[str, Any] = {
+        "plan": results.get("plan") or {"leases": cfg.leases, "rates": [], "max_rps_p99_5ms": None, "search": []},
+        "register_rps": register["register_rps"],
+        "expiry_lag_p99_s": expiry["lag_p99_s"],
+        "gateway_overhead": results.get("gateway_overhead") or {"boomerang_p50_ms": None, "naive_p50_ms": None,
+                                                                "ratio": None},
+        "scale": results["scale"],
+        "memory_mb": {name: m["peak_rss_mb"] for name, m in sorted(memory.items())},
+        "register": register,
+        "expiry": expiry,
+        "phases": sorted(cfg.phases),
+        "memory_detail_mb": memory,
+        "preload": results.get("preload"),
+        "timings_s": results.get("timings_s"),
+        "quick": cfg.quick,
+        "machine": host,
+        "database": database,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(finished - started, 1),
+        "method": {
+            "plans": f"open-loop Poisson arrivals from {cfg.clients} client processes; each plan's prompt extends "
+                     "a live lease's tokens (the registry verifies the prefix and the plan PULLs); claimed leases "
+                     "are given back between steps so every step claims afresh",
+            "registrations": "closed loop, each call the next turn of a conversation (superseding its lease), "
+                             "counted when acknowledged (after commit)",
+            "expiry": "lag_seconds the registry records in each TTL_EXPIRED event (database clock)",
+            "gateway_overhead": "turn time (send to last streamed byte) less the direct path's, same run, "
+                                "interleaved; ratio = Boomerang's added time / the naive proxy's",
+        },
+    }
+    report["targets"] = _targets(report)
+    return clean(report)  # type: ignore[return-value]
+
+
+def _ms(value: Any) -> str:
+    return "—" if value is None else f"{value:,.2f}"
+
+
+def _count(value: Any) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def _cpu(per: dict[str, float] | None) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in (per or {}).items()) or "—"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The human summary."""
+    m = report["machine"]
+    plan = report["plan"]
+    lines = [
+        f"# Boomerang benchmark{' (--quick)' if report['quick'] else ''}",
+        "",
+        f"{report['started_at']}, {report['duration_s']:.0f} s on {m['cpus']} CPUs ({m['cpu_model']}), "
+        f"{m['memory_gb']} GB, Python {m['python']}, PostgreSQL {report['database'].get('version', '?')} "
+        f"({report['database'].get('server', '')}); load average at start {m['load_avg_at_start'][0]:.1f}.",
+        "",
+        "## Targets",
+        "",
+        "| target | goal | measured | |",
+        "|---|---|---|---|",
+    ]
+    for t in report["targets"].values():
+        value = t["value"]
+        shown = "—" if value is None else (f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
+        lines.append(f"| {t['label']} | {t['target']} | {shown} | {'met' if t['met'] else '**not met**'} |")
+    if plan["rates"]:
+        lines += ["", f"## PlanTurn at {plan['leases']:,} live leases ({plan['clients']} client processes, open loop)",
+                  "", "| rate/s | achieved/s | p50 ms | p99 ms | p99.9 ms | PULL | degraded | p99 ≤ 5 ms | CPU ms per plan |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in [x for x in [plan.get("low_rate")] if x] + plan["rates"] + plan["search"]:
+            degraded = r["reasons"].get("CONTROL_PLANE_DEGRADED", 0) + sum(r["errors"].values())
+            lines.append(f"| {r['rate']:,} | {r['achieved_rps']:,.0f} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | "
+                         f"{_ms(r['p999_ms'])} | {r['pull_fraction']:.0%} | {degraded / max(r['plans'], 1):.0%} | "
+                         f"{'yes' if r['meets_p99_budget'] else 'no'} | {_cpu(r.get('cpu_ms_per_plan'))} |")
+        lines += ["", f"Highest rate with p99 ≤ 5 ms: **{plan['max_rps_p99_5ms']:,}/s**."]
+        cost = plan.get("cpu_cost")
+        if cost:
+            idle = ", ".join(f"{k} {v:.0f}" for k, v in cost["idle_cpu_ms_per_s"].items())
+            lines += ["", f"CPU per plan at {cost['rate']}/s ({cost['degraded_fraction']:.0%} degraded), idle use "
+                      f"({idle} ms per second) taken out: {_cpu(cost['marginal_cpu_ms_per_plan'])} ms — the services' "
+                      f"{cost['services_cpu_ms']:.2f} ms allow at "
+                      f"most {_count(cost['capacity_rps_services_only'])} plans/s on {m['cpus']} cores with nothing else "
+                      f"running ({_count(cost['capacity_rps_with_clients'])}/s with the load generators on the same cores)."]
+        floor = plan.get("grpc_floor")
+        if floor:
+            hops = 2 * (floor["server_cpu_ms_per_call"] + floor["client_cpu_ms_per_call"])
+            lines += ["", f"The floor under that: one empty gRPC call (grpc.health.v1 Check, {floor['rate']:,}/s) costs "
+                      f"{floor['server_cpu_ms_per_call']:.2f} ms of server CPU and {floor['client_cpu_ms_per_call']:.2f} "
+                      f"ms of client CPU here; a plan crosses two hops (client → router → registry), "
+                      f"{hops:.2f} ms before any work."]
+    if report["scale"]:
+        lines += ["", "## Scale", "",
+                  "| live leases | p50 ms | p99 ms | p99.9 ms | database MB | leases MB | lease indexes MB | audit MB |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for x in report["scale"]:
+            lines.append(f"| {x['leases']:,} | {_ms(x['p50_ms'])} | {_ms(x['p99_ms'])} | {_ms(x['p999_ms'])} | "
+                         f"{x['db_size_mb']:,} | {x['leases_table_mb']:,} | {x['lease_indexes_mb']:,} | "
+                         f"{x['lease_events_mb']:,} |")
+    reg, exp, gw = report["register"], report["expiry"], report["gateway_overhead"]
+    lines += ["", "## Registrations, expiry, gateway", ""]
+    if reg.get("register_rps") is not None:
+        lines.append(f"- Committed RegisterRetainedBlocks: **{reg['register_rps']:,.0f}/s** from {reg['clients']} "
+                     f"concurrent clients (p50 {_ms(reg['latency']['p50_ms'])} ms, p99 {_ms(reg['latency']['p99_ms'])} ms; "
+                     f"CPU ms per registration: {_cpu(reg.get('cpu_ms_per_registration'))}; at most "
+                     f"{_count(reg['cpu_cost']['capacity_rps_services_only'])}/s on these cores for the services alone).")
+    if exp.get("lag_p99_s") is not None:
+        lines.append(f"- Expiry of {exp['leases']:,} leases due within {exp['window_seconds']:g} s: lag p50 "
+                     f"{exp['lag_p50_s']} s, p99 **{exp['lag_p99_s']} s**, max {exp['lag_max_s']} s; "
+                     f"{exp['expired']:,} expired, {exp['expired_early']} early, {exp['still_live']} left live.")
+    if gw.get("boomerang_p50_ms") is not None:
+        turn = gw["turn_ms"]
+        lines.append(f"- Gateway overhead over calling the engines directly (turn p50 {_ms(turn['direct']['p50_ms'])} ms): "
+                     f"p50 **{_ms(gw['boomerang_p50_ms'])} ms** vs the naive proxy's {_ms(gw['naive_p50_ms'])} ms "
+                     f"(ratio **{gw['ratio']}**); p99 {_ms(gw['boomerang_p99_ms'])} ms vs {_ms(gw['naive_p99_ms'])} ms "
+                     f"(ratio {gw['ratio_p99']}); {sum(x['count'] for x in turn.values()):,} turns.")
+    if report["memory_mb"]:
+        lines += ["", "## Memory (peak RSS, MB)", "", ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """Write `bench-report.json` and `bench-report.md`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "bench-report.json", out_dir / "bench-report.md"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    md_path.write_text(markdown(report))
+    return json_path, md_path

@@ -1,0 +1,143 @@
+"""Run the demo's conversations through the gateway, Boomerang off and on, and collect TTFTs.
+
+Off: every turn carries `X-Boomerang-Reuse: off` and no conversation id, so the gateway
+sends the prefill engine the first-turn form and P computes the whole prompt (prefix
+caching is off on the simulated P, as in AWS's tests). On: every turn carries its
+conversation id, so turns 2+ pull the previous turn's KV from the decode engine.
+
+Conversations run one at a time, off then on, as a single client would measure them:
+on a small machine concurrent conversations would compete for the CPU that the gateway,
+router and simulated engines share, and that noise is not the engines' latency. Between
+turns the agent "runs its tool" for `THINK_SECONDS`, as real agents do, which also lets
+the previous turn's ReportTurn land before the next turn is planned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import httpx
+import xxhash
+
+from boomerang_tools.demo.client import REUSE_HEADER, TurnResult, server_timing, stream_chat
+from boomerang_tools.demo.workload import AgentConversation, Step, prepare, steps
+
+THINK_SECONDS = 0.3
+
+
+@dataclass
+class Record:
+    """One turn of one conversation."""
+
+    profile: str
+    mode: str  # "off" or "on"
+    rep: int
+    step: Step | None  # None: the kickoff turn
+    prompt_tokens: int
+    result: TurnResult
+
+
+@dataclass
+class RunResult:
+    """Everything a demo run measured."""
+
+    records: list[Record] = field(default_factory=list)
+    conversation_ids: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[Record]:
+        """Turns that did not complete."""
+        return [r for r in self.records if not r.result.ok]
+
+    def ttft(self, profile: str, mode: str, point: int) -> float | None:
+        """Median probe TTFT (ms) over repetitions."""
+        values = [r.result.ttft_ms for r in self.records if r.profile == profile and r.mode == mode and r.step
+                  and r.step.probe and r.step.point == point and r.result.ok]
+        return statistics.median(values) if values else None
+
+    def probe_plans(self, profile: str, point: int) -> str:
+        """Tokens the measured turns at `point` pulled with Boomerang on (e.g. `23,872`), or
+        their plan and reason when they did not pull."""
+        seen = []
+        for r in self.records:
+            if r.profile == profile and r.mode == "on" and r.step and r.step.probe and r.step.point == point:
+                res = r.result
+                seen.append(f"{res.reused_tokens:,}" if res.plan == "PULL" else f"{res.plan or 'FAILED'} ({res.reason})")
+        return ", ".join(dict.fromkeys(seen)) or "—"
+
+    def overhead_ms(self, profile: str, point: int) -> float | None:
+        """Median time the gateway spent on Boomerang's own steps (tokenize + plan) for the
+        measured turns at `point` with Boomerang on."""
+        values = []
+        for r in self.records:
+            if r.profile == profile and r.mode == "on" and r.step and r.step.probe and r.step.point == point:
+                timing = server_timing(r.result.headers)
+                if "plan" in timing:
+                    values.append(timing.get("tokenize", 0.0) + timing.get("report_wait", 0.0) + timing["plan"])
+        return statistics.median(values) if values else None
+
+    def mismatched_replies(self) -> int:
+        """Turns whose reply differs between off and on (a wrong KV would change the reply)."""
+        by_key: dict[tuple[str, int, int, bool], dict[str, str]] = {}
+        for r in self.records:
+            if r.result.ok:
+                key = (r.profile, r.rep, r.step.point if r.step else 0, r.step.probe if r.step else False)
+                by_key.setdefault(key, {})[r.mode] = r.result.text
+        return sum(1 for v in by_key.values() if len(v) == 2 and v["off"] != v["on"])
+
+
+async def run_conversation(
+    http: httpx.AsyncClient,
+    gateway_url: str,
+    profile: str,
+    model: str,
+    mode: str,
+    rep: int,
+    points: tuple[int, ...],
+    conversation_id: str,
+    out: RunResult,
+    on_turn: Callable[[], None],
+) -> None:
+    """One agent session, turn after turn; stops at the first failed turn."""
+    conv = AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/{rep}".encode()), model=model)
+    headers = {REUSE_HEADER: "off"} if mode == "off" else {"X-Conversation-Id": conversation_id}
+    plan: list[Step | None] = [None, *steps(points)]
+    for i, step in enumerate(plan):
+        prompt = conv.prompt_tokens() if step is None else prepare(conv, step)
+        result = await stream_chat(http, gateway_url, conv.body(), headers)
+        out.records.append(Record(profile, mode, rep, step, prompt, result))
+        on_turn()
+        if not result.ok:
+            for _ in plan[i + 1:]:
+                on_turn()
+            return
+        conv.add_reply(result.text)
+        await asyncio.sleep(THINK_SECONDS)
+
+
+async def run_profile(
+    gateway_url: str,
+    profile: str,
+    model: str,
+    points: tuple[int, ...],
+    reps: int,
+    out: RunResult,
+    on_turn: Callable[[], None],
+) -> None:
+    """All conversations of one profile: for each repetition, off then on."""
+    run_id = uuid.uuid4().hex[:8]
+    async with httpx.AsyncClient(timeout=120.0) as http:
+        for rep in range(reps):
+            cid = f"demo-{profile}-{run_id}-{rep}"
+            out.conversation_ids[(profile, rep)] = cid
+            for mode in ("off", "on"):
+                await run_conversation(http, gateway_url, profile, model, mode, rep, points, cid, out, on_turn)
+
+
+def turns_per_profile(points: tuple[int, ...], reps: int) -> int:
+    """Turns one profile sends in both modes (for the progress bar)."""
+    return reps * 2 * (1 + 2 * len(points))

@@ -1,0 +1,105 @@
+"""What the demo shows on the terminal: a progress bar while it runs, then the results."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from boomerang_tools.demo import audit, report
+from boomerang_tools.demo.runner import RunResult, run_profile, turns_per_profile
+
+
+def measure(
+    console: Console,
+    gateway_url: str,
+    profiles: list[str],
+    points: dict[str, tuple[int, ...]],
+    reps: int,
+    models: dict[str, str],
+) -> RunResult:
+    """Run every profile's conversations (one profile after the other) under a progress bar."""
+    result = RunResult()
+    columns = (TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        tasks = {p: progress.add_task(f"{models[p]} off+on ×{reps}", total=turns_per_profile(points[p], reps))
+                 for p in profiles}
+
+        async def main() -> None:
+            for p in profiles:
+                await run_profile(gateway_url, p, models[p], points[p], reps, result,
+                                  lambda p=p: progress.advance(tasks[p]))  # type: ignore[misc]
+
+        asyncio.run(main())
+    return result
+
+
+def _plans(result: RunResult) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in result.records:
+        if r.mode == "on" and r.result.ok:
+            counts[r.result.plan or "?"] = counts.get(r.result.plan or "?", 0) + 1
+    return counts
+
+
+def conclude(
+    console: Console,
+    result: RunResult,
+    stats: dict[str, int],
+    profiles: list[str],
+    points: dict[str, tuple[int, ...]],
+    out_dir: Path,
+    database_url: str,
+    started: float,
+) -> int:
+    """Print the tables, write the report and chart, show an audit trail; the exit code."""
+    tables = [(p, report.rows(result, p, points[p])) for p in profiles]
+    for name, data in tables:
+        console.print()
+        console.print(report.table(name, data, {p: result.probe_plans(name, p) for p in points[name]}))
+    corrupt = stats["corrupt_pulls"] + stats["expired_or_freed_reads"] + stats["corrupt_loads"] + stats["expired_or_freed_loads"]
+    failed = len(result.failed)
+    data: dict[str, Any] = report.report(tables, corrupt, failed)
+    json_path, png_path = out_dir / "demo-report.json", out_dir / "demo-report.png"
+    report.write_json(data, json_path)
+    report.chart(tables, png_path)
+    first = profiles[0]
+    cid = result.conversation_ids.get((first, 0), "")
+    if cid:
+        try:
+            entries = asyncio.run(audit.trail(database_url, "anonymous", cid))
+            console.print()
+            console.print(audit.render(entries, cid))
+        except Exception as exc:  # noqa: BLE001 - the audit view is a bonus, never the verdict
+            console.print(f"[yellow]audit trail unavailable: {exc}[/yellow]")
+    plans = _plans(result)
+    mismatched = result.mismatched_replies()
+    console.print()
+    spent = [f"{p} {points[p][-1] // 1000}k: {ms:.0f} ms" for p in profiles
+             if (ms := result.overhead_ms(p, points[p][-1])) is not None]
+    if spent:
+        console.print("Boomerang's own share of a turn's TTFT (tokenize on the prefill engine + plan), "
+                      f"at the longest context: {', '.join(spent)}.")
+    console.print(
+        f"Boomerang on: {', '.join(f'{v} {k}' for k, v in sorted(plans.items()))} turns; "
+        f"{stats['pulls']:,} pulls moved {stats['pulled_tokens']:,} tokens instead of recomputing them."
+    )
+    console.print(f"Wrote {json_path} and {png_path} in {time.monotonic() - started:.0f}s.")
+    problems = []
+    if failed:
+        problems.append(f"{failed} failed request(s): " + "; ".join(r.result.error[:120] for r in result.failed[:3]))
+    if corrupt:
+        problems.append(f"{corrupt} corrupt pull(s) (KV that did not match the prompt, or expired/freed blocks)")
+    if mismatched:
+        problems.append(f"{mismatched} reply(ies) differ between Boomerang off and on")
+    if problems:
+        for problem in problems:
+            console.print(f"[bold red]FAIL[/bold red] {problem}")
+        return 1
+    console.print("[bold green]OK[/bold green] 0 failed requests, 0 corrupt pulls, identical replies off and on.")
+    return 0

@@ -1,0 +1,105 @@
+"""`boomerang sim`: a simulated vLLM engine (prefill or decode) for tests, demos and laptops."""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+
+import xxhash
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `sim` subcommand."""
+    parser = subparsers.add_parser(
+        "sim",
+        help="run a simulated vLLM engine (NixlConnector, bidirectional KV transfer)",
+        description="A simulated vLLM 0.33 OpenAI server with the NixlConnector and bidirectional_kv_xfer "
+        "(see tools/boomerang_tools/sim/README.md).",
+    )
+    parser.add_argument("--role", choices=["prefill", "decode"], required=True, help="prefill (P) or decode (D)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP API port (0: a free one; default 8000)")
+    parser.add_argument("--profile", default="qwen3-32b", help="cost profile: qwen3-32b or glm-5-fp8 (default qwen3-32b)")
+    parser.add_argument("--ttl", type=float, default=480.0, help="decoder_kv_blocks_ttl in seconds (default 480)")
+    parser.add_argument("--engine-id", help="engine id (default sim-<role>-<random>)")
+    parser.add_argument("--host", default="127.0.0.1", help="listen host, also the side-channel host (default 127.0.0.1)")
+    parser.add_argument("--side-channel-port", type=int,
+                        help="simulated NIXL side-channel port (default port+1000, or a free one when --port is 0)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    parser.add_argument("--recompute-threshold", type=int, default=64, help="kv_recompute_threshold in tokens (default 64)")
+    parser.add_argument("--strip-reasoning", action="store_true",
+                        help="a Qwen3 thinking model: replies start with <think>…</think>, which the chat template "
+                        "strips from assistant turns before the last user message")
+    parser.add_argument("--generation", type=int,
+                        help="initial registration generation (default: the start time in Unix milliseconds, so a "
+                        "restarted process always registers a newer generation than its previous run)")
+    parser.add_argument("--registry", help="block-registry HOST:PORT to register with and heartbeat (optional)")
+    parser.add_argument("--heartbeat-seconds", type=float, default=2.0, help="registry heartbeat interval (default 2)")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="multiply every simulated latency by this (default 1.0; tests use ~0.01)")
+    parser.add_argument("--expiry-margin", type=float, default=5.0,
+                        help="P declines a pull this close to D's expiry, seconds (default 5, vLLM's)")
+    parser.add_argument("--prefill-hold-seconds", type=float, default=480.0,
+                        help="P frees blocks D never read after this long (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, default 480)")
+    parser.add_argument("--num-gpu-blocks", type=int, default=1_000_000, help="KV blocks in the simulated pool")
+    parser.add_argument("--clock-offset", type=float,
+                        help="seconds added to perf_counter for this engine's clock (default: derived from the engine id)")
+    parser.add_argument("--served-model-name", help="model name clients use (default: the profile's)")
+    parser.add_argument("--max-model-len", type=int, help="context limit in tokens (default: the profile's)")
+    parser.add_argument("--grace-seconds", type=float, default=5.0, help="drain time on SIGTERM (default 5)")
+    parser.add_argument("--log-level", help="logging level (default INFO)")
+    parser.set_defaults(handler=_run)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise SystemExit(f"boomerang sim: {message}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from boomerang.config.flags import run_async
+    from boomerang_tools.sim.costmodel import profile
+    from boomerang_tools.sim.engine import SimConfig
+    from boomerang_tools.sim.server import run
+
+    try:
+        prof = profile(args.profile)
+    except ValueError as exc:
+        raise SystemExit(f"boomerang sim: --profile: {exc}") from None
+    _check(args.host in ("127.0.0.1", "localhost"), "--host must be 127.0.0.1 or localhost")
+    _check(0 <= args.port <= 65535, "--port must be 0 to 65535")
+    _check(args.ttl > 0, "--ttl must be positive")
+    _check(1 <= args.block_size <= 1024, "--block-size must be 1 to 1024")
+    _check(args.recompute_threshold >= 0, "--recompute-threshold must be non-negative")
+    generation = int(time.time() * 1000) if args.generation is None else args.generation
+    _check(generation >= 0, "--generation must be non-negative")
+    _check(args.time_scale >= 0, "--time-scale must be non-negative")
+    _check(args.num_gpu_blocks >= 1, "--num-gpu-blocks must be positive")
+    side = args.side_channel_port
+    if side is None:
+        side = args.port + 1000 if args.port and args.port + 1000 <= 65535 else 0
+    engine_id = args.engine_id or f"sim-{args.role}-{uuid.uuid4().hex[:8]}"
+    # perf_counter is shared by every process on a host; give each engine its own clock.
+    offset = args.clock_offset
+    if offset is None:
+        offset = 1000.0 + xxhash.xxh3_64_intdigest(engine_id.encode()) % 1_000_000
+    config = SimConfig(
+        role=args.role,
+        engine_id=engine_id,
+        profile=prof,
+        host="127.0.0.1" if args.host == "localhost" else args.host,
+        side_channel_port=side,
+        ttl_seconds=args.ttl,
+        block_size=args.block_size,
+        recompute_threshold=args.recompute_threshold,
+        strip_reasoning=args.strip_reasoning,
+        time_scale=args.time_scale,
+        expiry_margin_seconds=args.expiry_margin,
+        prefill_hold_seconds=args.prefill_hold_seconds,
+        num_gpu_blocks=args.num_gpu_blocks,
+        clock_offset=offset,
+        served_model_name=args.served_model_name or prof.served_model_name,
+        max_model_len=args.max_model_len or prof.max_model_len,
+    )
+    run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds))
+    return 0

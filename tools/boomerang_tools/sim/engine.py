@@ -1,0 +1,350 @@
+"""The simulated engine: one request from admission to finish, with vLLM's KV semantics.
+
+No HTTP here (that is `app.py`); this module decides what a request's
+`kv_transfer_params` mean (`params.py`), pulls or loads remote blocks through the simulated
+NIXL side channel (`nixl.py`), checks every pulled token against the prompt, spends the
+cost model's time (`costmodel.py`), produces the deterministic output (`generate.py`) and
+pins blocks on finish (`kvstore.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from boomerang_tools.sim.generate import Piece, generate
+from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted
+from boomerang_tools.sim.nixl import Gone, NixlClient, Unreachable
+from boomerang_tools.sim.params import Mode, RemoteHandle, classify, prefill_params, retained_params
+from boomerang_tools.sim.state import Admission, AdmissionError, Finish, GenRequest, SimConfig, Stats, Token
+from boomerang_tools.sim.tokenizer import SKIPPED_IN_TEXT
+
+# Re-exported: the engine's public vocabulary lives in state.py.
+__all__ = ["Admission", "AdmissionError", "Engine", "Finish", "GenRequest", "SimConfig", "Stats", "Token"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Context:
+    effective: list[int]  # the tokens whose KV the engine really holds for the prompt
+    budget_ms: float
+
+
+class Engine:
+    """One simulated vLLM engine with the NixlConnector and bidirectional transfer."""
+
+    def __init__(self, config: SimConfig, generation: int):
+        self.config = config
+        self.generation = generation
+        self.epoch = 0
+        self.clock = Clock(config.clock_offset)
+        self.kv = KVStore(config.num_gpu_blocks, config.block_size, self.clock)
+        self.nixl = NixlClient(self.clock)
+        self.stats = Stats()
+        self.recent: deque[dict[str, Any]] = deque(maxlen=200)
+        self.in_flight = 0
+        self.queued_prompt_tokens = 0
+        self.restarted = asyncio.Event()
+
+    async def close(self) -> None:
+        """Release client connections."""
+        await self.nixl.close()
+
+    # -- admission -------------------------------------------------------------------------
+
+    def admit(self, req: GenRequest, request_id: str) -> Admission:
+        """Check limits and allocate the prompt's blocks, or raise AdmissionError."""
+        n, limit = len(req.prompt_ids), self.config.max_model_len
+        if n == 0:
+            raise AdmissionError(400, "BadRequestError", "The prompt is empty.", "prompt")
+        if n >= limit:
+            raise AdmissionError(
+                400, "BadRequestError",
+                f"This model's maximum context length is {limit} tokens. However, your request has {n} "
+                "input tokens. Please reduce the length of the input messages.", "messages")
+        if req.max_tokens > limit - n:
+            raise AdmissionError(
+                400, "BadRequestError",
+                f"'max_tokens' or 'max_completion_tokens' is too large: {req.max_tokens}. This model's maximum "
+                f"context length is {limit} tokens and your request has {n} input tokens "
+                f"({req.max_tokens} > {limit} - {n}).", "max_tokens")
+        mode, remote = classify(req.kv_transfer_params)
+        try:
+            alloc = self.kv.allocate(n)
+        except PoolExhausted as exc:
+            raise AdmissionError(503, "ServiceUnavailableError", str(exc)) from None
+        self.stats.requests += 1
+        self.stats.prompt_tokens += n
+        return Admission(request_id, req, mode, remote, alloc, self.epoch, asyncio.get_running_loop().time())
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self, adm: Admission) -> AsyncIterator[Token]:
+        """Tokens at the cost model's pace; the last one carries the Finish.
+
+        Closing the iterator before the last token aborts the request: its blocks are
+        freed at once and nothing is retained, as vLLM does for an aborted request.
+        """
+        req, n = adm.req, len(adm.req.prompt_ids)
+        adm.ran = True
+        self.in_flight += 1
+        self.queued_prompt_tokens += n
+        queued, finished = True, False
+        try:
+            ctx = await self._context(adm)
+            await self._sleep_until(adm.started + ctx.budget_ms * self.config.time_scale / 1000)
+            self.queued_prompt_tokens -= n
+            queued = False
+            pieces = self._output(ctx.effective, req)
+            last = len(pieces) - 1
+            for i, piece in enumerate(pieces):
+                if i:
+                    await asyncio.sleep(self.config.profile.itl_ms * self.config.time_scale / 1000)
+                self._grow(adm, n + i + 1)
+                finish = None
+                if i == last:
+                    finished = True
+                    self.stats.generated_tokens += len(pieces)
+                    stopped = piece.text == req.eos and not req.ignore_eos
+                    ids = [q.id for q in pieces]
+                    finish = Finish("stop" if stopped else "length", self._finish(adm, ctx.effective, ids))
+                yield Token(piece.id, "" if piece.text in SKIPPED_IN_TEXT else piece.text, finish)
+        finally:
+            self.in_flight -= 1
+            if queued:
+                self.queued_prompt_tokens -= n
+            if not finished:
+                self.stats.aborted += 1
+                self.kv.release(adm.alloc)
+
+    def discard(self, adm: Admission) -> None:
+        """Release an admitted request whose run never started (the client left first)."""
+        if not adm.ran and adm.alloc.live:
+            adm.ran = True
+            self.stats.aborted += 1
+            self.kv.release(adm.alloc)
+
+    def _output(self, effective: list[int], req: GenRequest) -> list[Piece]:
+        """The output pieces, honouring max_tokens, min_tokens and ignore_eos."""
+        out: list[Piece] = []
+        for piece in generate(effective, req.eos, req.reasoning):
+            if len(out) >= req.max_tokens:
+                break
+            if piece.text == req.eos and len(out) < req.min_tokens:
+                continue  # vLLM masks EOS until min_tokens
+            out.append(piece)
+            if piece.text == req.eos and not req.ignore_eos:
+                break
+        return out
+
+    def _grow(self, adm: Admission, num_tokens: int) -> None:
+        """Allocate an output block when the sequence crosses a block boundary."""
+        if not adm.alloc.live or self.kv.blocks_for(num_tokens) <= len(adm.alloc.block_ids):
+            return
+        if self.kv.free:
+            adm.alloc.block_ids.append(self.kv.free.popleft())
+
+    async def _sleep_until(self, deadline: float) -> None:
+        await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+
+    def _note(self, **event: Any) -> None:
+        self.recent.append(event)
+
+    # -- before the first token ------------------------------------------------------------
+
+    async def _context(self, adm: Admission) -> _Context:
+        p, prompt = self.config.profile, adm.req.prompt_ids
+        if adm.mode is Mode.PULL:
+            return await self._pull(adm)
+        if adm.mode is Mode.PREFILL:
+            self.stats.computed_tokens += len(prompt)
+            return _Context(list(prompt), p.prefill_ms(len(prompt)))
+        if adm.mode is Mode.DECODE:
+            return await self._load(adm)
+        self.stats.computed_tokens += len(prompt)
+        return _Context(list(prompt), p.standalone_ms(len(prompt)))
+
+    async def _pull(self, adm: Admission) -> _Context:
+        """P: pull D's retained blocks (VLLM_FACTS.md, 'What a prefill node does')."""
+        cfg, p, prompt, remote = self.config, self.config.profile, adm.req.prompt_ids, adm.remote
+        assert remote is not None and remote.host is not None and remote.port is not None and remote.request_id
+        n = len(prompt)
+        available = remote.num_tokens if remote.num_tokens is not None else len(remote.block_ids) * cfg.block_size
+        # min(remote_num_tokens, prompt) with no prefix cache on P; like any cache hit, the
+        # last prompt token is always computed so the engine has logits to sample from.
+        count = max(0, min(available, n - 1, len(remote.block_ids) * cfg.block_size))
+        event = {"request_id": adm.request_id, "kind": "pull", "remote_request_id": remote.request_id, "count": count}
+
+        def recompute(outcome: str) -> _Context:
+            self._note(**event, outcome=outcome)
+            self.stats.computed_tokens += n
+            return _Context(list(prompt), p.prefill_ms(n))
+
+        try:
+            peer = await self.nixl.peer(remote.engine_id or "", remote.host, remote.port)
+        except Unreachable as exc:
+            self.stats.pull_failures += 1
+            log.warning("pull %s: handshake failed: %s", adm.request_id, exc)
+            return recompute("handshake_failed")
+        if remote.expiry_time is not None:
+            remaining = (remote.expiry_time - peer.clock_offset) - self.clock.now()
+            if remaining < cfg.expiry_margin_seconds:
+                self.stats.declined_expiring += 1
+                return recompute("declined_expiring")
+        if count < cfg.recompute_threshold:
+            self.stats.recomputed_below_threshold += 1
+            await self._free_remote(remote)
+            return recompute("below_threshold")
+        blocks = remote.block_ids[: -(-count // cfg.block_size)]
+        try:
+            pulled = await self.nixl.read(remote.host, remote.port, remote.request_id, blocks, count, remote.generation)
+        except Unreachable as exc:
+            self.stats.pull_failures += 1
+            log.warning("pull %s: read failed: %s", adm.request_id, exc)
+            return recompute("read_failed")
+        except Gone as exc:
+            # Real hardware reads whatever the freed blocks hold now and returns HTTP 200.
+            self.stats.expired_or_freed_reads += 1
+            pulled, outcome = [0] * count, f"garbage_{exc.reason.lower()}"
+        else:
+            outcome = "ok" if pulled == prompt[:count] else "corrupt"
+            if outcome == "corrupt":
+                self.stats.corrupt_pulls += 1
+        self.stats.pulls += 1
+        self.stats.pulled_tokens += count
+        self.stats.computed_tokens += n - count
+        self._note(**event, outcome=outcome)
+        return _Context(pulled + prompt[count:], p.prefill_ms(n, count))
+
+    async def _free_remote(self, remote: RemoteHandle) -> None:
+        assert remote.host is not None and remote.port is not None and remote.request_id
+        try:
+            await self.nixl.free(remote.host, remote.port, remote.request_id)
+        except (Unreachable, Gone) as exc:
+            log.warning("free %s on %s:%s failed: %s", remote.request_id, remote.host, remote.port, exc)
+
+    async def _load(self, adm: Admission) -> _Context:
+        """D: load the prompt's KV from the prefill node's held blocks."""
+        p, prompt, remote = self.config.profile, adm.req.prompt_ids, adm.remote
+        n = len(prompt)
+        event = {"request_id": adm.request_id, "kind": "load", "remote_request_id": remote.request_id if remote else None}
+        if remote is None or not remote.complete:
+            self.stats.load_failures += 1
+            self.stats.computed_tokens += n
+            self._note(**event, outcome="incomplete_params")
+            return _Context(list(prompt), p.decode_first_ms(0) + p.compute_ms(n))
+        assert remote.host is not None and remote.port is not None and remote.request_id
+        count = min(n, len(remote.block_ids) * self.config.block_size)
+        try:
+            await self.nixl.peer(remote.engine_id or "", remote.host, remote.port)
+            loaded = await self.nixl.read(remote.host, remote.port, remote.request_id, remote.block_ids, count, None)
+            outcome = "ok" if loaded == prompt[: len(loaded)] else "corrupt"
+            if outcome == "corrupt":
+                self.stats.corrupt_loads += 1
+        except Unreachable as exc:
+            # vLLM's kv_load_failure_policy "recompute": the decode node computes the prompt.
+            log.warning("load %s failed: %s", adm.request_id, exc)
+            self.stats.load_failures += 1
+            self.stats.computed_tokens += n
+            self._note(**event, outcome="load_failed")
+            return _Context(list(prompt), p.decode_first_ms(0) + p.compute_ms(n))
+        except Gone as exc:
+            self.stats.expired_or_freed_loads += 1
+            loaded, outcome = [0] * count, f"garbage_{exc.reason.lower()}"
+        self.stats.loads += 1
+        self.stats.loaded_tokens += len(loaded)
+        self.stats.computed_tokens += n - len(loaded)
+        self._note(**event, count=len(loaded), outcome=outcome)
+        return _Context(loaded + prompt[len(loaded):], p.decode_first_ms(len(loaded)) + p.compute_ms(n - len(loaded)))
+
+    # -- finish ----------------------------------------------------------------------------
+
+    def _finish(self, adm: Admission, effective: list[int], out: list[int]) -> dict[str, Any] | None:
+        """Pin blocks as the connector's request_finished would; the params to return."""
+        cfg = self.config
+        self.stats.finished += 1
+        if adm.epoch != self.epoch:  # the engine restarted under this request
+            self.kv.release(adm.alloc)
+            return None
+        if adm.mode in (Mode.PREFILL, Mode.PULL):
+            h = self.kv.pin(HandleKind.HELD, adm.request_id, adm.alloc, effective, cfg.prefill_hold_seconds, self.generation)
+            self.stats.held_turns += 1
+            return prefill_params(h.block_ids, cfg.engine_id, adm.request_id, cfg.host, cfg.side_channel_port, cfg.tp_size)
+        if adm.mode is Mode.DECODE:
+            tokens = effective + out
+            if len(adm.alloc.block_ids) < self.kv.blocks_for(len(tokens)):
+                self.stats.retention_skipped += 1  # the pool ran dry while decoding
+                self.kv.release(adm.alloc)
+                return None
+            h = self.kv.pin(HandleKind.RETAINED, adm.request_id, adm.alloc, tokens, cfg.ttl_seconds, self.generation)
+            self.stats.retained_turns += 1
+            return retained_params(
+                h.block_ids, cfg.engine_id, adm.request_id, cfg.host, cfg.side_channel_port,
+                len(tokens), h.expires_at, self.generation, (cfg.tp_size, 1, 1))
+        self.kv.release(adm.alloc)
+        return None
+
+    # -- side channel and admin ------------------------------------------------------------
+
+    def serve_read(self, request_id: str, block_ids: list[int], num_tokens: int, generation: int | None) -> list[int]:
+        """A remote engine's read of this engine's handle (raises kvstore.ReadError)."""
+        try:
+            tokens = self.kv.read(request_id, block_ids, num_tokens, generation)
+        except Exception:
+            self.stats.reads_refused += 1
+            raise
+        self.stats.reads_served += 1
+        return tokens
+
+    def serve_free(self, request_id: str) -> bool:
+        """A remote engine's request to free a handle unread."""
+        self.stats.frees_requested += 1
+        return self.kv.drop(request_id)
+
+    def restart(self, generation: int | None = None) -> int:
+        """Simulate an engine restart: a new registration generation, every block dropped."""
+        dropped = self.kv.drop_all()
+        self.generation = generation if generation is not None else self.generation + 1
+        self.epoch += 1
+        self.stats.restarts += 1
+        self.restarted.set()
+        return dropped
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and gauges for `GET /sim/stats`."""
+        cfg = self.config
+        return {
+            "engine_id": cfg.engine_id,
+            "role": cfg.role,
+            "profile": cfg.profile.name,
+            "model": cfg.served_model_name,
+            "registration_generation": self.generation,
+            "side_channel": f"{cfg.host}:{cfg.side_channel_port}",
+            "clock": self.clock.now(),
+            "ttl_seconds": cfg.ttl_seconds,
+            "block_size": cfg.block_size,
+            "kv_recompute_threshold": cfg.recompute_threshold,
+            "time_scale": cfg.time_scale,
+            **asdict(self.stats),
+            "retained_blocks": self.kv.pinned_blocks(HandleKind.RETAINED),
+            "retained_handles": sum(h.kind is HandleKind.RETAINED for h in self.kv.handles.values()),
+            "held_blocks": self.kv.pinned_blocks(HandleKind.HELD),
+            "held_handles": sum(h.kind is HandleKind.HELD for h in self.kv.handles.values()),
+            "expired_handles": self.kv.expired,
+            "used_blocks": self.kv.used_blocks,
+            "free_blocks": len(self.kv.free),
+            "in_flight": self.in_flight,
+            "handshakes": self.nixl.handshakes,
+            "unsafe_pulls": self.stats.corrupt_pulls + self.stats.expired_or_freed_reads,
+            "recent": list(self.recent),
+        }
+
+    def reset_stats(self) -> None:
+        """Zero the counters (gauges and handles stay)."""
+        self.stats = Stats()
+        self.recent.clear()

@@ -1,0 +1,77 @@
+"""Deterministic "model output": a function of the context tokens only.
+
+The output is drawn from a fixed word list with a PRNG seeded by `xxh3_64` of the context
+token ids, so the same prompt always yields the same reply (multi-turn histories are
+reproducible across processes), and a different context — including KV pulled from the
+wrong sequence — yields a different reply, as a real model's would. Every word is a single
+token of `boomerang_tools.sim.tokenizer`, so re-tokenizing the reply gives back the same ids.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import xxhash
+
+from boomerang_tools.sim.tokenizer import piece_id
+
+WORDS = (
+    "the a of to and in that it is was for on with as at by this from or be are have "
+    "not but we they can will one all would there their what so if about which when make "
+    "like time just know take into year good some could them see other than then now look "
+    "only come its over think also back after use two how our work first well way even new "
+    "want because any these give day most us cache block token prefill decode reuse turn "
+    "engine router lease claim pull"
+).split()
+PUNCT = [",", ".", ";"]
+MIN_ANSWER, MAX_ANSWER = 12, 48
+MIN_REASONING, MAX_REASONING = 8, 24
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token: its id and its text piece."""
+
+    id: int
+    text: str
+
+
+def seed_of(tokens: list[int]) -> int:
+    """A stable 64-bit seed from token ids."""
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(tokens)}I", *tokens))
+
+
+def _sentence(rng: random.Random, n: int) -> Iterator[str]:
+    for i in range(n):
+        word = rng.choice(WORDS)
+        if i == 0:
+            yield word.capitalize()
+        elif i == n - 1:
+            yield "."
+        elif rng.random() < 0.08:
+            yield rng.choice(PUNCT[:1])
+        else:
+            yield " " + word
+
+
+def generate(context: list[int], eos: str, reasoning: bool = False) -> Iterator[Piece]:
+    """An endless stream of pieces for `context`.
+
+    The natural reply (optional `<think>` block, an answer of 12–48 tokens, then `eos`)
+    comes first; after it, for `ignore_eos` requests, more sentences without end.
+    """
+    rng = random.Random(seed_of(context))
+    if reasoning:
+        yield from (Piece(piece_id(p), p) for p in ("<think>", "\n"))
+        for p in _sentence(rng, rng.randint(MIN_REASONING, MAX_REASONING)):
+            yield Piece(piece_id(p), p)
+        yield from (Piece(piece_id(p), p) for p in ("\n", "</think>", "\n", "\n"))
+    for p in _sentence(rng, rng.randint(MIN_ANSWER, MAX_ANSWER)):
+        yield Piece(piece_id(p), p)
+    yield Piece(piece_id(eos), eos)
+    while True:
+        for p in _sentence(rng, rng.randint(MIN_ANSWER, MAX_ANSWER)):
+            yield Piece(piece_id(" " + p if p[0].isalpha() else p), " " + p if p[0].isalpha() else p)

@@ -1,0 +1,116 @@
+"""The simulator's configuration, counters and request records (plain data, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from boomerang_tools.sim.costmodel import Profile
+from boomerang_tools.sim.kvstore import Allocation
+from boomerang_tools.sim.params import Mode, RemoteHandle
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything that shapes one simulated engine."""
+
+    role: str
+    engine_id: str
+    profile: Profile
+    host: str = "127.0.0.1"
+    side_channel_port: int = 0
+    ttl_seconds: float = 480.0
+    block_size: int = 16
+    recompute_threshold: int = 64
+    strip_reasoning: bool = False
+    time_scale: float = 1.0
+    expiry_margin_seconds: float = 5.0
+    prefill_hold_seconds: float = 480.0
+    num_gpu_blocks: int = 1_000_000
+    clock_offset: float = 0.0
+    served_model_name: str = ""
+    max_model_len: int = 0
+    tp_size: int = 1
+
+
+@dataclass
+class Stats:
+    """Counters reported by `GET /sim/stats` (pulls: this engine as P; loads: as D)."""
+
+    requests: int = 0
+    finished: int = 0
+    aborted: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    computed_tokens: int = 0
+    pulls: int = 0
+    pulled_tokens: int = 0
+    corrupt_pulls: int = 0
+    expired_or_freed_reads: int = 0
+    pull_failures: int = 0
+    declined_expiring: int = 0
+    recomputed_below_threshold: int = 0
+    loads: int = 0
+    loaded_tokens: int = 0
+    corrupt_loads: int = 0
+    expired_or_freed_loads: int = 0
+    load_failures: int = 0
+    reads_served: int = 0
+    reads_refused: int = 0
+    frees_requested: int = 0
+    retained_turns: int = 0
+    retention_skipped: int = 0
+    held_turns: int = 0
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """A parsed generation request, in tokens."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    eos: str
+    reasoning: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    kv_transfer_params: Any = None
+
+
+@dataclass
+class Finish:
+    """The end of a request."""
+
+    reason: str
+    kv_transfer_params: dict[str, Any] | None
+
+
+@dataclass
+class Token:
+    """One generated token, its text, and on the last token the Finish."""
+
+    id: int
+    text: str
+    finish: Finish | None = None
+
+
+@dataclass
+class Admission:
+    """A request that has been accepted: its id, blocks and mode."""
+
+    request_id: str
+    req: GenRequest
+    mode: Mode
+    remote: RemoteHandle | None
+    alloc: Allocation
+    epoch: int
+    started: float
+    ran: bool = False  # set once Engine.run starts; otherwise Engine.discard releases it
+
+
+class AdmissionError(Exception):
+    """A request refused before it starts (HTTP status, OpenAI error type)."""
+
+    def __init__(self, status: int, kind: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param

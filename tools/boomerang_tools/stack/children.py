@@ -1,0 +1,124 @@
+"""Child processes `boomerang <service> …`: started, awaited until ready, logged, stopped.
+
+Each child's output goes to `<log_dir>/<name>.log`; the child is ready when it prints
+`BOOMERANG_READY <name> <host:port>`. Children run in their own process group, so Ctrl-C on
+the parent reaches them only through `stop()`, in reverse order of start (gateway first,
+registry last), each with SIGTERM and a deadline before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+# The `boomerang` script beside this interpreter (so `ps` shows `boomerang registry`, …), or
+# the same entry point through `-m` when it is not installed as a script.
+_SCRIPT = Path(sys.executable).with_name("boomerang")
+BOOMERANG = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "boomerang_cli.main"]
+
+
+class ChildFailed(RuntimeError):
+    """A child exited or did not become ready; the message ends with its last log lines."""
+
+
+class Child:
+    """One `boomerang <args>` process."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.args = args
+        self.log_path = log_dir / f"{name}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+        self._ready: queue.Queue[str] = queue.Queue()
+        self._log: IO[str] | None = None
+        self._pump: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the process (does not wait)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "a", buffering=1)
+        self._log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} boomerang {' '.join(self.args)}\n")
+        self.proc = subprocess.Popen(
+            [*BOOMERANG, *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=self.env,
+            start_new_session=True,
+        )
+        self._pump = threading.Thread(target=self._read, name=f"log-{self.name}", daemon=True)
+        self._pump.start()
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None and self._log is not None
+        for line in self.proc.stdout:
+            self._log.write(line)
+            if line.startswith("BOOMERANG_READY"):
+                self._ready.put(line.split()[-1])
+        self._ready.put("")
+
+    def wait_ready(self, timeout: float = 60.0) -> str:
+        """The address it listens on, once ready; ChildFailed otherwise."""
+        try:
+            address = self._ready.get(timeout=timeout)
+        except queue.Empty:
+            self.stop(5)
+            raise ChildFailed(f"{self.name} did not start within {timeout:.0f}s\n{self.tail()}") from None
+        if not address:
+            raise ChildFailed(f"{self.name} exited before it was ready\n{self.tail()}")
+        self.address = address
+        return address
+
+    def tail(self, lines: int = 15) -> str:
+        """The last lines of its log."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(f"  {self.name}| {line}" for line in text[-lines:])
+
+    def alive(self) -> bool:
+        """Whether it still runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to its process group."""
+        if self.alive():
+            assert self.proc is not None
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, wait up to `timeout`, then SIGKILL; returns the exit code."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+        if self._log is not None and not self._log.closed:
+            self._log.close()
+        return self.proc.returncode
+
+
+def stop_all(children: list[Child], timeout: float = 15.0) -> None:
+    """Stop children one by one in reverse order of start, so each drains while what it
+    calls (the gateway → router → registry) still answers."""
+    for child in reversed(children):
+        child.stop(timeout)

@@ -1,0 +1,297 @@
+"""The whole system as child processes: Postgres, registry, sims, router, reaper, gateway.
+
+Start order follows the dependencies — the database (embedded unless a URL is given) and
+its migrations, the registry, the simulated engines (they register with the registry), the
+router and the reaper (they call the registry), then the gateway (it calls the router).
+Stop order is the reverse, each child draining while what it calls still answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from boomerang_tools.stack.children import Child, ChildFailed, stop_all
+from boomerang_tools.stack.postgres import EmbeddedPostgres
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """One simulated engine."""
+
+    role: str  # "prefill" or "decode"
+    profile: str
+    port: int  # 0: a free one
+
+
+@dataclass
+class StackConfig:
+    """What to run."""
+
+    data_dir: Path = Path(".boomerang")
+    database_url: str = ""
+    gateway_port: int = 8000
+    grpc_ports: tuple[int, int, int] = (50051, 50052, 50053)  # registry, router, reaper; 0: free
+    sims: list[SimSpec] = field(default_factory=list)
+    prefill_urls: list[str] = field(default_factory=list)
+    decode_urls: list[str] = field(default_factory=list)
+    ttl_seconds: float = 480.0
+    time_scale: float = 1.0
+    allow_anonymous: bool = True
+    strip_reasoning: bool = False
+    sim_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    gateway_args: list[str] = field(default_factory=list)
+    log_level: str = "INFO"
+
+
+def sims_for(spec: str, profile: str, prefill_base: int = 8100, decode_base: int = 8200) -> list[SimSpec]:
+    """`PxD` (e.g. `1x1`, `2x1`) as sim specs on ports base, base+1, … (base 0: free ports)."""
+    p, sep, d = spec.lower().partition("x")
+    if not sep or not p.isdigit() or not d.isdigit() or not (1 <= int(p) <= 16 and 1 <= int(d) <= 16):
+        raise ValueError(f"--sim wants PxD with 1 to 16 engines each, e.g. 1x1 or 2x1; got {spec!r}")
+    out = [SimSpec("prefill", profile, prefill_base + i if prefill_base else 0) for i in range(int(p))]
+    out += [SimSpec("decode", profile, decode_base + i if decode_base else 0) for i in range(int(d))]
+    return out
+
+
+@dataclass
+class Endpoint:
+    """One running piece, as printed."""
+
+    name: str
+    address: str
+    note: str = ""
+
+
+class Stack:
+    """Starts and stops the whole system."""
+
+    def __init__(self, config: StackConfig):
+        self.config = config
+        self.children: list[Child] = []
+        self.postgres: EmbeddedPostgres | None = None
+        self.database_url = ""
+        self.endpoints: list[Endpoint] = []
+        self.gateway_url = ""
+        self.prefill_urls: list[str] = []
+        self.decode_urls: list[str] = []
+        self.registry_address = ""
+        self.router_address = ""
+        self.sim_engine_ids: list[str] = []
+
+    @property
+    def log_dir(self) -> Path:
+        """Where each child's log goes."""
+        return self.config.data_dir / "logs"
+
+    def _env(self) -> dict[str, str]:
+        # The URL (with its password) goes by environment, never on a command line.
+        return {
+            "BOOMERANG_DATABASE_URL": self.database_url,
+            "BOOMERANG_MIGRATE_ON_START": "false",
+            "BOOMERANG_LOG_LEVEL": self.config.log_level,
+            "BOOMERANG_DRAIN_DELAY_SECONDS": "0.2",
+            "BOOMERANG_GRACE_SECONDS": "5",
+        }
+
+    def _spawn(self, name: str, args: list[str]) -> Child:
+        child = Child(name, args, self.log_dir, self._env())
+        child.start()
+        self.children.append(child)
+        return child
+
+    def start(self) -> None:
+        """Start everything; on any failure stop what started and raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _database(self) -> None:
+        # Quiet before the import: alembic logs its plugin set-up at INFO when first imported.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        from boomerang.db.migrate import upgrade
+
+        if self.config.database_url:
+            self.database_url = self.config.database_url
+            note = "configured"
+        else:
+            self.postgres = EmbeddedPostgres(self.config.data_dir.resolve())
+            self.database_url = self.postgres.start()
+            note = f"embedded, data in {self.postgres.data}"
+        upgrade(self.database_url)
+        parts = urlsplit(self.database_url)
+        self.endpoints.append(Endpoint("postgres", f"{parts.hostname}:{parts.port or 5432}{parts.path}", note))
+
+    def _start(self) -> None:
+        cfg = self.config
+        self._database()
+        registry_port, router_port, reaper_port = cfg.grpc_ports
+        registry = self._spawn("registry", ["registry", "--listen", f"127.0.0.1:{registry_port}"])
+        self.registry_address = registry.wait_ready()
+        self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
+        _retire_unreachable_engines(self.registry_address)
+        sims = []
+        # A fresh engine id per run: a restarted engine must never be mistaken for the old
+        # one (its blocks are gone), as vLLM's random engine ids ensure.
+        run = uuid.uuid4().hex[:6]
+        for i, spec in enumerate(cfg.sims):
+            engine_id = f"sim-{spec.role}-{i}-{run}"
+            self.sim_engine_ids.append(engine_id)
+            args = ["sim", "--role", spec.role, "--port", str(spec.port), "--profile", spec.profile,
+                    "--ttl", str(cfg.ttl_seconds), "--registry", self.registry_address,
+                    "--time-scale", str(cfg.time_scale), "--engine-id", engine_id,
+                    *(["--strip-reasoning"] if cfg.strip_reasoning else []), *cfg.sim_args]
+            sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args)))
+        for spec, child in sims:
+            url = f"http://{child.wait_ready()}"
+            (self.prefill_urls if spec.role == "prefill" else self.decode_urls).append(url)
+            self.endpoints.append(Endpoint(f"{spec.role}", url, f"simulated engine, profile {spec.profile}"))
+        for url in cfg.prefill_urls:
+            self.prefill_urls.append(url)
+            self.endpoints.append(Endpoint("prefill", url, "external engine"))
+        for url in cfg.decode_urls:
+            self.decode_urls.append(url)
+            self.endpoints.append(Endpoint("decode", url, "external engine"))
+        static: list[str] = []
+        if cfg.prefill_urls or cfg.decode_urls:
+            # External engines may not register themselves; name every engine statically.
+            static = [a for u in self.prefill_urls for a in ("--prefill", u)]
+            static += [a for u in self.decode_urls for a in ("--decode", u)]
+        router = self._spawn("router", ["router", "--listen", f"127.0.0.1:{router_port}",
+                                        "--registry", self.registry_address, *static, *cfg.router_args])
+        reaper = self._spawn("reaper", ["reaper", "--listen", f"127.0.0.1:{reaper_port}",
+                                        "--registry", self.registry_address])
+        self.router_address = router.wait_ready()
+        self.endpoints.append(Endpoint("router", self.router_address, "gRPC RouterService"))
+        self.endpoints.append(Endpoint("reaper", reaper.wait_ready(), "gRPC TTLReaperService"))
+        gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
+                                          "--router", self.router_address, "--registry", self.registry_address,
+                                          *static, *(["--allow-anonymous"] if cfg.allow_anonymous else []),
+                                          *cfg.gateway_args])
+        self.gateway_url = f"http://{gateway.wait_ready()}"
+        access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
+        self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
+        self._wait_engines()
+
+    def _wait_engines(self, timeout: float = 30.0) -> None:
+        """Wait until the router and the gateway both see every engine (they poll the registry)."""
+        import asyncio
+        import time
+
+        import httpx
+
+        from boomerang.clients.router import RouterClient
+        from boomerang.v1 import router_service_pb2 as rtpb
+
+        want = len(self.prefill_urls) + len(self.decode_urls)
+        models = {s.profile for s in self.config.sims} | ({"external"} if self.config.prefill_urls else set())
+
+        async def ready() -> bool:
+            async with RouterClient(self.router_address, timeout=2.0) as router:
+                listed = await router.list_engines(rtpb.RouterServiceListEnginesRequest())
+            if sum(1 for e in listed.engines if e.available) < want:
+                return False
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                health = (await http.get(self.gateway_url + "/health")).json()
+            return int(health.get("models", 0)) >= len(models)
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if asyncio.run(ready()):
+                    return
+            except Exception:  # noqa: BLE001 - not yet
+                pass
+            if time.monotonic() > deadline:
+                raise ChildFailed(f"the router and gateway did not see all {want} engines within {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def child(self, name: str) -> Child:
+        """A running child by name (`registry`, `router`, `gateway`, `sim-decode-1`, …)."""
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def dead_children(self) -> list[Child]:
+        """Children that exited."""
+        return [c for c in self.children if not c.alive()]
+
+    def stop(self) -> None:
+        """Stop every child (reverse order), then the embedded database if this stack started it.
+
+        The simulated engines are first marked dead in the registry (their blocks die with
+        them), so nothing plans on them while they stop or after.
+        """
+        try:
+            if self.registry_address and self.sim_engine_ids:
+                _retire(self.registry_address, self.sim_engine_ids, "ENGINE_STOPPED")
+            stop_all(self.children)
+        finally:
+            self.children = []
+            if self.postgres is not None:
+                self.postgres.stop()
+
+
+def _retire(registry: str, engine_ids: list[str], reason: str) -> None:
+    """Mark engines dead in the registry, ending their leases (best effort)."""
+    import asyncio
+
+    from boomerang.clients.registry import RegistryClient
+    from boomerang.v1 import registry_service_pb2 as rpb
+
+    async def retire() -> None:
+        async with RegistryClient(registry, timeout=3.0) as client:
+            for engine_id in engine_ids:
+                try:
+                    await client.invalidate_engine(rpb.InvalidateEngineRequest(
+                        engine_id=engine_id, reason=reason, request_id=str(uuid.uuid4())))
+                except Exception:  # noqa: BLE001 - the reaper's heartbeat sweep is the backstop
+                    log.debug("could not retire %s", engine_id, exc_info=True)
+
+    asyncio.run(retire())
+
+
+def _retire_unreachable_engines(registry: str) -> None:
+    """Mark dead the engines a previous run left active whose HTTP API no longer answers."""
+    import asyncio
+
+    import httpx
+
+    from boomerang.clients.registry import RegistryClient
+    from boomerang.v1 import registry_service_pb2 as rpb
+    from boomerang.v1 import types_pb2 as tpb
+
+    async def find() -> list[str]:
+        async with RegistryClient(registry, timeout=3.0) as client:
+            listed = await client.list_engines(rpb.ListEnginesRequest())
+        gone = []
+        async with httpx.AsyncClient(timeout=0.5) as http:
+            for e in listed.engines:
+                if e.status != tpb.ENGINE_STATUS_ACTIVE or not e.http_base_url:
+                    continue
+                try:
+                    await http.get(e.http_base_url.rstrip("/") + "/health")
+                except httpx.HTTPError:
+                    gone.append(e.engine_id)
+        return gone
+
+    try:
+        gone = asyncio.run(find())
+    except Exception:  # noqa: BLE001 - best effort
+        log.debug("could not list engines", exc_info=True)
+        return
+    if gone:
+        _retire(registry, gone, "ENGINE_UNREACHABLE")
+
+
+__all__ = ["ChildFailed", "SimSpec", "Stack", "StackConfig", "sims_for"]
