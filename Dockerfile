@@ -1,8 +1,8 @@
 # One image for every Boomerang service; the command picks the service
 # (`boomerang registry`, `boomerang router`, ...).
 #
-# Runtime dependencies only (requirements.lock; the development and test pins in
-# requirements-dev.lock stay out), and Boomerang installed from a wheel, not editable.
+# Runtime dependencies only (requirements.lock; the development and test pins
+# stay out), and Boomerang installed from a wheel, not editable.
 
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1

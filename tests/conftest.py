@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
-
 from boomerang.db.migrate import upgrade
 
 ADMIN_URL = os.environ.get("BOOMERANG_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

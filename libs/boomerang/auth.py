@@ -33,7 +33,7 @@ class Principal:
     name: str
 
     @classmethod
-    def parse(cls, text: str) -> "Principal":
+    def parse(cls, text: str) -> Principal:
         """`service:NAME` or `engine:ID`; ValueError otherwise."""
         kind, sep, name = text.partition(":")
         if not sep or kind not in ("service", "engine") or not name or len(name) > 128:
@@ -97,7 +97,7 @@ class TlsFiles:
     ca: str = ""
 
     @classmethod
-    def from_env(cls) -> "TlsFiles":
+    def from_env(cls) -> TlsFiles:
         """`BOOMERANG_TLS_CERT_FILE`, `BOOMERANG_TLS_KEY_FILE`, `BOOMERANG_TLS_CA_FILE`."""
         return cls(
             os.environ.get("BOOMERANG_TLS_CERT_FILE", ""),

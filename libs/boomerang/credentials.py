@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import time
 
+import grpc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang.auth import ANONYMOUS, Principal, bearer_token, new_token, tls_common_name, token_digest
+from boomerang.auth import (
+    ANONYMOUS,
+    Principal,
+    bearer_token,
+    new_token,
+    tls_common_name,
+    token_digest,
+)
 from boomerang.errors import BoomerangError, Code
-
-import grpc
 
 
 class CredentialStore:

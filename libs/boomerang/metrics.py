@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import start_http_server
 
@@ -38,6 +38,6 @@ async def refresh_forever(refresh: Callable[[], Awaitable[None]], interval: floa
     while True:
         try:
             await refresh()
-        except Exception:  # noqa: BLE001 - a failed refresh keeps the last values
+        except Exception:
             log.debug("metrics refresh failed", exc_info=True)
         await asyncio.sleep(interval)

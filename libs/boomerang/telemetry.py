@@ -21,8 +21,9 @@ are dropped the same way. `OTEL_TRACES_SAMPLER=parentbased_always_on` traces eve
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, ContextManager, Iterator, Mapping, Sequence
+from typing import Any, ContextManager
 
 _enabled = False
 
@@ -52,7 +53,13 @@ def enabled() -> bool:
 
 def request_sampler() -> Any:
     """The default sampler: follow the caller; start traces only for requests."""
-    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, SamplingResult
+    from opentelemetry.sdk.trace.sampling import (
+        ALWAYS_OFF,
+        ALWAYS_ON,
+        ParentBased,
+        Sampler,
+        SamplingResult,
+    )
     from opentelemetry.trace import SpanKind
 
     class RequestRoots(Sampler):

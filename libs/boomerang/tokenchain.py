@@ -24,8 +24,8 @@ in Postgres (`boomerang_common_tokens`, migration 0001) so a claim is one SQL st
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import xxhash
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
+
 from tests.support.procs import ROOT, ServiceProcess
 from tests.support.registry_data import engine_request
 

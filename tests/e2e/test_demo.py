@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from boomerang_tools.demo.workload import QUICK_POINTS
+
 from tests.support.gateway_stack import BOOMERANG, fresh_database
 
 pytestmark = pytest.mark.e2e

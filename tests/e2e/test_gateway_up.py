@@ -27,7 +27,7 @@ def _up(database_url: str, tmp_path: Path) -> None:
     up.start(timeout=120)
     try:
         printed = up.output()
-        endpoints = dict(re.findall(r"^\s+(postgres|registry|prefill|decode|router|reaper|gateway)\s+(\S+)", printed, re.M))
+        endpoints = dict(re.findall(r"^\s+(postgres|registry|prefill|decode|router|reaper|gateway)\s+(\S+)", printed, re.MULTILINE))
         assert set(endpoints) == {"postgres", "registry", "prefill", "decode", "router", "reaper", "gateway"}, printed
         gateway = endpoints["gateway"].removesuffix("/v1")
         assert gateway == f"http://{up.address}"

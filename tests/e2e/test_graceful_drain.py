@@ -9,13 +9,13 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from boomerang.clients.reaper import ReaperClient
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from tests.support.procs import ServiceProcess
 from tests.support.registry_data import engine_request
 

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
-
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
+
 from tests.support.lossy_proxy import LossyProxy
 from tests.support.procs import ServiceProcess
 from tests.support.registry_data import blocks_request, claim_request, engine_request

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
 from boomerang.db.migrate import upgrade
-from boomerang_tools.stack.postgres import EmbeddedPostgres, find_binaries
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_tools.stack.postgres import EmbeddedPostgres, find_binaries
+
 from tests.e2e.test_gateway_faults import Conversations
 from tests.support.gateway_stack import MODEL, GatewayStack
 
@@ -65,7 +65,7 @@ def stack(private_postgres: EmbeddedPostgres) -> Iterator[GatewayStack]:
 
 
 def _pg_ctl(pg: EmbeddedPostgres, *args: str) -> None:
-    pg._pg("pg_ctl", *args)  # noqa: SLF001 - the test drives the cluster's lifecycle itself
+    pg._pg("pg_ctl", *args)
 
 
 async def _plan(router: str, conversation: str) -> tuple[float, rtpb.PlanTurnResponse]:

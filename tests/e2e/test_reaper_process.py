@@ -15,11 +15,10 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.reaper import ReaperClient
 from boomerang.clients.registry import RegistryClient
@@ -27,6 +26,7 @@ from boomerang.db.migrate import upgrade
 from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_reaper.registry_api import ReaperRegistryClient
+
 from tests.conftest import ADMIN_URL
 from tests.support.procs import BOOMERANG, ServiceProcess
 from tests.support.registry_data import blocks_request, claim_request, engine_request
@@ -176,8 +176,8 @@ async def test_retention_drops_old_partitions(reapers: dict[str, ServiceProcess]
     async with ReaperClient(reapers["a"].address) as leader:
         done = await leader.reap_now(pb.ReapNowRequest(enforce_retention=True))
     assert list(done.dropped_partitions) == ["lease_events_p20200202"]
-    today = f"lease_events_p{datetime.now(timezone.utc):%Y%m%d}"
-    ahead = f"lease_events_p{datetime.now(timezone.utc) + timedelta(days=7):%Y%m%d}"
+    today = f"lease_events_p{datetime.now(UTC):%Y%m%d}"
+    ahead = f"lease_events_p{datetime.now(UTC) + timedelta(days=7):%Y%m%d}"
     assert await db.fetchval("SELECT to_regclass($1)", today) is not None
     assert await db.fetchval("SELECT to_regclass($1)", ahead) is not None
     # The leader publishes its counters with each renewal (every third of its lease).
@@ -270,7 +270,7 @@ async def record_history(db: asyncpg.Connection, tenant: str) -> None:
         "VALUES ($1, 'DECODE', 'm-advice', 1, 480, 16, 1048576, 'DEAD')",
         engine_id,
     )
-    base = datetime.now(timezone.utc) - timedelta(hours=2)
+    base = datetime.now(UTC) - timedelta(hours=2)
     pauses = [(5.0 * k, True) for k in range(1, 20)] + [(200.0, False)]
     for i, (pause, claimed) in enumerate(pauses):
         conv = f"conv-{i}"

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from tests.support.procs import ServiceProcess
 from tests.support.registry_data import blocks_request, chain_proto, claim_request, engine_request
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import asyncpg
 import grpc
 import pytest
+from boomerang.v1 import reaper_service_pb2, registry_service_pb2, router_service_pb2
 from google.protobuf import descriptor_pb2  # noqa: F401 - keeps descriptor pool warm
 from hypothesis import HealthCheck, given, settings
 
-from boomerang.v1 import reaper_service_pb2, registry_service_pb2, router_service_pb2
 from tests.support.gateway_stack import fresh_database
 from tests.support.procs import ServiceProcess
 from tests.support.proto_strategies import messages

@@ -6,7 +6,6 @@ import asyncio
 
 import httpx
 import pytest
-
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb

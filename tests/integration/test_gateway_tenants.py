@@ -9,11 +9,10 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from boomerang.db.engine import make_engine
 from boomerang_gateway import keys
 from boomerang_gateway.tenants import TenantAuth, TenantExists, TenantStore
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 pytestmark = pytest.mark.integration
 BOOMERANG = str(Path(sys.executable).with_name("boomerang"))

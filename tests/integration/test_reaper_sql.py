@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-
 from boomerang.db.engine import make_engine
 from boomerang.db.migrate import upgrade
 from boomerang.errors import BoomerangError
@@ -26,6 +25,7 @@ from boomerang_registry import requests
 from boomerang_registry.deadline_watch import DeadlineHub, Subscription
 from boomerang_registry.expiry import ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
+
 from tests.conftest import ADMIN_URL
 from tests.support.registry_data import blocks_request, claim_request, engine_request
 
@@ -92,7 +92,7 @@ async def new_engine(registry: RegistryRepository, ttl: int = 480, generation: i
 
 async def new_lease(registry: RegistryRepository, engine_id: str, ago: float = 0.0, generation: int = 1) -> str:
     """A lease whose decode request finished `ago` seconds ago (its deadline is that much earlier)."""
-    finish = datetime.now(timezone.utc).timestamp() - ago
+    finish = datetime.now(UTC).timestamp() - ago
     req = blocks_request("acme", uuid.uuid4().hex, engine_id, list(range(48)), generation=generation, finish_time_unix=finish)
     row, _, _ = await registry.register_blocks(requests.retained_blocks(req, 10**6, 10**7))
     return str(row["lease_id"])
@@ -224,7 +224,7 @@ async def test_retention_drops_whole_old_partitions_only(engine, db, fence: Fenc
         "VALUES (gen_random_uuid(), 'acme', 'old', 'RETAINED', 'REGISTERED', 'registry', '2020-01-01 12:00+00')"
     )
     await db.execute("SELECT boomerang_ensure_event_partitions(31, 0)")
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     oldest_kept = f"lease_events_p{(today - timedelta(days=30)):%Y%m%d}"
     first_gone = f"lease_events_p{(today - timedelta(days=31)):%Y%m%d}"
     out = await expiry.enforce_retention(fence, retention_days=30, days_ahead=9)
@@ -243,7 +243,7 @@ async def test_retention_drops_old_plan_record_partitions_too(engine, db, fence:
         "CREATE TABLE turn_plans_p20200102 PARTITION OF turn_plans "
         "FOR VALUES FROM ('2020-01-02 00:00+00') TO ('2020-01-03 00:00+00')"
     )
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     out = await expiry.enforce_retention(fence, retention_days=30, days_ahead=8)
     assert "turn_plans_p20200102" in out.dropped
     tables = {r["relname"] for r in await db.fetch("SELECT relname FROM pg_class WHERE relname LIKE 'turn_plans_p%'")}
@@ -261,10 +261,10 @@ async def test_retention_deletes_old_ended_leases_but_never_live_ones(engine, db
         "VALUES (gen_random_uuid(), 'acme', $1, 'm', 'old-engine', 1, $1, '[[1]]', 1, 16, 16, '', '', 'h', 1, 1, 1, 1, "
         "$2, $3::timestamptz, $3::timestamptz, $3::timestamptz + interval '1 minute') RETURNING lease_id"
     )
-    old = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    old = datetime(2020, 1, 1, tzinfo=UTC)
     ended = await db.fetchval(insert, "ended-old", "CONSUMED", old)
     live = await db.fetchval(insert, "live-old", "RETAINED", old)
-    recent = await db.fetchval(insert, "ended-new", "EXPIRED", datetime.now(timezone.utc))
+    recent = await db.fetchval(insert, "ended-new", "EXPIRED", datetime.now(UTC))
     out = await expiry.enforce_retention(fence, retention_days=30, days_ahead=7)
     assert out.purged_leases >= 1
     left = {r["lease_id"] for r in await db.fetch("SELECT lease_id FROM leases WHERE lease_id = ANY($1::uuid[])", [ended, live, recent])}

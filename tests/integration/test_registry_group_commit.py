@@ -6,12 +6,12 @@ import asyncio
 
 import asyncpg
 import pytest
-
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError
 from boomerang_registry import requests
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.repository import RegistryRepository
+
 from tests.support.registry_data import blocks_request, engine_request
 
 pytestmark = pytest.mark.integration

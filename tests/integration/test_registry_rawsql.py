@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError
 from boomerang_registry import requests
@@ -20,6 +19,7 @@ from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.rawsql import TenantPool, positional
 from boomerang_registry.repository import RegistryRepository
+
 from tests.integration import test_registry_repository as base
 from tests.support.registry_data import blocks_request, claim_request, engine_request
 

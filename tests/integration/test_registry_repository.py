@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
-from boomerang_registry.settings import RegistrySettings
 from boomerang.tokenchain import build_chain, common_tokens
 from boomerang_registry import requests
 from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.settings import RegistrySettings
+
 from tests.support.registry_data import blocks_request, claim_request, engine_request
 
 pytestmark = pytest.mark.integration
@@ -280,9 +280,8 @@ async def test_sql_prefix_function_matches_the_python_one(pg: asyncpg.Connection
 
 
 async def test_claim_statement_uses_the_live_conversation_index(repo: RegistryRepository) -> None:
-    from sqlalchemy import text
-
     from boomerang_registry.repository import CLAIM_SQL
+    from sqlalchemy import text
 
     params = {
         "tenant": "t", "conversation_id": "c", "claim_id": "x", "block_size": 16, "chain": b"",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-
 from boomerang.db.engine import make_engine
 from boomerang_registry import requests
 from boomerang_registry.repository import RegistryRepository
+
 from tests.support.registry_data import blocks_request, engine_request
 
 pytestmark = pytest.mark.integration

@@ -16,13 +16,11 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
-import pytest
-
 import boomerang_router.claims as claims_module
+import pytest
 from boomerang.clients.registry import RegistryClient
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
-from boomerang_router.settings import RouterSettings
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
@@ -34,6 +32,8 @@ from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import EngineInfo, Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool
+from boomerang_router.settings import RouterSettings
+
 from tests.support.procs import ServiceProcess
 
 pytestmark = pytest.mark.integration

@@ -16,11 +16,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-
 from boomerang.clients.registry import RegistryClient
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
-from boomerang_router.settings import RouterSettings
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
@@ -33,6 +31,8 @@ from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool
+from boomerang_router.settings import RouterSettings
+
 from tests.support.procs import ServiceProcess
 
 pytestmark = pytest.mark.integration
@@ -71,7 +71,7 @@ class Harness:
         self.refresher = RegistryRefresher(self.pool, self.client)
         self.router = Router(self.settings, self.client, self.pool, self.audit, self.repo, name="test-router")
 
-    async def start(self) -> "Harness":
+    async def start(self) -> Harness:
         self.audit.start()
         assert await self.refresher.refresh()
         return self

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-
 from boomerang_tools.stack.postgres import EmbeddedPostgres, PostgresError, find_binaries
 
 pytestmark = [pytest.mark.integration,

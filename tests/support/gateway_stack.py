@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import asyncpg
-
 import httpx
 
 from tests.support.procs import ServiceProcess
@@ -95,7 +94,7 @@ class GatewayStack:
             args += ["--strip-reasoning", "--served-model-name", THINKING]
         return self._proc(f"sim-{role}-{model}", args)
 
-    def start(self) -> "GatewayStack":
+    def start(self) -> GatewayStack:
         """Start everything and wait until the gateway serves both models."""
         try:
             self._proc("registry", ["registry", "--listen", "127.0.0.1:0"]).start()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code

@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 import httpx
-
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
+
 from tests.support.procs import ServiceProcess
 
 PROFILE_MODEL = "Qwen/Qwen3-32B"
@@ -43,7 +43,7 @@ class MiniStack:
         self.procs[name] = proc
         return proc.start()
 
-    def start(self, metrics: bool = False) -> "MiniStack":
+    def start(self, metrics: bool = False) -> MiniStack:
         """Start every process; with `metrics`, gRPC services serve /metrics on free ports."""
         def m() -> list[str]:
             return ["--metrics-listen", "127.0.0.1:0"] if metrics else []

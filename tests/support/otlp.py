@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tsvc
@@ -39,7 +40,7 @@ def _value(v: common_pb2.AnyValue) -> Any:
 
 
 class _TraceService(tgrpc.TraceServiceServicer):
-    def __init__(self, sink: "OtlpReceiver"):
+    def __init__(self, sink: OtlpReceiver):
         self.sink = sink
 
     def Export(self, request: tsvc.ExportTraceServiceRequest, context: Any) -> tsvc.ExportTraceServiceResponse:
@@ -80,7 +81,7 @@ class OtlpReceiver:
         """The value for OTEL_EXPORTER_OTLP_ENDPOINT."""
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "OtlpReceiver":
+    def start(self) -> OtlpReceiver:
         """Start serving."""
         self.server.start()
         return self

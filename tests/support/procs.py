@@ -32,7 +32,7 @@ class ServiceProcess:
         self.address = ""
         self.lines: list[str] = []
 
-    def start(self, timeout: float = 60.0) -> "ServiceProcess":
+    def start(self, timeout: float = 60.0) -> ServiceProcess:
         """Start and wait until the service reports it is listening."""
         self.proc = subprocess.Popen(
             [BOOMERANG, *self.args],

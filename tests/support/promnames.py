@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "boomerang.json"
@@ -28,8 +29,8 @@ def exported_in_process() -> set[str]:
     """Every `boomerang_*` sample name the services' metric modules define."""
     import boomerang_reaper.metrics  # noqa: F401 - registers its metrics
     import boomerang_registry.metrics  # noqa: F401
-    import boomerang_router.metrics  # noqa: F401
-    import boomerang_router.planner  # noqa: F401
+    import boomerang_router.metrics
+    import boomerang_router.planner
     import boomerang_router.repository  # noqa: F401
     from boomerang_gateway.metrics import GatewayMetrics
     from prometheus_client import REGISTRY

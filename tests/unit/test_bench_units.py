@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from boomerang.tokenchain import HASH_BYTES, build_chain, common_tokens
 from boomerang_tools.bench.config import BenchConfig
 from boomerang_tools.bench.loadgen import schedule
 from boomerang_tools.bench.profiling import summarize_collapsed
@@ -18,7 +19,6 @@ from boomerang_tools.bench.workload import (
     planned_indices,
     retained_tokens,
 )
-from boomerang.tokenchain import HASH_BYTES, build_chain, common_tokens
 
 
 def test_percentiles_are_nearest_rank_on_raw_samples() -> None:

@@ -8,7 +8,16 @@ from pathlib import Path
 from boomerang_tools.demo import report
 from boomerang_tools.demo.client import TurnResult
 from boomerang_tools.demo.runner import Record, RunResult
-from boomerang_tools.demo.workload import NEW_TOKENS, POINTS, QUICK_POINTS, AgentConversation, Step, filler, prepare, steps
+from boomerang_tools.demo.workload import (
+    NEW_TOKENS,
+    POINTS,
+    QUICK_POINTS,
+    AgentConversation,
+    Step,
+    filler,
+    prepare,
+    steps,
+)
 from boomerang_tools.sim import template
 from boomerang_tools.sim.tokenizer import encode
 

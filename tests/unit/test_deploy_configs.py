@@ -18,9 +18,15 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-
 from boomerang_cli.main import build_parser
-from tests.support.promnames import dashboard, dashboard_queries, exported_in_process, metric_names, referenced
+
+from tests.support.promnames import (
+    dashboard,
+    dashboard_queries,
+    exported_in_process,
+    metric_names,
+    referenced,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -49,11 +49,11 @@ async def test_the_next_plan_of_a_conversation_waits_for_its_report() -> None:
     control = ControlPlane(router, plan_timeout=0.3, report_timeout=0.3, backoff=0.0)
     try:
         control.report_later(Report("t", "0190f3c2-0000-7000-8000-000000000000", "c", "READ", None, [], [], 0.0))
-        report = next(iter(control._reports))  # noqa: SLF001 - the barrier's subject
+        report = next(iter(control._reports))
         await control.plan("t", "c", "m", [1])
         assert report.done()  # the plan started only after the report ended
         await asyncio.sleep(0)
-        assert control._pending == {}  # noqa: SLF001
+        assert control._pending == {}
     finally:
         await router.close()
 

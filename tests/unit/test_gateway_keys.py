@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-
 from boomerang_gateway import keys
 from boomerang_gateway.tenants import TenantAuth
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from boomerang_gateway import protocol
 from boomerang_gateway.control import FIRST_TURN, fallback
 from boomerang_gateway.errors import ApiError, engine_status, from_engine

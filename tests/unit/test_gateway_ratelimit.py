@@ -38,7 +38,7 @@ def test_idle_tenants_are_forgotten() -> None:
         limiter.acquire(f"t{i}")
     clock.now += 1.0  # every bucket is full again
     limiter.acquire("new")
-    assert len(limiter._buckets) <= 2  # noqa: SLF001
+    assert len(limiter._buckets) <= 2
 
 
 def test_retry_after_is_whole_seconds() -> None:

@@ -3,16 +3,15 @@ pure parts of `boomerang status` and `boomerang audit` (reuse windows, the timel
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_cli import audit, status
+from boomerang_cli.status_db import window_from_plans
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import REGISTRY
 from rich.console import Console
-
-from boomerang_cli import audit, status
-from boomerang_cli.status_db import window_from_plans
-from boomerang.v1 import types_pb2 as tpb
 
 
 def value(name: str, **labels: str) -> float:
@@ -24,7 +23,7 @@ def _record(decision: str, reason: str, prompt: int, reused: int):  # type: igno
     from boomerang_router.plans import PlanRecord
 
     return PlanRecord(
-        plan_id="p1", created_at=datetime.now(timezone.utc), tenant="acme", conversation_id="c1", model="m",
+        plan_id="p1", created_at=datetime.now(UTC), tenant="acme", conversation_id="c1", model="m",
         request_id="", decision=PlanDecision(decision), reason=PlanReason(reason), prefill_engine_id="P",
         prefill_url="", decode_engine_id="D", decode_url="", prompt_tokens=prompt, reusable_tokens=reused,
         recompute_tokens=prompt - reused, verified_tokens=reused, kv_recompute_threshold=64, block_size=16,
@@ -157,7 +156,7 @@ def test_status_renders_every_section() -> None:
     reuse = status.window_from_leases([], 0)
     reuse.update(window_seconds=300, saved_prefill_seconds=0.0, partial=False)
     data = {
-        "generated_at": "2026-01-01T00:00:00.000Z", "engines": [row], "retained": status._retained([row]),  # noqa: SLF001
+        "generated_at": "2026-01-01T00:00:00.000Z", "engines": [row], "retained": status._retained([row]),
         "live_leases": {"by_state": {"RETAINED": 3, "CLAIMED": 1}, "partial": False}, "reuse": reuse,
         "router": {"address": "r", "error": "UNAVAILABLE: down"}, "reaper": None,
     }

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 import pytest
+from boomerang import telemetry
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Decision
@@ -22,8 +23,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-
-from boomerang import telemetry
 
 OTEL_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER",
              "OTEL_SDK_DISABLED", "OTEL_TRACES_SAMPLER")
@@ -114,7 +113,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
             instrumentor = getattr(httpx_instrumentation, name, None)
             if instrumentor is not None and instrumentor().is_instrumented_by_opentelemetry:
                 instrumentor().uninstrument()
-        telemetry._enabled = False  # noqa: SLF001 - the module's switch; tests only
+        telemetry._enabled = False
 
 
 class Color(str, Enum):
@@ -163,7 +162,7 @@ def test_httpx_calls_are_client_spans_that_carry_traceparent(spans: InMemorySpan
     seen: list[str] = []
 
     class Echo(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             seen.append(self.headers.get("traceparent", ""))
             self.send_response(200)
             self.send_header("Content-Length", "0")

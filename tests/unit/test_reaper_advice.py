@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from boomerang.errors import BoomerangError
 from boomerang_reaper.advice import (
     DEFAULT_CANDIDATES,

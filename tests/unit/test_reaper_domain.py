@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import pytest
-
 from boomerang_reaper.domain import (
     ClockOffset,
     DeadlineTracker,

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from boomerang_tools.demo.client import TurnResult
 from boomerang_tools.replay.loader import ReplayFormatError, load
 from boomerang_tools.replay.runner import ReplayResult, Sample, bucket_of, summarize

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from boomerang_router.domain import (
     CircuitBreaker,
     ClaimResult,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from boomerang.errors import BoomerangError
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
-
 from boomerang_router.plans import PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EngineInfo, EnginePool, Role, Source, parse_static
 
@@ -20,7 +19,7 @@ class Clock:
         self.wall += seconds
 
     def at(self, ago: float = 0.0) -> datetime:
-        return datetime.fromtimestamp(self.wall - ago, tz=timezone.utc)
+        return datetime.fromtimestamp(self.wall - ago, tz=UTC)
 
 
 def eng(engine_id: str, role: Role, clock: Clock, **kw) -> EngineInfo:  # type: ignore[no-untyped-def]
@@ -161,7 +160,7 @@ def test_block_size_and_threshold_come_from_the_engines(clock: Clock) -> None:
 
 def test_plan_ids_carry_their_time_and_claim_ids_follow_request_ids() -> None:
     pid = new_plan_id(1_800_000_000.123)
-    assert plan_time(pid) == datetime(2027, 1, 15, 8, 0, 0, 123000, tzinfo=timezone.utc)
+    assert plan_time(pid) == datetime(2027, 1, 15, 8, 0, 0, 123000, tzinfo=UTC)
     assert pid != new_plan_id(1_800_000_000.123)
     with pytest.raises(ValueError):
         plan_time("4c0e5a04-5d0e-4c1f-9a43-3c6f1d1c2b11")  # a UUIDv4

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from boomerang.errors import BoomerangError, Code
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as rtpb

@@ -6,7 +6,6 @@ import itertools
 
 import numpy as np
 import pytest
-
 from boomerang_tools.sim.costmodel import NEW_TOKENS_PER_TURN, PROFILES, Profile, published_errors
 
 # Largest |relative error| allowed per profile (documented in costmodel.py and README.md).

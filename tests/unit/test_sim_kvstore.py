@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted, ReadError
 from boomerang_tools.sim.params import Mode, ParamsError, classify, retained_params
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from boomerang_tools.sim import template
 from boomerang_tools.sim.generate import generate
 from boomerang_tools.sim.tokenizer import IM_END, SPECIAL_TOKENS, decode_pieces, encode, split

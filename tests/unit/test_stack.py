@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from boomerang_tools.stack.postgres import INSTALL_HINT
 from boomerang_tools.stack.stack import SimSpec, sims_for
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from boomerang.tokenchain import HASH_BYTES, TokenChain, build_chain, common_blocks, common_tokens
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from boomerang.tokenchain import HASH_BYTES, TokenChain, build_chain, common_blocks, common_tokens
 
 tokens = st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=300)
 small_tokens = st.lists(st.integers(min_value=0, max_value=5), max_size=200)

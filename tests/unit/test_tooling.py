@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import yaml
-
-from boomerang_cli.main import subcommand_names
 from boomerang.protogen import check
+from boomerang_cli.main import subcommand_names
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -8,16 +8,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.config import HookConfig, HookConfigError
 from boomerang.vllm_hook.hook import BoomerangHook
 from boomerang.vllm_hook.mixin import BoomerangConnectorMixin
 from boomerang.vllm_hook.presence import EngineFacts
+
 from tests.support.hook_fakes import FakeRegistry, FakeRouter, client_error
 from tests.support.procs import wait_for
-from tests.support.vllm_standin import KVConnectorRole, Request, StandInNixlConnector, block_ids_for, vllm_config
+from tests.support.vllm_standin import (
+    KVConnectorRole,
+    Request,
+    StandInNixlConnector,
+    block_ids_for,
+    vllm_config,
+)
 
 FIRST_TURN = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
               "remote_block_ids": None, "remote_host": None, "remote_port": None}

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 import importlib.util
+import inspect
 
 from boomerang.vllm_hook.mixin import BoomerangConnectorMixin
 

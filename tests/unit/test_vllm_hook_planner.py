@@ -7,8 +7,15 @@ import time
 
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
-from boomerang.vllm_hook.planner import CircuitBreaker, PrefillPlanner, decision_name, pull_params, reason_name
+from boomerang.vllm_hook.planner import (
+    CircuitBreaker,
+    PrefillPlanner,
+    decision_name,
+    pull_params,
+    reason_name,
+)
 from boomerang.vllm_hook.requestview import TurnContext
+
 from tests.support.hook_fakes import FakeRouter, client_error
 
 CTX = TurnContext("acme", "c-1")

@@ -13,6 +13,7 @@ from boomerang.vllm_hook.requestview import (
     retained_handle,
     turn_context,
 )
+
 from tests.support.vllm_standin import Request
 
 FIRST_TURN = {

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from boomerang.tokenchain import build_chain
 from boomerang.vllm_hook.presence import EngineFacts
 from boomerang.vllm_hook.requestview import RetainedHandle, TurnContext
 from boomerang.vllm_hook.sender import Registration, RegistrationSender, idempotency_key
+
 from tests.support.hook_fakes import FakeRegistry, client_error
 from tests.support.procs import wait_for
 

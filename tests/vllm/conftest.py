@@ -27,7 +27,7 @@ else:
         # torch 2.13 warns about its own deprecated `torch.jit` API while vLLM imports.
         warnings.simplefilter("ignore", DeprecationWarning)
         import vllm
-        import vllm.v1.core.sched.scheduler  # noqa: F401
+        import vllm.v1.core.sched.scheduler
 
     if vllm.__version__ != VLLM_VERSION:
         raise RuntimeError(f"the vLLM suite pins vLLM {VLLM_VERSION}; found {vllm.__version__}")

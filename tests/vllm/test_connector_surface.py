@@ -8,18 +8,17 @@ NixlConnector returns.
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from boomerang.vllm_hook.connector import VLLM_AVAILABLE, BoomerangConnector, NixlConnector
+from boomerang.vllm_hook.mixin import BoomerangConnectorMixin
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
 
-from boomerang.vllm_hook.connector import VLLM_AVAILABLE, BoomerangConnector, NixlConnector
-from boomerang.vllm_hook.mixin import BoomerangConnectorMixin
 from tests.support import vllm_standin
 from tests.vllm.engine import build_engine
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.v1 import types_pb2 as tpb
+
 from tests.support.procs import ServiceProcess, wait_for
 from tests.vllm.conftest import ROUTER_ENV
 from tests.vllm.engine import BLOCK_SIZE, MODEL, Engine, Finished, build_engine

@@ -27,7 +27,7 @@ class ReaperClient:
         """Close the channel."""
         await self.channel.close()
 
-    async def __aenter__(self) -> "ReaperClient":
+    async def __aenter__(self) -> ReaperClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -26,7 +26,7 @@ class RegistryClient:
         """Close the channel."""
         await self.channel.close()
 
-    async def __aenter__(self) -> "RegistryClient":
+    async def __aenter__(self) -> RegistryClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -30,7 +30,7 @@ class RouterClient:
         """Close the channel."""
         await self.channel.close()
 
-    async def __aenter__(self) -> "RouterClient":
+    async def __aenter__(self) -> RouterClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -15,7 +15,8 @@ variables; pass `auth_token`/`tls` to override them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -97,7 +98,7 @@ class SyncClient:
         """Close the channel; calls in flight fail with CANCELLED."""
         self.channel.close()
 
-    def __enter__(self) -> "SyncClient":
+    def __enter__(self) -> SyncClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -109,7 +110,7 @@ class SyncClient:
         except grpc.RpcError as err:
             raise BoomerangClientError(method, from_rpc_error(err)) from None
 
-    def _future(self, fn: Any, request: Any, timeout: float | None) -> "grpc.Future[Any]":
+    def _future(self, fn: Any, request: Any, timeout: float | None) -> grpc.Future[Any]:
         return fn.future(request, timeout=self.timeout if timeout is None else timeout, metadata=self.metadata)
 
 
@@ -138,7 +139,7 @@ class SyncRegistryClient(SyncClient):
 
     def register_retained_blocks_future(
         self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None
-    ) -> "grpc.Future[rpb.RegisterRetainedBlocksResponse]":
+    ) -> grpc.Future[rpb.RegisterRetainedBlocksResponse]:
         """RegisterRetainedBlocks without waiting; read it with `result("RegisterRetainedBlocks", f)`."""
         return self._future(self.stub.RegisterRetainedBlocks, req, timeout)
 

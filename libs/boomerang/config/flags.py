@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 
 def add_common_flags(parser: argparse.ArgumentParser) -> None:
@@ -42,4 +43,4 @@ def run_async(coro: Awaitable[Any]) -> Any:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
-__all__ = ["add_common_flags", "common_overrides", "require_database", "run_async", "asyncio"]
+__all__ = ["add_common_flags", "asyncio", "common_overrides", "require_database", "run_async"]

@@ -104,7 +104,7 @@ lease_events = Table(
     postgresql_partition_by="RANGE (created_at)",
 )
 
-from sqlalchemy import CheckConstraint, Index  # noqa: E402 - kept with the router's table
+from sqlalchemy import CheckConstraint, Index
 
 # One row per turn plan (router), written asynchronously in batches: the plan when made,
 # the same row again with its outcome when reported. Partitioned by day on `created_at`,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+
 # Retries only UNAVAILABLE, and clients enable it only for idempotent methods (every
 # Boomerang RPC is idempotent by request id or natural key; see the protos).
 def retry_service_config(service_names: list[str], max_attempts: int = 3) -> str:

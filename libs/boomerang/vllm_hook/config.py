@@ -127,7 +127,7 @@ class BoomerangHookConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _needs(self) -> "BoomerangHookConfig":
+    def _needs(self) -> BoomerangHookConfig:
         if self.role == "decode" and not self.registry:
             raise ValueError("a decode engine needs `registry` (HOST:PORT) to register its retained blocks")
         if self.role == "prefill" and not self.router:

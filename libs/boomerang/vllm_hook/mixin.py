@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from boomerang.vllm_hook.config import HookConfig, parse_config
 from boomerang.vllm_hook.hook import BoomerangHook
@@ -120,7 +121,7 @@ class BoomerangConnectorMixin:
     def _guard(self, what: str, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
-        except Exception:  # noqa: BLE001 - the hook must never fail a request
+        except Exception:
             log.exception("boomerang: %s failed; the request continues without Boomerang", what)
             if self._boomerang is not None:
                 self._boomerang.counters["hook_errors"] += 1

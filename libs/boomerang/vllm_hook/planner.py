@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRouterClient

@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRegistryClient

@@ -19,8 +19,9 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRouterClient
@@ -115,7 +116,7 @@ class TurnReporter:
             self._busy = True
             try:
                 ok = self._send(batch[0])
-            except Exception:  # noqa: BLE001 - keep the thread alive
+            except Exception:
                 log.exception("boomerang: report failed")
                 ok = True
             finally:

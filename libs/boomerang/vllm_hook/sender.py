@@ -25,8 +25,9 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRegistryClient, result

@@ -143,9 +143,10 @@ def build(source: str, conversation: str, tenant: str | None, turns: list[dict[s
 
 def plan_dict(p: Any) -> dict[str, Any]:
     """A router `TurnPlan` as the report's plan dict."""
-    from boomerang_cli.tables import iso
     from boomerang.v1 import router_service_pb2 as rtpb
     from boomerang.v1 import types_pb2 as tpb
+
+    from boomerang_cli.tables import iso
 
     def name(enum: Any, value: int, prefix: str) -> str:
         return "" if value == 0 else enum.Name(value).removeprefix(prefix)
@@ -168,13 +169,14 @@ def plan_dict(p: Any) -> dict[str, Any]:
 
 async def gather_api(registry: str, router: str, conversation: str, tenant: str, timeout: float) -> dict[str, Any]:
     """The report from the registry's GetConversation and the router's GetTurnPlan."""
-    from boomerang_cli.tables import iso
     from boomerang.clients.base import BoomerangClientError
     from boomerang.clients.registry import RegistryClient
     from boomerang.clients.router import RouterClient
     from boomerang.v1 import registry_service_pb2 as rpb
     from boomerang.v1 import router_service_pb2 as rtpb
     from boomerang.v1 import types_pb2 as tpb
+
+    from boomerang_cli.tables import iso
 
     def state(value: int) -> str:
         return "" if value == 0 else tpb.LeaseState.Name(value).removeprefix("LEASE_STATE_")

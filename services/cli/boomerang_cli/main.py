@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 def subcommand_names() -> list[str]:
     """The names of every subcommand (used by tests of docker-compose.yml)."""
     parser = build_parser()
-    for action in parser._actions:  # noqa: SLF001 - argparse has no public accessor
-        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
             return sorted(action.choices)
     return []
 

@@ -13,9 +13,19 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from boomerang_cli.tables import add_source_flags, emit, human_bytes, human_seconds, iso, parse_iso, percent, table
+from boomerang_cli.tables import (
+    add_source_flags,
+    emit,
+    human_bytes,
+    human_seconds,
+    iso,
+    parse_iso,
+    percent,
+    table,
+)
 
 LIVE_STATES = ("RETAINED", "CLAIMED")
 ENDED_STATES = ("CONSUMED", "EXPIRED", "SUPERSEDED", "INVALIDATED")

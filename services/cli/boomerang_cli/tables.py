@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -38,14 +39,14 @@ def iso(value: datetime | Timestamp | float | None) -> str | None:
     if isinstance(value, Timestamp):
         if not value.seconds and not value.nanos:
             return None
-        value = value.ToDatetime(tzinfo=timezone.utc)
+        value = value.ToDatetime(tzinfo=UTC)
     elif isinstance(value, (int, float)):
         if not value:
             return None
-        value = datetime.fromtimestamp(value, tz=timezone.utc)
+        value = datetime.fromtimestamp(value, tz=UTC)
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_iso(value: str | None) -> datetime | None:

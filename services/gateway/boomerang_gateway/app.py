@@ -7,8 +7,9 @@ body's size (413) and shape (400), the model (404); then the turn (`turn.py`). E
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException

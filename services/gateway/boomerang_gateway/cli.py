@@ -8,6 +8,7 @@ import sys
 
 from boomerang.config.flags import add_common_flags, common_overrides, run_async
 from boomerang.config.settings import CommonSettings, load_settings
+
 from boomerang_gateway.settings import GatewaySettings
 
 
@@ -89,6 +90,7 @@ def _run_tenants(args: argparse.Namespace) -> int:
 async def _tenants(url: str, args: argparse.Namespace) -> int:
     from boomerang.db.engine import make_engine
     from boomerang.db.migrate import upgrade
+
     from boomerang_gateway.tenants import TenantExists, TenantStore
 
     await asyncio.to_thread(upgrade, url)

@@ -18,8 +18,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
@@ -165,11 +166,11 @@ class ControlPlane:
         )
         try:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)
-        except (BoomerangClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, BoomerangClientError) as exc:
             log.warning("PlanTurn failed, recomputing: %s", exc)
             self._failed()
             return None
-        except Exception:  # noqa: BLE001 - never lose a request to the control plane
+        except Exception:
             log.warning("PlanTurn failed, recomputing", exc_info=True)
             self._failed()
             return None

@@ -16,18 +16,18 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
-
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.db.engine import make_engine
-from boomerang_gateway.settings import GatewaySettings
 from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
+
 from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
 from boomerang_gateway.http import httpx
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.ratelimit import TenantRateLimiter
+from boomerang_gateway.settings import GatewaySettings
 from boomerang_gateway.tenants import TenantAuth, TenantStore
 from boomerang_gateway.turn import TurnConfig, TurnRunner
 

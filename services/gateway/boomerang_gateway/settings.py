@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from boomerang.config.settings import EnginePoolSettings, check_listen
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
-
-from boomerang.config.settings import EnginePoolSettings, check_listen
-
 
 
 def _split_urls(value: Any) -> list[str]:

@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from boomerang.db.models import tenants
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang.db.models import tenants
 from boomerang_gateway import keys
 
 
@@ -115,7 +115,7 @@ class TenantAuth:
             return hit[0]
         try:
             tenant = await self.store.resolve(token)
-        except Exception as exc:  # noqa: BLE001 - any database failure means "cannot check"
+        except Exception as exc:
             raise AuthUnavailable(str(exc)) from exc
         if tenant is not None and self.cache_seconds > 0:
             if len(self._cache) > 100_000:

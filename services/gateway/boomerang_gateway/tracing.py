@@ -7,6 +7,7 @@ shows a turn's decision, reason and tokens without opening the router's spans.
 from __future__ import annotations
 
 from boomerang.telemetry import annotate
+
 from boomerang_gateway.turn import Turn
 
 

@@ -19,13 +19,14 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from boomerang_gateway import protocol
 from boomerang_gateway.chunks import DONE, Capture, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, fallback, first_turn_params
-from boomerang_gateway.engines import DECODE, PREFILL, EngineRef, EnginePool
+from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
 from boomerang_gateway.errors import ApiError, from_engine
 from boomerang_gateway.http import httpx
 from boomerang_gateway.metrics import GatewayMetrics
@@ -64,7 +65,7 @@ class Turn:
     timings: dict[str, float]
     request_id: str
     prompt_token_ids: list[int] | None
-    runner: "TurnRunner"
+    runner: TurnRunner
     capture: Capture = field(default_factory=Capture)
     finished: bool = False
     reported: bool = False

@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from boomerang.errors import Violations
-from boomerang_reaper.advice import DEFAULT_CANDIDATES, DEFAULT_SAFETY_SECONDS, DEFAULT_TARGET, TtlAdvice, advise
+
+from boomerang_reaper.advice import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_SAFETY_SECONDS,
+    DEFAULT_TARGET,
+    TtlAdvice,
+    advise,
+)
 from boomerang_reaper.repository import ReaperRepository
 
 DEFAULT_HISTORY_HOURS = 168.0

@@ -9,6 +9,7 @@ import sys
 
 from boomerang.config.flags import add_common_flags, common_overrides, require_database, run_async
 from boomerang.config.settings import CommonSettings, load_settings
+
 from boomerang_reaper.settings import ReaperSettings
 
 
@@ -79,6 +80,7 @@ def _candidates(text: str) -> tuple[int, ...]:
 def _run_advise(args: argparse.Namespace) -> int:
     from boomerang.clients.base import BoomerangClientError
     from boomerang.errors import BoomerangError
+
     from boomerang_reaper.advice_report import render_table, to_json
 
     try:
@@ -99,6 +101,7 @@ async def _advice(args: argparse.Namespace) -> tuple[float, float, list, dict]: 
     if args.reaper:
         from boomerang.clients.reaper import ReaperClient
         from boomerang.v1 import reaper_service_pb2 as pb
+
         from boomerang_reaper.convert import advice_from_proto
 
         req = pb.AdviseTTLRequest(
@@ -116,6 +119,7 @@ async def _advice(args: argparse.Namespace) -> tuple[float, float, list, dict]: 
         return resp.target_reuse, resp.safety_seconds, [advice_from_proto(a) for a in resp.advice], history
 
     from boomerang.db.engine import make_engine
+
     from boomerang_reaper.advisor import advise_from_history, make_query
     from boomerang_reaper.repository import ReaperRepository
 

@@ -4,11 +4,11 @@ sends it, `boomerang advise-ttl --reaper` reads it back to print)."""
 from __future__ import annotations
 
 from dataclasses import fields
-from datetime import datetime, timezone
-
-from google.protobuf.timestamp_pb2 import Timestamp
+from datetime import UTC, datetime
 
 from boomerang.v1 import reaper_service_pb2 as pb
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from boomerang_reaper.advice import CandidateOutcome, TtlAdvice
 from boomerang_reaper.domain import LagSummary
 
@@ -18,7 +18,7 @@ def ts(value: datetime | float | None) -> Timestamp | None:
     if value is None:
         return None
     if isinstance(value, (int, float)):
-        value = datetime.fromtimestamp(value, tz=timezone.utc)
+        value = datetime.fromtimestamp(value, tz=UTC)
     out = Timestamp()
     out.FromDatetime(value)
     return out

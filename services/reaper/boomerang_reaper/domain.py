@@ -13,8 +13,9 @@ import heapq
 import itertools
 import math
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -118,7 +119,7 @@ class LagSummary:
     max: float = 0.0
 
     @classmethod
-    def of(cls, lags: Iterable[float]) -> "LagSummary":
+    def of(cls, lags: Iterable[float]) -> LagSummary:
         """The summary of some lags."""
         ordered = sorted(lags)
         if not ordered:

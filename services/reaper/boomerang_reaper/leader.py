@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from boomerang_reaper.domain import ClockOffset, leadership_valid_until
 from boomerang_reaper.repository import LeaderRow, ReaperRepository
@@ -93,7 +94,7 @@ class LeaderElection:
             self._kick.clear()
             try:
                 await asyncio.wait_for(self._kick.wait(), timeout=max(0.01, delay))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def release(self) -> None:
@@ -104,7 +105,7 @@ class LeaderElection:
             try:
                 await asyncio.wait_for(self.repo.release(self.election, self.replica_id, term, self.stats()), 2.0)
                 log.info("released leadership term %d", term)
-            except Exception:  # noqa: BLE001 - the lease lapses by itself anyway
+            except Exception:
                 log.warning("could not release leadership term %d", term, exc_info=True)
 
     async def _attempt(self) -> float:

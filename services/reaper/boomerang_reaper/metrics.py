@@ -8,7 +8,7 @@ seconds by any replica, so a standby's /metrics shows them too.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 

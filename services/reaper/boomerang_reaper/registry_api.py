@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
-
 from boomerang.clients.base import BoomerangClientError, call
 from boomerang.clients.registry import RegistryClient
 from boomerang.grpcutil.status import from_rpc_error

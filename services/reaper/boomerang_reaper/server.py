@@ -13,15 +13,16 @@ from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
 from boomerang.metrics import refresh_forever, serve_metrics
-from boomerang_reaper.settings import ReaperSettings
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
+
 from boomerang_reaper import metrics
 from boomerang_reaper.domain import ClockOffset
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.registry_api import ReaperRegistryClient
 from boomerang_reaper.repository import ReaperRepository
 from boomerang_reaper.servicer import TTLReaperServicer
+from boomerang_reaper.settings import ReaperSettings
 from boomerang_reaper.worker import Reaper
 
 log = logging.getLogger(__name__)

@@ -6,19 +6,19 @@ import re
 from typing import Any
 
 import grpc
-
 from boomerang.clients.base import BoomerangClientError
 from boomerang.credentials import CredentialStore
 from boomerang.errors import BoomerangError, Code, Violations, failed_precondition
 from boomerang.grpcutil.status import rpc
-from boomerang_reaper.settings import ReaperSettings
 from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
+
 from boomerang_reaper import convert
 from boomerang_reaper.advisor import advise_from_history, make_query
 from boomerang_reaper.domain import LagSummary, stats_from_json
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.settings import ReaperSettings
 from boomerang_reaper.worker import NotLeader, Reaper
 
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")

@@ -16,15 +16,15 @@ import logging
 import math
 from dataclasses import dataclass, field
 
+from boomerang.clients.base import BoomerangClientError
+from boomerang.v1 import registry_service_pb2 as rpb
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from boomerang.clients.base import BoomerangClientError
-from boomerang_reaper.settings import ReaperSettings
-from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_reaper import metrics
 from boomerang_reaper.domain import ClockOffset, DeadlineTracker, LeaderStats
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.settings import ReaperSettings
 
 log = logging.getLogger(__name__)
 BUSY_RETRY_SECONDS = 0.02  # a due lease was locked by another transaction: look again soon
@@ -91,7 +91,7 @@ class Reaper:
             log.info("term %d: reaping", term)
             try:
                 await self._lead(term)
-            except Exception:  # noqa: BLE001 - a bug must not end the process's reaping for good
+            except Exception:
                 log.exception("term %d: the reaping loop failed; restarting it", term)
                 await asyncio.sleep(1.0)
             log.info("term %d: no longer leading", term)
@@ -155,7 +155,7 @@ class Reaper:
             return
         try:
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _watch(self) -> None:
@@ -170,7 +170,7 @@ class Reaper:
                 log.info("deadline watch ended; reconnecting")
             except BoomerangClientError as err:
                 log.info("deadline watch ended (%s); reconnecting", err)
-            except Exception:  # noqa: BLE001 - keep watching whatever went wrong
+            except Exception:
                 log.warning("deadline watch failed; reconnecting", exc_info=True)
             await asyncio.sleep(ERROR_RETRY_SECONDS[min(failures, len(ERROR_RETRY_SECONDS) - 1)])
             failures += 1

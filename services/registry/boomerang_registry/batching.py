@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from boomerang.errors import BoomerangError
+
 from boomerang_registry.domain import RetainedBlocks
 from boomerang_registry.metrics import BATCH_SIZE
 from boomerang_registry.repository import RegistryRepository, Row
@@ -91,7 +92,7 @@ class RegistrationBatcher:
                             outcomes.append(await self.repo.register_blocks_in(conn, item.request))
                         except BoomerangError as err:
                             outcomes.append(err)  # a refusal writes nothing; the rest go on
-        except Exception:  # noqa: BLE001 - the whole batch failed: retry each alone
+        except Exception:
             log.warning("group commit of %d registrations failed; retrying one by one", len(batch), exc_info=True)
             await asyncio.gather(*(self._alone(item) for item in batch))
             return

@@ -6,6 +6,7 @@ import argparse
 
 from boomerang.config.flags import add_common_flags, common_overrides, require_database, run_async
 from boomerang.config.settings import load_settings
+
 from boomerang_registry.settings import RegistrySettings
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Mapping
-
-from google.protobuf.timestamp_pb2 import Timestamp
+from typing import Any
 
 from boomerang.v1 import types_pb2 as tpb
+from google.protobuf.timestamp_pb2 import Timestamp
 
 _ROLE = {"PREFILL": tpb.ENGINE_ROLE_PREFILL, "DECODE": tpb.ENGINE_ROLE_DECODE}
 _STATUS = {"ACTIVE": tpb.ENGINE_STATUS_ACTIVE, "DEAD": tpb.ENGINE_STATUS_DEAD}

@@ -16,7 +16,6 @@ import logging
 import math
 
 import asyncpg
-
 from boomerang.errors import BoomerangError, Code
 
 log = logging.getLogger(__name__)
@@ -98,7 +97,7 @@ class DeadlineHub:
                 self.dsn, timeout=5, server_settings={"application_name": "boomerang-registry-watch"}
             )
             await conn.add_listener(CHANNEL, self._on_notify)
-        except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
             raise BoomerangError(
                 Code.UNAVAILABLE, "DATABASE_UNAVAILABLE", f"cannot listen for lease deadlines: {exc}"
             ) from exc

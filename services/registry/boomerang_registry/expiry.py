@@ -13,16 +13,16 @@ requires the lease to be live.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 import asyncpg
 import sqlalchemy.exc
+from boomerang.errors import failed_precondition
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
-from boomerang.errors import failed_precondition
 
 Row = Mapping[str, Any]
 DEFAULT_ELECTION = "ttl-reaper"

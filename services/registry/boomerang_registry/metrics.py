@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from boomerang.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang.metrics import LATENCY_BUCKETS
 from boomerang_registry.totals import RetainedTotals
 
 CLAIMS = Counter("boomerang_registry_claims_total", "ClaimReuse calls by outcome.", ["outcome"])

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
 
 import asyncpg
-
 from boomerang import telemetry
 from boomerang.config.settings import normalize_database_url
 
@@ -80,7 +80,7 @@ class TenantPool:
         self._compiled: dict[str, tuple[str, list[str]]] = {}
 
     @classmethod
-    async def open(cls, url: str, size: int, role: str = "", application_name: str = "boomerang-registry") -> "TenantPool":
+    async def open(cls, url: str, size: int, role: str = "", application_name: str = "boomerang-registry") -> TenantPool:
         """Connect `size` connections (as `role` when given)."""
         settings = {"application_name": application_name, "plan_cache_mode": "force_generic_plan", "jit": "off"}
         if role:

@@ -5,19 +5,19 @@ audit retention. A mixin of BlockRegistryServicer: validate, delegate to `expiry
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
-from datetime import datetime, timezone
 
 import grpc
-
 from boomerang.errors import Violations
 from boomerang.grpcutil.status import error_for_exception, rpc, to_status
-from boomerang_registry.settings import RegistrySettings
 from boomerang.v1 import registry_service_pb2 as rpb
+
 from boomerang_registry import convert, requests
 from boomerang_registry.deadline_watch import DeadlineHub
 from boomerang_registry.expiry import DEFAULT_ELECTION, ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.settings import RegistrySettings
 
 log = logging.getLogger(__name__)
 MAX_EXPIRE_BATCH = 10_000
@@ -39,7 +39,7 @@ def _fenced(v: Violations, request: Any) -> Fence:
 
 
 def _ts_from_epoch(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 class ReaperFacingServicer:

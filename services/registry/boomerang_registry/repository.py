@@ -11,16 +11,16 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import asyncpg
+from boomerang.errors import BoomerangError, Code, failed_precondition, not_found
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from boomerang.errors import BoomerangError, Code, failed_precondition, not_found
 from boomerang_registry.domain import (
     Candidate,
     ClaimOutcome,
@@ -55,7 +55,7 @@ def decode_page_token(token: str) -> tuple[datetime, str]:
     try:
         created, lease_id = json.loads(base64.urlsafe_b64decode(token.encode()))
         return datetime.fromisoformat(created), str(uuid.UUID(lease_id))
-    except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad token
+    except Exception as exc:
         raise ValueError("page_token is not one this service issued") from exc
 
 

@@ -6,13 +6,14 @@ everything in one go. Nothing here touches the database.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from boomerang.errors import Violations
-from boomerang.validation import MAX_TEXT, check_conversation, check_id, check_text
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang.validation import MAX_TEXT, check_conversation, check_id, check_text
+
 from boomerang_registry.domain import ClaimQuery, EngineRole, EngineSpec, RetainedBlocks
 
 MAX_BLOCK_ID = 2**31 - 1
@@ -115,7 +116,7 @@ def retained_blocks(req: rpb.RegisterRetainedBlocksRequest, max_blocks: int, max
         if not 0 < req.finish_time_unix < 32503680000:
             v.add("finish_time_unix", "must be seconds since the Unix epoch")
         else:
-            finish = datetime.fromtimestamp(req.finish_time_unix, tz=timezone.utc)
+            finish = datetime.fromtimestamp(req.finish_time_unix, tz=UTC)
     check_text(v, "remote_host", req.remote_host, 255)
     v.require(0 <= req.remote_port <= 65535, "remote_port", "must be 0 to 65535")
     check_text(v, "model", req.model)

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
 from typing import Any
-
-from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
-from boomerang.metrics import refresh_forever, serve_metrics
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
-from boomerang_registry.settings import RegistrySettings
+from boomerang.metrics import refresh_forever, serve_metrics
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.metrics import refresh_gauges
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.servicer import BlockRegistryServicer
+from boomerang_registry.settings import RegistrySettings
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "boomerang.v1.BlockRegistryService"

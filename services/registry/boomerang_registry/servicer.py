@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
-
 from boomerang.credentials import CredentialStore
 from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.grpcutil.status import rpc
-from boomerang_registry.settings import RegistrySettings
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
+
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.reaper_api import ReaperFacingServicer
 from boomerang_registry.repository import RegistryRepository, decode_page_token
+from boomerang_registry.settings import RegistrySettings
 
 _OUTCOME = {
     ClaimOutcome.CLAIMED: rpb.CLAIM_OUTCOME_CLAIMED,

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
-
 from boomerang.config.settings import CommonSettings, check_listen
-
+from pydantic import Field, field_validator
 
 
 class RegistrySettings(CommonSettings):

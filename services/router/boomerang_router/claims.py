@@ -14,16 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from datetime import datetime, timedelta, timezone
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
-from boomerang_router.settings import RouterSettings
 from boomerang.v1 import registry_service_pb2 as rpb
+
 from boomerang_router.plans import PlanStore
 from boomerang_router.reports import TRANSIENT
 from boomerang_router.repository import TurnPlanRepository
+from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ class ClaimKeeper:
         probe = rpb.ClaimReuseRequest()
         probe.CopyFrom(claim)
         probe.min_reusable_tokens = _NEVER
-        since = datetime.now(timezone.utc) - timedelta(hours=1)
+        since = datetime.now(UTC) - timedelta(hours=1)
         for delay in ORPHAN_PROBE_DELAYS:
             await asyncio.sleep(delay)
             try:
@@ -119,7 +121,7 @@ class ClaimKeeper:
                 return
             try:
                 held = await self.repo.claim_handed_out(claim.tenant, claim.conversation_id, claim.claim_id, since)
-            except Exception:  # noqa: BLE001 - unknown: leave the claim to expire, never risk it
+            except Exception:
                 log.warning("cannot check whether claim %s is in use; leaving it", claim.claim_id, exc_info=True)
                 self.stats["orphan_claims_unchecked"] += 1
                 return

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse, PlanDecision, PlanReason, Retention
 from boomerang_router.kvparams import KvParams

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 class PlanDecision(str, enum.Enum):

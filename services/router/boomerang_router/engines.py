@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timezone
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC
 
 import httpx
-
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+
 from boomerang_router.pool import EngineInfo, EnginePool, Role, Source
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def engine_info(e: tpb.Engine) -> EngineInfo | None:
         http_base_url=e.http_base_url.rstrip("/"),
         generation=e.registration_generation,
         active=e.status == tpb.ENGINE_STATUS_ACTIVE,
-        heartbeat_at=e.heartbeat_time.ToDatetime(tzinfo=timezone.utc) if e.HasField("heartbeat_time") else None,
+        heartbeat_at=e.heartbeat_time.ToDatetime(tzinfo=UTC) if e.HasField("heartbeat_time") else None,
         in_flight=e.in_flight_requests,
         queued_prompt_tokens=e.queued_prompt_tokens,
         retained_blocks=e.retained_blocks,
@@ -86,7 +86,7 @@ class Periodic:
                 await self.fn()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - keep the loop alive; the next round retries
+            except Exception:
                 log.debug("%s failed", self.name, exc_info=True)
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from prometheus_client import Counter
-
 from boomerang.config.settings import TelemetrySettings, load_settings
 from boomerang.telemetry import annotate
+from prometheus_client import Counter
+
 from boomerang_router.plans import PlanRecord
 
 REUSED_TOKENS = Counter(

@@ -22,19 +22,25 @@ import socket
 import time
 from collections import Counter as Tally
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
-
-from prometheus_client import Counter, Histogram
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
-from boomerang.errors import BoomerangError, Code, FieldViolation, failed_precondition, invalid, not_found
+from boomerang.errors import (
+    BoomerangError,
+    Code,
+    FieldViolation,
+    failed_precondition,
+    invalid,
+    not_found,
+)
 from boomerang.metrics import LATENCY_BUCKETS
-from boomerang_router.settings import RouterSettings
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from prometheus_client import Counter, Histogram
+
 from boomerang_router import kvparams, metrics
 from boomerang_router.claims import ClaimKeeper
 from boomerang_router.domain import (
@@ -52,9 +58,10 @@ from boomerang_router.domain import (
 )
 from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EnginePool, Role
-from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.reports import TRANSIENT, Reporter, chain_proto
+from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.requests import PlanInput, ReportInput
+from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +329,7 @@ class Router:
         retention, lease, retain_detail = await self.reporter.retain(record, r)
         first = record.reported_at is None
         if first:
-            record.reported_at = datetime.now(timezone.utc)
+            record.reported_at = datetime.now(UTC)
         record.handle_use = r.handle_use.value if pulled else ""
         record.claimed_lease_state = lease_state
         record.retention = retention.value

@@ -15,9 +15,9 @@ import os
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import UTC, datetime
 
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.kvparams import KvParams
@@ -43,7 +43,7 @@ def plan_time(plan_id: str) -> datetime:
     value = uuid.UUID(plan_id)
     if value.version != 7:
         raise ValueError("is not a plan id (a UUIDv7 returned by PlanTurn)")
-    return datetime.fromtimestamp((value.int >> 80) / 1000, tz=timezone.utc)
+    return datetime.fromtimestamp((value.int >> 80) / 1000, tz=UTC)
 
 
 def claim_id_for(tenant: str, request_id: str, plan_id: str) -> str:

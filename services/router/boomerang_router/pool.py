@@ -17,9 +17,9 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Callable, Iterable
 
 
 class Role(str, enum.Enum):

@@ -17,15 +17,16 @@ from urllib.parse import urlparse
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
-from boomerang_router.settings import RouterSettings
 from boomerang.tokenchain import TokenChain, build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse, Retention
 from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import EnginePool
 from boomerang_router.requests import ReportInput
+from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
+from boomerang.db.models import turn_plans
 from prometheus_client import Counter
 from sqlalchemy import and_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang.db.models import turn_plans
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.plans import PlanRecord
 
@@ -231,7 +232,7 @@ class AuditWriter:
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, timeout)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
             self._task = None
         if self.pending:
@@ -251,7 +252,7 @@ class AuditWriter:
         while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
             await self.flush()
@@ -259,7 +260,7 @@ class AuditWriter:
                 next_partitions = loop.time() + self.partition_interval
                 try:
                     await self.repo.ensure_partitions()
-                except Exception:  # noqa: BLE001 - the default partition still takes rows
+                except Exception:
                     log.warning("could not create turn_plans partitions", exc_info=True)
         await self.flush()
 

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from boomerang.errors import Violations
-from boomerang.validation import MAX_TEXT, check_id, check_text
-from boomerang.validation import check_conversation as _check_conversation
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang.validation import MAX_TEXT, check_id
+from boomerang.validation import check_conversation as _check_conversation
+
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse
 from boomerang_router.kvparams import KvParams
 from boomerang_router.plans import plan_time
-
 
 
 def check_conversation(v: Violations, path: str, value: str) -> None:

@@ -6,21 +6,21 @@ import asyncio
 import logging
 
 import grpc
-
 from boomerang.clients.registry import RegistryClient
 from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
 from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
 from boomerang.metrics import serve_metrics
-from boomerang_router.settings import RouterSettings
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+
 from boomerang_router.engines import HealthProber, Periodic, RegistryRefresher
 from boomerang_router.planner import Router
 from boomerang_router.pool import EnginePool, Role, parse_static
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.servicer import RouterServicer
+from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "boomerang.v1.RouterService"
@@ -45,7 +45,7 @@ async def _warm_registry(registry: RegistryClient, refresher: RegistryRefresher,
     """Connect to the registry and load the engine pool before taking calls (best effort)."""
     try:
         await asyncio.wait_for(registry.channel.channel_ready(), timeout)
-    except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+    except (TimeoutError, grpc.aio.AioRpcError):
         log.warning("registry %s not reachable at start; plans are degraded until it is", registry.target)
         return
     if not await refresher.refresh():

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-
 from boomerang.credentials import CredentialStore
 from boomerang.grpcutil.status import rpc
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+
 from boomerang_router import convert, requests
 from boomerang_router.planner import Router
 

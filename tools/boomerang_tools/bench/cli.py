@@ -52,9 +52,10 @@ def _run(args: argparse.Namespace) -> int:
         run_async(serve(args.serve_naive_proxy, args.prefill, args.decode))
         return 0
 
+    from boomerang.config.settings import CommonSettings, load_settings
+
     from boomerang_tools.bench.config import BenchConfig
     from boomerang_tools.bench.runner import run_bench
-    from boomerang.config.settings import CommonSettings, load_settings
 
     settings = load_settings(CommonSettings, database_url=args.database_url)
     cfg = BenchConfig.for_run(args.quick, args.leases, args.step_seconds)

@@ -33,7 +33,7 @@ class BenchConfig:
     phases: set[str] = field(default_factory=lambda: set(PHASES))
 
     @classmethod
-    def for_run(cls, quick: bool, leases: int | None = None, step_seconds: float | None = None) -> "BenchConfig":
+    def for_run(cls, quick: bool, leases: int | None = None, step_seconds: float | None = None) -> BenchConfig:
         """The full run, or `--quick` (under two minutes), with optional overrides."""
         cfg = cls(quick=quick)
         if quick:

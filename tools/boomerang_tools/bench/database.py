@@ -15,8 +15,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-
 from boomerang.config.settings import normalize_database_url
+
 from boomerang_tools.stack.postgres import EmbeddedPostgres
 
 

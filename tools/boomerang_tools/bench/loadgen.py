@@ -22,8 +22,9 @@ import time
 import uuid
 from array import array
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from boomerang_tools.bench.preload import block_ids_json
 from boomerang_tools.bench.workload import BLOCK_SIZE, MODEL, chain_for, conversation, next_prompt

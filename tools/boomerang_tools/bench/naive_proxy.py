@@ -18,7 +18,8 @@ import contextlib
 import itertools
 import json
 import time
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -107,7 +108,6 @@ async def serve(listen: str, prefill: list[str], decode: list[str]) -> None:
     import signal
 
     import uvicorn
-
     from boomerang_gateway.server import bind
 
     class _Server(uvicorn.Server):

@@ -8,11 +8,11 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from boomerang.clients.router import RouterClient
+from boomerang.v1 import router_service_pb2 as rtpb
 
 from boomerang_tools.bench.stats import summarize
 from boomerang_tools.bench.turns import PATHS
-from boomerang.clients.router import RouterClient
-from boomerang.v1 import router_service_pb2 as rtpb
 
 if TYPE_CHECKING:
     from boomerang_tools.bench.runner import Bench
@@ -40,7 +40,7 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b > 0 else None
 
 
-async def gateway_overhead(b: "Bench") -> dict[str, Any]:
+async def gateway_overhead(b: Bench) -> dict[str, Any]:
     """Turns through the gateway, the naive proxy and directly, interleaved; what each adds."""
     cfg = b.cfg
     s = b.services

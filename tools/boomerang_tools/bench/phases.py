@@ -9,7 +9,7 @@ import random
 import time
 from array import array
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from boomerang_tools.bench.database import rearm_claims, sizes
@@ -30,7 +30,7 @@ def _floats(raw: bytes) -> list[float]:
     return out.tolist()
 
 
-async def preload_to(b: "Bench", target: int) -> dict[str, Any]:
+async def preload_to(b: Bench, target: int) -> dict[str, Any]:
     """Preload conversations until `target` live plan-workload leases exist."""
     have = b.preloaded
     if target <= have:
@@ -47,7 +47,7 @@ async def preload_to(b: "Bench", target: int) -> dict[str, Any]:
     return {"rows": len(convs), "seconds": round(seconds, 2), "rows_per_second": round(b.copy_rows_per_second)}
 
 
-async def plan_step(b: "Bench", rate: int, seconds: float, label: str, profile: str = "") -> dict[str, Any]:
+async def plan_step(b: Bench, rate: int, seconds: float, label: str, profile: str = "") -> dict[str, Any]:
     """PlanTurn at `rate`/s open loop for `seconds`, from every client process."""
     cfg = b.cfg
     b.step += 1
@@ -96,7 +96,7 @@ async def plan_step(b: "Bench", rate: int, seconds: float, label: str, profile: 
     return out
 
 
-async def plan_rates(b: "Bench") -> dict[str, Any]:
+async def plan_rates(b: Bench) -> dict[str, Any]:
     """The fixed rates, then higher ones until p99 passes the budget no more."""
     cfg = b.cfg
     await plan_step(b, 300, min(1.0 if cfg.quick else 2.0, cfg.step_seconds), "warm-up")
@@ -127,7 +127,7 @@ async def plan_rates(b: "Bench") -> dict[str, Any]:
             "grpc_floor": floor}
 
 
-async def grpc_floor(b: "Bench", rate: int = 1000, seconds: float = 3.0) -> dict[str, Any]:
+async def grpc_floor(b: Bench, rate: int = 1000, seconds: float = 3.0) -> dict[str, Any]:
     """CPU of an empty gRPC call (grpc.health.v1 Check on the registry) from the same client
     processes: the floor under every hop of a plan (client → router → registry)."""
     start_at = time.time() + 1.0
@@ -145,7 +145,7 @@ async def grpc_floor(b: "Bench", rate: int = 1000, seconds: float = 3.0) -> dict
             "client_cpu_ms_per_call": round(1000 * cpu["clients"] / max(sent, 1), 3)}
 
 
-async def idle_cpu(b: "Bench", seconds: float) -> dict[str, float]:
+async def idle_cpu(b: Bench, seconds: float) -> dict[str, float]:
     """CPU each process uses per second with no load (heartbeats, pool refreshes, pollers)."""
     meter = (await b.cpu_meter("registry", "router")).start()
     await asyncio.sleep(seconds)
@@ -166,7 +166,7 @@ def capacity(step: dict[str, Any], key: str) -> dict[str, Any]:
             if "reasons" in step else None}
 
 
-async def scale_point(b: "Bench", tier: int, step: dict[str, Any] | None) -> dict[str, Any]:
+async def scale_point(b: Bench, tier: int, step: dict[str, Any] | None) -> dict[str, Any]:
     """Plan latency at `scale_rate` and database size at `tier` live leases."""
     load = await preload_to(b, tier)
     size = await sizes(b.pg)
@@ -178,7 +178,7 @@ async def scale_point(b: "Bench", tier: int, step: dict[str, Any] | None) -> dic
             "p999_ms": step["p999_ms"], **size, "preload": load}
 
 
-async def registrations(b: "Bench") -> dict[str, Any]:
+async def registrations(b: Bench) -> dict[str, Any]:
     """Acknowledged (committed) RegisterRetainedBlocks per second from many decode-node clients."""
     cfg = b.cfg
     # Next turns of conversations whose leases are fillers: each supersedes a live lease.
@@ -226,10 +226,10 @@ class SpreadDeadline:
 
     def __call__(self, c: Conversation, now: datetime) -> datetime:
         slot = (c.index * 7919) % self.count
-        return datetime.fromtimestamp(self.start + self.window * slot / self.count, timezone.utc)
+        return datetime.fromtimestamp(self.start + self.window * slot / self.count, UTC)
 
 
-async def expiry(b: "Bench") -> dict[str, Any]:
+async def expiry(b: Bench) -> dict[str, Any]:
     """Lag from deadline to recorded expiry, `expiry_leases` leases due within the window."""
     cfg = b.cfg
     n = cfg.expiry_leases

@@ -14,10 +14,10 @@ import json
 import multiprocessing
 import time
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
@@ -60,7 +60,7 @@ def lease_records(
     deadline: Callable[[Conversation, datetime], datetime] | None = None,
 ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
     """Lease rows and their REGISTERED event rows for `convs`."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     leases, events = [], []
     for c in convs:
         e = engines[c.engine]

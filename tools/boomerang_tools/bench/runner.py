@@ -11,8 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from boomerang.clients.registry import RegistryClient
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.text import Text
 
 from boomerang_tools.bench import overhead, phases
@@ -22,7 +31,6 @@ from boomerang_tools.bench.loadgen import Workers
 from boomerang_tools.bench.profiling import Sampler
 from boomerang_tools.bench.report import build_report, write_report
 from boomerang_tools.bench.services import BenchEngines, CpuMeter, Services
-from boomerang.clients.registry import RegistryClient
 
 log = logging.getLogger(__name__)
 TTL_MARGIN_SECONDS = 10.0  # the registry's default BOOMERANG_TTL_MARGIN_SECONDS
@@ -145,9 +153,10 @@ class Bench:
 
     async def _wait_pool(self, timeout: float = 30.0) -> None:
         """Until the router's pool holds the benchmark's engines (it polls the registry)."""
-        from boomerang_tools.bench.workload import MODEL
         from boomerang.clients.router import RouterClient
         from boomerang.v1 import router_service_pb2 as rtpb
+
+        from boomerang_tools.bench.workload import MODEL
 
         want = self.cfg.decode_engines + self.cfg.prefill_engines
         deadline = time.monotonic() + timeout
@@ -169,14 +178,14 @@ class Bench:
                 await asyncio.to_thread(step)
             except AttributeError:
                 pass  # never started
-            except Exception:  # noqa: BLE001 - keep stopping the rest
+            except Exception:
                 log.warning("stopping failed", exc_info=True)
         for closer in ("engines", "registry", "pg"):
             obj = getattr(self, closer, None)
             if obj is not None:
                 try:
                     await (obj.stop() if closer == "engines" else obj.close())
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.warning("closing %s failed", closer, exc_info=True)
         await self.db.stop()
 

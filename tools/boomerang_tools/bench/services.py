@@ -6,16 +6,17 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+
+from boomerang.clients.registry import RegistryClient
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_tools.bench.preload import EngineRow
 from boomerang_tools.bench.workload import BLOCK_SIZE, MODEL
-from boomerang.clients.registry import RegistryClient
 from boomerang_tools.stack.children import Child, stop_all
-from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang.v1 import types_pb2 as tpb
 
 ENGINE_TTL_SECONDS = 3600  # long enough that nothing preloaded expires during a run
 
@@ -56,7 +57,7 @@ class CpuMeter:
         self.refresh = refresh or {}
         self.before: dict[int, float] = {}
 
-    def start(self) -> "CpuMeter":
+    def start(self) -> CpuMeter:
         """Take the starting point."""
         self.before = {p: cpu_seconds(p) for pids in self.pids.values() for p in pids}
         return self

@@ -23,8 +23,7 @@ import httpx
 
 from boomerang_tools.bench.naive_proxy import FIRST_TURN
 
-WORDS = ("the decode node keeps every block of the finished turn so that the prefill node of "
-         "the next turn can read them back instead of computing the whole history again").split()
+WORDS = ["the", "decode", "node", "keeps", "every", "block", "of", "the", "finished", "turn", "so", "that", "the", "prefill", "node", "of", "the", "next", "turn", "can", "read", "them", "back", "instead", "of", "computing", "the", "whole", "history", "again"]
 PATHS = ("direct", "naive", "boomerang")
 
 

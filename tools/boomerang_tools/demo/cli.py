@@ -11,7 +11,6 @@ corrupt pull, or any reply that differs between off and on.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
 from pathlib import Path

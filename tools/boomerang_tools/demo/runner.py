@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import httpx
 import xxhash

@@ -50,11 +50,7 @@ _TOOLS = [
         ("list_dir", "List a directory of the repository.", "path"),
     )
 ]
-_WORDS = (
-    "cache block token prefill decode lease claim router engine handle request stream reply "
-    "value index offset buffer queue worker session config limit result error retry commit "
-    "table column select update insert where order group count batch chain hash prefix"
-).split()
+_WORDS = ["cache", "block", "token", "prefill", "decode", "lease", "claim", "router", "engine", "handle", "request", "stream", "reply", "value", "index", "offset", "buffer", "queue", "worker", "session", "config", "limit", "result", "error", "retry", "commit", "table", "column", "select", "update", "insert", "where", "order", "group", "count", "batch", "chain", "hash", "prefix"]
 _PAD = [w for w in _WORDS if len(w) <= 8]
 
 

@@ -58,6 +58,7 @@ def _check(ok: bool, message: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from boomerang.config.flags import run_async
+
     from boomerang_tools.sim.costmodel import profile
     from boomerang_tools.sim.engine import SimConfig
     from boomerang_tools.sim.server import run

@@ -20,7 +20,15 @@ from boomerang_tools.sim.generate import Piece, generate
 from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted
 from boomerang_tools.sim.nixl import Gone, NixlClient, Unreachable
 from boomerang_tools.sim.params import Mode, RemoteHandle, classify, prefill_params, retained_params
-from boomerang_tools.sim.state import Admission, AdmissionError, Finish, GenRequest, SimConfig, Stats, Token
+from boomerang_tools.sim.state import (
+    Admission,
+    AdmissionError,
+    Finish,
+    GenRequest,
+    SimConfig,
+    Stats,
+    Token,
+)
 from boomerang_tools.sim.tokenizer import SKIPPED_IN_TEXT
 
 # Re-exported: the engine's public vocabulary lives in state.py.

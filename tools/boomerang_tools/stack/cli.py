@@ -39,8 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.set_defaults(handler=_run)
 
 
-def _config(args: argparse.Namespace) -> "StackConfig":  # type: ignore[name-defined]  # noqa: F821
+def _config(args: argparse.Namespace) -> StackConfig:  # type: ignore[name-defined]  # noqa: F821
     from boomerang.config.settings import normalize_database_url
+
     from boomerang_tools.stack.stack import StackConfig, sims_for
 
     database_url = args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", "")

@@ -188,7 +188,6 @@ class Stack:
         import time
 
         import httpx
-
         from boomerang.clients.router import RouterClient
         from boomerang.v1 import router_service_pb2 as rtpb
 
@@ -255,7 +254,7 @@ def _retire(registry: str, engine_ids: list[str], reason: str) -> None:
                 try:
                     await client.invalidate_engine(rpb.InvalidateEngineRequest(
                         engine_id=engine_id, reason=reason, request_id=str(uuid.uuid4())))
-                except Exception:  # noqa: BLE001 - the reaper's heartbeat sweep is the backstop
+                except Exception:
                     log.debug("could not retire %s", engine_id, exc_info=True)
 
     asyncio.run(retire())
@@ -266,7 +265,6 @@ def _retire_unreachable_engines(registry: str) -> None:
     import asyncio
 
     import httpx
-
     from boomerang.clients.registry import RegistryClient
     from boomerang.v1 import registry_service_pb2 as rpb
     from boomerang.v1 import types_pb2 as tpb
@@ -287,7 +285,7 @@ def _retire_unreachable_engines(registry: str) -> None:
 
     try:
         gone = asyncio.run(find())
-    except Exception:  # noqa: BLE001 - best effort
+    except Exception:
         log.debug("could not list engines", exc_info=True)
         return
     if gone:

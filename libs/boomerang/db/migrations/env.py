@@ -6,11 +6,10 @@ import asyncio
 import logging
 
 from alembic import context
+from boomerang.db.models import metadata
 from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
-
-from boomerang.db.models import metadata
 
 MIGRATION_LOCK = 0x626F6F6D  # "boom"
 logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -6,7 +6,6 @@ Create Date: 2026-11-30
 """
 
 from alembic import op
-
 from boomerang.db.sqlscript import split_statements
 
 revision = "0002_router"

@@ -6,7 +6,6 @@ Create Date: 2026-11-29
 """
 
 from alembic import op
-
 from boomerang.db.sqlscript import split_statements
 
 revision = "0005_credentials"
