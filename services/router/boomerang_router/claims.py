@@ -19,18 +19,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
-from boomerang.clients.registry import RegistryClient
-from boomerang.v1 import registry_service_pb2 as rpb
 
 from boomerang_router.plans import PlanStore
+from boomerang_router.registry_api import ClaimRequest, RouterRegistry
 from boomerang_router.reports import TRANSIENT
 from boomerang_router.repository import TurnPlanRepository
 from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 
-# A min_reusable_tokens no prompt can reach.
-_NEVER = 2**62
 ORPHAN_PROBE_DELAYS = (1.0, 4.0, 15.0)
 MAX_ORPHAN_PROBES = 256
 
@@ -41,7 +38,7 @@ class ClaimKeeper:
     def __init__(
         self,
         settings: RouterSettings,
-        registry: RegistryClient,
+        registry: RouterRegistry,
         store: PlanStore,
         repo: TurnPlanRepository,
         stats: Counter[str],
@@ -67,10 +64,11 @@ class ClaimKeeper:
 
     async def release(self, tenant: str, lease_id: str, claim_id: str, reason: str, attempts: int = 3) -> bool:
         """ReleaseClaim, retried while the registry is unreachable; whether it was released."""
-        req = rpb.ReleaseClaimRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id, reason=reason)
         for attempt in range(attempts):
             try:
-                await self.registry.release_claim(req, timeout=self.settings.report_timeout_seconds)
+                await self.registry.release_claim(
+                    tenant, lease_id, claim_id, reason, timeout=self.settings.report_timeout_seconds
+                )
                 self.stats["claims_released"] += 1
                 return True
             except BoomerangClientError as err:
@@ -82,21 +80,21 @@ class ClaimKeeper:
         self.stats["claims_release_failed"] += 1
         return False
 
-    def probe_orphan(self, claim: rpb.ClaimReuseRequest) -> None:
+    def probe_orphan(self, claim: ClaimRequest) -> None:
         """Start an orphan probe for a claim call that failed or timed out (bounded in number)."""
         if self._orphan_probes >= MAX_ORPHAN_PROBES:
             self.stats["orphan_probes_skipped"] += 1
             return
         self.spawn(self._counted(claim))
 
-    async def _counted(self, claim: rpb.ClaimReuseRequest) -> None:
+    async def _counted(self, claim: ClaimRequest) -> None:
         self._orphan_probes += 1
         try:
             await self.orphan_probe(claim)
         finally:
             self._orphan_probes -= 1
 
-    async def orphan_probe(self, claim: rpb.ClaimReuseRequest) -> None:
+    async def orphan_probe(self, claim: ClaimRequest) -> None:
         """A timed-out claim may still commit: find it under its id and give it back.
 
         Only while no plan holds it: a claim id derived from a caller's request id is shared
@@ -104,17 +102,14 @@ class ClaimKeeper:
         handed this very claim. Plans that hand a claim out are in this router's store or
         in `turn_plans`; when neither can be checked, the claim is left to expire.
         """
-        probe = rpb.ClaimReuseRequest()
-        probe.CopyFrom(claim)
-        probe.min_reusable_tokens = _NEVER
         since = datetime.now(UTC) - timedelta(hours=1)
         for delay in ORPHAN_PROBE_DELAYS:
             await asyncio.sleep(delay)
             try:
-                resp = await self.registry.claim_reuse(probe, timeout=self.settings.report_timeout_seconds)
+                lease_id = await self.registry.find_claim(claim, timeout=self.settings.report_timeout_seconds)
             except BoomerangClientError:
                 continue
-            if resp.outcome != rpb.CLAIM_OUTCOME_CLAIMED or not resp.HasField("lease"):
+            if lease_id is None:
                 continue
             if self.store.by_claim(claim.claim_id) is not None:
                 self.stats["orphan_claims_in_use"] += 1
@@ -129,7 +124,7 @@ class ClaimKeeper:
                 self.stats["orphan_claims_in_use"] += 1
                 return
             self.stats["orphan_claims_found"] += 1
-            await self.release(claim.tenant, resp.lease.lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
+            await self.release(claim.tenant, lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
             return
 
     async def drain(self, timeout: float = 5.0) -> None:

@@ -37,7 +37,6 @@ from boomerang.errors import (
 )
 from boomerang.metrics import LATENCY_BUCKETS
 from boomerang.tokenchain import build_chain
-from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from prometheus_client import Counter, Histogram
 
@@ -48,7 +47,6 @@ from boomerang_router.domain import (
     ClaimResult,
     ClaimStatus,
     HandleUse,
-    LeaseHandle,
     PlanDecision,
     PlanReason,
     Retention,
@@ -58,7 +56,8 @@ from boomerang_router.domain import (
 )
 from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EnginePool, Role
-from boomerang_router.reports import TRANSIENT, Reporter, chain_proto
+from boomerang_router.registry_api import RouterRegistry, claim_request
+from boomerang_router.reports import TRANSIENT, Reporter
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.requests import PlanInput, ReportInput
 from boomerang_router.settings import RouterSettings
@@ -71,37 +70,6 @@ PLAN_SECONDS = Histogram(
     "Time to plan a turn, claim included",
     buckets=LATENCY_BUCKETS,
 )
-
-_CLAIM_STATUS = {
-    rpb.CLAIM_OUTCOME_CLAIMED: ClaimStatus.CLAIMED,
-    rpb.CLAIM_OUTCOME_NO_LEASE: ClaimStatus.NO_LEASE,
-    rpb.CLAIM_OUTCOME_EXPIRING: ClaimStatus.EXPIRING,
-    rpb.CLAIM_OUTCOME_PREFIX_MISMATCH: ClaimStatus.PREFIX_MISMATCH,
-    rpb.CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimStatus.BELOW_THRESHOLD,
-    rpb.CLAIM_OUTCOME_ENGINE_INVALID: ClaimStatus.ENGINE_INVALID,
-    rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimStatus.ALREADY_CLAIMED,
-    rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimStatus.BLOCK_SIZE_MISMATCH,
-}
-
-
-def lease_handle(lease: tpb.Lease) -> LeaseHandle:
-    """The claimed lease as the plan decision needs it."""
-    return LeaseHandle(
-        lease_id=lease.lease_id,
-        claim_id=lease.claim_id,
-        engine_id=lease.engine_id,
-        engine_generation=lease.engine_generation,
-        remote_request_id=lease.remote_request_id,
-        block_groups=tuple(tuple(g.block_ids) for g in lease.block_groups),
-        num_tokens=lease.num_tokens,
-        block_size=lease.block_size,
-        remote_host=lease.remote_host,
-        remote_port=lease.remote_port,
-        tp_size=lease.tp_size or 1,
-        dcp_size=lease.dcp_size or 1,
-        pp_size=lease.pp_size or 1,
-    )
-
 
 @dataclass
 class ReportResult:
@@ -138,8 +106,9 @@ class Router:
         self.stats: Tally[str] = Tally()
         self._inflight: dict[tuple[str, str], asyncio.Task[PlanRecord]] = {}
         self._report_locks: dict[str, list[Any]] = {}  # plan id → [lock, users]
-        self.claims = ClaimKeeper(settings, registry, self.store, repo, self.stats)
-        self.reporter = Reporter(settings, registry, pool)
+        self.api = RouterRegistry(registry)
+        self.claims = ClaimKeeper(settings, self.api, self.store, repo, self.stats)
+        self.reporter = Reporter(settings, self.api, pool)
 
     # -- PlanTurn ------------------------------------------------------------------------
 
@@ -237,17 +206,17 @@ class Router:
             self.stats["claims_skipped_breaker_open"] += 1
             return ClaimResult(ClaimStatus.UNAVAILABLE, detail="registry circuit open")
         chain = p.chain if p.chain is not None else build_chain(p.token_ids or [], block_size)
-        req = rpb.ClaimReuseRequest(
-            tenant=p.tenant,
-            conversation_id=p.conversation_id,
-            prompt_chain=chain_proto(chain),
-            min_reusable_tokens=claim_floor(p.prompt_tokens, block_size, threshold),
-            min_remaining_seconds=self.settings.min_remaining_seconds,
-            claim_id=claim_id,
-            model=p.model,
+        req = claim_request(
+            p.tenant,
+            p.conversation_id,
+            chain,
+            claim_floor(p.prompt_tokens, block_size, threshold),
+            self.settings.min_remaining_seconds,
+            claim_id,
+            p.model,
         )
         try:
-            resp = await self.registry.claim_reuse(req, timeout=self.claim_deadline)
+            claim = await self.api.claim(req, timeout=self.claim_deadline)
         except BoomerangClientError as err:
             transient = err.code in TRANSIENT
             if transient:
@@ -258,11 +227,7 @@ class Router:
             log.log(logging.INFO if transient else logging.ERROR, "claim failed, planning without reuse: %s", err)
             return ClaimResult(ClaimStatus.UNAVAILABLE, detail=f"ClaimReuse {err.code} {err.reason}")
         self.breaker.record_success()
-        status = _CLAIM_STATUS.get(resp.outcome, ClaimStatus.UNAVAILABLE)
-        lease = lease_handle(resp.lease) if status is ClaimStatus.CLAIMED and resp.HasField("lease") else None
-        if status is ClaimStatus.CLAIMED and lease is None:
-            status = ClaimStatus.UNAVAILABLE
-        return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds))
+        return claim
 
     def _remember(self, record: PlanRecord) -> None:
         record.counted = True

@@ -15,29 +15,22 @@ import time
 from urllib.parse import urlparse
 
 from boomerang.clients.base import BoomerangClientError
-from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
-from boomerang.tokenchain import TokenChain, build_chain
-from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.tokenchain import build_chain
 from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse, Retention
 from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import EnginePool
+from boomerang_router.registry_api import DecodeEngine, Retained, RouterRegistry
 from boomerang_router.requests import ReportInput
 from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 
-_LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
 # Registry failures that mean "not now" rather than "this request is wrong".
 TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "RESOURCE_EXHAUSTED", "UNKNOWN"})
-
-
-def lease_state_name(state: int) -> str:
-    """`CONSUMED` for LEASE_STATE_CONSUMED, etc."""
-    return _LEASE_STATE_NAME.get(state, "LEASE_STATE_UNSPECIFIED").removeprefix("LEASE_STATE_")
 
 
 def registry_down(err: BoomerangClientError) -> BoomerangError:
@@ -47,20 +40,10 @@ def registry_down(err: BoomerangClientError) -> BoomerangError:
     )
 
 
-def chain_proto(chain: TokenChain) -> tpb.TokenChain:
-    """The TokenChain message of a chain."""
-    return tpb.TokenChain(
-        block_size=chain.block_size,
-        num_tokens=chain.num_tokens,
-        block_hashes=chain.block_hashes,
-        tail_hash=chain.tail_hash,
-    )
-
-
 class Reporter:
     """The registry calls behind ReportTurn."""
 
-    def __init__(self, settings: RouterSettings, registry: RegistryClient, pool: EnginePool):
+    def __init__(self, settings: RouterSettings, registry: RouterRegistry, pool: EnginePool):
         self.settings = settings
         self.registry = registry
         self.pool = pool
@@ -94,10 +77,7 @@ class Reporter:
 
     async def _heartbeat(self, engine_id: str, generation: int) -> None:
         try:
-            await self.registry.heartbeat(
-                rpb.HeartbeatRequest(engine_id=engine_id, registration_generation=generation),
-                timeout=self.settings.report_timeout_seconds,
-            )
+            await self.registry.heartbeat(engine_id, generation, timeout=self.settings.report_timeout_seconds)
             self.vouched += 1
         except BoomerangClientError as err:  # best effort: a stale engine only costs reuse
             log.debug("heartbeat for %s after its turn failed: %s", engine_id, err)
@@ -105,19 +85,14 @@ class Reporter:
     async def settle_handle(self, record: PlanRecord, use: HandleUse) -> tuple[str, str]:
         """MarkConsumed (read, or not known) or ReleaseClaim (never read)."""
         try:
+            timeout = self.settings.report_timeout_seconds
             if use.consumed:
-                done = await self.registry.mark_consumed(
-                    rpb.MarkConsumedRequest(tenant=record.tenant, lease_id=record.lease_id, claim_id=record.claim_id),
-                    timeout=self.settings.report_timeout_seconds,
-                )
-                return lease_state_name(done.lease.state), ""
-            back = await self.registry.release_claim(
-                rpb.ReleaseClaimRequest(
-                    tenant=record.tenant, lease_id=record.lease_id, claim_id=record.claim_id, reason="PREFILL_DID_NOT_READ"
-                ),
-                timeout=self.settings.report_timeout_seconds,
+                state = await self.registry.mark_consumed(record.tenant, record.lease_id, record.claim_id, timeout)
+                return state, ""
+            state = await self.registry.release_claim(
+                record.tenant, record.lease_id, record.claim_id, "PREFILL_DID_NOT_READ", timeout
             )
-            return lease_state_name(back.lease.state), ""
+            return state, ""
         except BoomerangClientError as err:
             if err.code in TRANSIENT:
                 raise registry_down(err) from None
@@ -150,15 +125,14 @@ class Reporter:
             chain = build_chain(tokens[: min(p.remote_num_tokens, len(tokens))], block_size)
         if chain.num_tokens == 0:
             return Retention.NOT_RETAINED, None, ""
-        req = rpb.RegisterRetainedBlocksRequest(
+        retained = Retained(
             tenant=record.tenant,
             conversation_id=record.conversation_id,
             engine_id=p.remote_engine_id,
             engine_generation=generation,
             remote_request_id=p.remote_request_id,
-            block_groups=[tpb.BlockIdGroup(block_ids=list(g)) for g in p.remote_block_ids or ()],
-            num_tokens=chain.num_tokens,
-            token_chain=chain_proto(chain),
+            block_groups=p.remote_block_ids or (),
+            chain=chain,
             finish_time_unix=r.finish_time_unix,
             remote_host=host,
             remote_port=p.remote_port,
@@ -167,9 +141,9 @@ class Reporter:
         )
         for attempt in (1, 2):
             try:
-                resp = await self.registry.register_retained_blocks(req, timeout=self.settings.report_timeout_seconds)
+                created, lease = await self.registry.register_retained(retained, timeout=self.settings.report_timeout_seconds)
                 self.vouch_for(p.remote_engine_id, generation)
-                return (Retention.REGISTERED if resp.created else Retention.ALREADY_REGISTERED), resp.lease, ""
+                return (Retention.REGISTERED if created else Retention.ALREADY_REGISTERED), lease, ""
             except BoomerangClientError as err:
                 if err.code in TRANSIENT:
                     raise registry_down(err) from None
@@ -190,23 +164,21 @@ class Reporter:
 
         Returns the registry's refusal reason, or "" when it registered.
         """
-        engine = tpb.Engine(
+        engine = DecodeEngine(
             engine_id=p.remote_engine_id or "",
-            role=tpb.ENGINE_ROLE_DECODE,
             model=record.model,
-            side_channel_host=host,
-            side_channel_port=p.remote_port or 0,
+            host=host,
+            port=p.remote_port or 0,
             http_base_url=record.decode_url,
-            registration_generation=generation,
+            generation=generation,
             block_size=block_size,
             tp_size=p.tp_size or 1,
             dcp_size=p.dcp_size or 1,
             pp_size=p.pp_size or 1,
         )
         try:
-            await self.registry.register_engine(
-                rpb.RegisterEngineRequest(engine=engine, request_id=f"report-{record.plan_id}-engine"),
-                timeout=self.settings.report_timeout_seconds,
+            await self.registry.register_decode_engine(
+                engine, f"report-{record.plan_id}-engine", timeout=self.settings.report_timeout_seconds
             )
         except BoomerangClientError as err:
             if err.code in TRANSIENT:

@@ -1,0 +1,199 @@
+"""The registry as the router calls it: the router's own values in and out, the protos kept here.
+
+The planner, the claim keeper and the reporter call these methods; only this module (and
+`engines.py`, which reads ListEngines into the pool) builds or reads registry messages.
+Every method raises `BoomerangClientError` when the call fails, as the typed client does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from boomerang import chainproto
+from boomerang.clients.registry import RegistryClient
+from boomerang.tokenchain import TokenChain
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+
+from boomerang_router.domain import ClaimResult, ClaimStatus, LeaseHandle
+
+# A pending claim, as the planner asked it (kept whole: an orphan probe re-asks it).
+ClaimRequest: TypeAlias = rpb.ClaimReuseRequest
+
+_CLAIM_STATUS = {
+    rpb.CLAIM_OUTCOME_CLAIMED: ClaimStatus.CLAIMED,
+    rpb.CLAIM_OUTCOME_NO_LEASE: ClaimStatus.NO_LEASE,
+    rpb.CLAIM_OUTCOME_EXPIRING: ClaimStatus.EXPIRING,
+    rpb.CLAIM_OUTCOME_PREFIX_MISMATCH: ClaimStatus.PREFIX_MISMATCH,
+    rpb.CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimStatus.BELOW_THRESHOLD,
+    rpb.CLAIM_OUTCOME_ENGINE_INVALID: ClaimStatus.ENGINE_INVALID,
+    rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimStatus.ALREADY_CLAIMED,
+    rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimStatus.BLOCK_SIZE_MISMATCH,
+}
+_LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
+# A min_reusable_tokens no prompt can reach: a claim asked with it can only return an
+# earlier claim under the same claim id (CLAIM_SQL's `prior`), never take a new one.
+_NEVER = 2**62
+
+
+def lease_state_name(state: int) -> str:
+    """`CONSUMED` for LEASE_STATE_CONSUMED, etc."""
+    name: str = _LEASE_STATE_NAME.get(state, "LEASE_STATE_UNSPECIFIED")
+    return name.removeprefix("LEASE_STATE_")
+
+
+def lease_handle(lease: tpb.Lease) -> LeaseHandle:
+    """The claimed lease as the plan decision needs it."""
+    return LeaseHandle(
+        lease_id=lease.lease_id,
+        claim_id=lease.claim_id,
+        engine_id=lease.engine_id,
+        engine_generation=lease.engine_generation,
+        remote_request_id=lease.remote_request_id,
+        block_groups=tuple(tuple(g.block_ids) for g in lease.block_groups),
+        num_tokens=lease.num_tokens,
+        block_size=lease.block_size,
+        remote_host=lease.remote_host,
+        remote_port=lease.remote_port,
+        tp_size=lease.tp_size or 1,
+        dcp_size=lease.dcp_size or 1,
+        pp_size=lease.pp_size or 1,
+    )
+
+
+def claim_request(
+    tenant: str,
+    conversation_id: str,
+    chain: TokenChain,
+    min_reusable_tokens: int,
+    min_remaining_seconds: float,
+    claim_id: str,
+    model: str,
+) -> ClaimRequest:
+    """The ClaimReuse call for one turn."""
+    return rpb.ClaimReuseRequest(
+        tenant=tenant,
+        conversation_id=conversation_id,
+        prompt_chain=chainproto.to_proto(chain),
+        min_reusable_tokens=min_reusable_tokens,
+        min_remaining_seconds=min_remaining_seconds,
+        claim_id=claim_id,
+        model=model,
+    )
+
+
+@dataclass(frozen=True)
+class DecodeEngine:
+    """A decode engine as its own handle describes it, for RegisterEngine."""
+
+    engine_id: str
+    model: str
+    host: str
+    port: int
+    http_base_url: str
+    generation: int
+    block_size: int
+    tp_size: int
+    dcp_size: int
+    pp_size: int
+
+
+@dataclass(frozen=True)
+class Retained:
+    """A decode engine's retained blocks, for RegisterRetainedBlocks."""
+
+    tenant: str
+    conversation_id: str
+    engine_id: str
+    engine_generation: int
+    remote_request_id: str
+    block_groups: Sequence[Sequence[int]]
+    chain: TokenChain
+    finish_time_unix: float
+    remote_host: str
+    remote_port: int
+    model: str
+    request_id: str
+
+
+class RouterRegistry:
+    """The registry RPCs the router makes, over the typed client."""
+
+    def __init__(self, client: RegistryClient):
+        self.client = client
+
+    async def claim(self, req: ClaimRequest, timeout: float) -> ClaimResult:
+        """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
+        resp = await self.client.claim_reuse(req, timeout=timeout)
+        status = _CLAIM_STATUS.get(resp.outcome, ClaimStatus.UNAVAILABLE)
+        lease = lease_handle(resp.lease) if status is ClaimStatus.CLAIMED and resp.HasField("lease") else None
+        if status is ClaimStatus.CLAIMED and lease is None:
+            status = ClaimStatus.UNAVAILABLE
+        return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds))
+
+    async def find_claim(self, req: ClaimRequest, timeout: float) -> str | None:
+        """The lease id an earlier `req` claimed, if it did; never claims anything itself."""
+        probe = rpb.ClaimReuseRequest()
+        probe.CopyFrom(req)
+        probe.min_reusable_tokens = _NEVER
+        resp = await self.client.claim_reuse(probe, timeout=timeout)
+        if resp.outcome != rpb.CLAIM_OUTCOME_CLAIMED or not resp.HasField("lease"):
+            return None
+        return resp.lease.lease_id
+
+    async def release_claim(self, tenant: str, lease_id: str, claim_id: str, reason: str, timeout: float) -> str:
+        """ReleaseClaim; the lease's state after it."""
+        req = rpb.ReleaseClaimRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id, reason=reason)
+        resp = await self.client.release_claim(req, timeout=timeout)
+        return lease_state_name(resp.lease.state)
+
+    async def mark_consumed(self, tenant: str, lease_id: str, claim_id: str, timeout: float) -> str:
+        """MarkConsumed; the lease's state after it."""
+        req = rpb.MarkConsumedRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id)
+        resp = await self.client.mark_consumed(req, timeout=timeout)
+        return lease_state_name(resp.lease.state)
+
+    async def heartbeat(self, engine_id: str, generation: int, timeout: float) -> None:
+        """Heartbeat on an engine's behalf (no load figures)."""
+        await self.client.heartbeat(
+            rpb.HeartbeatRequest(engine_id=engine_id, registration_generation=generation), timeout=timeout
+        )
+
+    async def register_retained(self, r: Retained, timeout: float) -> tuple[bool, tpb.Lease]:
+        """RegisterRetainedBlocks: whether it created the lease, and the lease."""
+        req = rpb.RegisterRetainedBlocksRequest(
+            tenant=r.tenant,
+            conversation_id=r.conversation_id,
+            engine_id=r.engine_id,
+            engine_generation=r.engine_generation,
+            remote_request_id=r.remote_request_id,
+            block_groups=[tpb.BlockIdGroup(block_ids=list(g)) for g in r.block_groups],
+            num_tokens=r.chain.num_tokens,
+            token_chain=chainproto.to_proto(r.chain),
+            finish_time_unix=r.finish_time_unix,
+            remote_host=r.remote_host,
+            remote_port=r.remote_port,
+            model=r.model,
+            request_id=r.request_id,
+        )
+        resp = await self.client.register_retained_blocks(req, timeout=timeout)
+        return resp.created, resp.lease
+
+    async def register_decode_engine(self, e: DecodeEngine, request_id: str, timeout: float) -> None:
+        """RegisterEngine for a decode engine."""
+        engine = tpb.Engine(
+            engine_id=e.engine_id,
+            role=tpb.ENGINE_ROLE_DECODE,
+            model=e.model,
+            side_channel_host=e.host,
+            side_channel_port=e.port,
+            http_base_url=e.http_base_url,
+            registration_generation=e.generation,
+            block_size=e.block_size,
+            tp_size=e.tp_size,
+            dcp_size=e.dcp_size,
+            pp_size=e.pp_size,
+        )
+        await self.client.register_engine(rpb.RegisterEngineRequest(engine=engine, request_id=request_id), timeout=timeout)
