@@ -9,12 +9,17 @@ Two ways to prove an identity, both optional and both configured by the operator
 A principal is `service:<name>` (may act for any engine) or `engine:<engine_id>` (may only
 register, heartbeat and retain blocks as itself). Identity never comes from request fields.
 TLS files come from `BOOMERANG_TLS_*` variables so every server and client picks them up.
+
+Callers with neither (anonymous) are let in only where that is safe or asked for, see
+`AnonymousAccess`: never beyond loopback unless `BOOMERANG_INSECURE_ALLOW_ANONYMOUS=true`.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
+import ipaddress
 import os
 import secrets
 from dataclasses import dataclass
@@ -44,11 +49,65 @@ class Principal:
         return f"{self.kind}:{self.name}"
 
     def may_act_for_engine(self, engine_id: str) -> bool:
-        """Services act for any engine; an engine only for itself."""
-        return self.kind in ("service", "anonymous") or (self.kind == "engine" and self.name == engine_id)
+        """Services act for any engine; an engine only for itself; anonymous only where admitted as trusted.
+
+        An anonymous caller acts for engines only as `LOCAL_ANONYMOUS` (a loopback-only
+        listener with nothing configured) or `INSECURE_ANONYMOUS` (the development setting).
+        """
+        if self.kind == "anonymous":
+            return self in (LOCAL_ANONYMOUS, INSECURE_ANONYMOUS)
+        return self.kind == "service" or (self.kind == "engine" and self.name == engine_id)
 
 
 ANONYMOUS = Principal("anonymous", "")
+# The anonymous caller as admitted by each `AnonymousAccess` that lets it in.
+LOCAL_ANONYMOUS = Principal("anonymous", "loopback")
+INSECURE_ANONYMOUS = Principal("anonymous", "insecure")
+
+
+class AnonymousAccess(enum.Enum):
+    """What a gRPC service does with callers that present no certificate and no token."""
+
+    # BOOMERANG_REQUIRE_AUTH=true, or a listener beyond loopback without the development
+    # setting: UNAUTHENTICATED.
+    REFUSED = "refused"
+    # A loopback-only listener (127.0.0.0/8, ::1, localhost) with nothing configured: anonymous
+    # callers may do everything a service may (`boomerang up`, local tests stay zero-config).
+    # Any local user can reach such a port: on a shared host set BOOMERANG_REQUIRE_AUTH=true.
+    LOOPBACK = "loopback"
+    # BOOMERANG_INSECURE_ALLOW_ANONYMOUS=true: as LOOPBACK, on any listener. Development only.
+    INSECURE = "insecure"
+
+    @property
+    def principal(self) -> Principal | None:
+        """The principal an anonymous caller gets, or None when it is refused."""
+        return {AnonymousAccess.LOOPBACK: LOCAL_ANONYMOUS, AnonymousAccess.INSECURE: INSECURE_ANONYMOUS}.get(self)
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether HOST:PORT binds loopback only (127.0.0.0/8, ::1 or `localhost`).
+
+    Wildcards (0.0.0.0, ::) and every other name or address count as beyond loopback: a
+    host name is not resolved, since what it resolves to can change after start-up.
+    """
+    host = listen.rpartition(":")[0].strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def anonymous_access(listen: str, require_auth: bool, insecure_allow_anonymous: bool) -> AnonymousAccess:
+    """The anonymous policy of a service listening on `listen` (ValueError for contradictory settings)."""
+    if require_auth and insecure_allow_anonymous:
+        raise ValueError("BOOMERANG_REQUIRE_AUTH and BOOMERANG_INSECURE_ALLOW_ANONYMOUS contradict each other; set one")
+    if require_auth:
+        return AnonymousAccess.REFUSED
+    if insecure_allow_anonymous:
+        return AnonymousAccess.INSECURE
+    return AnonymousAccess.LOOPBACK if is_loopback(listen) else AnonymousAccess.REFUSED
 
 
 def new_token() -> str:
@@ -129,5 +188,17 @@ class TlsFiles:
 
 
 def client_token() -> str:
-    """The bearer token this process presents to Boomerang services (`BOOMERANG_AUTH_TOKEN`)."""
-    return os.environ.get("BOOMERANG_AUTH_TOKEN", "")
+    """The bearer token this process presents to Boomerang services.
+
+    `BOOMERANG_AUTH_TOKEN`, else the first line of the file `BOOMERANG_AUTH_TOKEN_FILE` names
+    (read each time a client is made, so a rotated file is picked up by the next channel).
+    """
+    token = os.environ.get("BOOMERANG_AUTH_TOKEN", "")
+    path = os.environ.get("BOOMERANG_AUTH_TOKEN_FILE", "")
+    if token or not path:
+        return token
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"BOOMERANG_AUTH_TOKEN_FILE {path!r} cannot be read: {exc.strerror}") from None
+    return lines[0].strip() if lines else ""

@@ -57,6 +57,11 @@ class CommonSettings(BaseSettings):
         default=False,
         description="Refuse calls without a client certificate or bearer token.",
     )
+    insecure_allow_anonymous: bool = Field(
+        default=False,
+        description="Development only: serve callers without credentials even on a listener beyond "
+        "loopback (gRPC: as trusted services; gateway: with --allow-anonymous).",
+    )
     migrate_on_start: bool = Field(
         default=True, description="Apply database migrations when the service starts."
     )

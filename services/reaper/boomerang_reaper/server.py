@@ -69,7 +69,7 @@ async def run(settings: ReaperSettings) -> None:
         await registry.close()
         await engine.dispose()
 
-    servicer = TTLReaperServicer(settings, repo, election, reaper, CredentialStore(engine))
+    servicer = TTLReaperServicer(settings, repo, election, reaper, CredentialStore.for_listener(engine, "reaper", settings.listen, settings))
     options = ServerOptions(
         name="reaper",
         listen=settings.listen,

@@ -64,7 +64,7 @@ async def run(settings: RegistrySettings) -> None:
     repo = RegistryRepository(engine, settings.ttl_margin_seconds, tenant_engine=tenant_engine, raw=raw)
     batcher = RegistrationBatcher(repo, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4))
     batcher.start()
-    servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore(engine))
+    servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore.for_listener(engine, "registry", settings.listen, settings))
     serve_metrics(settings.metrics_listen)
     gauges = asyncio.create_task(refresh_forever(lambda: refresh_gauges(engine, repo.retained), 5.0))
 

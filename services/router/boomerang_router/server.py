@@ -103,5 +103,5 @@ async def run(settings: RouterSettings) -> None:
         max_message_bytes=settings.max_message_bytes,
         interceptors=grpc_server_interceptors(),
     )
-    servicer = RouterServicer(router, CredentialStore(engine))
+    servicer = RouterServicer(router, CredentialStore.for_listener(engine, "router", settings.listen, settings))
     await serve(options, [ServiceSpec(SERVICE_NAME, rtgrpc.add_RouterServiceServicer_to_server, servicer)], on_stop=stop)
