@@ -2,8 +2,10 @@
 
 Each child's output goes to `<log_dir>/<name>.log`; the child is ready when it prints
 `BOOMERANG_READY <name> <host:port>`. Children run in their own process group, so Ctrl-C on
-the parent reaches them only through `stop()`, in reverse order of start (gateway first,
-registry last), each with SIGTERM and a deadline before SIGKILL.
+the parent reaches them only through `stop_all()`: in waves, highest first (the gateway,
+then what it calls, the registry last), each with SIGTERM and a deadline before SIGKILL.
+If the parent dies without stopping them (SIGKILL), each gets SIGTERM from the kernel
+(lifeline.py) and drains on its own.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from boomerang_tools.stack.lifeline import die_with_parent
+
 # The `boomerang` script beside this interpreter (so `ps` shows `boomerang registry`, …), or
 # the same entry point through `-m` when it is not installed as a script.
 _SCRIPT = Path(sys.executable).with_name("boomerang")
@@ -31,8 +35,10 @@ class ChildFailed(RuntimeError):
 class Child:
     """One `boomerang <args>` process."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                 wave: int = 0):
         self.name = name
+        self.wave = wave  # stop_all stops higher waves first
         self.args = args
         self.log_path = log_dir / f"{name}.log"
         self.env = {**os.environ, **(env or {})}
@@ -55,6 +61,7 @@ class Child:
             text=True,
             env=self.env,
             start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
         self._pump = threading.Thread(target=self._read, name=f"log-{self.name}", daemon=True)
         self._pump.start()
@@ -102,9 +109,13 @@ class Child:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, wait up to `timeout`, then SIGKILL; returns the exit code."""
+        self.signal(signal.SIGTERM)
+        return self.finish(timeout)
+
+    def finish(self, timeout: float = 15.0) -> int | None:
+        """Wait up to `timeout` for it to exit (after a SIGTERM), then SIGKILL; returns the exit code."""
         if self.proc is None:
             return None
-        self.signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -118,7 +129,12 @@ class Child:
 
 
 def stop_all(children: list[Child], timeout: float = 15.0) -> None:
-    """Stop children one by one in reverse order of start, so each drains while what it
-    calls (the gateway → router → registry) still answers."""
-    for child in reversed(children):
-        child.stop(timeout)
+    """Stop children wave by wave, highest first, so each drains while what it calls (the
+    gateway → router → registry) still answers; a wave's children stop side by side."""
+    for wave in sorted({c.wave for c in children}, reverse=True):
+        members = [c for c in children if c.wave == wave]
+        for child in members:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for child in members:
+            child.finish(max(0.1, deadline - time.monotonic()))

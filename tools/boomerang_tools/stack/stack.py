@@ -3,7 +3,8 @@
 Start order follows the dependencies — the database (embedded unless a URL is given) and
 its migrations, the registry, the simulated engines (they register with the registry), the
 router and the reaper (they call the registry), then the gateway (it calls the router).
-Stop order is the reverse, each child draining while what it calls still answers.
+Stop order is the reverse, in waves (the gateway; the router, reaper and engines side by
+side; the registry; the database), each draining while what it calls still answers.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ class Stack:
             "BOOMERANG_GRACE_SECONDS": "5",
         }
 
-    def _spawn(self, name: str, args: list[str]) -> Child:
-        child = Child(name, args, self.log_dir, self._env())
+    def _spawn(self, name: str, args: list[str], wave: int) -> Child:
+        child = Child(name, args, self.log_dir, self._env(), wave)
         child.start()
         self.children.append(child)
         return child
@@ -135,7 +136,7 @@ class Stack:
         cfg = self.config
         self._database()
         registry_port, router_port, reaper_port = cfg.grpc_ports
-        registry = self._spawn("registry", ["registry", "--listen", f"127.0.0.1:{registry_port}"])
+        registry = self._spawn("registry", ["registry", "--listen", f"127.0.0.1:{registry_port}"], 0)
         self.registry_address = registry.wait_ready()
         self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
         _retire_unreachable_engines(self.registry_address)
@@ -150,7 +151,7 @@ class Stack:
                     "--ttl", str(cfg.ttl_seconds), "--registry", self.registry_address,
                     "--time-scale", str(cfg.time_scale), "--engine-id", engine_id,
                     *(["--strip-reasoning"] if cfg.strip_reasoning else []), *cfg.sim_args]
-            sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args)))
+            sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args, 1)))
         for spec, child in sims:
             url = f"http://{child.wait_ready()}"
             (self.prefill_urls if spec.role == "prefill" else self.decode_urls).append(url)
@@ -167,16 +168,16 @@ class Stack:
             static = [a for u in self.prefill_urls for a in ("--prefill", u)]
             static += [a for u in self.decode_urls for a in ("--decode", u)]
         router = self._spawn("router", ["router", "--listen", f"127.0.0.1:{router_port}",
-                                        "--registry", self.registry_address, *static, *cfg.router_args])
+                                        "--registry", self.registry_address, *static, *cfg.router_args], 1)
         reaper = self._spawn("reaper", ["reaper", "--listen", f"127.0.0.1:{reaper_port}",
-                                        "--registry", self.registry_address])
+                                        "--registry", self.registry_address], 1)
         self.router_address = router.wait_ready()
         self.endpoints.append(Endpoint("router", self.router_address, "gRPC RouterService"))
         self.endpoints.append(Endpoint("reaper", reaper.wait_ready(), "gRPC TTLReaperService"))
         gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
                                           "--router", self.router_address, "--registry", self.registry_address,
                                           *static, *(["--allow-anonymous"] if cfg.allow_anonymous else []),
-                                          *cfg.gateway_args])
+                                          *cfg.gateway_args], 2)
         self.gateway_url = f"http://{gateway.wait_ready()}"
         access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
         self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
