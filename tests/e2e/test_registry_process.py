@@ -74,6 +74,27 @@ async def test_turn_lifecycle_over_grpc(client: RegistryClient, unique: str) -> 
     assert eid in [e.engine_id for e in engines.engines]
 
 
+async def test_claim_batch_over_grpc_answers_each_claim(client: RegistryClient, unique: str) -> None:
+    eid = f"d-{unique}"
+    await client.register_engine(engine_request(eid))
+    tokens = list(range(2000, 2300))
+    for tenant in ("acme", "beta"):
+        await client.register_retained_blocks(blocks_request(tenant, unique, eid, tokens))
+    bad = rpb.ClaimReuseRequest(tenant="acme", conversation_id=unique)  # no prompt chain
+    resp = await client.claim_reuse_batch(rpb.ClaimReuseBatchRequest(claims=[
+        claim_request("acme", unique, tokens + [1]), bad, claim_request("beta", unique, tokens + [1]),
+        claim_request("acme", unique, tokens + [1]),
+    ]))
+    outcomes = [r.response.outcome for r in resp.results]
+    assert outcomes[0] == outcomes[2] == rpb.CLAIM_OUTCOME_CLAIMED
+    assert resp.results[0].response.lease.tenant == "acme" and resp.results[2].response.lease.tenant == "beta"
+    assert resp.results[0].response.reusable_tokens == 288
+    assert resp.results[1].error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert resp.results[1].error_reason == "INVALID_REQUEST" and "prompt_chain" in resp.results[1].error_message
+    assert outcomes[3] == rpb.CLAIM_OUTCOME_ALREADY_CLAIMED
+    await expect_error(client.claim_reuse_batch(rpb.ClaimReuseBatchRequest()), "INVALID_ARGUMENT", field="claims")
+
+
 async def test_bad_input_names_the_field_and_writes_nothing(client: RegistryClient, pg: asyncpg.Connection, unique: str) -> None:
     eid = f"d-{unique}"
     await client.register_engine(engine_request(eid))

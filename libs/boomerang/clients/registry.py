@@ -50,6 +50,12 @@ class RegistryClient:
         """ClaimReuse."""
         return await call("ClaimReuse", self.stub.ClaimReuse, req, timeout or self.timeout)
 
+    async def claim_reuse_batch(
+        self, req: rpb.ClaimReuseBatchRequest, timeout: float | None = None
+    ) -> rpb.ClaimReuseBatchResponse:
+        """ClaimReuseBatch."""
+        return await call("ClaimReuseBatch", self.stub.ClaimReuseBatch, req, timeout or self.timeout)
+
     async def release_claim(self, req: rpb.ReleaseClaimRequest, timeout: float | None = None) -> rpb.ReleaseClaimResponse:
         """ReleaseClaim."""
         return await call("ReleaseClaim", self.stub.ReleaseClaim, req, timeout or self.timeout)

@@ -136,6 +136,30 @@ class ClaimReuseResponse(_message.Message):
     remaining_seconds: float
     def __init__(self, outcome: _Optional[_Union[ClaimOutcome, str]] = ..., lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ..., reusable_tokens: _Optional[int] = ..., remaining_seconds: _Optional[float] = ...) -> None: ...
 
+class ClaimReuseBatchRequest(_message.Message):
+    __slots__ = ("claims",)
+    CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    claims: _containers.RepeatedCompositeFieldContainer[ClaimReuseRequest]
+    def __init__(self, claims: _Optional[_Iterable[_Union[ClaimReuseRequest, _Mapping]]] = ...) -> None: ...
+
+class ClaimReuseBatchResult(_message.Message):
+    __slots__ = ("response", "error_code", "error_reason", "error_message")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    response: ClaimReuseResponse
+    error_code: int
+    error_reason: str
+    error_message: str
+    def __init__(self, response: _Optional[_Union[ClaimReuseResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_reason: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class ClaimReuseBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ClaimReuseBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ClaimReuseBatchResult, _Mapping]]] = ...) -> None: ...
+
 class ReleaseClaimRequest(_message.Message):
     __slots__ = ("tenant", "lease_id", "claim_id", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -57,6 +57,11 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseResponse.FromString,
                 _registered_method=True)
+        self.ClaimReuseBatch = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/ClaimReuseBatch',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.FromString,
+                _registered_method=True)
         self.ReleaseClaim = channel.unary_unary(
                 '/boomerang.v1.BlockRegistryService/ReleaseClaim',
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseClaimRequest.SerializeToString,
@@ -143,6 +148,15 @@ class BlockRegistryServiceServicer:
     def ClaimReuse(self, request, context):
         """Atomically claims the conversation's live lease with the longest verified common
         prefix with the new prompt, or says why there is none. A lease is claimed at most once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimReuseBatch(self, request, context):
+        """Several claims in one call, each answered exactly as ClaimReuse would answer it (at most
+        once per lease, per tenant, verified prefix). Claims for different conversations run as
+        one SQL statement; a claim that is invalid gets its own error, the others still run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -256,6 +270,11 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.ClaimReuse,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseResponse.SerializeToString,
+            ),
+            'ClaimReuseBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimReuseBatch,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.SerializeToString,
             ),
             'ReleaseClaim': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseClaim,
@@ -419,6 +438,33 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/ClaimReuse',
             boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimReuseBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/ClaimReuseBatch',
+            boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,6 +13,11 @@ CLAIMS = Counter("boomerang_registry_claims_total", "ClaimReuse calls by outcome
 CLAIM_SECONDS = Histogram(
     "boomerang_registry_claim_seconds", "ClaimReuse latency inside the registry.", buckets=LATENCY_BUCKETS
 )
+CLAIM_BATCH_SIZE = Histogram(
+    "boomerang_registry_claim_batch_size",
+    "Claims per ClaimReuseBatch call.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 CLAIMED_TOKENS = Counter("boomerang_registry_claimed_tokens_total", "Verified reusable tokens handed out.")
 REGISTRATIONS = Counter(
     "boomerang_registry_registrations_total", "RegisterRetainedBlocks calls by result.", ["result"]

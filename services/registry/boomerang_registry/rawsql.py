@@ -28,6 +28,8 @@ from boomerang.config.settings import normalize_database_url
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 SET_TENANT_SESSION = "SELECT set_config('boomerang.tenant', $1, false)"
 SET_TENANT_LOCAL = "SELECT set_config('boomerang.tenant', $1, true)"
+# A batch's tenants (space-separated) for its transaction, no single tenant (migration 0007).
+SET_TENANTS_LOCAL = "SELECT set_config('boomerang.tenant', '', true), set_config('boomerang.tenants', :t, true)"
 
 
 def positional(sql: str) -> tuple[str, list[str]]:
@@ -112,6 +114,18 @@ class TenantPool:
         with db_span(operation):
             async with self.pool.acquire() as conn:
                 await conn.execute(SET_TENANT_SESSION, tenant)
+                return await conn.fetch(query, *args)  # type: ignore[no-any-return]
+
+    async def fetch_for_tenants(
+        self, tenants: Sequence[str], sql: str, params: Mapping[str, Any], operation: str
+    ) -> Sequence[asyncpg.Record]:
+        """Run one statement as the batch of `tenants` (its own transaction, the setting local
+        to it, so nothing of it stays on the pooled connection); its rows."""
+        query, args = self.args(sql, params)
+        set_tenants, _ = self.compile(SET_TENANTS_LOCAL)
+        with db_span(operation):
+            async with self.pool.acquire() as conn, conn.transaction():
+                await conn.execute(set_tenants, " ".join(tenants))
                 return await conn.fetch(query, *args)  # type: ignore[no-any-return]
 
     @asynccontextmanager

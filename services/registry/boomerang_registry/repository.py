@@ -30,8 +30,9 @@ from boomerang_registry.domain import (
     RetainedBlocks,
     explain_no_claim,
 )
-from boomerang_registry.rawsql import SET_TENANT_LOCAL, TenantPool, db_span
+from boomerang_registry.rawsql import SET_TENANT_LOCAL, SET_TENANTS_LOCAL, TenantPool, db_span
 from boomerang_registry.statements import (
+    CLAIM_BATCH_SQL,
     CLAIM_SQL,
     ENGINE_COLUMNS,
     LEASE_COLUMNS,
@@ -62,6 +63,32 @@ def decode_page_token(token: str) -> tuple[datetime, str]:
 async def set_tenant(conn: AsyncConnection, tenant: str) -> None:
     """Scope the current transaction to `tenant` for row-level security."""
     await conn.execute(text("SELECT set_config('boomerang.tenant', :t, true)"), {"t": tenant})
+
+
+def claim_result(q: ClaimQuery, rows: Sequence[Row]) -> tuple[ClaimOutcome, Row | None, int, float]:
+    """A claim statement's rows for `q` as (outcome, lease, tokens, remaining)."""
+    by_kind: dict[str, list[Row]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], []).append(row)
+    chosen = (by_kind.get("claimed") or by_kind.get("prior") or [None])[0]
+    if chosen is not None:
+        return ClaimOutcome.CLAIMED, chosen, int(chosen["common_tokens"]), float(chosen["remaining_seconds"])
+    candidates = {
+        r["lease_id"]: Candidate(
+            lease_id=r["lease_id"],
+            state=LeaseState(r["state"]),
+            engine_ok=bool(r["engine_ok"]),
+            block_size_ok=bool(r["block_size_ok"]),
+            common_tokens=int(r["common_tokens"]),
+            remaining_seconds=float(r["remaining_seconds"]),
+        )
+        for r in by_kind.get("candidate", [])
+    }
+    outcome, best = explain_no_claim(list(candidates.values()), q.min_reusable_tokens, q.min_remaining_seconds)
+    if best is None:
+        return outcome, None, 0, 0.0
+    lease = next(r for r in by_kind["candidate"] if r["lease_id"] == best.lease_id)
+    return outcome, lease, best.common_tokens, best.remaining_seconds
 
 
 class RegistryRepository:
@@ -340,28 +367,56 @@ class RegistryRepository:
         else:
             async with self.tenant_transaction(q.tenant) as conn:
                 rows = [r._mapping for r in await conn.execute(text(CLAIM_SQL), params)]
-        by_kind: dict[str, list[Row]] = {}
-        for row in rows:
-            by_kind.setdefault(row["kind"], []).append(row)
-        chosen = (by_kind.get("claimed") or by_kind.get("prior") or [None])[0]
-        if chosen is not None:
-            return ClaimOutcome.CLAIMED, chosen, int(chosen["common_tokens"]), float(chosen["remaining_seconds"])
-        candidates = {
-            r["lease_id"]: Candidate(
-                lease_id=r["lease_id"],
-                state=LeaseState(r["state"]),
-                engine_ok=bool(r["engine_ok"]),
-                block_size_ok=bool(r["block_size_ok"]),
-                common_tokens=int(r["common_tokens"]),
-                remaining_seconds=float(r["remaining_seconds"]),
-            )
-            for r in by_kind.get("candidate", [])
-        }
-        outcome, best = explain_no_claim(list(candidates.values()), q.min_reusable_tokens, q.min_remaining_seconds)
-        if best is None:
-            return outcome, None, 0, 0.0
-        lease = next(r for r in by_kind["candidate"] if r["lease_id"] == best.lease_id)
-        return outcome, lease, best.common_tokens, best.remaining_seconds
+        return claim_result(q, rows)
+
+    async def claim_batch(self, queries: Sequence[ClaimQuery]) -> list[tuple[ClaimOutcome, Row | None, int, float]]:
+        """Each claim as `claim` answers it, in order; one statement per round of claims.
+
+        A round holds at most one claim per conversation (CLAIM_BATCH_SQL's rule); a second
+        claim on the same conversation goes in the next round, which runs after the first
+        committed and so sees its claim (as two calls in a row would).
+        """
+        rounds: list[list[int]] = []
+        seen: list[set[tuple[str, str]]] = []
+        for n, q in enumerate(queries):
+            key = (q.tenant, q.conversation_id)
+            k = next((k for k, keys in enumerate(seen) if key not in keys), len(rounds))
+            if k == len(rounds):
+                rounds.append([])
+                seen.append(set())
+            rounds[k].append(n)
+            seen[k].add(key)
+        results: list[tuple[ClaimOutcome, Row | None, int, float] | None] = [None] * len(queries)
+        for members in rounds:
+            batch = [queries[n] for n in members]
+            params = {
+                "i": list(range(len(batch))),
+                "tenant": [q.tenant for q in batch],
+                "conversation_id": [q.conversation_id for q in batch],
+                "claim_id": [q.claim_id for q in batch],
+                "block_size": [q.chain.block_size for q in batch],
+                "chain": [q.chain.block_hashes for q in batch],
+                "tail_hash": [q.chain.tail_hash for q in batch],
+                "num_tokens": [q.chain.num_tokens for q in batch],
+                "model": [q.model for q in batch],
+                "min_tokens": [q.min_reusable_tokens for q in batch],
+                "min_remaining": [q.min_remaining_seconds for q in batch],
+                "actor": self.actor,
+            }
+            tenants = sorted({q.tenant for q in batch})
+            rows: Sequence[Row]
+            if self.raw is not None:
+                rows = await self.raw.fetch_for_tenants(tenants, CLAIM_BATCH_SQL, params, "ClaimReuseBatch")
+            else:
+                async with self.tenant_engine.begin() as conn:
+                    await conn.execute(text(SET_TENANTS_LOCAL), {"t": " ".join(tenants)})
+                    rows = [r._mapping for r in await conn.execute(text(CLAIM_BATCH_SQL), params)]
+            per_claim: list[list[Row]] = [[] for _ in batch]
+            for row in rows:
+                per_claim[row["i"]].append(row)
+            for j, n in enumerate(members):
+                results[n] = claim_result(batch[j], per_claim[j])
+        return [r for r in results if r is not None]
 
     async def release_claim(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
         """CLAIMED → RETAINED when still live and newest, else the state it should end in."""

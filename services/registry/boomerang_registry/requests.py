@@ -163,6 +163,16 @@ def claim(req: rpb.ClaimReuseRequest) -> ClaimQuery:
     )
 
 
+MAX_CLAIM_BATCH = 256
+
+
+def claim_batch_size(req: rpb.ClaimReuseBatchRequest) -> None:
+    """A ClaimReuseBatchRequest holds 1 to MAX_CLAIM_BATCH claims (each is validated alone)."""
+    v = Violations()
+    v.require(1 <= len(req.claims) <= MAX_CLAIM_BATCH, "claims", f"must hold 1 to {MAX_CLAIM_BATCH} claims")
+    v.raise_if_any()
+
+
 def lease_ref(tenant: str, lease_id: str, claim_id: str) -> None:
     """Validate the (tenant, lease_id, claim_id) of ReleaseClaim and MarkConsumed."""
     import uuid

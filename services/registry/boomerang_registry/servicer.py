@@ -117,6 +117,40 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         )
 
     @rpc
+    async def ClaimReuseBatch(
+        self, request: rpb.ClaimReuseBatchRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.ClaimReuseBatchResponse:
+        requests.claim_batch_size(request)
+        results = [rpb.ClaimReuseBatchResult() for _ in request.claims]
+        valid: list[int] = []
+        queries = []
+        for n, item in enumerate(request.claims):
+            try:
+                queries.append(requests.claim(item))
+                valid.append(n)
+            except BoomerangError as err:
+                results[n].error_code = grpc.StatusCode[err.code.value].value[0]
+                results[n].error_reason = err.reason
+                results[n].error_message = err.message
+        started = time.perf_counter()
+        answers = await self.repo.claim_batch(queries) if queries else []
+        metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+        metrics.CLAIM_BATCH_SIZE.observe(len(queries))
+        for n, (outcome, row, tokens, remaining) in zip(valid, answers, strict=True):
+            metrics.CLAIMS.labels(outcome.value).inc()
+            if outcome is ClaimOutcome.CLAIMED:
+                metrics.CLAIMED_TOKENS.inc(tokens)
+            results[n].response.CopyFrom(
+                rpb.ClaimReuseResponse(
+                    outcome=_OUTCOME[outcome],
+                    lease=convert.lease(row) if row is not None else None,
+                    reusable_tokens=tokens,
+                    remaining_seconds=remaining,
+                )
+            )
+        return rpb.ClaimReuseBatchResponse(results=results)
+
+    @rpc
     async def ReleaseClaim(self, request: rpb.ReleaseClaimRequest, context: grpc.aio.ServicerContext) -> rpb.ReleaseClaimResponse:
         requests.lease_ref(request.tenant, request.lease_id, request.claim_id)
         v = Violations()

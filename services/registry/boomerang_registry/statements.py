@@ -168,3 +168,75 @@ WHERE l.lease_id = CAST(:id AS uuid)
 """
 
 LIVE_LEASE_FILTER = "state IN ('RETAINED', 'CLAIMED')"
+
+# CLAIM_SQL for many claims in one statement: the claims arrive as parallel arrays
+# (UNNEST), each row `i` one claim, and every CTE of CLAIM_SQL is the same per claim, joined
+# on the claim's own tenant and conversation. Each claim locks and re-checks its pick
+# exactly as CLAIM_SQL does, so a concurrent claimer (in another statement) still loses on
+# the row lock and reads ALREADY_CLAIMED. The caller puts at most one claim per
+# conversation in a statement (two claims on one conversation could pick the same lease,
+# and an UPDATE changes a row once). Rows carry `i`; their tenant is the claim's.
+CLAIM_BATCH_SQL = f"""
+WITH q AS (
+    SELECT * FROM unnest(CAST(:i AS int[]), CAST(:tenant AS text[]), CAST(:conversation_id AS text[]),
+                         CAST(:claim_id AS text[]), CAST(:block_size AS int[]), CAST(:chain AS bytea[]),
+                         CAST(:tail_hash AS bytea[]), CAST(:num_tokens AS bigint[]), CAST(:model AS text[]),
+                         CAST(:min_tokens AS bigint[]), CAST(:min_remaining AS float8[]))
+        AS q(i, tenant, conversation_id, claim_id, block_size, chain, tail_hash, num_tokens, model,
+             min_tokens, min_remaining)
+), prior AS (
+    SELECT q.i, p.lease_id, q.chain, q.tail_hash, q.num_tokens FROM q CROSS JOIN LATERAL (
+        SELECT l.lease_id FROM leases l
+        WHERE l.tenant = q.tenant AND l.conversation_id = q.conversation_id
+          AND l.claim_id = q.claim_id AND l.state IN ('CLAIMED', 'CONSUMED') OFFSET 0
+    ) p
+), cands AS (
+    -- OFFSET 0 keeps each claim's lookup a parameterized index scan of its own conversation.
+    SELECT q.i, c.* FROM q CROSS JOIN LATERAL (
+        SELECT l.lease_id, l.state, l.expires_at,
+               (e.status = 'ACTIVE' AND e.generation = l.engine_generation) AS engine_ok,
+               (l.block_size = q.block_size) AS block_size_ok,
+               CASE WHEN l.block_size = q.block_size THEN
+                   boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens,
+                                           q.chain, q.tail_hash, q.num_tokens, l.block_size)
+               ELSE 0 END AS common_tokens,
+               EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
+        FROM leases l JOIN engines e ON e.engine_id = l.engine_id
+        WHERE l.tenant = q.tenant AND l.conversation_id = q.conversation_id
+          AND l.state IN ('RETAINED', 'CLAIMED') AND (q.model = '' OR l.model = q.model)
+        OFFSET 0
+    ) c
+), pick AS (
+    SELECT DISTINCT ON (c.i) c.i, c.lease_id, c.common_tokens, q.claim_id, q.min_remaining
+    FROM cands c JOIN q ON q.i = c.i
+    WHERE NOT EXISTS (SELECT 1 FROM prior p WHERE p.i = c.i) AND c.state = 'RETAINED' AND c.engine_ok
+      AND c.common_tokens >= q.min_tokens AND c.common_tokens > 0
+      AND c.remaining_seconds > q.min_remaining
+    ORDER BY c.i, c.common_tokens DESC, c.expires_at DESC
+), claimed AS (
+    UPDATE leases l SET state = 'CLAIMED', claim_id = pick.claim_id, version = l.version + 1,
+                        updated_at = now()
+    FROM pick
+    WHERE l.lease_id = pick.lease_id AND l.state = 'RETAINED'
+      AND l.expires_at > now() + make_interval(secs => pick.min_remaining)
+    RETURNING pick.i, {LEASE_COLUMNS}, pick.common_tokens,
+              EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, claim_id, details)
+    SELECT CAST(lease_id AS uuid), tenant, conversation_id, 'RETAINED', 'CLAIMED', 'CLAIMED',
+           :actor, claim_id, claim_id, jsonb_build_object('reusable_tokens', common_tokens)
+    FROM claimed
+)
+SELECT 'claimed' AS kind, TRUE AS engine_ok, TRUE AS block_size_ok, claimed.* FROM claimed
+UNION ALL
+SELECT 'prior', TRUE, TRUE, prior.i, {LEASE_COLUMNS},
+       boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens, prior.chain, prior.tail_hash,
+                               prior.num_tokens, l.block_size),
+       EXTRACT(EPOCH FROM l.expires_at - now())::float8
+FROM prior JOIN leases l ON l.lease_id = prior.lease_id
+UNION ALL
+SELECT 'candidate', c.engine_ok, c.block_size_ok, c.i, {LEASE_COLUMNS}, c.common_tokens,
+       c.remaining_seconds
+FROM cands c JOIN leases l ON l.lease_id = c.lease_id
+"""

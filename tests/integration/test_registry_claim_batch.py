@@ -1,0 +1,190 @@
+"""ClaimReuseBatch's statement against the real Postgres: many claims, one statement, same rules.
+
+Each test runs twice: through the raw asyncpg pool (as the service runs) and through
+SQLAlchemy's tenant engine. A batched claim must answer exactly as ClaimReuse would: at
+most one claim per lease (across batches and single claims racing each other), never a
+lease of another tenant, only a verified prefix, and a retried claim id returns its claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from boomerang.db.engine import make_engine
+from boomerang_registry import requests
+from boomerang_registry.domain import ClaimOutcome, ClaimQuery
+from boomerang_registry.rawsql import SET_TENANTS_LOCAL, TenantPool
+from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.statements import CLAIM_BATCH_SQL
+
+from tests.integration.test_registry_repository import register, register_engine, turn
+from tests.support.registry_data import claim_request
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", params=["raw", "sqlalchemy"])
+async def repo(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[RegistryRepository]:
+    engine = make_engine(database_url, pool_size=20)
+    tenant_engine = make_engine(database_url, pool_size=20, role="boomerang_service")
+    raw = await TenantPool.open(database_url, 20, "boomerang_service") if request.param == "raw" else None
+    yield RegistryRepository(engine, ttl_margin_seconds=10.0, tenant_engine=tenant_engine, raw=raw)
+    if raw is not None:
+        await raw.close()
+    await tenant_engine.dispose()
+    await engine.dispose()
+
+
+def query(tenant: str, conv: str, tokens: list[int], **kw) -> ClaimQuery:  # type: ignore[no-untyped-def]
+    return requests.claim(claim_request(tenant, conv, tokens, **kw))
+
+
+async def claimed_events(pg: asyncpg.Connection, lease_id: str) -> int:
+    return int(await pg.fetchval(
+        "SELECT count(*) FROM lease_events WHERE lease_id = $1 AND to_state = 'CLAIMED'", uuid.UUID(lease_id)
+    ))
+
+
+async def test_fifty_concurrent_claimers_in_several_batches_exactly_one_wins(
+    repo: RegistryRepository, pg: asyncpg.Connection, unique: str
+) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    hot = turn(1000)
+    lease, _, _ = await register(repo, "t", f"hot-{unique}", eid, hot)
+    others = []
+    for k in range(10):
+        tokens = turn(200, seed=k + 1)
+        await register(repo, "t", f"other{k}-{unique}", eid, tokens)
+        others.append(tokens)
+    # 10 batches race: each has 4 claims on the hot conversation (so several rounds in one
+    # call) and one on its own other conversation; 10 single claims race them too.
+    batches = [
+        [query("t", f"hot-{unique}", hot + [7]) for _ in range(4)] + [query("t", f"other{k}-{unique}", others[k] + [1])]
+        for k in range(10)
+    ]
+    singles = [repo.claim(query("t", f"hot-{unique}", hot + [7])) for _ in range(10)]
+    batch_results, single_results = await asyncio.gather(
+        asyncio.gather(*(repo.claim_batch(b) for b in batches)), asyncio.gather(*singles)
+    )
+    hot_results = [r for res in batch_results for r in res[:4]] + list(single_results)
+    assert len(hot_results) == 50
+    winners = [r for r in hot_results if r[0] is ClaimOutcome.CLAIMED]
+    assert len(winners) == 1 and winners[0][1] is not None
+    assert winners[0][1]["lease_id"] == lease["lease_id"]
+    assert {r[0] for r in hot_results if r is not winners[0]} == {ClaimOutcome.ALREADY_CLAIMED}
+    assert await claimed_events(pg, lease["lease_id"]) == 1
+    # Every other conversation's claim, one per batch, won its own lease.
+    for res in batch_results:
+        assert res[4][0] is ClaimOutcome.CLAIMED
+    assert len({res[4][1]["lease_id"] for res in batch_results}) == 10
+
+
+async def test_a_batch_never_crosses_tenants(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    tokens = turn(400)
+    conv = f"shared-{unique}"
+    alpha, _, _ = await register(repo, f"alpha-{unique}", conv, eid, tokens)
+    beta, _, _ = await register(repo, f"beta-{unique}", conv, eid, tokens)
+    # Same conversation id, same prompt, three tenants in one statement; gamma has nothing.
+    results = await repo.claim_batch([
+        query(f"gamma-{unique}", conv, tokens + [1]),
+        query(f"alpha-{unique}", conv, tokens + [1]),
+        query(f"beta-{unique}", conv, tokens + [1]),
+    ])
+    assert results[0][0] is ClaimOutcome.NO_LEASE and results[0][1] is None
+    assert results[1][0] is ClaimOutcome.CLAIMED and results[1][1]["lease_id"] == alpha["lease_id"]
+    assert results[2][0] is ClaimOutcome.CLAIMED and results[2][1]["lease_id"] == beta["lease_id"]
+    assert results[1][1]["tenant"] == f"alpha-{unique}" and results[2][1]["tenant"] == f"beta-{unique}"
+    rows = await pg.fetch(
+        "SELECT tenant, lease_id FROM lease_events WHERE conversation_id = $1 AND to_state = 'CLAIMED'", conv
+    )
+    assert {(r["tenant"], str(r["lease_id"])) for r in rows} == {
+        (f"alpha-{unique}", alpha["lease_id"]), (f"beta-{unique}", beta["lease_id"])
+    }
+
+
+async def test_batched_claims_answer_as_single_claims(repo: RegistryRepository, unique: str) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    t1 = turn(300, seed=1)
+    for name in ("retry", "edited", "short", "fresh"):
+        await register(repo, "t", f"{name}-{unique}", eid, t1)
+    first = await repo.claim(query("t", f"retry-{unique}", t1 + [5], claim_id="c-1"))
+    edited = [t1[0] + 1] + t1[1:]
+    results = await repo.claim_batch([
+        query("t", f"retry-{unique}", t1 + [5], claim_id="c-1"),        # a retry: the same claim
+        query("t", f"edited-{unique}", edited),                          # history edited at the start
+        query("t", f"short-{unique}", t1 + [5], min_tokens=10_000),     # below the caller's floor
+        query("t", f"none-{unique}", t1),                                # no lease at all
+        query("t", f"fresh-{unique}", t1[:200] + [9] * 50),              # only the verified prefix
+    ])
+    assert results[0][0] is ClaimOutcome.CLAIMED and results[0][1]["lease_id"] == first[1]["lease_id"]
+    assert results[0][2] == first[2]
+    assert results[1][0] is ClaimOutcome.PREFIX_MISMATCH
+    assert results[2][0] is ClaimOutcome.BELOW_THRESHOLD
+    assert results[3][0] is ClaimOutcome.NO_LEASE
+    assert results[4][0] is ClaimOutcome.CLAIMED and results[4][2] == 192  # 12 full blocks of 16
+
+
+async def test_two_claims_on_one_conversation_in_one_batch_take_one_lease(
+    repo: RegistryRepository, pg: asyncpg.Connection, unique: str
+) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    tokens = turn(500)
+    lease, _, _ = await register(repo, "t", unique, eid, tokens)
+    results = await repo.claim_batch([query("t", unique, tokens + [1]) for _ in range(3)])
+    assert [r[0] for r in results] == [ClaimOutcome.CLAIMED, ClaimOutcome.ALREADY_CLAIMED, ClaimOutcome.ALREADY_CLAIMED]
+    assert await claimed_events(pg, lease["lease_id"]) == 1
+
+
+async def test_batch_tenants_setting_admits_only_the_named_tenants(database_url: str, unique: str) -> None:
+    engine = make_engine(database_url, pool_size=2)
+    tenant_engine = make_engine(database_url, pool_size=2, role="boomerang_service")
+    repo = RegistryRepository(engine, 10.0, tenant_engine=tenant_engine)
+    try:
+        eid = f"d-{unique}"
+        await register_engine(repo, eid)
+        for tenant in ("a", "b", "c"):
+            await register(repo, f"{tenant}-{unique}", "conv", eid, turn(64))
+    finally:
+        await engine.dispose()
+        await tenant_engine.dispose()
+    conn = await asyncpg.connect(database_url, server_settings={"role": "boomerang_service"})
+    try:
+        async with conn.transaction():
+            await conn.execute(SET_TENANTS_LOCAL.replace(":t", "$1"), f"a-{unique} b-{unique}")
+            seen = {r["tenant"] for r in await conn.fetch("SELECT tenant FROM leases WHERE engine_id = $1", eid)}
+            assert seen == {f"a-{unique}", f"b-{unique}"}
+            changed = await conn.execute("UPDATE leases SET state = 'CONSUMED' WHERE tenant = $1", f"c-{unique}")
+            assert changed == "UPDATE 0"
+        # The setting was local to that transaction: nothing is visible after it.
+        assert await conn.fetchval("SELECT count(*) FROM leases WHERE engine_id = $1", eid) == 0
+        # A prefix of a tenant id is not that tenant.
+        async with conn.transaction():
+            await conn.execute(SET_TENANTS_LOCAL.replace(":t", "$1"), "a")
+            assert await conn.fetchval("SELECT count(*) FROM leases WHERE engine_id = $1", eid) == 0
+    finally:
+        await conn.close()
+
+
+async def test_batch_statement_uses_the_live_conversation_index(repo: RegistryRepository) -> None:
+    from sqlalchemy import text
+
+    params = {
+        "i": [0, 1], "tenant": ["t", "u"], "conversation_id": ["c", "d"], "claim_id": ["x", "y"],
+        "block_size": [16, 16], "chain": [b"", b""], "tail_hash": [b"", b""], "num_tokens": [0, 0],
+        "model": ["", ""], "min_tokens": [1, 1], "min_remaining": [5.0, 5.0], "actor": "test",
+    }
+    async with repo.engine.connect() as conn:
+        await conn.execute(text("SET LOCAL enable_seqscan = off"))
+        plan = "\n".join(r[0] for r in await conn.execute(text("EXPLAIN " + CLAIM_BATCH_SQL), params))
+        await conn.rollback()
+    assert "ix_leases_live_conversation" in plan
+    assert "Seq Scan on leases" not in plan
