@@ -117,3 +117,20 @@ async def test_a_client_that_leaves_mid_stream_aborts_the_decode_request(engines
             assert after["in_flight"] == 0
     finally:
         gw.kill()
+
+
+def test_beyond_loopback_anonymous_needs_the_development_setting(engines: tuple[str, str]) -> None:
+    args = [BOOMERANG, "gateway", "--listen", "0.0.0.0:0", "--router", "", "--prefill", engines[0], "--decode",
+            engines[1], "--allow-anonymous"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **NO_DB},
+                         check=False)
+    assert out.returncode != 0 and "beyond loopback" in out.stderr and "BOOMERANG_INSECURE_ALLOW_ANONYMOUS" in out.stderr
+    gw = ServiceProcess(args[1:], {**NO_DB, "BOOMERANG_INSECURE_ALLOW_ANONYMOUS": "true"}).start()
+    try:
+        assert any("INSECURE" in line for line in gw.lines), gw.output()
+        port = gw.address.rpartition(":")[2]
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
+        assert resp.status_code == 200, resp.text
+    finally:
+        gw.kill()

@@ -68,6 +68,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
             "boomerang gateway: no database configured for API keys: set BOOMERANG_DATABASE_URL "
             "(or --database-url), or serve without keys with --allow-anonymous"
         )
+    check_anonymous_listener(settings)
     if bool(settings.prefill_urls) != bool(settings.decode_urls):
         raise SystemExit("boomerang gateway: give both --prefill and --decode engines, or neither (registry)")
     if not settings.prefill_urls and not settings.registry_address:
@@ -76,6 +77,26 @@ def _run_gateway(args: argparse.Namespace) -> int:
 
     run_async(run(settings))
     return 0
+
+
+def check_anonymous_listener(settings: GatewaySettings) -> None:
+    """Anonymous tenants beyond loopback only with the development setting (then loudly); else exit."""
+    from boomerang.auth import is_loopback
+
+    if not settings.allow_anonymous or is_loopback(settings.listen):
+        return
+    if not settings.insecure_allow_anonymous:
+        raise SystemExit(
+            f"boomerang gateway: --allow-anonymous would serve anyone who reaches {settings.listen} (beyond loopback) "
+            "without an API key: create keys with `boomerang tenants create NAME` and drop --allow-anonymous, "
+            "listen on 127.0.0.1, or (development only) set BOOMERANG_INSECURE_ALLOW_ANONYMOUS=true"
+        )
+    print(
+        f"boomerang gateway: INSECURE: serving requests without an API key on {settings.listen}, beyond loopback "
+        "(BOOMERANG_INSECURE_ALLOW_ANONYMOUS=true). Development only.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _run_tenants(args: argparse.Namespace) -> int:
