@@ -59,6 +59,9 @@ def engines() -> Iterator[dict[str, Engine]]:
         "d_slow": ["--role", "decode", "--ttl", "1", "--time-scale", "1", "--clock-offset", "900000"],
         "p_think": ["--role", "prefill", "--strip-reasoning", *FAST],
         "d_think": ["--role", "decode", "--strip-reasoning", *FAST],
+        # vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens.
+        "p_details": ["--role", "prefill", "--enable-prompt-tokens-details", *FAST],
+        "d_details": ["--role", "decode", "--enable-prompt-tokens-details", *FAST],
     }
     procs = {name: ServiceProcess(["sim", "--port", "0", *args], name=f"sim-{name}") for name, args in specs.items()}
     with ThreadPoolExecutor(len(procs)) as pool:
@@ -155,6 +158,28 @@ def test_later_turns_pull_with_zero_corrupt_pulls(engines: dict[str, Engine]) ->
     assert delta(before, after, "pulls", "pulled_tokens", "corrupt_pulls", "expired_or_freed_reads") == {
         "pulls": 3, "pulled_tokens": pulled, "corrupt_pulls": 0, "expired_or_freed_reads": 0}
     assert [e["outcome"] for e in after["recent"] if e["kind"] == "pull"][-3:] == ["ok", "ok", "ok"]
+
+
+def test_prefill_reports_the_tokens_it_did_not_compute_as_vllm_does(engines: dict[str, Engine]) -> None:
+    """vLLM 0.33.0's scheduler puts P's num_cached_tokens in the params P returns
+    (`remote_prefill_cached_tokens`); with --enable-prompt-tokens-details P's usage says it too,
+    and D reports P's figure, not its own transfer."""
+    for p, d, details in ((engines["p"], engines["d"], False), (engines["p_details"], engines["d_details"], True)):
+        messages = convo(f"cached-{details}")
+        first = p.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1, "kv_transfer_params": FIRST_TURN})
+        assert first.json()["kv_transfer_params"]["remote_prefill_cached_tokens"] == 0
+        t = turn(p, d, messages)
+        messages = [*messages, {"role": "assistant", "content": t["text"]}, {"role": "user", "content": "Next."}]
+        n = len(p.post("/tokenize", {"messages": messages, "add_generation_prompt": True}).json()["tokens"])
+        pulled = min(t["d_params"]["remote_num_tokens"], n - 1)
+        pr = p.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1, "kv_transfer_params": t["d_params"]})
+        body = pr.json()
+        assert body["kv_transfer_params"]["remote_prefill_cached_tokens"] == pulled > 0
+        assert body["usage"]["prompt_tokens_details"] == ({"cached_tokens": pulled} if details else None)
+        chunks = d.stream("/v1/chat/completions", {"messages": messages, "kv_transfer_params": body["kv_transfer_params"],
+                                                   "stream_options": {"include_usage": True}})
+        usage = chunks[-1]["usage"]
+        assert usage["prompt_tokens_details"] == ({"cached_tokens": pulled} if details else None)
 
 
 def test_an_edited_history_is_a_corrupt_pull_that_still_returns_200(engines: dict[str, Engine]) -> None:

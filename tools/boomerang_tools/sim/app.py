@@ -141,7 +141,7 @@ class Api:
             return _error(400, str(exc), param="kv_transfer_params")
         except AdmissionError as exc:
             return _error(exc.status, str(exc), exc.kind, exc.param)
-        builder = protocol.ResponseBuilder(parsed, request_id)
+        builder = protocol.ResponseBuilder(parsed, request_id, cfg.enable_prompt_tokens_details)
         tokens = self.engine.run(admission)
         if parsed.stream:
             return EventStream(self._stream(builder, tokens, parsed.include_usage),
@@ -174,6 +174,7 @@ class Api:
         finish = out[-1].finish
         assert finish is not None
         text = "".join(t.text for t in out)
+        builder.cached_tokens = finish.cached_tokens
         return JSONResponse(builder.full(text, [t.id for t in out], finish.reason, finish.kv_transfer_params))
 
     async def _stream(
@@ -184,6 +185,8 @@ class Api:
             async for t in tokens:
                 count += 1
                 fin = t.finish
+                if fin is not None:
+                    builder.cached_tokens = fin.cached_tokens
                 for chunk in builder.chunks(t.text, t.id, fin.reason if fin else None, fin.kv_transfer_params if fin else None):
                     yield _sse(chunk)
         if include_usage:

@@ -47,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--served-model-name", help="model name clients use (default: the profile's)")
     parser.add_argument("--max-model-len", type=int, help="context limit in tokens (default: the profile's)")
     parser.add_argument("--grace-seconds", type=float, default=5.0, help="drain time on SIGTERM (default 5)")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="as vLLM's flag: usage carries prompt_tokens_details.cached_tokens")
     parser.add_argument("--log-level", help="logging level (default INFO)")
     parser.set_defaults(handler=_run)
 
@@ -101,6 +103,7 @@ def _run(args: argparse.Namespace) -> int:
         clock_offset=offset,
         served_model_name=args.served_model_name or prof.served_model_name,
         max_model_len=args.max_model_len or prof.max_model_len,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds))
     return 0

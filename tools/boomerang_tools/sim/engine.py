@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 class _Context:
     effective: list[int]  # the tokens whose KV the engine really holds for the prompt
     budget_ms: float
+    # Prompt tokens not computed (pulled or loaded): vLLM's `num_cached_tokens`.
+    cached_tokens: int = 0
 
 
 class Engine:
@@ -120,7 +122,11 @@ class Engine:
                     self.stats.generated_tokens += len(pieces)
                     stopped = piece.text == req.eos and not req.ignore_eos
                     ids = [q.id for q in pieces]
-                    finish = Finish("stop" if stopped else "length", self._finish(adm, ctx.effective, ids))
+                    params = self._finish(adm, ctx.effective, ids)
+                    if params is not None and params.get("do_remote_prefill"):
+                        # vLLM's scheduler: P's cache hits ride to D, which reports them.
+                        params["remote_prefill_cached_tokens"] = ctx.cached_tokens
+                    finish = Finish("stop" if stopped else "length", params, _reported_cached(adm, ctx))
                 yield Token(piece.id, "" if piece.text in SKIPPED_IN_TEXT else piece.text, finish)
         finally:
             self.in_flight -= 1
@@ -227,7 +233,7 @@ class Engine:
         self.stats.pulled_tokens += count
         self.stats.computed_tokens += n - count
         self._note(**event, outcome=outcome)
-        return _Context(pulled + prompt[count:], p.prefill_ms(n, count))
+        return _Context(pulled + prompt[count:], p.prefill_ms(n, count), count)
 
     async def _free_remote(self, remote: RemoteHandle) -> None:
         assert remote.host is not None and remote.port is not None and remote.request_id
@@ -268,7 +274,8 @@ class Engine:
         self.stats.loaded_tokens += len(loaded)
         self.stats.computed_tokens += n - len(loaded)
         self._note(**event, count=len(loaded), outcome=outcome)
-        return _Context(loaded + prompt[len(loaded):], p.decode_first_ms(len(loaded)) + p.compute_ms(n - len(loaded)))
+        return _Context(loaded + prompt[len(loaded):], p.decode_first_ms(len(loaded)) + p.compute_ms(n - len(loaded)),
+                        len(loaded))
 
     # -- finish ----------------------------------------------------------------------------
 
@@ -356,3 +363,13 @@ class Engine:
         """Zero the counters (gauges and handles stay)."""
         self.stats = Stats()
         self.recent.clear()
+
+
+def _reported_cached(adm: Admission, ctx: _Context) -> int:
+    """The request's `num_cached_tokens` as vLLM's output processor reports it: a decode
+    engine given P's `remote_prefill_cached_tokens` reports those, not its own transfer."""
+    params = adm.req.kv_transfer_params
+    remote = params.get("remote_prefill_cached_tokens") if isinstance(params, dict) else None
+    if adm.mode is Mode.DECODE and isinstance(remote, int) and not isinstance(remote, bool) and remote >= 0:
+        return remote
+    return ctx.cached_tokens

@@ -166,17 +166,19 @@ def parse_completion(body: Any, served: str) -> Parsed:
     return _parsed("completion", options, completion_prompt_ids(body), 16 if max_tokens is None else max_tokens)
 
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
-    """UsageInfo."""
+def usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
+    """UsageInfo; `cached` (vLLM's num_cached_tokens) only with --enable-prompt-tokens-details."""
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None}
+            "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}
 
 
 class ResponseBuilder:
     """Builds one request's response body or stream chunks."""
 
-    def __init__(self, p: Parsed, response_id: str):
+    def __init__(self, p: Parsed, response_id: str, prompt_tokens_details: bool = False):
         self.p = p
+        self.details = prompt_tokens_details
+        self.cached_tokens = 0  # set from the request's Finish
         self.id = response_id
         self.created = int(time.time())
         self.sent_first = False
@@ -184,6 +186,9 @@ class ResponseBuilder:
     def _head(self) -> dict[str, Any]:
         obj = "chat.completion" if self.p.kind == "chat" else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.p.model}
+
+    def _usage(self, completion: int) -> dict[str, Any]:
+        return usage(len(self.p.prompt_ids), completion, self.cached_tokens if self.details else None)
 
     def full(self, text: str, ids: list[int], finish: str, kv: dict[str, Any] | None) -> dict[str, Any]:
         """The non-streaming response."""
@@ -195,12 +200,12 @@ class ResponseBuilder:
                        "function_call": None, "tool_calls": [], "reasoning_content": None}
             choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
                                       "stop_reason": None, "token_ids": tok}
-            extra = {"service_tier": None, "system_fingerprint": None, "usage": usage(len(p.prompt_ids), len(ids)),
+            extra = {"service_tier": None, "system_fingerprint": None, "usage": self._usage(len(ids)),
                      "prompt_logprobs": None, "prompt_token_ids": prompt_ids, "kv_transfer_params": kv}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
                       "prompt_logprobs": None, "prompt_token_ids": prompt_ids, "token_ids": tok}
-            extra = {"service_tier": None, "system_fingerprint": None, "usage": usage(len(p.prompt_ids), len(ids)),
+            extra = {"service_tier": None, "system_fingerprint": None, "usage": self._usage(len(ids)),
                      "kv_transfer_params": kv}
         return {**self._head(), "choices": [choice], **extra}
 
@@ -235,4 +240,4 @@ class ResponseBuilder:
     def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
         """The trailing usage-only chunk (stream_options.include_usage)."""
         head = {**self._head(), "object": "chat.completion.chunk" if self.p.kind == "chat" else "text_completion"}
-        return {**head, "choices": [], "usage": usage(len(self.p.prompt_ids), completion_tokens)}
+        return {**head, "choices": [], "usage": self._usage(completion_tokens)}

@@ -31,6 +31,8 @@ class SimConfig:
     served_model_name: str = ""
     max_model_len: int = 0
     tp_size: int = 1
+    # vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens.
+    enable_prompt_tokens_details: bool = False
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Finish:
 
     reason: str
     kv_transfer_params: dict[str, Any] | None
+    cached_tokens: int = 0  # prompt tokens not computed, as vLLM's usage reports them
 
 
 @dataclass
