@@ -45,8 +45,8 @@ def test_malformed_bodies_are_400_naming_the_field() -> None:
 
 
 def test_conversation_id_from_body_or_header_and_never_forwarded() -> None:
-    req = parse({**CHAT, "conversation_id": "c-1"}, header="c-2")
-    assert req.conversation_id == "c-1"  # the body field, as vLLM's proxy reads it, wins
+    req = parse({**CHAT, "conversation_id": "c-1"}, header=" c-1 ")
+    assert req.conversation_id == "c-1"  # the same id in the body and the header
     assert "conversation_id" not in req.body
     assert parse(CHAT, header=" c-2 ").conversation_id == "c-2"
     assert parse(CHAT).conversation_id == ""
@@ -128,3 +128,54 @@ def test_engine_errors_keep_client_statuses_and_wrap_server_failures() -> None:
     assert old.status == 502 and "decode engine failed" in old.message and "boom" in old.message
     raw = from_engine("decode", 500, b"Internal Server Error")
     assert raw.body()["error"]["type"] == "upstream_error" and "Internal Server Error" in raw.message
+
+
+def conversation(body: dict[str, object], conv_header: str | None = None, session: str | None = None) -> str:
+    raw = json.dumps({**CHAT, **body}).encode()
+    return protocol.parse(Kind.CHAT, raw, conv_header, None, session).conversation_id
+
+
+def test_each_conversation_source_alone_names_the_conversation() -> None:
+    assert conversation({"conversation_id": "a"}) == "a"
+    assert conversation({}, conv_header="b") == "b"
+    assert conversation({"prompt_cache_key": "c"}) == "c"
+    assert conversation({}, session=" d ") == "d"
+    assert conversation({"prompt_cache_key": ""}, session="") == ""  # empty is absent
+
+
+def test_agreeing_sources_are_one_conversation_and_prompt_cache_key_is_forwarded() -> None:
+    raw = json.dumps({**CHAT, "conversation_id": "k", "prompt_cache_key": "k"}).encode()
+    req = protocol.parse(Kind.CHAT, raw, "k", None, "k")
+    assert req.conversation_id == "k"
+    # OpenAI's field goes to the engines (vLLM 0.33.0 allows and ignores extra fields);
+    # Boomerang's own does not.
+    assert req.body["prompt_cache_key"] == "k" and "conversation_id" not in req.body
+    assert protocol.prefill_body(req, FIRST_TURN)["prompt_cache_key"] == "k"
+
+
+@pytest.mark.parametrize(
+    ("body", "conv_header", "session", "first", "second"),
+    [
+        ({"conversation_id": "a"}, "b", None, "conversation_id", "X-Conversation-Id"),
+        ({"conversation_id": "a", "prompt_cache_key": "b"}, None, None, "conversation_id", "prompt_cache_key"),
+        ({}, "a", "b", "X-Conversation-Id", "X-Session-Id"),
+        ({"prompt_cache_key": "a"}, None, "b", "prompt_cache_key", "X-Session-Id"),
+        ({"prompt_cache_key": "a"}, "a", "b", "X-Conversation-Id", "X-Session-Id"),
+    ],
+)
+def test_conflicting_sources_are_a_400_naming_both(
+    body: dict[str, object], conv_header: str | None, session: str | None, first: str, second: str
+) -> None:
+    with pytest.raises(ApiError) as err:
+        conversation(body, conv_header, session)
+    assert err.value.status == 400 and err.value.param == second
+    assert first in err.value.message and second in err.value.message
+
+
+def test_every_source_is_validated_and_named() -> None:
+    with pytest.raises(ApiError) as err:
+        conversation({"prompt_cache_key": 5})
+    assert err.value.param == "prompt_cache_key"
+    with pytest.raises(ApiError) as err:
+        conversation({}, session="x" * 257)
+    assert err.value.param == "X-Session-Id"

@@ -102,7 +102,8 @@ class Handlers:
                                 code="rate_limit_exceeded").response(retry_after_header(wait))
             raw = await self._body(request)
             req = protocol.parse(
-                kind, raw, request.headers.get(protocol.CONVERSATION_HEADER), request.headers.get(protocol.REUSE_HEADER)
+                kind, raw, request.headers.get(protocol.CONVERSATION_HEADER), request.headers.get(protocol.REUSE_HEADER),
+                request.headers.get(protocol.SESSION_HEADER),
             )
             if req.dropped_kv_params:
                 self.s.metrics.dropped_kv_params.inc()
@@ -121,9 +122,10 @@ class Handlers:
     async def _stream(self, turn: Turn, req: ClientRequest) -> AsyncIterator[bytes]:
         try:
             async for chunk in turn.chunks():
-                out = chunks.for_client(chunk, req)
+                out = chunks.for_client(chunk, req, turn.cached_tokens)
                 if out is not None:
                     yield chunks.sse(out)
+            await turn.settle()  # the lease is committed before the client sees the end
             yield chunks.sse(chunks.DONE)
         except UpstreamBroken as exc:
             log.warning("decode stream broke: %s", exc)
@@ -136,13 +138,14 @@ class Handlers:
         try:
             async for chunk in turn.chunks():
                 folded.add(chunk)
+            await turn.settle()  # the lease is committed before the client has the body
         except UpstreamBroken as exc:
             self.s.metrics.requests.labels(endpoint, "502").inc()
             return ApiError(502, str(exc), code="engine_error", type_="upstream_error").response(turn.headers)
         finally:
             await turn.finish()
         self.s.metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(folded.result(), headers=turn.headers)
+        return JSONResponse(folded.result(turn.cached_tokens), headers=turn.headers)
 
     async def models(self, request: Request) -> Response:
         """GET /v1/models."""

@@ -87,9 +87,27 @@ def _has_content(choice: dict[str, Any]) -> bool:
     return bool(choice.get("text"))
 
 
-def for_client(chunk: dict[str, Any], req: ClientRequest) -> dict[str, Any] | None:
+def with_cached_tokens(usage: dict[str, Any], cached_tokens: int | None) -> dict[str, Any]:
+    """`usage` with `prompt_tokens_details.cached_tokens` set to the turn's own count.
+
+    The decode engine's figure is not the client's: D computed nothing of the prompt either
+    way, and vLLM reports `prompt_tokens_details` only with `--enable-prompt-tokens-details`.
+    The gateway knows what the prefill engine did not compute (`reuse.py`), so it says so,
+    as OpenAI does, on every usage object.
+    """
+    if cached_tokens is None:
+        return usage
+    details = usage.get("prompt_tokens_details")
+    details = dict(details) if isinstance(details, dict) else {}
+    details["cached_tokens"] = cached_tokens
+    return {**usage, "prompt_tokens_details": details}
+
+
+def for_client(chunk: dict[str, Any], req: ClientRequest, cached_tokens: int | None = None) -> dict[str, Any] | None:
     """The chunk as the client should see it, or None to drop it."""
     out = {k: v for k, v in chunk.items() if k != "kv_transfer_params"}
+    if isinstance(out.get("usage"), dict):
+        out["usage"] = with_cached_tokens(out["usage"], cached_tokens)
     if not req.wants_token_ids:
         out.pop("prompt_token_ids", None)
     choices = out.get("choices")
@@ -177,8 +195,8 @@ class Aggregate:
                     merged.setdefault(key, []).extend(value)
         return merged
 
-    def result(self) -> dict[str, Any]:
-        """The OpenAI response object."""
+    def result(self, cached_tokens: int | None = None) -> dict[str, Any]:
+        """The OpenAI response object (`cached_tokens`: see `with_cached_tokens`)."""
         choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(), "finish_reason": self.finish_reason}
         if self.stop_reason is not None:
             choice["stop_reason"] = self.stop_reason
@@ -207,7 +225,7 @@ class Aggregate:
         if "system_fingerprint" in self.head:
             out["system_fingerprint"] = self.head["system_fingerprint"]
         if self.usage is not None:
-            out["usage"] = self.usage
+            out["usage"] = with_cached_tokens(self.usage, cached_tokens)
         if self.req.wants_token_ids and self.prompt_token_ids is not None:
             if self.req.kind is Kind.CHAT:
                 out["prompt_token_ids"] = self.prompt_token_ids

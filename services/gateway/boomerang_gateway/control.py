@@ -2,9 +2,14 @@
 
 Neither may cost a user a request. A plan that fails or misses its deadline becomes a plain
 prefill→decode turn (recompute), and for `control_plane_backoff_seconds` after such a
-failure the gateway does not ask at all, so a dead router costs each turn nothing. Reports
-run in the background after the client has its last byte; shutdown waits for them (up to a
-deadline) so a drain loses none.
+failure the gateway does not ask at all, so a dead router costs each turn nothing.
+
+A turn's report registers the lease its next turn pulls, so the client gets its last byte
+only once ReportTurn is answered (the router answers after the registry committed):
+`settle` waits for it, at most `commit_timeout` seconds. Past that, or when the report
+fails, the turn still ends (its next turn may recompute) and the miss is counted; the report
+goes on in the background, and shutdown waits for those (up to a deadline) so a drain loses
+none.
 
 A client may send its next turn before the previous turn's report has landed (a benchmark
 does, at once). The next plan of the same conversation therefore waits for that report —
@@ -14,6 +19,7 @@ at most the plan deadline — or it would find no lease and recompute a prefix i
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -82,6 +88,8 @@ class Report:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     finish_time_unix: float
+    # Prompt tokens the prefill engine reports it did not compute; None when it reported none.
+    delivered_tokens: int | None = None
 
 
 class ControlPlane:
@@ -95,8 +103,10 @@ class ControlPlane:
         backoff: float,
         on_report: Callable[[str], None] | None = None,
         reconnect: Callable[[], RouterClient] | None = None,
+        commit_timeout: float = 0.0,
     ):
         self.router = router
+        self.commit_timeout = commit_timeout
         self.on_report = on_report
         # Makes a fresh client after a failure: a gRPC channel that failed to connect waits
         # out its own reconnect back-off (up to two minutes) even once the router is back.
@@ -108,9 +118,9 @@ class ControlPlane:
         self.report_timeout = report_timeout
         self.backoff = backoff
         self._skip_until = 0.0
-        self._reports: set[asyncio.Task[None]] = set()
+        self._reports: set[asyncio.Task[str]] = set()
         # (tenant, conversation) → its report in flight, awaited by the next plan.
-        self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._pending: dict[tuple[str, str], asyncio.Task[str]] = {}
 
     def available(self) -> bool:
         """Whether to ask the router now (configured, and not backing off after a failure)."""
@@ -193,19 +203,40 @@ class ControlPlane:
             from_router=True,
         )
 
-    def report_later(self, report: Report) -> None:
-        """Send ReportTurn in the background."""
+    def report_later(self, report: Report) -> asyncio.Task[str] | None:
+        """Send ReportTurn in the background; the task answers its outcome."""
         if self.router is None or not report.plan_id:
-            return
+            return None
         task = asyncio.ensure_future(self._report(report))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
         if report.conversation_id:
             key = (report.tenant, report.conversation_id)
             self._pending[key] = task
-            task.add_done_callback(lambda t, key=key: self._pending.pop(key, None) if self._pending.get(key) is t else None)
+            task.add_done_callback(functools.partial(self._forget, key))
+        return task
 
-    async def _report(self, report: Report) -> None:
+    def _forget(self, key: tuple[str, str], task: asyncio.Task[str]) -> None:
+        if self._pending.get(key) is task:
+            del self._pending[key]
+
+    async def settle(self, task: asyncio.Task[str] | None) -> tuple[str, float]:
+        """Wait (at most `commit_timeout`) for a report sent by `report_later`.
+
+        Answers `committed` (ReportTurn answered: the registry has the lease), `failed`,
+        `timed_out` (it goes on in the background), or `none` (nothing to wait for), and
+        the seconds waited.
+        """
+        if task is None or self.commit_timeout <= 0:
+            return "none", 0.0
+        started = time.monotonic()
+        done, _ = await asyncio.wait({task}, timeout=self.commit_timeout)
+        waited = time.monotonic() - started
+        if not done:
+            return "timed_out", waited
+        return ("failed" if task.cancelled() or task.result() == "FAILED" else "committed"), waited
+
+    async def _report(self, report: Report) -> str:
         assert self.router is not None
         req = rtpb.ReportTurnRequest(
             tenant=report.tenant,
@@ -221,7 +252,7 @@ class ControlPlane:
             req.output_token_ids.extend(report.output_token_ids)
         try:
             resp = await self.router.report_turn(req, timeout=self.report_timeout)
-            outcome = rtpb.RetentionOutcome.Name(resp.retention).removeprefix("RETENTION_OUTCOME_")
+            outcome: str = rtpb.RetentionOutcome.Name(resp.retention).removeprefix("RETENTION_OUTCOME_")
             if resp.retention == rtpb.RETENTION_OUTCOME_REJECTED:
                 log.warning("ReportTurn %s: retention rejected: %s", report.plan_id, resp.retention_detail)
         except Exception as exc:  # noqa: BLE001 - a lost report costs the next turn's reuse, nothing more
@@ -229,6 +260,7 @@ class ControlPlane:
             outcome = "FAILED"
         if self.on_report is not None:
             self.on_report(outcome)
+        return outcome
 
     @property
     def pending_reports(self) -> int:

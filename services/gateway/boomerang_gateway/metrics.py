@@ -31,6 +31,37 @@ class GatewayMetrics:
         self.reused_tokens = Counter(
             "boomerang_gateway_reused_tokens", "Prompt tokens the prefill engine was told to pull.", registry=r
         )
+        # Reuse outcomes of served turns, in the manner of vLLM's `vllm:prefix_cache_queries`
+        # and `vllm:prefix_cache_hits` (tokens looked up, tokens found): prompt tokens,
+        # tokens the plan said to reuse, tokens the prefill engine says it did not compute.
+        self.reuse_prompt_tokens = Counter(
+            "boomerang_gateway_reuse_prompt_tokens",
+            "Prompt tokens of served turns (the denominator of the reuse rates).",
+            registry=r,
+        )
+        self.reuse_planned_tokens = Counter(
+            "boomerang_gateway_reuse_planned_tokens",
+            "Prompt tokens the plan told the prefill engine to pull (the planned reuse).",
+            registry=r,
+        )
+        self.reuse_delivered_tokens = Counter(
+            "boomerang_gateway_reuse_delivered_tokens",
+            "Prompt tokens the prefill engine reports it did not compute (pulled or from its own prefix "
+            "cache; vLLM's prompt_tokens_details.cached_tokens or remote_prefill_cached_tokens).",
+            registry=r,
+        )
+        self.reuse_unreported_turns = Counter(
+            "boomerang_gateway_reuse_unreported_turns",
+            "Served turns whose prefill engine reported no cached-token count (delivered reuse unknown).",
+            registry=r,
+        )
+        self.reuse_declined_turns = Counter(
+            "boomerang_gateway_reuse_declined_turns",
+            "Served turns that reused nothing or less than planned, by reason (the plan's reason, "
+            "a gateway-side cause, or PREFILL_SHORTFALL).",
+            ["reason"],
+            registry=r,
+        )
         self.fallbacks = Counter(
             "boomerang_gateway_fallbacks",
             "Turns served as plain prefill→decode because a control-plane step failed.",
@@ -62,6 +93,19 @@ class GatewayMetrics:
         self.in_flight = Gauge("boomerang_gateway_in_flight", "Turns in progress.", registry=r)
         self.reports = Counter(
             "boomerang_gateway_reports", "ReportTurn calls by retention outcome.", ["outcome"], registry=r
+        )
+        self.end_of_turn_seconds = Histogram(
+            "boomerang_gateway_end_of_turn_seconds",
+            "Time a finished turn waited for its ReportTurn answer before the client's last byte.",
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.end_of_turn_reports = Counter(
+            "boomerang_gateway_end_of_turn_reports",
+            "Finished turns by what became of their report before the last byte "
+            "(committed, failed, timed_out: the turn ended without a durable lease).",
+            ["outcome"],
+            registry=r,
         )
 
     def exposition(self) -> tuple[bytes, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -18,9 +19,16 @@ from urllib.parse import urlsplit
 from boomerang_gateway.errors import ApiError
 
 # Body fields that belong to Boomerang or to the P/D handshake, never forwarded as sent.
+# (`prompt_cache_key` is OpenAI's and is forwarded: vLLM 0.33.0's request models allow
+# extra fields and ignore it.)
 BOOMERANG_FIELDS = ("conversation_id",)
 DROPPED_FIELDS = ("kv_transfer_params",)
 CONVERSATION_HEADER = "x-conversation-id"
+SESSION_HEADER = "x-session-id"
+# Where a request names its conversation, in order of precedence: the first given wins, and
+# any other given with a different value is a 400 (a client that sends two names for its
+# conversation has a bug worth hearing about, not a silent choice).
+CONVERSATION_SOURCES = ("conversation_id", "X-Conversation-Id", "prompt_cache_key", "X-Session-Id")
 # `X-Boomerang-Reuse: off` serves the turn as plain prefill→decode with no tokenize, plan or
 # report: the "feature off" baseline of `boomerang demo` and `boomerang replay --mode off`.
 REUSE_HEADER = "x-boomerang-reuse"
@@ -69,12 +77,37 @@ def _conversation_id(value: Any, source: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ApiError(400, f"{source} must be a string", param="conversation_id")
+        raise ApiError(400, f"{source} must be a string", param=source)
     value = value.strip()
     if len(value) > MAX_CONVERSATION_ID or not value.isprintable():
-        raise ApiError(
-            400, f"{source} must be at most {MAX_CONVERSATION_ID} printable characters", param="conversation_id"
-        )
+        raise ApiError(400, f"{source} must be at most {MAX_CONVERSATION_ID} printable characters", param=source)
+    return value
+
+
+def conversation_of(body: dict[str, Any], headers: Mapping[str, str | None]) -> str:
+    """The request's conversation id from `CONVERSATION_SOURCES`; ApiError(400) on conflict."""
+    given = {
+        "conversation_id": body.get("conversation_id"),
+        "X-Conversation-Id": headers.get(CONVERSATION_HEADER),
+        "prompt_cache_key": body.get("prompt_cache_key"),
+        "X-Session-Id": headers.get(SESSION_HEADER),
+    }
+    found: list[tuple[str, str]] = []
+    for source in CONVERSATION_SOURCES:
+        value = _conversation_id(given[source], source)
+        if value:
+            found.append((source, value))
+    if not found:
+        return ""
+    (first, value), *rest = found
+    for source, other in rest:
+        if other != value:
+            raise ApiError(
+                400,
+                f"{first} ({value!r}) and {source} ({other!r}) name different conversations; "
+                "send one, or the same value in both",
+                param=source,
+            )
     return value
 
 
@@ -97,7 +130,13 @@ def _completion_prompt(prompt: Any) -> list[int] | None:
     raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
 
 
-def parse(kind: Kind, raw: bytes, conversation_header: str | None, reuse_header: str | None = None) -> ClientRequest:
+def parse(
+    kind: Kind,
+    raw: bytes,
+    conversation_header: str | None,
+    reuse_header: str | None = None,
+    session_header: str | None = None,
+) -> ClientRequest:
     """Validate a client body; ApiError(400) names the field at fault."""
     reuse = (reuse_header or "on").strip().lower()
     if reuse not in ("on", "off"):
@@ -134,9 +173,7 @@ def parse(kind: Kind, raw: bytes, conversation_header: str | None, reuse_header:
     wants_ids = body.get("return_token_ids", False)
     if not isinstance(wants_ids, (bool, type(None))):
         raise ApiError(400, "return_token_ids must be true or false", param="return_token_ids")
-    conversation = _conversation_id(body.get("conversation_id"), "conversation_id")
-    if not conversation:
-        conversation = _conversation_id(conversation_header, "X-Conversation-Id")
+    conversation = conversation_of(body, {CONVERSATION_HEADER: conversation_header, SESSION_HEADER: session_header})
     forward = {k: v for k, v in body.items() if k not in BOOMERANG_FIELDS and k not in DROPPED_FIELDS}
     return ClientRequest(
         kind=kind,

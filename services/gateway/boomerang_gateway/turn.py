@@ -6,7 +6,9 @@
 4. The decode request: streamed, `return_token_ids`, with P's returned params
    (`remote_host` set to the host the gateway reached P at).
 5. Tokens go to the client as they come; D's final `kv_transfer_params` and the token ids
-   are captured; ReportTurn is sent in the background after the last byte.
+   are captured; ReportTurn is sent and answered (the lease committed, bounded by
+   `BOOMERANG_REPORT_COMMIT_TIMEOUT_SECONDS`) before the client's last byte — the
+   non-streamed body, or the streamed `[DONE]` — so a crash after the turn loses no lease.
 
 Steps 1 and 2 are Boomerang's; when either fails or is late the turn is a plain
 prefill→decode (recompute). Engine failures are the client's errors, with one retry on
@@ -15,6 +17,7 @@ another engine when nothing reached the first one (or it failed with a 5xx).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -23,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from boomerang_gateway import protocol
+from boomerang_gateway import protocol, reuse
 from boomerang_gateway.chunks import DONE, Capture, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, fallback, first_turn_params
 from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
@@ -31,6 +34,7 @@ from boomerang_gateway.errors import ApiError, from_engine
 from boomerang_gateway.http import httpx
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest
+from boomerang_gateway.reuse import ReuseOutcome
 
 log = logging.getLogger(__name__)
 # Engines tried for one request when they refuse connections (a crashed engine stays listed
@@ -69,6 +73,13 @@ class Turn:
     capture: Capture = field(default_factory=Capture)
     finished: bool = False
     reported: bool = False
+    report_task: asyncio.Task[str] | None = None
+    reuse: ReuseOutcome | None = None  # set once the prefill engine has answered
+
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt tokens not recomputed, for `usage.prompt_tokens_details.cached_tokens`."""
+        return self.reuse.cached_tokens if self.reuse is not None else 0
 
     @property
     def headers(self) -> dict[str, str]:
@@ -123,6 +134,25 @@ class Turn:
         await self.response.aclose()
         self._report()
 
+    async def settle(self) -> None:
+        """Report the finished turn and wait (bounded) until the router has answered it.
+
+        Called before the client's last byte: the registry then holds the lease the next
+        turn pulls, whatever crashes after. The wait is on the end of the turn, never on
+        its first token; a control plane that does not answer in time costs nothing more
+        (the report goes on in the background) and is counted.
+        """
+        self._report()
+        outcome, waited = await self.runner.control.settle(self.report_task)
+        if outcome == "none":
+            return
+        self.timings["report"] = waited
+        self.runner.metrics.end_of_turn_seconds.observe(waited)
+        self.runner.metrics.end_of_turn_reports.labels(outcome).inc()
+        if outcome != "committed":
+            log.warning("turn %s ended before its report was answered (%s after %.3f s)",
+                        self.plan.plan_id, outcome, waited)
+
     def _report(self) -> None:
         """Send ReportTurn in the background, once."""
         if self.reported:
@@ -130,7 +160,7 @@ class Turn:
         self.reported = True
         params = self.capture.kv_transfer_params if self.capture.finish_reason else None
         prompt = self.capture.prompt_token_ids or self.prompt_token_ids or []
-        self.runner.control.report_later(
+        self.report_task = self.runner.control.report_later(
             Report(
                 tenant=self.tenant,
                 plan_id=self.plan.plan_id,
@@ -140,6 +170,7 @@ class Turn:
                 prompt_token_ids=prompt,
                 output_token_ids=self.capture.output_token_ids,
                 finish_time_unix=self.capture.finished_at or time.time(),
+                delivered_tokens=self.reuse.delivered if self.reuse is not None else None,
             )
         )
 
@@ -171,15 +202,19 @@ class TurnRunner:
         if tokens:
             self.metrics.prompt_tokens.inc(len(tokens))
         self.metrics.reused_tokens.inc(plan.reused_tokens)
+        planned = plan.reused_tokens
         prefill = self._engine(PREFILL, plan.prefill_url, req.model)
         handle_use = "READ"
         t = time.monotonic()
         try:
-            p_params, prefill, handle_use = await self._prefill(req, plan, prefill, request_id)
+            p_params, prefill, handle_use, p_body = await self._prefill(req, plan, prefill, request_id)
         except ApiError as exc:
             self._report_failed(req, tenant, plan, getattr(exc, "handle_use", "UNKNOWN"))
             raise
         timings["prefill"] = time.monotonic() - t
+        outcome = reuse.outcome(plan.decision, plan.reason, len(tokens) if tokens else reuse.prompt_tokens_of(p_body),
+                                planned, reuse.delivered_by_prefill(p_body))
+        self._count_reuse(outcome)
         self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
         if self.config.rewrite_remote_host:
             p_params = protocol.rewrite_remote_host(p_params, prefill.url)
@@ -190,7 +225,19 @@ class TurnRunner:
             self._report_failed(req, tenant, plan, handle_use)
             raise
         self.metrics.in_flight.inc()
-        return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self)
+        return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self,
+                    reuse=outcome)
+
+    def _count_reuse(self, outcome: ReuseOutcome) -> None:
+        m = self.metrics
+        m.reuse_prompt_tokens.inc(outcome.prompt_tokens)
+        m.reuse_planned_tokens.inc(outcome.planned)
+        if outcome.delivered is None:
+            m.reuse_unreported_turns.inc()
+        else:
+            m.reuse_delivered_tokens.inc(outcome.delivered)
+        if outcome.declined:
+            m.reuse_declined_turns.labels(outcome.declined).inc()
 
     # -- steps 1 and 2: Boomerang's, never fatal ---------------------------------------------
 
@@ -265,8 +312,9 @@ class TurnRunner:
 
     async def _prefill(
         self, req: ClientRequest, plan: Plan, engine: EngineRef, request_id: str
-    ) -> tuple[dict[str, Any] | None, EngineRef, str]:
-        """P's returned kv_transfer_params, the engine used, and what became of the handle.
+    ) -> tuple[dict[str, Any] | None, EngineRef, str, Any]:
+        """P's returned kv_transfer_params, the engine used, what became of the handle, and P's
+        response body.
 
         An engine that refuses the connection never saw the request, so the next engine gets
         the same params (a pull's handle is still unread), up to `ENGINE_ATTEMPTS` engines.
@@ -284,8 +332,9 @@ class TurnRunner:
                 failed_use = "NOT_READ" if refused else "UNKNOWN"
             else:
                 if resp.status_code == 200:
-                    kv = _json_field(resp, "kv_transfer_params")
-                    return (kv if isinstance(kv, dict) else None), engine, handle_use
+                    body = _json_body(resp)
+                    kv = body.get("kv_transfer_params") if isinstance(body, dict) else None
+                    return (kv if isinstance(kv, dict) else None), engine, handle_use, body
                 self.metrics.engine_errors.labels(PREFILL, f"http_{resp.status_code}").inc()
                 error = from_engine("prefill", resp.status_code, resp.content)
                 if resp.status_code < 500:
@@ -369,10 +418,9 @@ class TurnRunner:
             return resp, engine
 
 
-def _json_field(resp: httpx.Response, name: str) -> Any:
-    """A top-level field of a JSON response body, or None."""
+def _json_body(resp: httpx.Response) -> Any:
+    """A response's JSON body, or None."""
     try:
-        body = resp.json()
+        return resp.json()
     except ValueError:
         return None
-    return body.get(name) if isinstance(body, dict) else None
