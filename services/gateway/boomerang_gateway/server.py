@@ -118,6 +118,7 @@ async def run(settings: GatewaySettings) -> None:
         settings.control_plane_backoff_seconds,
         on_report=lambda outcome: metrics.reports.labels(outcome).inc(),
         reconnect=new_router,
+        commit_timeout=settings.report_commit_timeout_seconds,
     )
     runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host))
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)

@@ -44,7 +44,14 @@ class GatewaySettings(EnginePoolSettings):
         default=0.25, gt=0, le=30, description="Deadline of PlanTurn; past it the turn recomputes."
     )
     report_turn_timeout_seconds: float = Field(
-        default=5.0, gt=0, le=120, description="Deadline of ReportTurn (sent after the response)."
+        default=5.0, gt=0, le=120, description="Deadline of ReportTurn."
+    )
+    report_commit_timeout_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=120,
+        description="Longest a finished turn holds its last byte until ReportTurn is answered "
+        "(the next turn's lease committed); past it the turn ends anyway. 0: do not wait.",
     )
     control_plane_backoff_seconds: float = Field(
         default=1.0,
