@@ -149,3 +149,35 @@ def test_required_auth_and_the_development_setting_together_stop_the_service(dat
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert out.returncode != 0 and "contradict" in out.stderr, out.stderr
+
+
+async def test_credentials_ensure_issues_once_keeps_live_tokens_and_replaces_revoked_ones(
+    database_url: str, unique: str, tmp_path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    def ensure(*principals: str) -> str:
+        return subprocess.run([BOOMERANG, "credentials", "ensure", "--dir", str(tmp_path / "creds"), *principals,
+                               "--database-url", database_url], capture_output=True, text=True, check=True).stdout
+
+    service, engine = f"service:gw-{unique}", f"engine:d-{unique}"
+    assert ensure(service, engine).count("issued") == 2
+    path = tmp_path / "creds" / f"service-gw-{unique}.token"
+    first = path.read_text().strip()
+    assert first.startswith("bmr_") and path.stat().st_mode & 0o777 == 0o600
+    assert ensure(service, engine).count("kept") == 2 and path.read_text().strip() == first
+    subprocess.run([BOOMERANG, "credentials", "revoke", service, "--database-url", database_url], check=True,
+                   capture_output=True)
+    assert f"{service}: issued" in ensure(service, engine)
+    second = path.read_text().strip()
+    assert second != first
+    registry = ServiceProcess(["registry", "--listen", "0.0.0.0:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
+    try:
+        monkeypatch.setenv("BOOMERANG_AUTH_TOKEN_FILE", str(path))
+        await list_registry(via_loopback(registry))  # the file's token is the service's
+        monkeypatch.setenv("BOOMERANG_AUTH_TOKEN_FILE", str(tmp_path / "creds" / f"engine-d-{unique}.token"))
+        async with RegistryClient(via_loopback(registry), timeout=5) as as_engine:
+            await as_engine.register_engine(engine_request(f"d-{unique}"))
+    finally:
+        registry.kill()
+    bad = subprocess.run([BOOMERANG, "credentials", "ensure", "--dir", str(tmp_path), "engine:../escape",
+                          "--database-url", database_url], capture_output=True, text=True, check=False)
+    assert bad.returncode != 0 and "file name" in bad.stderr

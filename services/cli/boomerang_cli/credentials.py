@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import re
+from pathlib import Path
 
+from boomerang.auth import Principal
 from boomerang.config.settings import CommonSettings, load_settings
 
 
@@ -18,25 +22,74 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     revoke = actions.add_parser("revoke", help="revoke every token of a principal")
     revoke.add_argument("principal")
     listing = actions.add_parser("list", help="list principals and when their tokens were issued or revoked")
-    for sub in (create, revoke, listing):
+    ensure = actions.add_parser(
+        "ensure",
+        help="make sure DIR/KIND-NAME.token holds a live token of each principal (issue one where it does not)",
+        description="For each principal, keep the token in DIR/KIND-NAME.token when it is still valid, else issue "
+        "a new one and write it there (mode 0600). Safe to run at every start-up, e.g. from a migration job.",
+    )
+    ensure.add_argument("--dir", required=True, help="directory of the token files (created if missing)")
+    ensure.add_argument("principals", nargs="+", metavar="PRINCIPAL")
+    for sub in (create, revoke, listing, ensure):
         sub.add_argument("--database-url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from boomerang.auth import Principal
-
     settings = load_settings(CommonSettings, database_url=args.database_url)
     try:
         url = settings.require_database()
         principal = Principal.parse(args.principal) if args.action in ("create", "revoke") else None
+        if args.action == "ensure":
+            files = {Principal.parse(p): token_file(Path(args.dir), Principal.parse(p)) for p in args.principals}
+            return asyncio.run(_ensure(url, files))
     except ValueError as exc:
         raise SystemExit(f"boomerang credentials: {exc}") from None
     return asyncio.run(_act(url, args.action, principal))
 
 
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def token_file(directory: Path, principal: Principal) -> Path:
+    """`DIR/KIND-NAME.token`; ValueError for a name that is not a plain file name."""
+    if not _SAFE_NAME.match(principal.name):
+        raise ValueError(f"{principal}: only letters, digits, '.', '_' and '-' make a token file name")
+    return directory / f"{principal.kind}-{principal.name}.token"
+
+
+async def _ensure(url: str, files: dict[Principal, Path]) -> int:
+    from boomerang.credentials import CredentialStore
+    from boomerang.db.engine import make_engine
+    from boomerang.db.migrate import upgrade
+
+    await asyncio.to_thread(upgrade, url)
+    engine = make_engine(url, pool_size=1)
+    store = CredentialStore(engine, cache_seconds=0)
+    try:
+        for principal, path in files.items():
+            current = path.read_text().strip() if path.is_file() else ""
+            if current and await store.principal_for(current) == principal:
+                print(f"{principal}: kept {path}")
+                continue
+            write_private(path, await store.create(principal))
+            print(f"{principal}: issued {path}")
+    finally:
+        await engine.dispose()
+    return 0
+
+
+def write_private(path: Path, token: str) -> None:
+    """Write `token` to `path` atomically, readable by this user only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    os.replace(tmp, path)
+
+
 async def _act(url: str, action: str, principal: object) -> int:
-    from boomerang.auth import Principal
     from boomerang.credentials import CredentialStore
     from boomerang.db.engine import make_engine
     from boomerang.db.migrate import upgrade
