@@ -189,6 +189,36 @@ async def test_full_turn_cycle_cold_then_pull_then_consumed(harness: Harness, re
     assert err.value.reason == "PLAN_ALREADY_REPORTED"
 
 
+async def test_delivered_reuse_is_recorded_beside_the_planned(harness: Harness, registry: RegistryClient, pg: asyncpg.Connection, unique: str) -> None:
+    model, conv, history, decode = await first_turn(harness, registry, unique)
+    prompt2 = history + tokens(50, 3)
+    plan = await harness.plan("acme", conv, model, prompt2)
+    assert plan.decision is PlanDecision.PULL and plan.reusable_tokens == 352
+    # The prefill engine pulled only part of it (say, it declined the tail's blocks).
+    rep = await harness.report(plan, handle_use=rtpb.HANDLE_USE_READ, delivered_cached_tokens=200)
+    assert rep.record.delivered_cached_tokens == 200
+    await harness.audit.flush()
+    row = await pg.fetchrow("SELECT reused_tokens, delivered_cached_tokens FROM turn_plans WHERE plan_id = $1",
+                            uuid.UUID(plan.plan_id))
+    assert (row["reused_tokens"], row["delivered_cached_tokens"]) == (352, 200)
+    # A repeated report without the count keeps it; GetTurnPlan's view has it.
+    await harness.report(plan, handle_use=rtpb.HANDLE_USE_READ)
+    await harness.audit.flush()
+    assert await pg.fetchval("SELECT delivered_cached_tokens FROM turn_plans WHERE plan_id = $1",
+                             uuid.UUID(plan.plan_id)) == 200
+    from boomerang_router.convert import turn_plan
+
+    view = turn_plan(await harness.router.find("acme", plan.plan_id, plan.created_at))
+    assert view.HasField("delivered_cached_tokens") and view.delivered_cached_tokens == 200
+    # The COLD first turn reported no count: NULL, and unset in the view.
+    first = await pg.fetchrow("SELECT plan_id, delivered_cached_tokens FROM turn_plans WHERE conversation_id = $1 "
+                              "AND decision = 'COLD'", conv)
+    assert first["delivered_cached_tokens"] is None
+    with pytest.raises(BoomerangError) as err:
+        requests.report_turn(rtpb.ReportTurnRequest(tenant="acme", plan_id=plan.plan_id, delivered_cached_tokens=-1), 10**6)
+    assert [v.field for v in err.value.violations] == ["delivered_cached_tokens"]
+
+
 async def test_history_edited_midway_reuses_only_the_verified_prefix(harness: Harness, registry: RegistryClient, unique: str) -> None:
     model, conv, history, _ = await first_turn(harness, registry, unique)
     edited = list(history)

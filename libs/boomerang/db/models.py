@@ -142,6 +142,8 @@ turn_plans = Table(
     Column("new_lease_id", UUID(as_uuid=False)),
     Column("outcome", Text),
     Column("outcome_detail", Text),
+    # Migration 0008: the prefill engine's own count of prompt tokens not computed (reported).
+    Column("delivered_cached_tokens", BigInteger),
     CheckConstraint("decision IN ('PULL', 'RECOMPUTE', 'COLD')", name="decision"),
     CheckConstraint(
         "reused_tokens >= 0 AND recomputed_tokens >= 0 "

@@ -141,7 +141,7 @@ class PlanTurnResponse(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., decision: _Optional[_Union[PlanDecision, str]] = ..., reason: _Optional[_Union[PlanReason, str]] = ..., prefill_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., decode_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., reusable_tokens: _Optional[int] = ..., recompute_tokens: _Optional[int] = ..., verified_prefix_tokens: _Optional[int] = ..., kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ..., lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ..., source_engine_id: _Optional[str] = ..., kv_recompute_threshold: _Optional[int] = ...) -> None: ...
 
 class ReportTurnRequest(_message.Message):
-    __slots__ = ("tenant", "plan_id", "handle_use", "decode_kv_transfer_params", "decode_kv_transfer_params_json", "prompt_token_ids", "output_token_ids", "sequence_chain", "finish_time_unix", "conversation_id", "request_id")
+    __slots__ = ("tenant", "plan_id", "handle_use", "decode_kv_transfer_params", "decode_kv_transfer_params_json", "prompt_token_ids", "output_token_ids", "sequence_chain", "finish_time_unix", "conversation_id", "request_id", "delivered_cached_tokens")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     HANDLE_USE_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class ReportTurnRequest(_message.Message):
     FINISH_TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     plan_id: str
     handle_use: HandleUse
@@ -164,7 +165,8 @@ class ReportTurnRequest(_message.Message):
     finish_time_unix: float
     conversation_id: str
     request_id: str
-    def __init__(self, tenant: _Optional[str] = ..., plan_id: _Optional[str] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., decode_kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., decode_kv_transfer_params_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sequence_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    delivered_cached_tokens: int
+    def __init__(self, tenant: _Optional[str] = ..., plan_id: _Optional[str] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., decode_kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., decode_kv_transfer_params_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sequence_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., delivered_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class ReportTurnResponse(_message.Message):
     __slots__ = ("plan_id", "claimed_lease_state", "retention", "lease", "retention_detail")
@@ -181,7 +183,7 @@ class ReportTurnResponse(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., claimed_lease_state: _Optional[_Union[_types_pb2.LeaseState, str]] = ..., retention: _Optional[_Union[RetentionOutcome, str]] = ..., lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ..., retention_detail: _Optional[str] = ...) -> None: ...
 
 class TurnPlan(_message.Message):
-    __slots__ = ("plan_id", "tenant", "conversation_id", "model", "decision", "reason", "prefill_engine", "decode_engine", "source_engine_id", "lease_id", "claim_id", "prompt_tokens", "reusable_tokens", "recompute_tokens", "verified_prefix_tokens", "create_time", "report_time", "handle_use", "claimed_lease_state", "retention", "new_lease_id", "outcome_detail", "outcome")
+    __slots__ = ("plan_id", "tenant", "conversation_id", "model", "decision", "reason", "prefill_engine", "decode_engine", "source_engine_id", "lease_id", "claim_id", "prompt_tokens", "reusable_tokens", "recompute_tokens", "verified_prefix_tokens", "create_time", "report_time", "handle_use", "claimed_lease_state", "retention", "new_lease_id", "outcome_detail", "outcome", "delivered_cached_tokens")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +207,7 @@ class TurnPlan(_message.Message):
     NEW_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_DETAIL_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     tenant: str
     conversation_id: str
@@ -228,7 +231,8 @@ class TurnPlan(_message.Message):
     new_lease_id: str
     outcome_detail: str
     outcome: str
-    def __init__(self, plan_id: _Optional[str] = ..., tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., decision: _Optional[_Union[PlanDecision, str]] = ..., reason: _Optional[_Union[PlanReason, str]] = ..., prefill_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., decode_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., source_engine_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reusable_tokens: _Optional[int] = ..., recompute_tokens: _Optional[int] = ..., verified_prefix_tokens: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., claimed_lease_state: _Optional[_Union[_types_pb2.LeaseState, str]] = ..., retention: _Optional[_Union[RetentionOutcome, str]] = ..., new_lease_id: _Optional[str] = ..., outcome_detail: _Optional[str] = ..., outcome: _Optional[str] = ...) -> None: ...
+    delivered_cached_tokens: int
+    def __init__(self, plan_id: _Optional[str] = ..., tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., decision: _Optional[_Union[PlanDecision, str]] = ..., reason: _Optional[_Union[PlanReason, str]] = ..., prefill_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., decode_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., source_engine_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., reusable_tokens: _Optional[int] = ..., recompute_tokens: _Optional[int] = ..., verified_prefix_tokens: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., claimed_lease_state: _Optional[_Union[_types_pb2.LeaseState, str]] = ..., retention: _Optional[_Union[RetentionOutcome, str]] = ..., new_lease_id: _Optional[str] = ..., outcome_detail: _Optional[str] = ..., outcome: _Optional[str] = ..., delivered_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class GetTurnPlanRequest(_message.Message):
     __slots__ = ("tenant", "plan_id")

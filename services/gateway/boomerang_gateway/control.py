@@ -246,6 +246,8 @@ class ControlPlane:
             finish_time_unix=report.finish_time_unix,
             request_id=str(uuid.uuid4()),
         )
+        if report.delivered_tokens is not None:
+            req.delivered_cached_tokens = report.delivered_tokens
         if report.decode_kv_transfer_params:
             req.decode_kv_transfer_params_json = json.dumps(report.decode_kv_transfer_params, separators=(",", ":"))
             req.prompt_token_ids.extend(report.prompt_token_ids)

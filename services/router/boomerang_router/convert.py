@@ -126,6 +126,7 @@ def turn_plan(r: PlanRecord) -> rtpb.TurnPlan:
         new_lease_id=r.new_lease_id,
         outcome_detail=r.outcome_detail,
         outcome=r.outcome,
+        delivered_cached_tokens=r.delivered_cached_tokens,
     )
 
 

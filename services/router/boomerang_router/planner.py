@@ -301,6 +301,8 @@ class Router:
         record.new_lease_id = lease.lease_id if lease is not None else ""
         record.outcome = turn_outcome(record.decision, r.handle_use, lease_state)
         record.outcome_detail = "; ".join(d for d in (handle_detail, retain_detail) if d)
+        if r.delivered_cached_tokens is not None:
+            record.delivered_cached_tokens = r.delivered_cached_tokens
         record.params = None  # a reported turn's handle is never handed out again; free its block ids
         self._uncount(record)
         self.audit.submit(record)

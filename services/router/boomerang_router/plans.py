@@ -87,6 +87,7 @@ class PlanRecord:
     new_lease_id: str = ""
     outcome: str = ""
     outcome_detail: str = ""
+    delivered_cached_tokens: int | None = None  # the prefill engine's count, as reported
     # Not stored: the params handed out (kept so a retried PlanTurn gets the same answer),
     # and whether this plan is counted in this router's engine load.
     params: KvParams | None = None

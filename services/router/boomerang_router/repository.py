@@ -42,6 +42,7 @@ _OUTCOME_COLUMNS = (
     "new_lease_id",
     "outcome",
     "outcome_detail",
+    "delivered_cached_tokens",
 )
 
 
@@ -77,6 +78,7 @@ def to_row(r: PlanRecord) -> dict[str, Any]:
         "new_lease_id": r.new_lease_id or None,
         "outcome": r.outcome or None,
         "outcome_detail": r.outcome_detail or None,
+        "delivered_cached_tokens": r.delivered_cached_tokens,
     }
 
 
@@ -113,6 +115,7 @@ def from_row(row: Mapping[str, Any], block_size: int) -> PlanRecord:
         new_lease_id=str(row["new_lease_id"]) if row["new_lease_id"] else "",
         outcome=row["outcome"] or "",
         outcome_detail=row["outcome_detail"] or "",
+        delivered_cached_tokens=row["delivered_cached_tokens"],
     )
 
 

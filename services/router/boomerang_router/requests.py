@@ -125,6 +125,7 @@ class ReportInput:
     finish_time_unix: float
     conversation_id: str
     request_id: str
+    delivered_cached_tokens: int | None = None  # the prefill engine's own count, if it gave one
 
 
 def params_from_proto(msg: tpb.KvTransferParams) -> KvParams:
@@ -225,6 +226,9 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         v.add("prompt_token_ids", "is required with a reusable decode handle (or give sequence_chain)")
     if req.finish_time_unix and not (math.isfinite(req.finish_time_unix) and 0 < req.finish_time_unix < 32503680000):
         v.add("finish_time_unix", "must be seconds since the Unix epoch")
+    delivered = req.delivered_cached_tokens if req.HasField("delivered_cached_tokens") else None
+    if delivered is not None and not 0 <= delivered <= max_tokens:
+        v.add("delivered_cached_tokens", f"must be 0 to {max_tokens} (a prompt's length at most)")
     v.raise_if_any()
     assert created is not None
     return ReportInput(
@@ -238,6 +242,7 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         finish_time_unix=req.finish_time_unix,
         conversation_id=req.conversation_id,
         request_id=req.request_id,
+        delivered_cached_tokens=delivered,
     )
 
 
