@@ -21,7 +21,10 @@ COPY --from=build /wheels /tmp/wheels
 RUN pip install --no-cache-dir -r /tmp/requirements.lock \
     && pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels /tmp/requirements.lock \
-    && useradd --system --uid 10001 boomerang
+    && useradd --system --uid 10001 boomerang \
+    && install -d -o boomerang -g boomerang -m 0700 /credentials
+# /credentials: where docker-compose.yml's migrate service writes each component's token
+# (a named volume there starts out owned by the boomerang user).
 USER boomerang
 WORKDIR /home/boomerang
 

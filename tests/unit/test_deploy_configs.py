@@ -238,3 +238,61 @@ def test_official_validators_where_installed(tool: str, args: list[str]) -> None
         pytest.skip("docker has no compose plugin here")
     out = subprocess.run([tool, *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _depends(services: dict[str, Any], name: str) -> set[str]:
+    """Every service `name` waits for, transitively (network_mode `service:X` counts)."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        service = services[todo.pop()]
+        deps = set(service.get("depends_on") or ())
+        mode = service.get("network_mode", "")
+        if mode.startswith("service:"):
+            deps.add(mode.split(":", 1)[1])
+        todo += sorted(deps - seen)
+        seen |= deps
+    return seen
+
+
+def test_compose_runs_authenticated_with_a_token_per_component() -> None:
+    compose = _compose()
+    services = _boomerang_services(compose)
+    migrate = services["migrate"]
+    assert migrate["command"][:2] == ["credentials", "ensure"], "the migrate service issues the tokens"
+    args = build_parser().parse_args(migrate["command"])
+    issued = {f"{args.dir}/{p.replace(':', '-', 1)}.token": p for p in args.principals}
+    volume = next(v for v in migrate["volumes"] if v.split(":")[1] == args.dir).split(":")[0]
+    assert volume in compose["volumes"], "tokens live in a named volume"
+    clients = 0
+    for name, service in services.items():
+        if name == "migrate":
+            continue
+        command, env = service["command"], service["environment"]
+        assert env.get("BOOMERANG_REQUIRE_AUTH") == "true", f"{name} does not require authentication"
+        assert env.get("BOOMERANG_INSECURE_ALLOW_ANONYMOUS", "false") == "false", name
+        assert "--allow-anonymous" not in command and env.get("BOOMERANG_ALLOW_ANONYMOUS", "false") == "false", name
+        if command[0] in GRPC_SERVICES:
+            assert _flag(command, "--listen").startswith("0.0.0.0:"), name  # beyond loopback: refuses anonymous
+        talks_grpc = _flag(command, "--registry") or (command[0] == "gateway" and _flag(command, "--router"))
+        if not talks_grpc:
+            assert command[0] == "registry", f"{name} talks to no gRPC service?"
+            continue
+        clients += 1
+        expected = f"engine:{_flag(command, '--engine-id')}" if command[0] == "sim" else f"service:{command[0]}"
+        path = env.get("BOOMERANG_AUTH_TOKEN_FILE", "")
+        assert issued.get(path) == expected, f"{name} reads {path!r}, not a token the migrate service issues for {expected}"
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service.get("volumes", [])}
+        assert mounts.get(args.dir) == volume and service["volumes"][0].endswith(":ro"), f"{name} lacks the tokens"
+        assert "migrate" in _depends(compose["services"], name), f"{name} may start before its token exists"
+    assert clients == 5  # router, reaper, gateway and both simulated engines
+
+
+def test_the_mtls_overlay_adds_certificates_on_top_of_the_tokens() -> None:
+    base = _boomerang_services(_compose())
+    overlay = _yaml(ROOT / "docker-compose.mtls.yml")["services"]
+    for name, service in overlay.items():
+        env = {**base[name]["environment"], **service["environment"]}
+        assert env["BOOMERANG_REQUIRE_AUTH"] == "true" and env["BOOMERANG_TLS_CERT_FILE"], name
+        if "command" in service:  # the overlay's commands keep the engine ids the tokens were issued for
+            assert _flag(service["command"], "--engine-id") == _flag(base[name]["command"], "--engine-id"), name
