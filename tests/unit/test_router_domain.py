@@ -1,12 +1,11 @@
-"""The router's plan decision: every decision and reason, the remote_num_tokens rule, the breaker."""
+"""The router's plan decision: every decision and reason, the remote_num_tokens rule."""
 
 from __future__ import annotations
 
 import pytest
+from boomerang.leases import ClaimOutcome
 from boomerang_router.domain import (
-    CircuitBreaker,
     ClaimResult,
-    ClaimStatus,
     HandleUse,
     LeaseHandle,
     PlanDecision,
@@ -41,25 +40,25 @@ def lease(num_tokens: int = 320, block_size: int = BS, groups: tuple[tuple[int, 
 
 
 def claimed(verified: int, **kw) -> ClaimResult:  # type: ignore[no-untyped-def]
-    return ClaimResult(ClaimStatus.CLAIMED, lease(**kw), verified, 300.0)
+    return ClaimResult(ClaimOutcome.CLAIMED, lease(**kw), verified, 300.0)
 
 
 @pytest.mark.parametrize(
     ("status", "decision", "reason"),
     [
-        (ClaimStatus.NO_LEASE, PlanDecision.COLD, PlanReason.NO_LEASE),
-        (ClaimStatus.NOT_ASKED, PlanDecision.COLD, PlanReason.NO_CONVERSATION),
-        (ClaimStatus.UNAVAILABLE, PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED),
-        (ClaimStatus.EXPIRING, PlanDecision.RECOMPUTE, PlanReason.EXPIRING),
-        (ClaimStatus.PREFIX_MISMATCH, PlanDecision.RECOMPUTE, PlanReason.PREFIX_MISMATCH),
-        (ClaimStatus.BELOW_THRESHOLD, PlanDecision.RECOMPUTE, PlanReason.BELOW_THRESHOLD),
-        (ClaimStatus.ENGINE_INVALID, PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE),
-        (ClaimStatus.ALREADY_CLAIMED, PlanDecision.RECOMPUTE, PlanReason.ALREADY_CLAIMED),
-        (ClaimStatus.BLOCK_SIZE_MISMATCH, PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH),
+        (ClaimOutcome.NO_LEASE, PlanDecision.COLD, PlanReason.NO_LEASE),
+        (ClaimOutcome.NOT_ASKED, PlanDecision.COLD, PlanReason.NO_CONVERSATION),
+        (ClaimOutcome.UNAVAILABLE, PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED),
+        (ClaimOutcome.EXPIRING, PlanDecision.RECOMPUTE, PlanReason.EXPIRING),
+        (ClaimOutcome.PREFIX_MISMATCH, PlanDecision.RECOMPUTE, PlanReason.PREFIX_MISMATCH),
+        (ClaimOutcome.BELOW_THRESHOLD, PlanDecision.RECOMPUTE, PlanReason.BELOW_THRESHOLD),
+        (ClaimOutcome.ENGINE_INVALID, PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE),
+        (ClaimOutcome.ALREADY_CLAIMED, PlanDecision.RECOMPUTE, PlanReason.ALREADY_CLAIMED),
+        (ClaimOutcome.BLOCK_SIZE_MISMATCH, PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH),
     ],
 )
 def test_every_unclaimed_outcome_maps_to_its_decision_and_reason(
-    status: ClaimStatus, decision: PlanDecision, reason: PlanReason
+    status: ClaimOutcome, decision: PlanDecision, reason: PlanReason
 ) -> None:
     d = decide(ClaimResult(status, None, 48), prompt_tokens=500, block_size=BS, threshold=64)
     assert (d.decision, d.reason) == (decision, reason)
@@ -70,8 +69,8 @@ def test_every_unclaimed_outcome_maps_to_its_decision_and_reason(
 def test_every_reason_is_reachable() -> None:
     """No PlanReason is dead: each one is produced by some claim."""
     seen = set()
-    for status in ClaimStatus:
-        result = ClaimResult(status, lease() if status is ClaimStatus.CLAIMED else None, 320)
+    for status in ClaimOutcome:
+        result = ClaimResult(status, lease() if status is ClaimOutcome.CLAIMED else None, 320)
         seen.add(decide(result, 500, BS, 64).reason)
     seen.add(decide(claimed(320), 500, BS, 64, source_engine_alive=False).reason)
     seen.add(decide(claimed(32), 500, BS, 64).reason)
@@ -137,32 +136,6 @@ def test_claim_floor_asks_for_nothing_when_no_capped_prefix_can_pay() -> None:
     assert claim_floor(64, BS, 64) == 65  # at most 48 may be loaded: claim nothing
     assert claim_floor(10, BS, 0) == 11
     assert claim_floor(100, BS, 0) == 1
-
-
-def test_breaker_opens_after_failures_then_lets_one_probe_through() -> None:
-    now = [0.0]
-    b = CircuitBreaker(failures=3, cooldown=1.0, clock=lambda: now[0])
-    for _ in range(2):
-        b.record_failure()
-        assert b.allow()
-    b.record_failure()
-    assert not b.allow()
-    now[0] = 1.01
-    assert b.allow()  # the probe
-    assert not b.allow()  # only one at a time
-    b.record_failure()
-    assert not b.allow()
-    now[0] = 2.5
-    assert b.allow()
-    b.record_success()
-    assert b.allow() and b.allow()
-
-
-def test_breaker_with_zero_failures_never_opens() -> None:
-    b = CircuitBreaker(failures=0, cooldown=1.0)
-    for _ in range(100):
-        b.record_failure()
-    assert b.allow()
 
 
 def test_turn_outcomes() -> None:

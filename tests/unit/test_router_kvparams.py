@@ -6,10 +6,11 @@ import json
 
 import pytest
 from boomerang.errors import BoomerangError
+from boomerang.leases import ClaimOutcome
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import convert, kvparams, requests
-from boomerang_router.domain import ClaimResult, ClaimStatus, LeaseHandle, PlanDecision, decide
+from boomerang_router.domain import ClaimResult, LeaseHandle, PlanDecision, decide
 
 BS = 16
 THRESHOLD = 64
@@ -61,7 +62,7 @@ def test_first_turn_form_is_exactly_the_proxys() -> None:
 def test_pull_params_satisfy_the_prefill_acceptance_rule_field_by_field(prompt_tokens: int) -> None:
     held = lease(num_tokens=330, groups=2)
     verified = min(320 if prompt_tokens != 330 else 330, prompt_tokens)
-    d = decide(ClaimResult(ClaimStatus.CLAIMED, held, verified, 200.0), prompt_tokens, BS, THRESHOLD)
+    d = decide(ClaimResult(ClaimOutcome.CLAIMED, held, verified, 200.0), prompt_tokens, BS, THRESHOLD)
     assert d.decision is PlanDecision.PULL
     params = json.loads(kvparams.to_json(kvparams.pull(held, d.reusable_tokens)))
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import time
 
+from boomerang.resilience import CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.planner import (
-    CircuitBreaker,
     PrefillPlanner,
     decision_name,
+    plan_breaker,
     pull_params,
     reason_name,
 )
@@ -38,25 +39,25 @@ def planner(router: FakeRouter, deadline: float = 0.02, plan_with: str = "chain"
         deadline=deadline,
         plan_with=plan_with,  # type: ignore[arg-type]
         chain_block_size=16,
-        breaker=breaker or CircuitBreaker(3, 1.0),
+        breaker=breaker or plan_breaker(3, 1.0),
     )
 
 
 def test_breaker_opens_tries_once_per_cooldown_and_closes() -> None:
     clock = Clock()
-    b = CircuitBreaker(2, 1.0, clock)
-    b.failure()
+    b = plan_breaker(2, 1.0, clock)
+    b.record_failure()
     assert b.allow()
-    b.failure()
+    b.record_failure()
     assert not b.allow() and b.opened == 1
     clock.now = 1.0
     assert b.allow() and not b.allow()  # one trial, the rest wait
-    b.failure()  # the trial failed: twice as long now
+    b.record_failure()  # the trial failed: twice as long now
     clock.now = 2.5
     assert not b.allow()
     clock.now = 3.0
     assert b.allow()
-    b.success()
+    b.record_success()
     assert b.allow() and b.allow() and b.cooldown == 1.0
 
 
@@ -93,11 +94,11 @@ def test_slow_router_falls_back_within_the_deadline() -> None:
 
 def test_failures_open_the_breaker_and_bad_requests_do_not() -> None:
     router = FakeRouter()
-    p = planner(router, breaker=CircuitBreaker(2, 60.0))
+    p = planner(router, breaker=plan_breaker(2, 60.0))
     router.errors.extend([client_error("PlanTurn", "INVALID_ARGUMENT")] * 3)
     for _ in range(3):
         assert p.plan(CTX, PROMPT, "r").error == "INVALID_ARGUMENT"
-    assert p.breaker.failures == 0
+    assert p.breaker.consecutive == 0
     router.errors.extend([client_error("PlanTurn", "UNAVAILABLE")] * 2)
     assert p.plan(CTX, PROMPT, "r").error == "UNAVAILABLE"
     assert p.plan(CTX, PROMPT, "r").error == "UNAVAILABLE"

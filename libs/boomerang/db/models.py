@@ -29,7 +29,6 @@ NAMING_CONVENTION = {
 }
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-LIVE_STATES = ("RETAINED", "CLAIMED")
 
 engines = Table(
     "engines",

@@ -30,7 +30,7 @@ from typing import Any
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.config import HookConfig
-from boomerang.vllm_hook.planner import CircuitBreaker, PrefillPlanner, decision_name, pull_params
+from boomerang.vllm_hook.planner import PrefillPlanner, decision_name, plan_breaker, pull_params
 from boomerang.vllm_hook.presence import EngineFacts
 from boomerang.vllm_hook.reporter import Report, TurnReporter
 from boomerang.vllm_hook.requestview import (
@@ -111,7 +111,7 @@ class BoomerangHook:
                 deadline=b.plan_deadline_ms / 1000,
                 plan_with=b.plan_with,
                 chain_block_size=b.chain_block_size or facts.block_size,
-                breaker=CircuitBreaker(b.breaker_failures, b.breaker_cooldown_seconds),
+                breaker=plan_breaker(b.breaker_failures, b.breaker_cooldown_seconds),
             )
             self.reporter = TurnReporter(
                 router_background or SyncRouterClient(b.router, b.rpc_timeout_seconds, **creds),

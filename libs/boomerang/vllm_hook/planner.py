@@ -19,53 +19,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRouterClient
+from boomerang.resilience import CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
-from boomerang.v1 import types_pb2 as tpb
 from boomerang.vllm_hook.requestview import TurnContext
 
 MAX_COOLDOWN = 30.0
 PLAN_NAMESPACE = uuid.UUID("5e1f0c2a-9d3b-4a7e-8f61-2b4c6d8e0a1f")
 
 
-class CircuitBreaker:
-    """Closed until `threshold` failures in a row; then open for a doubling cooldown."""
-
-    def __init__(self, threshold: int, cooldown: float, clock: Callable[[], float] = time.monotonic):
-        self.threshold = threshold
-        self.first_cooldown = cooldown
-        self.cooldown = cooldown
-        self.clock = clock
-        self.failures = 0
-        self.open_until = 0.0
-        self.opened = 0
-
-    def allow(self) -> bool:
-        """Whether a call may go out now (one trial call after each cooldown)."""
-        if self.failures < self.threshold:
-            return True
-        now = self.clock()
-        if now < self.open_until:
-            return False
-        self.open_until = now + self.cooldown  # this caller is the trial; the rest wait
-        return True
-
-    def success(self) -> None:
-        """A call succeeded: close."""
-        self.failures = 0
-        self.cooldown = self.first_cooldown
-
-    def failure(self) -> None:
-        """A call failed: count it, and open (or stay open, longer) at the threshold."""
-        self.failures += 1
-        if self.failures == self.threshold:
-            self.opened += 1
-            self.open_until = self.clock() + self.cooldown
-        elif self.failures > self.threshold:
-            self.cooldown = min(self.cooldown * 2, MAX_COOLDOWN)
-            self.open_until = self.clock() + self.cooldown
+def plan_breaker(failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
+    """The planner's breaker: open after `failures` in a row, for a cooldown that doubles on each
+    failed trial up to MAX_COOLDOWN."""
+    return CircuitBreaker(failures, cooldown, growth=2.0, max_cooldown=MAX_COOLDOWN, clock=clock)
 
 
 @dataclass
@@ -119,15 +88,7 @@ class PrefillPlanner:
         if self.plan_with == "tokens":
             req.prompt_token_ids.extend(prompt)
         else:
-            chain = build_chain(prompt, self.chain_block_size)
-            req.prompt_chain.CopyFrom(
-                tpb.TokenChain(
-                    block_size=chain.block_size,
-                    num_tokens=chain.num_tokens,
-                    block_hashes=chain.block_hashes,
-                    tail_hash=chain.tail_hash,
-                )
-            )
+            req.prompt_chain.CopyFrom(chainproto.to_proto(build_chain(prompt, self.chain_block_size)))
         return req
 
     def plan(self, context: TurnContext, prompt: Sequence[int], vllm_request_id: str) -> PlanAttempt:
@@ -147,12 +108,12 @@ class PrefillPlanner:
         except BoomerangClientError as err:
             # Refusals of the request itself (a bad tenant, say) say nothing about the router's health.
             if err.code not in ("INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "FAILED_PRECONDITION"):
-                self.breaker.failure()
+                self.breaker.record_failure()
             return PlanAttempt(None, err.code, req, self.clock() - start)
         except Exception as exc:  # noqa: BLE001 - nothing may escape into vLLM's scheduler
-            self.breaker.failure()
+            self.breaker.record_failure()
             return PlanAttempt(None, type(exc).__name__, req, self.clock() - start)
-        self.breaker.success()
+        self.breaker.record_success()
         return PlanAttempt(resp, "", req, self.clock() - start)
 
 

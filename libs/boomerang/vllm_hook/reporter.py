@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRouterClient
+from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.outbox import Entry, Outbox
-from boomerang.vllm_hook.sender import TRANSIENT_CODES, Backoff
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRegistryClient, result
+from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
@@ -41,7 +43,6 @@ from boomerang.vllm_hook.requestview import RetainedHandle, TurnContext
 log = logging.getLogger(__name__)
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("b0e7a1f2-5c3d-4e8f-9a6b-7c2d1e0f3a4b")
-TRANSIENT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL", "CANCELLED"})
 
 
 def idempotency_key(engine_id: str, generation: int, remote_request_id: str) -> str:
@@ -57,23 +58,6 @@ class Registration:
     handle: RetainedHandle
     token_ids: tuple[int, ...]  # exactly the tokens whose KV D holds (prompt + output)
     finish_time_unix: float
-
-
-class Backoff:
-    """Exponential pause between failed rounds, reset by a success."""
-
-    def __init__(self, first: float = 0.05, most: float = 2.0):
-        self.first, self.most, self.current = first, most, first
-
-    def next(self) -> float:
-        """The pause to take now; the following one doubles."""
-        value = self.current
-        self.current = min(self.current * 2, self.most)
-        return value
-
-    def reset(self) -> None:
-        """Back to the first pause."""
-        self.current = self.first
 
 
 class RegistrationSender:
@@ -205,12 +189,7 @@ class RegistrationSender:
             remote_request_id=reg.handle.remote_request_id,
             block_groups=[tpb.BlockIdGroup(block_ids=g) for g in reg.handle.block_groups],
             num_tokens=chain.num_tokens,
-            token_chain=tpb.TokenChain(
-                block_size=chain.block_size,
-                num_tokens=chain.num_tokens,
-                block_hashes=chain.block_hashes,
-                tail_hash=chain.tail_hash,
-            ),
+            token_chain=chainproto.to_proto(chain),
             finish_time_unix=reg.finish_time_unix,
             remote_host=reg.handle.remote_host,
             remote_port=reg.handle.remote_port,

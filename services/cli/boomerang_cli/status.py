@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from boomerang.leases import ENDED_STATES, LIVE_STATES
+
 from boomerang_cli.tables import (
     add_source_flags,
     emit,
@@ -27,8 +29,6 @@ from boomerang_cli.tables import (
     table,
 )
 
-LIVE_STATES = ("RETAINED", "CLAIMED")
-ENDED_STATES = ("CONSUMED", "EXPIRED", "SUPERSEDED", "INVALIDATED")
 MAX_PAGES = 50  # × 1000 leases per listing; beyond that counts are marked partial
 
 

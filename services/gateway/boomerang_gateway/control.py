@@ -30,6 +30,7 @@ from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
+from boomerang.resilience import CircuitBreaker
 from boomerang.v1 import router_service_pb2 as rtpb
 
 log = logging.getLogger(__name__)
@@ -117,17 +118,18 @@ class ControlPlane:
         self.plan_timeout = plan_timeout
         self.report_timeout = report_timeout
         self.backoff = backoff
-        self._skip_until = 0.0
+        # One failure pauses every turn's router call for `backoff` seconds; then all ask again.
+        self.breaker = CircuitBreaker(1, backoff, one_trial=False)
         self._reports: set[asyncio.Task[str]] = set()
         # (tenant, conversation) → its report in flight, awaited by the next plan.
         self._pending: dict[tuple[str, str], asyncio.Task[str]] = {}
 
     def available(self) -> bool:
         """Whether to ask the router now (configured, and not backing off after a failure)."""
-        return self.router is not None and time.monotonic() >= self._skip_until
+        return self.router is not None and self.breaker.allow()
 
     def _failed(self) -> None:
-        self._skip_until = time.monotonic() + self.backoff
+        self.breaker.record_failure()
         self._stale = self.reconnect is not None
 
     def _fresh_channel(self) -> None:

@@ -12,19 +12,10 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+# Defined once in the library; re-exported because the registry speaks of them as its own.
+from boomerang.leases import ClaimOutcome as ClaimOutcome
+from boomerang.leases import LeaseState as LeaseState
 from boomerang.tokenchain import TokenChain
-
-
-class LeaseState(str, enum.Enum):
-    """A lease's state, stored by name."""
-
-    RETAINED = "RETAINED"
-    CLAIMED = "CLAIMED"
-    CONSUMED = "CONSUMED"
-    EXPIRED = "EXPIRED"
-    SUPERSEDED = "SUPERSEDED"
-    INVALIDATED = "INVALIDATED"
-
 
 LIVE = frozenset({LeaseState.RETAINED, LeaseState.CLAIMED})
 
@@ -115,19 +106,6 @@ class ClaimQuery:
     min_remaining_seconds: float
     claim_id: str
     model: str
-
-
-class ClaimOutcome(str, enum.Enum):
-    """Why a claim did or did not hand out a lease."""
-
-    CLAIMED = "CLAIMED"
-    NO_LEASE = "NO_LEASE"
-    EXPIRING = "EXPIRING"
-    PREFIX_MISMATCH = "PREFIX_MISMATCH"
-    BELOW_THRESHOLD = "BELOW_THRESHOLD"
-    ENGINE_INVALID = "ENGINE_INVALID"
-    ALREADY_CLAIMED = "ALREADY_CLAIMED"
-    BLOCK_SIZE_MISMATCH = "BLOCK_SIZE_MISMATCH"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from boomerang.leases import ALL_STATES
 from boomerang.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import text
@@ -40,7 +41,7 @@ RETAINED_BYTES = Gauge(
     ["engine_id"],
 )
 
-_STATES = ("RETAINED", "CLAIMED", "CONSUMED", "EXPIRED", "SUPERSEDED", "INVALIDATED")
+_STATES = ALL_STATES
 
 
 async def refresh_gauges(engine: AsyncEngine, totals: RetainedTotals) -> None:

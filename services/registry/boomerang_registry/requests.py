@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from boomerang import chainproto
 from boomerang.errors import Violations
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -24,13 +25,7 @@ def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain, present: boo
     if not present:
         v.add(path, "is required")
         return None
-    chain = TokenChain(msg.block_size, msg.num_tokens, msg.block_hashes, msg.tail_hash)
-    try:
-        chain.validate()
-    except ValueError as exc:
-        v.add(path, str(exc))
-        return None
-    return chain
+    return chainproto.validated(v, path, msg)
 
 
 def engine_spec(req: rpb.RegisterEngineRequest, default_ttl: int) -> EngineSpec:

@@ -19,10 +19,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
+from boomerang.resilience import TRANSIENT_CODES
 
 from boomerang_router.plans import PlanStore
 from boomerang_router.registry_api import ClaimRequest, RouterRegistry
-from boomerang_router.reports import TRANSIENT
 from boomerang_router.repository import TurnPlanRepository
 from boomerang_router.settings import RouterSettings
 
@@ -72,7 +72,7 @@ class ClaimKeeper:
                 self.stats["claims_released"] += 1
                 return True
             except BoomerangClientError as err:
-                if err.code not in TRANSIENT:
+                if err.code not in TRANSIENT_CODES:
                     log.warning("could not release claim on lease %s: %s", lease_id, err)
                     return False
                 await asyncio.sleep(0.2 * 2**attempt)

@@ -16,9 +16,9 @@ recompute anyway, after telling D to free the blocks, and the handle would be wa
 from __future__ import annotations
 
 import enum
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
+
+from boomerang.leases import ClaimOutcome
 
 
 class PlanDecision(str, enum.Enum):
@@ -44,23 +44,6 @@ class PlanReason(str, enum.Enum):
     NO_CONVERSATION = "NO_CONVERSATION"
 
 
-class ClaimStatus(str, enum.Enum):
-    """How the claim went: the registry's outcome, or the router's reason for not asking."""
-
-    CLAIMED = "CLAIMED"
-    NO_LEASE = "NO_LEASE"
-    EXPIRING = "EXPIRING"
-    PREFIX_MISMATCH = "PREFIX_MISMATCH"
-    BELOW_THRESHOLD = "BELOW_THRESHOLD"
-    ENGINE_INVALID = "ENGINE_INVALID"
-    ALREADY_CLAIMED = "ALREADY_CLAIMED"
-    BLOCK_SIZE_MISMATCH = "BLOCK_SIZE_MISMATCH"
-    # Router-side: the registry did not answer in time, failed, or the breaker is open.
-    UNAVAILABLE = "UNAVAILABLE"
-    # Router-side: no conversation id, so nothing was asked.
-    NOT_ASKED = "NOT_ASKED"
-
-
 @dataclass(frozen=True)
 class LeaseHandle:
     """A claimed lease: what P needs to read D's blocks."""
@@ -84,7 +67,7 @@ class LeaseHandle:
 class ClaimResult:
     """The claim as the router saw it."""
 
-    status: ClaimStatus
+    status: ClaimOutcome
     lease: LeaseHandle | None = None
     verified_tokens: int = 0
     remaining_seconds: float = 0.0
@@ -129,17 +112,17 @@ def claim_floor(prompt_tokens: int, block_size: int, threshold: int) -> int:
     return floor
 
 
-_NOT_CLAIMED: dict[ClaimStatus, tuple[PlanDecision, PlanReason]] = {
-    ClaimStatus.NO_LEASE: (PlanDecision.COLD, PlanReason.NO_LEASE),
-    ClaimStatus.NOT_ASKED: (PlanDecision.COLD, PlanReason.NO_CONVERSATION),
+_NOT_CLAIMED: dict[ClaimOutcome, tuple[PlanDecision, PlanReason]] = {
+    ClaimOutcome.NO_LEASE: (PlanDecision.COLD, PlanReason.NO_LEASE),
+    ClaimOutcome.NOT_ASKED: (PlanDecision.COLD, PlanReason.NO_CONVERSATION),
     # Nothing is known about the conversation's leases, so nothing was ruled out either.
-    ClaimStatus.UNAVAILABLE: (PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED),
-    ClaimStatus.EXPIRING: (PlanDecision.RECOMPUTE, PlanReason.EXPIRING),
-    ClaimStatus.PREFIX_MISMATCH: (PlanDecision.RECOMPUTE, PlanReason.PREFIX_MISMATCH),
-    ClaimStatus.BELOW_THRESHOLD: (PlanDecision.RECOMPUTE, PlanReason.BELOW_THRESHOLD),
-    ClaimStatus.ENGINE_INVALID: (PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE),
-    ClaimStatus.ALREADY_CLAIMED: (PlanDecision.RECOMPUTE, PlanReason.ALREADY_CLAIMED),
-    ClaimStatus.BLOCK_SIZE_MISMATCH: (PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH),
+    ClaimOutcome.UNAVAILABLE: (PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED),
+    ClaimOutcome.EXPIRING: (PlanDecision.RECOMPUTE, PlanReason.EXPIRING),
+    ClaimOutcome.PREFIX_MISMATCH: (PlanDecision.RECOMPUTE, PlanReason.PREFIX_MISMATCH),
+    ClaimOutcome.BELOW_THRESHOLD: (PlanDecision.RECOMPUTE, PlanReason.BELOW_THRESHOLD),
+    ClaimOutcome.ENGINE_INVALID: (PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE),
+    ClaimOutcome.ALREADY_CLAIMED: (PlanDecision.RECOMPUTE, PlanReason.ALREADY_CLAIMED),
+    ClaimOutcome.BLOCK_SIZE_MISMATCH: (PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH),
 }
 
 
@@ -156,7 +139,7 @@ def decide(
     may see a stopped heartbeat before the registry marks the engine dead).
     """
     verified = claim.verified_tokens
-    if claim.status is not ClaimStatus.CLAIMED or claim.lease is None:
+    if claim.status is not ClaimOutcome.CLAIMED or claim.lease is None:
         decision, reason = _NOT_CLAIMED.get(
             claim.status, (PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED)
         )
@@ -178,49 +161,6 @@ def decide(
     return Decision(
         PlanDecision.PULL, PlanReason.VERIFIED_PREFIX, reusable, prompt_tokens - reusable, verified
     )
-
-
-class CircuitBreaker:
-    """Stops asking a failing registry for a while, so plans answer at once while it is down.
-
-    After `failures` consecutive failures it opens for `cooldown` seconds; then one probe
-    call is let through (half-open): success closes it, failure reopens it. `failures` of 0
-    disables the breaker.
-    """
-
-    def __init__(self, failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic):
-        self.failures = failures
-        self.cooldown = cooldown
-        self.clock = clock
-        self.consecutive = 0
-        self.open_until = 0.0
-        self.probing = False
-
-    @property
-    def is_open(self) -> bool:
-        """Whether calls are being refused now."""
-        return self.failures > 0 and self.consecutive >= self.failures
-
-    def allow(self) -> bool:
-        """Whether the next call may go to the registry."""
-        if not self.is_open:
-            return True
-        if self.probing or self.clock() < self.open_until:
-            return False
-        self.probing = True
-        return True
-
-    def record_success(self) -> None:
-        """A call answered: close."""
-        self.consecutive = 0
-        self.probing = False
-
-    def record_failure(self) -> None:
-        """A call failed or timed out: count it, and (re)open once over the limit."""
-        self.consecutive += 1
-        self.probing = False
-        if self.is_open:
-            self.open_until = self.clock() + self.cooldown
 
 
 class HandleUse(str, enum.Enum):

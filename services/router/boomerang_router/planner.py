@@ -35,7 +35,9 @@ from boomerang.errors import (
     invalid,
     not_found,
 )
+from boomerang.leases import ClaimOutcome
 from boomerang.metrics import LATENCY_BUCKETS
+from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import types_pb2 as tpb
 from prometheus_client import Counter, Histogram
@@ -43,9 +45,7 @@ from prometheus_client import Counter, Histogram
 from boomerang_router import kvparams, metrics
 from boomerang_router.claims import ClaimKeeper
 from boomerang_router.domain import (
-    CircuitBreaker,
     ClaimResult,
-    ClaimStatus,
     HandleUse,
     PlanDecision,
     PlanReason,
@@ -57,7 +57,7 @@ from boomerang_router.domain import (
 from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EnginePool, Role
 from boomerang_router.registry_api import RouterRegistry, claim_request
-from boomerang_router.reports import TRANSIENT, Reporter
+from boomerang_router.reports import Reporter
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.requests import PlanInput, ReportInput
 from boomerang_router.settings import RouterSettings
@@ -201,10 +201,10 @@ class Router:
 
     async def _claim(self, p: PlanInput, block_size: int, threshold: int, claim_id: str) -> ClaimResult:
         if not p.conversation_id:
-            return ClaimResult(ClaimStatus.NOT_ASKED)
+            return ClaimResult(ClaimOutcome.NOT_ASKED)
         if not self.breaker.allow():
             self.stats["claims_skipped_breaker_open"] += 1
-            return ClaimResult(ClaimStatus.UNAVAILABLE, detail="registry circuit open")
+            return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="registry circuit open")
         chain = p.chain if p.chain is not None else build_chain(p.token_ids or [], block_size)
         req = claim_request(
             p.tenant,
@@ -218,14 +218,14 @@ class Router:
         try:
             claim = await self.api.claim(req, timeout=self.claim_deadline)
         except BoomerangClientError as err:
-            transient = err.code in TRANSIENT
+            transient = err.code in TRANSIENT_CODES
             if transient:
                 self.breaker.record_failure()
             self.stats[f"claims_failed_{err.code.lower()}"] += 1
             if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"):
                 self.claims.probe_orphan(req)
             log.log(logging.INFO if transient else logging.ERROR, "claim failed, planning without reuse: %s", err)
-            return ClaimResult(ClaimStatus.UNAVAILABLE, detail=f"ClaimReuse {err.code} {err.reason}")
+            return ClaimResult(ClaimOutcome.UNAVAILABLE, detail=f"ClaimReuse {err.code} {err.reason}")
         self.breaker.record_success()
         return claim
 

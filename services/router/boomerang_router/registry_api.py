@@ -13,24 +13,25 @@ from typing import TypeAlias
 
 from boomerang import chainproto
 from boomerang.clients.registry import RegistryClient
+from boomerang.leases import ClaimOutcome
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
-from boomerang_router.domain import ClaimResult, ClaimStatus, LeaseHandle
+from boomerang_router.domain import ClaimResult, LeaseHandle
 
 # A pending claim, as the planner asked it (kept whole: an orphan probe re-asks it).
 ClaimRequest: TypeAlias = rpb.ClaimReuseRequest
 
 _CLAIM_STATUS = {
-    rpb.CLAIM_OUTCOME_CLAIMED: ClaimStatus.CLAIMED,
-    rpb.CLAIM_OUTCOME_NO_LEASE: ClaimStatus.NO_LEASE,
-    rpb.CLAIM_OUTCOME_EXPIRING: ClaimStatus.EXPIRING,
-    rpb.CLAIM_OUTCOME_PREFIX_MISMATCH: ClaimStatus.PREFIX_MISMATCH,
-    rpb.CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimStatus.BELOW_THRESHOLD,
-    rpb.CLAIM_OUTCOME_ENGINE_INVALID: ClaimStatus.ENGINE_INVALID,
-    rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimStatus.ALREADY_CLAIMED,
-    rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimStatus.BLOCK_SIZE_MISMATCH,
+    rpb.CLAIM_OUTCOME_CLAIMED: ClaimOutcome.CLAIMED,
+    rpb.CLAIM_OUTCOME_NO_LEASE: ClaimOutcome.NO_LEASE,
+    rpb.CLAIM_OUTCOME_EXPIRING: ClaimOutcome.EXPIRING,
+    rpb.CLAIM_OUTCOME_PREFIX_MISMATCH: ClaimOutcome.PREFIX_MISMATCH,
+    rpb.CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimOutcome.BELOW_THRESHOLD,
+    rpb.CLAIM_OUTCOME_ENGINE_INVALID: ClaimOutcome.ENGINE_INVALID,
+    rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome.ALREADY_CLAIMED,
+    rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome.BLOCK_SIZE_MISMATCH,
 }
 _LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
 # A min_reusable_tokens no prompt can reach: a claim asked with it can only return an
@@ -127,10 +128,10 @@ class RouterRegistry:
     async def claim(self, req: ClaimRequest, timeout: float) -> ClaimResult:
         """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
         resp = await self.client.claim_reuse(req, timeout=timeout)
-        status = _CLAIM_STATUS.get(resp.outcome, ClaimStatus.UNAVAILABLE)
-        lease = lease_handle(resp.lease) if status is ClaimStatus.CLAIMED and resp.HasField("lease") else None
-        if status is ClaimStatus.CLAIMED and lease is None:
-            status = ClaimStatus.UNAVAILABLE
+        status = _CLAIM_STATUS.get(resp.outcome, ClaimOutcome.UNAVAILABLE)
+        lease = lease_handle(resp.lease) if status is ClaimOutcome.CLAIMED and resp.HasField("lease") else None
+        if status is ClaimOutcome.CLAIMED and lease is None:
+            status = ClaimOutcome.UNAVAILABLE
         return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds))
 
     async def find_claim(self, req: ClaimRequest, timeout: float) -> str | None:

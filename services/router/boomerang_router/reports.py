@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
+from boomerang.resilience import TRANSIENT_CODES
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import types_pb2 as tpb
 
@@ -29,8 +30,6 @@ from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 
-# Registry failures that mean "not now" rather than "this request is wrong".
-TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "RESOURCE_EXHAUSTED", "UNKNOWN"})
 
 
 def registry_down(err: BoomerangClientError) -> BoomerangError:
@@ -94,7 +93,7 @@ class Reporter:
             )
             return state, ""
         except BoomerangClientError as err:
-            if err.code in TRANSIENT:
+            if err.code in TRANSIENT_CODES:
                 raise registry_down(err) from None
             state = ""
             if err.code == "FAILED_PRECONDITION" and err.reason.startswith("LEASE_"):
@@ -145,7 +144,7 @@ class Reporter:
                 self.vouch_for(p.remote_engine_id, generation)
                 return (Retention.REGISTERED if created else Retention.ALREADY_REGISTERED), lease, ""
             except BoomerangClientError as err:
-                if err.code in TRANSIENT:
+                if err.code in TRANSIENT_CODES:
                     raise registry_down(err) from None
                 unknown = err.reason in ("ENGINE_NOT_REGISTERED", "GENERATION_NOT_REGISTERED")
                 if attempt == 1 and unknown:
@@ -181,7 +180,7 @@ class Reporter:
                 engine, f"report-{record.plan_id}-engine", timeout=self.settings.report_timeout_seconds
             )
         except BoomerangClientError as err:
-            if err.code in TRANSIENT:
+            if err.code in TRANSIENT_CODES:
                 raise registry_down(err) from None
             return err.reason
         self.engines_registered += 1

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
+from boomerang import chainproto
 from boomerang.errors import Violations
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import router_service_pb2 as rtpb
@@ -38,13 +39,7 @@ _HANDLE_USE = {
 
 def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain) -> TokenChain | None:
     """A validated token chain, or None after recording why not."""
-    chain = TokenChain(msg.block_size, msg.num_tokens, msg.block_hashes, msg.tail_hash)
-    try:
-        chain.validate()
-    except ValueError as exc:
-        v.add(path, str(exc))
-        return None
-    return chain
+    return chainproto.validated(v, path, msg)
 
 
 def check_plan_id(v: Violations, path: str, value: str) -> datetime | None:

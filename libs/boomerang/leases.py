@@ -1,0 +1,42 @@
+"""A lease's states and a claim's outcomes: the names the registry stores, the router decides
+on, and the operator commands count (the one definition; SQL statements spell the live states
+out as `state IN ('RETAINED', 'CLAIMED')`, the partial indexes of migration 0001)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class LeaseState(str, enum.Enum):
+    """A lease's state, stored by name."""
+
+    RETAINED = "RETAINED"
+    CLAIMED = "CLAIMED"
+    CONSUMED = "CONSUMED"
+    EXPIRED = "EXPIRED"
+    SUPERSEDED = "SUPERSEDED"
+    INVALIDATED = "INVALIDATED"
+
+
+# Live leases still hold a decode engine's blocks; ended ones never change again.
+LIVE_STATES = (LeaseState.RETAINED.value, LeaseState.CLAIMED.value)
+ENDED_STATES = tuple(s.value for s in LeaseState if s.value not in LIVE_STATES)
+ALL_STATES = tuple(s.value for s in LeaseState)
+
+
+class ClaimOutcome(str, enum.Enum):
+    """Why a claim did or did not hand out a lease (the proto's ClaimOutcome, by name)."""
+
+    CLAIMED = "CLAIMED"
+    NO_LEASE = "NO_LEASE"
+    EXPIRING = "EXPIRING"
+    PREFIX_MISMATCH = "PREFIX_MISMATCH"
+    BELOW_THRESHOLD = "BELOW_THRESHOLD"
+    ENGINE_INVALID = "ENGINE_INVALID"
+    ALREADY_CLAIMED = "ALREADY_CLAIMED"
+    BLOCK_SIZE_MISMATCH = "BLOCK_SIZE_MISMATCH"
+    # The router's own, never answered by the registry: the registry did not answer in
+    # time, failed, or the router's breaker is open...
+    UNAVAILABLE = "UNAVAILABLE"
+    # ...or there was no conversation id, so nothing was asked.
+    NOT_ASKED = "NOT_ASKED"
