@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
+from boomerang.errors import BoomerangError, Code
+from boomerang.metrics import LATENCY_BUCKETS
 from boomerang.resilience import TRANSIENT_CODES
+from prometheus_client import Counter as Counted
+from prometheus_client import Gauge, Histogram
 
+from boomerang_router.domain import ClaimResult
 from boomerang_router.plans import PlanStore
 from boomerang_router.registry_api import ClaimRequest, RouterRegistry
 from boomerang_router.repository import TurnPlanRepository
@@ -135,3 +141,137 @@ class ClaimKeeper:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+CLAIM_QUEUE_DEPTH = Gauge("boomerang_router_claim_queue_depth", "Claims waiting to be sent to the registry.")
+CLAIM_QUEUE_WAIT = Histogram(
+    "boomerang_router_claim_queue_wait_seconds",
+    "Time a claim waited in the router's queue before its call to the registry left.",
+    buckets=LATENCY_BUCKETS,
+)
+CLAIM_BATCH = Histogram(
+    "boomerang_router_claim_batch_size",
+    "Claims per call to the registry (1: ClaimReuse, more: ClaimReuseBatch).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+CLAIMS_SHED = Counted(
+    "boomerang_router_claims_shed",
+    "Claims answered without asking the registry, by why: the queue was full, or the claim's "
+    "deadline passed while it waited.",
+    ["reason"],
+)
+QUEUE_FULL = "CLAIM_QUEUE_FULL"
+QUEUE_TIMEOUT = "CLAIM_QUEUE_TIMEOUT"
+
+
+@dataclass(eq=False)
+class _Waiting:
+    req: ClaimRequest
+    queued_at: float
+    future: asyncio.Future[ClaimResult]
+    timer: asyncio.TimerHandle | None = None
+    sent: bool = False
+
+
+class ClaimBatcher:
+    """Concurrent claims coalesced into few registry calls, queued briefly rather than dropped.
+
+    At most `claim_batches_in_flight` calls are on the wire; claims that arrive meanwhile
+    wait in a queue and leave together, up to `claim_batch_max` in one ClaimReuseBatch (the
+    registry runs them as one statement). A lone claim goes as ClaimReuse. So a busy
+    registry is asked less often with more in each call instead of being asked more often,
+    and a claim waits only while the calls ahead of it run.
+
+    Each claim has its caller's deadline, queue time included. A claim still queued when it
+    passes is answered CLAIM_QUEUE_TIMEOUT (RESOURCE_EXHAUSTED) and never sent, so there is
+    nothing to give back; one sent whose answer is late is DEADLINE_EXCEEDED, as a direct
+    call would be (the planner's orphan probe finds it if it committed). A full queue
+    answers CLAIM_QUEUE_FULL at once. Depth, wait, batch sizes and sheds are metrics.
+    """
+
+    def __init__(self, api: RouterRegistry, max_batch: int, in_flight: int, queue_max: int):
+        self.api = api
+        self.max_batch = max_batch
+        self.in_flight = in_flight
+        self.queue_max = queue_max
+        self.queue: deque[_Waiting] = deque()
+        self.sending = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def claim(self, req: ClaimRequest, timeout: float) -> ClaimResult:
+        """The claim's result within `timeout` seconds, or BoomerangClientError."""
+        if len(self.queue) >= self.queue_max:
+            CLAIMS_SHED.labels("queue_full").inc()
+            raise _shed(QUEUE_FULL, f"{len(self.queue)} claims already wait for the registry")
+        loop = asyncio.get_running_loop()
+        item = _Waiting(req, loop.time(), loop.create_future())
+        item.timer = loop.call_later(timeout, self._expire, item, timeout)
+        self.queue.append(item)
+        self._pump()
+        CLAIM_QUEUE_DEPTH.set(len(self.queue))
+        return await item.future
+
+    def _expire(self, item: _Waiting, timeout: float) -> None:
+        if item.future.done():
+            return
+        if item.sent:
+            item.future.set_exception(BoomerangClientError(
+                "ClaimReuse", BoomerangError(Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", f"no answer in {timeout:.3f} s")
+            ))
+        else:
+            CLAIMS_SHED.labels("queue_timeout").inc()
+            item.future.set_exception(_shed(QUEUE_TIMEOUT, f"still queued after {timeout:.3f} s"))
+
+    def _pump(self) -> None:
+        while self.sending < self.in_flight and self.queue:
+            batch: list[_Waiting] = []
+            while self.queue and len(batch) < self.max_batch:
+                item = self.queue.popleft()
+                if not item.future.done():  # expired while queued
+                    batch.append(item)
+            CLAIM_QUEUE_DEPTH.set(len(self.queue))
+            if not batch:
+                return
+            self.sending += 1
+            task = asyncio.ensure_future(self._send(batch))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _send(self, batch: list[_Waiting]) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        latest = now
+        for item in batch:
+            item.sent = True
+            CLAIM_QUEUE_WAIT.observe(now - item.queued_at)
+            if item.timer is not None:
+                latest = max(latest, item.timer.when())
+        CLAIM_BATCH.observe(len(batch))
+        timeout = max(latest - now, 0.001)
+        try:
+            results: list[ClaimResult | BoomerangClientError]
+            if len(batch) == 1:
+                results = [await self.api.claim(batch[0].req, timeout)]
+            else:
+                results = await self.api.claim_batch([item.req for item in batch], timeout)
+        except BoomerangClientError as err:
+            results = [err] * len(batch)
+        except Exception as exc:  # every waiting caller gets an answer
+            log.error("claim batch failed", exc_info=exc)
+            results = [BoomerangClientError("ClaimReuse", BoomerangError(Code.INTERNAL, "INTERNAL", str(exc)))] * len(batch)
+        finally:
+            self.sending -= 1
+        for item, result in zip(batch, results, strict=True):
+            if item.timer is not None:
+                item.timer.cancel()
+            if item.future.done():
+                continue
+            if isinstance(result, BaseException):
+                item.future.set_exception(result)
+            else:
+                item.future.set_result(result)
+        self._pump()
+
+
+def _shed(reason: str, message: str) -> BoomerangClientError:
+    return BoomerangClientError("ClaimReuse", BoomerangError(Code.RESOURCE_EXHAUSTED, reason, message))

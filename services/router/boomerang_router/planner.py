@@ -43,7 +43,7 @@ from boomerang.v1 import types_pb2 as tpb
 from prometheus_client import Counter, Histogram
 
 from boomerang_router import kvparams, metrics
-from boomerang_router.claims import ClaimKeeper
+from boomerang_router.claims import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher, ClaimKeeper
 from boomerang_router.domain import (
     ClaimResult,
     HandleUse,
@@ -108,6 +108,9 @@ class Router:
         self._report_locks: dict[str, list[Any]] = {}  # plan id → [lock, users]
         self.api = RouterRegistry(registry)
         self.claims = ClaimKeeper(settings, self.api, self.store, repo, self.stats)
+        self.batcher = ClaimBatcher(
+            self.api, settings.claim_batch_max, settings.claim_batches_in_flight, settings.claim_queue_max
+        )
         self.reporter = Reporter(settings, self.api, pool)
 
     # -- PlanTurn ------------------------------------------------------------------------
@@ -216,10 +219,11 @@ class Router:
             p.model,
         )
         try:
-            claim = await self.api.claim(req, timeout=self.claim_deadline)
+            claim = await self.batcher.claim(req, self.claim_deadline)
         except BoomerangClientError as err:
             transient = err.code in TRANSIENT_CODES
-            if transient:
+            # A claim shed by the router's own queue says the router is busy, not that the registry failed.
+            if transient and err.reason not in (QUEUE_FULL, QUEUE_TIMEOUT):
                 self.breaker.record_failure()
             self.stats[f"claims_failed_{err.code.lower()}"] += 1
             if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"):

@@ -11,8 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+import grpc
 from boomerang import chainproto
+from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
+from boomerang.errors import BoomerangError, Code
 from boomerang.leases import ClaimOutcome
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -33,6 +36,8 @@ _CLAIM_STATUS = {
     rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome.ALREADY_CLAIMED,
     rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome.BLOCK_SIZE_MISMATCH,
 }
+# A batch result's numeric gRPC status code as the library's Code.
+_CODE_OF = {grpc.StatusCode[c.value].value[0]: c for c in Code}
 _LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
 # A min_reusable_tokens no prompt can reach: a claim asked with it can only return an
 # earlier claim under the same claim id (CLAIM_SQL's `prior`), never take a new one.
@@ -43,6 +48,15 @@ def lease_state_name(state: int) -> str:
     """`CONSUMED` for LEASE_STATE_CONSUMED, etc."""
     name: str = _LEASE_STATE_NAME.get(state, "LEASE_STATE_UNSPECIFIED")
     return name.removeprefix("LEASE_STATE_")
+
+
+def claim_result(resp: rpb.ClaimReuseResponse) -> ClaimResult:
+    """A ClaimReuse answer as the planner needs it; CLAIMED without its lease is UNAVAILABLE."""
+    status = _CLAIM_STATUS.get(resp.outcome, ClaimOutcome.UNAVAILABLE)
+    lease = lease_handle(resp.lease) if status is ClaimOutcome.CLAIMED and resp.HasField("lease") else None
+    if status is ClaimOutcome.CLAIMED and lease is None:
+        status = ClaimOutcome.UNAVAILABLE
+    return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds))
 
 
 def lease_handle(lease: tpb.Lease) -> LeaseHandle:
@@ -127,12 +141,26 @@ class RouterRegistry:
 
     async def claim(self, req: ClaimRequest, timeout: float) -> ClaimResult:
         """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
-        resp = await self.client.claim_reuse(req, timeout=timeout)
-        status = _CLAIM_STATUS.get(resp.outcome, ClaimOutcome.UNAVAILABLE)
-        lease = lease_handle(resp.lease) if status is ClaimOutcome.CLAIMED and resp.HasField("lease") else None
-        if status is ClaimOutcome.CLAIMED and lease is None:
-            status = ClaimOutcome.UNAVAILABLE
-        return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds))
+        return claim_result(await self.client.claim_reuse(req, timeout=timeout))
+
+    async def claim_batch(
+        self, reqs: Sequence[ClaimRequest], timeout: float
+    ) -> list[ClaimResult | BoomerangClientError]:
+        """ClaimReuseBatch: each claim's result, or the error that claim alone failed with."""
+        resp = await self.client.claim_reuse_batch(rpb.ClaimReuseBatchRequest(claims=reqs), timeout=timeout)
+        if len(resp.results) != len(reqs):
+            raise BoomerangClientError(
+                "ClaimReuseBatch",
+                BoomerangError(Code.INTERNAL, "BATCH_MISMATCH", f"{len(resp.results)} results for {len(reqs)} claims"),
+            )
+        out: list[ClaimResult | BoomerangClientError] = []
+        for r in resp.results:
+            if r.error_code:
+                code = _CODE_OF.get(r.error_code, Code.INTERNAL)
+                out.append(BoomerangClientError("ClaimReuse", BoomerangError(code, r.error_reason, r.error_message)))
+            else:
+                out.append(claim_result(r.response))
+        return out
 
     async def find_claim(self, req: ClaimRequest, timeout: float) -> str | None:
         """The lease id an earlier `req` claimed, if it did; never claims anything itself."""

@@ -28,6 +28,24 @@ class RouterSettings(EnginePoolSettings):
         description="Milliseconds a plan waits for the registry's claim before answering "
         "CONTROL_PLANE_DEGRADED.",
     )
+    claim_batch_max: int = Field(
+        default=64,
+        ge=1,
+        le=256,
+        description="Most claims sent to the registry in one ClaimReuseBatch; 1: every claim its own ClaimReuse.",
+    )
+    claim_batches_in_flight: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Claim calls on the wire at once; claims that arrive meanwhile queue and leave together.",
+    )
+    claim_queue_max: int = Field(
+        default=4096,
+        ge=1,
+        description="Claims waiting for the registry at most; beyond it a plan answers "
+        "CONTROL_PLANE_DEGRADED at once.",
+    )
     min_remaining_seconds: float = Field(
         default=10.0,
         ge=0.5,
@@ -72,7 +90,15 @@ class RouterSettings(EnginePoolSettings):
     )
     audit_batch_size: int = Field(default=500, ge=1, le=1000, description="turn_plans rows per write.")
     audit_queue_max: int = Field(
-        default=100_000, ge=1, description="Unwritten turn_plans rows kept before new ones are dropped."
+        default=100_000, ge=1, description="Unwritten turn_plans rows kept in memory between flushes."
+    )
+    audit_spool_dir: str = Field(
+        default=".boomerang/router-audit-spool",
+        description="Directory of the on-disk spool of turn_plans rows Postgres could not take "
+        "(fsync'd, replayed when it answers and on start); empty: no spool, such rows are dropped.",
+    )
+    audit_spool_max_bytes: int = Field(
+        default=1 << 30, ge=4096, description="Bytes the audit spool may hold; beyond, rows are dropped and counted."
     )
     breaker_failures: int = Field(
         default=5,

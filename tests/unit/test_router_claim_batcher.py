@@ -1,0 +1,117 @@
+"""The router's claim batcher: coalescing, bounded queue, deadlines that count queue time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+from boomerang.clients.base import BoomerangClientError
+from boomerang.errors import BoomerangError, Code
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang_router.claims import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher
+from boomerang_router.domain import ClaimResult
+from boomerang_router.registry_api import claim_result
+
+
+def answer(n: int) -> ClaimResult:
+    """NO_LEASE, marked with the claim's number as its verified tokens."""
+    return claim_result(rpb.ClaimReuseResponse(outcome=rpb.CLAIM_OUTCOME_NO_LEASE, reusable_tokens=n))
+
+
+def number(req: rpb.ClaimReuseRequest) -> int:
+    return int(req.conversation_id[1:])
+
+
+class FakeRegistry:
+    """Answers each claim NO_LEASE after `delay`, recording every call's claims."""
+
+    def __init__(self, delay: float = 0.0, fail_conversation: str = ""):
+        self.delay = delay
+        self.fail_conversation = fail_conversation
+        self.calls: list[list[str]] = []
+
+    async def claim(self, req: rpb.ClaimReuseRequest, timeout: float) -> ClaimResult:
+        self.calls.append([req.conversation_id])
+        await asyncio.sleep(self.delay)
+        return answer(number(req))
+
+    async def claim_batch(
+        self, reqs: Sequence[rpb.ClaimReuseRequest], timeout: float
+    ) -> list[ClaimResult | BoomerangClientError]:
+        self.calls.append([r.conversation_id for r in reqs])
+        await asyncio.sleep(self.delay)
+        return [
+            BoomerangClientError("ClaimReuse", BoomerangError(Code.INVALID_ARGUMENT, "INVALID_REQUEST", "bad"))
+            if r.conversation_id == self.fail_conversation
+            else answer(number(r))
+            for r in reqs
+        ]
+
+
+def req(n: int) -> rpb.ClaimReuseRequest:
+    return rpb.ClaimReuseRequest(tenant="t", conversation_id=f"c{n}", claim_id=f"k{n}")
+
+
+async def test_claims_arriving_while_one_call_is_out_leave_together() -> None:
+    api = FakeRegistry(delay=0.02)
+    batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
+    results = await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(11)))
+    assert [r.verified_tokens for r in results] == list(range(11))  # each its own answer
+    assert api.calls == [["c0"], [f"c{n}" for n in range(1, 11)]]
+
+
+async def test_batches_are_capped_and_calls_in_flight_bounded() -> None:
+    api = FakeRegistry(delay=0.01)
+    batcher = ClaimBatcher(api, max_batch=4, in_flight=2, queue_max=100)  # type: ignore[arg-type]
+    await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(14)))
+    assert [len(c) for c in api.calls] == [1, 1, 4, 4, 4]
+    assert sorted(c for call in api.calls for c in call) == sorted(f"c{n}" for n in range(14))
+
+
+async def test_a_claim_queued_past_its_deadline_is_never_sent() -> None:
+    api = FakeRegistry(delay=0.2)
+    batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(batcher.claim(req(0), 0.05))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(batcher.claim(req(1), 0.05))
+    with pytest.raises(BoomerangClientError) as late:
+        await first
+    assert late.value.code == "DEADLINE_EXCEEDED"  # it was sent: it may have committed
+    with pytest.raises(BoomerangClientError) as shed:
+        await queued
+    assert shed.value.code == "RESOURCE_EXHAUSTED" and shed.value.reason == QUEUE_TIMEOUT
+    await asyncio.sleep(0.25)
+    assert api.calls == [["c0"]]  # the expired claim never left
+    assert batcher.sending == 0 and not batcher.queue
+
+
+async def test_a_full_queue_answers_at_once() -> None:
+    api = FakeRegistry(delay=0.05)
+    batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=2)  # type: ignore[arg-type]
+    waiting = [asyncio.ensure_future(batcher.claim(req(n), 1.0)) for n in range(3)]
+    await asyncio.sleep(0)
+    with pytest.raises(BoomerangClientError) as full:
+        await batcher.claim(req(9), 1.0)
+    assert full.value.reason == QUEUE_FULL
+    assert len(await asyncio.gather(*waiting)) == 3
+
+
+async def test_one_bad_claim_fails_alone() -> None:
+    api = FakeRegistry(delay=0.01, fail_conversation="c2")
+    batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
+    results = await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(4)), return_exceptions=True)
+    assert isinstance(results[2], BoomerangClientError) and results[2].code == "INVALID_ARGUMENT"
+    assert [r.verified_tokens for r in results if isinstance(r, ClaimResult)] == [0, 1, 3]
+
+
+async def test_a_failed_call_fails_every_claim_in_it() -> None:
+    class Down(FakeRegistry):
+        async def claim_batch(self, reqs, timeout):  # type: ignore[no-untyped-def]
+            raise BoomerangClientError("ClaimReuseBatch", BoomerangError(Code.UNAVAILABLE, "UNAVAILABLE", "down"))
+
+    api = Down(delay=0.01)
+    batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
+    results = await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(5)), return_exceptions=True)
+    assert isinstance(results[0], ClaimResult)
+    assert all(isinstance(r, BoomerangClientError) and r.code == "UNAVAILABLE" for r in results[1:])
