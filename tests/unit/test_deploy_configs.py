@@ -180,7 +180,8 @@ def test_grafana_provisions_prometheus_jaeger_and_the_dashboard() -> None:
 def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
     titles = [p["title"] for p in dashboard()["panels"]]
     for wanted in ("Reuse rate", "Saved prefill time", "Plan latency", "Leases by state",
-                   "HBM retained per decode engine", "Expiry lag"):
+                   "HBM retained per decode engine", "Expiry lag", "Reuse: planned vs delivered",
+                   "Reuse misses by reason"):
         assert any(t.startswith(wanted) for t in titles), f"no panel {wanted!r}"
 
 
@@ -219,6 +220,11 @@ def test_the_metrics_the_issue_names_are_exported() -> None:
         "boomerang_reaper_expiry_lag_seconds_bucket",
         "boomerang_registry_registration_batch_size_bucket",
         "boomerang_gateway_fallbacks_total",
+        # Reuse outcomes (issue 16): planned vs delivered, misses by reason.
+        "boomerang_gateway_reuse_turns_total",
+        "boomerang_gateway_reuse_planned_tokens_total",
+        "boomerang_gateway_reuse_delivered_tokens_total",
+        "boomerang_gateway_reuse_declined_turns_total",
     ):
         assert name in exported, name
 

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add_source_flags(parser)
     parser.add_argument("--window", type=float, default=300.0, help="seconds of recent reuse to summarize (default 300)")
+    parser.add_argument("--gateway", default="",
+                        help="gateway HOST:PORT or URL whose /metrics give reuse outcomes without --database-url "
+                        "(planned vs delivered, misses by reason; default: skip)")
     parser.set_defaults(handler=_run)
 
 
@@ -54,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
 
             data = asyncio.run(gather_db(args.database_url, args.window))
         else:
-            data = asyncio.run(gather_api(args.registry, args.router, args.reaper, args.timeout, args.window))
+            data = asyncio.run(gather_api(args.registry, args.router, args.reaper, args.timeout, args.window, args.gateway))
     except BoomerangClientError as exc:
         print(f"boomerang status: registry {args.registry}: {exc.code}: {exc.error.message}", file=sys.stderr)
         return 1
@@ -144,7 +147,9 @@ async def _scan(registry: Any, req: Any, stop_before: float | None = None) -> tu
     return out, True
 
 
-async def gather_api(registry: str, router: str, reaper: str, timeout: float, window: float) -> dict[str, Any]:
+async def gather_api(
+    registry: str, router: str, reaper: str, timeout: float, window: float, gateway: str = ""
+) -> dict[str, Any]:
     """The report from the services' APIs."""
     from boomerang.clients.base import BoomerangClientError
     from boomerang.clients.reaper import ReaperClient
@@ -194,6 +199,10 @@ async def gather_api(registry: str, router: str, reaper: str, timeout: float, wi
                 data["reaper"] = _reaper_row(await rp.get_status(timeout=timeout), reaper)
         except BoomerangClientError as exc:
             data["reaper"] = {"address": reaper, "error": f"{exc.code}: {exc.error.message}"}
+    if gateway:
+        from boomerang_cli.status_reuse import gateway_outcomes
+
+        reuse["outcomes"] = await gateway_outcomes(gateway, timeout)
     return data
 
 
@@ -251,6 +260,7 @@ def render(d: dict[str, Any]) -> list[Any]:
         caption=("exact, from turn_plans" if r["exact"] else "from the leases: " + r["source"].split("(", 1)[-1].rstrip(")"))
         + (" — partial (too many leases to list)" if r.get("partial") else ""),
     ))
+    out.extend(_outcome_tables(r))
     now = parse_iso(d["generated_at"])
     out.append(table(
         "Engines",
@@ -299,3 +309,21 @@ def render(d: dict[str, Any]) -> list[Any]:
                 caption=f"next deadline {reaper['next_expire_time'] or 'none'}",
             ))
     return out
+
+
+def _outcome_tables(r: dict[str, Any]) -> list[Any]:
+    """Planned vs delivered reuse and the misses by reason, when the report has them."""
+    o = r.get("outcomes")
+    if not o:
+        return []
+    if "error" in o:
+        return [f"[bold red]gateway {o['address']}[/]: {o['error']}"]
+    from boomerang_cli.status_reuse import render_rows
+
+    summary, misses = render_rows(o)
+    where = f"last {r['window_seconds']:.0f} s, exact, from turn_plans" if o["exact"] else o["source"]
+    return [
+        table("Reuse outcomes", ["turns", "reuse rate", "planned tokens", "delivered tokens", "delivered/planned",
+                                 "reported"], summary, caption=where),
+        table("Reuse misses by reason", ["reason", "turns"], misses or [["none", 0]]),
+    ]

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import text
 
 from boomerang_cli.status import ENDED_STATES, LIVE_STATES, _retained, saved_seconds
+from boomerang_cli.status_reuse import OUTCOMES_SQL, outcomes_from_rows
 from boomerang_cli.tables import iso
 
 ENGINES_SQL = """
@@ -74,6 +75,7 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
             live = {r.state: int(r.n) for r in await conn.execute(text(LIVE_SQL))}
             ended = {r.state: int(r.n) for r in await conn.execute(text(ENDED_SQL), {"window": window})}
             plans = [dict(r._mapping) for r in await conn.execute(text(PLANS_SQL), {"window": window})]
+            outcomes = [dict(r._mapping) for r in await conn.execute(text(OUTCOMES_SQL), {"window": window})]
             leader = (await conn.execute(text(REAPER_SQL))).first()
     finally:
         await engine.dispose()
@@ -95,6 +97,7 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
         for e in engines
     ]
     reuse = window_from_plans(plans)
+    reuse["outcomes"] = outcomes_from_rows(outcomes)
     reuse.update(window_seconds=window, partial=False, ended_leases={s: ended.get(s, 0) for s in ENDED_STATES},
                  saved_prefill_seconds=round(saved_seconds(reuse["reused_tokens"]), 3))
     return {

@@ -8,6 +8,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from boomerang_gateway.reuse import ReuseOutcome
+
 # Seconds: 100 µs … 60 s (a plan takes about a millisecond, a long prefill seconds).
 BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -34,6 +36,11 @@ class GatewayMetrics:
         # Reuse outcomes of served turns, in the manner of vLLM's `vllm:prefix_cache_queries`
         # and `vllm:prefix_cache_hits` (tokens looked up, tokens found): prompt tokens,
         # tokens the plan said to reuse, tokens the prefill engine says it did not compute.
+        self.reuse_turns = Counter(
+            "boomerang_gateway_reuse_turns",
+            "Served turns (the prefill engine answered): the denominator of the reuse rate.",
+            registry=r,
+        )
         self.reuse_prompt_tokens = Counter(
             "boomerang_gateway_reuse_prompt_tokens",
             "Prompt tokens of served turns (the denominator of the reuse rates).",
@@ -107,6 +114,18 @@ class GatewayMetrics:
             ["outcome"],
             registry=r,
         )
+
+    def observe_reuse(self, outcome: ReuseOutcome) -> None:
+        """Count one served turn's reuse outcome."""
+        self.reuse_turns.inc()
+        self.reuse_prompt_tokens.inc(outcome.prompt_tokens)
+        self.reuse_planned_tokens.inc(outcome.planned)
+        if outcome.delivered is None:
+            self.reuse_unreported_turns.inc()
+        else:
+            self.reuse_delivered_tokens.inc(outcome.delivered)
+        if outcome.declined:
+            self.reuse_declined_turns.labels(outcome.declined).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""

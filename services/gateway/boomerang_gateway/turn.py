@@ -214,7 +214,7 @@ class TurnRunner:
         timings["prefill"] = time.monotonic() - t
         outcome = reuse.outcome(plan.decision, plan.reason, len(tokens) if tokens else reuse.prompt_tokens_of(p_body),
                                 planned, reuse.delivered_by_prefill(p_body))
-        self._count_reuse(outcome)
+        self.metrics.observe_reuse(outcome)
         self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
         if self.config.rewrite_remote_host:
             p_params = protocol.rewrite_remote_host(p_params, prefill.url)
@@ -227,17 +227,6 @@ class TurnRunner:
         self.metrics.in_flight.inc()
         return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self,
                     reuse=outcome)
-
-    def _count_reuse(self, outcome: ReuseOutcome) -> None:
-        m = self.metrics
-        m.reuse_prompt_tokens.inc(outcome.prompt_tokens)
-        m.reuse_planned_tokens.inc(outcome.planned)
-        if outcome.delivered is None:
-            m.reuse_unreported_turns.inc()
-        else:
-            m.reuse_delivered_tokens.inc(outcome.delivered)
-        if outcome.declined:
-            m.reuse_declined_turns.labels(outcome.declined).inc()
 
     # -- steps 1 and 2: Boomerang's, never fatal ---------------------------------------------
 
