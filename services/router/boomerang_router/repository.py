@@ -3,9 +3,14 @@
 A plan answer never waits for Postgres. Each plan (and later its outcome) is handed to the
 `AuditWriter`, which upserts pending rows in batches from a background task. The pending
 set is keyed by plan id, so a plan reported before its first row was flushed is written
-once, whole. When Postgres is down the writer retries a batch a few times, then drops it:
-dropped rows are logged and counted (`boomerang_router_audit_rows_dropped_total`), never
-turned into failed plans.
+once, whole. When Postgres refuses a batch, its rows go to the on-disk spool (`spool.py`:
+fsync'd, replayed once Postgres answers, also on start) and, for a back-off that grows to
+a few seconds, every flush moves the pending rows there without asking Postgres; so memory
+stays bounded and an outage loses no row. Only rows that find both the memory queue and
+the spool full (or no spool configured) are dropped — logged and counted
+(`boomerang_router_audit_rows_dropped_total`, `boomerang_router_audit_spool_full`), never
+turned into failed plans. Every write is the upsert keyed by plan id, so a row written
+again (a replayed spool) is still one row.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.plans import PlanRecord
+from boomerang_router.spool import REPLAYED, AuditSpool
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +153,7 @@ class TurnPlanRepository:
         """Write plan rows (insert, or fill in their outcome) in one statement."""
         if not rows:
             return
-        arrays = [[row[name] for row in rows] for name in _COLUMNS]
+        arrays = [[row.get(name) for row in rows] for name in _COLUMNS]  # a spooled row may predate a column
         async with self.engine.connect() as conn:
             raw = await conn.get_raw_connection()
             await raw.driver_connection.execute(UPSERT_SQL, *arrays)  # type: ignore[union-attr]
@@ -186,6 +192,19 @@ class TurnPlanRepository:
             return int(made.scalar_one())
 
 
+def _merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per plan (a plan spooled, then its outcome): what a later row knows wins, as
+    in the upsert (which cannot touch a row twice in one statement)."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        key = str(row["plan_id"])
+        if key in out:
+            out[key].update({k: v for k, v in row.items() if v is not None})
+        else:
+            out[key] = dict(row)
+    return list(out.values())
+
+
 class AuditWriter:
     """Batches `turn_plans` rows to Postgres from a background task."""
 
@@ -197,8 +216,14 @@ class AuditWriter:
         max_pending: int = 100_000,
         attempts: int = 3,
         partition_interval: float = 3600.0,
+        spool: AuditSpool | None = None,
+        max_backoff: float = 2.0,
     ):
         self.repo = repo
+        self.spool = spool
+        self.max_backoff = max_backoff
+        self._backoff = 0.0  # seconds; 0 while Postgres takes the rows
+        self._down_until = 0.0  # loop time before which flushes spool without asking Postgres
         self.flush_interval = flush_interval
         self.batch_size = batch_size
         self.max_pending = max_pending
@@ -239,15 +264,59 @@ class AuditWriter:
                 self._task.cancel()
             self._task = None
         if self.pending:
-            self._drop(len(self.pending), "the router stopped before they were written")
+            await self._spill(list(self.pending.values()), "the router stopped before they were written")
             self.pending.clear()
+        if self.spool is not None:
+            await asyncio.to_thread(self.spool.close)
 
     async def flush(self) -> None:
-        """Write everything pending now, including a batch the background task is writing."""
+        """Write everything pending now, including a batch the background task is writing.
+
+        While Postgres is backed off (it refused the last batch), the pending rows go to the
+        spool instead; once it answers, what the spool holds is replayed.
+        """
         async with self._writing:
+            if self._backing_off():
+                rows = list(self.pending.values())
+                self.pending.clear()
+                await self._spill(rows, "Postgres is failing")
+                return
             while self.pending:
                 if not await self._flush_batch():
                     return
+            if self.spool is not None and await asyncio.to_thread(self.spool.pending):
+                await self._replay()
+
+    def _backing_off(self) -> bool:
+        return self.spool is not None and not self._stopping and asyncio.get_running_loop().time() < self._down_until
+
+    def _refused(self) -> None:
+        self._backoff = min(self.max_backoff, max(self.flush_interval, self._backoff * 2))
+        self._down_until = asyncio.get_running_loop().time() + self._backoff
+
+    async def _replay(self) -> None:
+        """Write spooled segments (oldest first) and delete each once all of it is written."""
+        assert self.spool is not None
+        while True:
+            segment = await asyncio.to_thread(self.spool.take)
+            if segment is None:
+                return
+            written = False
+            try:
+                rows = _merged(await asyncio.to_thread(segment.read_all))
+                for i in range(0, len(rows), self.batch_size):
+                    await self.repo.upsert(rows[i : i + self.batch_size])
+                written = True
+                self.written += len(rows)
+                ROWS_WRITTEN.inc(len(rows))
+                REPLAYED.inc(len(rows))
+                log.info("wrote %d spooled turn_plans row(s) from %s", len(rows), segment.path.name)
+            except Exception as exc:  # noqa: BLE001 - kept on disk for the next try
+                log.warning("replaying the audit spool failed (kept for later): %s: %s", exc.__class__.__name__, exc)
+                self._refused()
+                return
+            finally:
+                await asyncio.to_thread(self.spool.done, segment, written)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -275,19 +344,36 @@ class AuditWriter:
         for attempt in range(1, self.attempts + 1):
             try:
                 await self.repo.upsert(rows)
+            except asyncio.CancelledError:
+                for row in rows:  # cut off (a stop's deadline): keep them for the spool
+                    self.pending.setdefault(str(row["plan_id"]), row)
+                raise
+            except Exception as exc:  # noqa: BLE001 - the audit must never fail a plan
+                if attempt == self.attempts or self.spool is not None:
+                    self._refused()
+                    await self._spill(rows, f"Postgres refused them: {exc.__class__.__name__}: {exc}")
+                    return False
+                await asyncio.sleep(0.05 if self._stopping else min(1.0, self.flush_interval * 2**attempt))
+            else:
+                self._backoff = 0.0
                 self.written += len(rows)
                 ROWS_WRITTEN.inc(len(rows))
                 return True
-            except Exception as exc:  # noqa: BLE001 - the audit must never fail a plan
-                if attempt == self.attempts:
-                    self._drop(len(rows), f"Postgres refused them: {exc.__class__.__name__}: {exc}")
-                    return False
-                if self._stopping:
-                    delay = 0.05
-                else:
-                    delay = min(1.0, self.flush_interval * 2**attempt)
-                await asyncio.sleep(delay)
         return False
+
+    async def _spill(self, rows: list[dict[str, Any]], why: str) -> None:
+        """Rows Postgres cannot take now: to the spool, or (none, or full) dropped."""
+        if not rows:
+            return
+        kept = 0
+        if self.spool is not None:
+            try:
+                kept = await asyncio.to_thread(self.spool.append, rows)
+            except OSError as exc:
+                log.error("cannot write the audit spool in %s: %s", self.spool.directory, exc)
+        if kept < len(rows):
+            full = " and the audit spool is full" if self.spool is not None else ""
+            self._drop(len(rows) - kept, why + full)
 
     def _drop(self, count: int, why: str) -> None:
         self.dropped += count

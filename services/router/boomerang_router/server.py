@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+from pathlib import Path
 
 import grpc
 from boomerang.clients.registry import RegistryClient
@@ -21,6 +23,7 @@ from boomerang_router.pool import EnginePool, Role, parse_static
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.servicer import RouterServicer
 from boomerang_router.settings import RouterSettings
+from boomerang_router.spool import AuditSpool
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "boomerang.v1.RouterService"
@@ -52,6 +55,20 @@ async def _warm_registry(registry: RegistryClient, refresher: RegistryRefresher,
         log.warning("could not load engines from the registry at start; retrying in the background")
 
 
+def _audit_spool(settings: RouterSettings) -> AuditSpool | None:
+    """The on-disk audit spool, or None (not configured, or its directory unusable: said loudly)."""
+    if not settings.audit_spool_dir:
+        log.warning("no audit spool (BOOMERANG_AUDIT_SPOOL_DIR is empty): turn_plans rows are dropped "
+                    "while Postgres is down")
+        return None
+    try:
+        return AuditSpool(Path(settings.audit_spool_dir), settings.audit_spool_max_bytes, socket.gethostname())
+    except OSError as exc:
+        log.error("cannot use the audit spool directory %s (%s): turn_plans rows are dropped while Postgres is "
+                  "down", settings.audit_spool_dir, exc)
+        return None
+
+
 async def run(settings: RouterSettings) -> None:
     """Migrate, warm the pools, serve until SIGTERM, drain."""
     url = settings.require_database()
@@ -68,6 +85,7 @@ async def run(settings: RouterSettings) -> None:
         flush_interval=settings.audit_flush_ms / 1000,
         batch_size=settings.audit_batch_size,
         max_pending=settings.audit_queue_max,
+        spool=_audit_spool(settings),
     )
     audit.start()
     registry = RegistryClient(settings.registry_address, timeout=settings.report_timeout_seconds)
