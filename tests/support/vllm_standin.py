@@ -1,7 +1,7 @@
 """A stand-in for vLLM's scheduler-side NixlConnector and Request, following VLLM_FACTS.md.
 
 For fast unit tests only: tests/vllm/ drives vLLM 0.33.0's real scheduler and connector,
-and its test_standin_surface.py fails when this stand-in drifts from them.
+and its test_connector_surface.py fails when this stand-in drifts from them.
 
 Only what the hook relies on, to the field: `Request.kv_transfer_params`,
 `prompt_token_ids`, `all_token_ids` (prompt plus output), `request_id`,

@@ -103,6 +103,7 @@ class Engine:
     matches: list[MatchCall] = field(default_factory=list)
     receives: dict[str, Any] = field(default_factory=dict)  # request id -> ReqMeta (NIXL recv queued)
     step_seconds: list[float] = field(default_factory=list)
+    new_per_step: list[set[str]] = field(default_factory=list)  # requests first scheduled, per step
     _pending_recv: set[str] = field(default_factory=set)
     _outputs: dict[str, list[int]] = field(default_factory=dict)
 
@@ -148,6 +149,7 @@ class Engine:
         started = time.perf_counter()
         out = self.scheduler.schedule()
         self.step_seconds.append(time.perf_counter() - started)
+        self.new_per_step.append({r.req_id for r in out.scheduled_new_reqs})
         meta = out.kv_connector_metadata
         for rid, req_meta in getattr(meta, "reqs_to_recv", {}).items():
             self.receives[rid] = req_meta

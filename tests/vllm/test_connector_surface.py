@@ -8,6 +8,7 @@ NixlConnector returns.
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,11 @@ pytestmark = pytest.mark.vllm
 # Every connector method Boomerang's mixin overrides.
 OVERRIDES = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
              "request_finished", "request_finished_all_groups", "shutdown")
+# Connector methods vLLM 0.33.0's scheduler calls that the hook leaves to the NixlConnector
+# (neither overridden nor modelled by the stand-in). A method the scheduler starts calling
+# that is in neither list fails the surface test: decide whether the hook must act there.
+LEFT_TO_NIXL = ("get_kv_connector_stats", "get_loaded_kv_cache_group_ids", "on_new_request", "take_events",
+                "update_connector_output")
 # What the hook reads from vLLM's Request.
 REQUEST_FIELDS = ("request_id", "prompt_token_ids", "all_token_ids", "kv_transfer_params", "sampling_params",
                   "num_computed_tokens", "num_preemptions")
@@ -139,6 +145,22 @@ def run_standin_turn() -> tuple[dict[str, Any], dict[str, Any], vllm_standin.Req
     return p_params, d_params, d1
 
 
+def conforms(value: Any, hint: Any) -> bool:
+    """Whether a value vLLM passed fits the type the stand-in declares for that parameter."""
+    if hint is Any:
+        return True
+    if hint is vllm_standin.Request:  # vLLM's own Request, with every field the hook reads
+        return all(hasattr(value, name) for name in REQUEST_FIELDS)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is None:
+        return isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return isinstance(value, tuple) and all(conforms(v, args[0]) for v in value)
+    if origin is list:
+        return isinstance(value, list) and all(conforms(v, args[0]) for v in value)
+    raise AssertionError(f"conforms() does not know {hint!r}: extend it")
+
+
 def test_the_scheduler_calls_only_what_the_standin_models(real: Any) -> None:
     rp, rd, *_ = real
     called = rp.called() | rd.called()
@@ -150,12 +172,24 @@ def test_the_scheduler_calls_only_what_the_standin_models(real: Any) -> None:
             ours = list(inspect.signature(getattr(vllm_standin.StandInNixlConnector, name)).parameters)
             theirs = list(inspect.signature(getattr(NixlConnector, name)).parameters)
             assert ours == theirs, (name, ours, theirs)
-    # Every scheduler-side call the hook acts on was made, with the argument types the
-    # stand-in's callers pass.
-    (request, block_ids), *_ = rd.args("request_finished_all_groups")
+    unknown = called - set(OVERRIDES) - set(LEFT_TO_NIXL)
+    assert not unknown, f"vLLM's scheduler calls {sorted(unknown)}, which neither the hook nor the stand-in models"
+    # The hook's calls were all made, each with arguments of the types the stand-in declares
+    # (and so the types its unit tests pass): every argument of every call, on P and on D.
+    assert {"get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
+            "request_finished_all_groups", "shutdown"} <= rp.called() & rd.called()
+    for recorder in (rp, rd):
+        for name, args in recorder.calls:
+            if name not in OVERRIDES:
+                continue
+            hints = typing.get_type_hints(getattr(vllm_standin.StandInNixlConnector, name))
+            params = [p for p in inspect.signature(getattr(vllm_standin.StandInNixlConnector, name)).parameters
+                      if p != "self"]
+            assert len(args) == len(params), (name, args, params)
+            for param, value in zip(params, args):
+                assert conforms(value, hints[param]), (name, param, type(value), hints[param])
+    (_, block_ids), *_ = rd.args("request_finished_all_groups")
     assert shape(block_ids) == shape(vllm_standin.block_ids_for(211, 16)), block_ids
-    (request, computed), *_ = rp.args("get_num_new_matched_tokens")
-    assert isinstance(computed, int)
 
 
 def test_the_standin_returns_what_the_nixl_connector_returns(real: Any) -> None:
