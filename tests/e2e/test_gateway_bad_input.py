@@ -114,6 +114,7 @@ bodies = st.fixed_dictionaries(
         "max_tokens": st.one_of(st.integers(-3, 40), json_values),
         "stream": json_values,
         "conversation_id": json_values,
+        "prompt_cache_key": json_values,
         "kv_transfer_params": json_values,
         "temperature": json_values,
         "return_token_ids": json_values,
