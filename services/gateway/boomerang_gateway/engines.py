@@ -5,7 +5,9 @@ tokenize before the plan, to know which models exist (404 for the rest, `GET /v1
 and to keep serving when the router is down. Engines come from static flags (`--prefill`,
 `--decode`; their models read from each engine's `/v1/models`) or from the block registry
 (`ListEngines`: active engines with an HTTP base URL). A refresh that fails keeps the last
-good view.
+good view. Static engines that answer the probe healthy are vouched for in the registry
+(a heartbeat on their behalf, see `liveness`), so idle engines without the hook keep their
+leases.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_gateway.http import httpx
+from boomerang_gateway.liveness import Voucher
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +64,10 @@ class EnginePool:
         registry: Callable[[], RegistryClient] | None,
         refresh_seconds: float,
         heartbeat_timeout: float = 30.0,
+        voucher: Voucher | None = None,
     ):
         self.http = http
+        self.voucher = voucher
         # A factory: a fresh client (channel) after a failed refresh, so a registry that
         # comes back is seen at the next refresh, not after gRPC's reconnect back-off.
         self.new_registry = registry
@@ -98,6 +103,8 @@ class EnginePool:
             await asyncio.gather(self._task, return_exceptions=True)
         if self.registry is not None:
             await self.registry.close()
+        if self.voucher is not None:
+            await self.voucher.stop()
 
     async def _loop(self) -> None:
         failing = False
@@ -146,6 +153,8 @@ class EnginePool:
                     cards[card["id"]] = {**card, "owned_by": card.get("owned_by") or "boomerang"}
         self.view = PoolView(engines=list(self.static), cards=cards)
         self.refreshed = self.refreshed or any(results)
+        if self.voucher is not None:
+            self.voucher.after_probe(self.static)
 
     async def _refresh_registry(self) -> None:
         assert self.registry is not None

@@ -25,6 +25,7 @@ from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
 from boomerang_gateway.http import httpx
+from boomerang_gateway.liveness import Voucher
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.ratelimit import TenantRateLimiter
 from boomerang_gateway.settings import GatewaySettings
@@ -109,8 +110,13 @@ async def run(settings: GatewaySettings) -> None:
         return RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
 
     router = new_router() if settings.router_address else None
+    # Static engines answering their health checks are vouched for in the registry (heartbeats).
+    voucher = (
+        Voucher(lambda: RegistryClient(settings.registry_address), settings.heartbeat_timeout_seconds)
+        if static and settings.registry_address else None
+    )
     pool = EnginePool(http, settings.prefill_urls, settings.decode_urls, registry, settings.pool_refresh_seconds,
-                      settings.heartbeat_timeout_seconds)
+                      settings.heartbeat_timeout_seconds, voucher)
     control = ControlPlane(
         router,
         settings.plan_timeout_seconds,
