@@ -40,6 +40,7 @@ class Conversations:
                           for n in range(CONVERSATIONS)]
         self.ids = [f"fault-{n}-{uuid.uuid4().hex[:6]}" for n in range(CONVERSATIONS)]
         self.results: list[tuple[str, int, str, str]] = []  # phase, status, plan, reason
+        self.plan_ids: list[str] = []  # of every turn the router planned
 
     async def step(self, http: httpx.AsyncClient, phase: str) -> None:
         async def one(n: int) -> None:
@@ -51,6 +52,8 @@ class Conversations:
             body: dict[str, Any] = resp.json()
             self.results.append((phase, resp.status_code, resp.headers.get("x-boomerang-plan", ""),
                                  resp.headers.get("x-boomerang-reason", "")))
+            if resp.headers.get("x-boomerang-plan-id"):
+                self.plan_ids.append(resp.headers["x-boomerang-plan-id"])
             assert resp.status_code == 200, (phase, body)
             history.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
 

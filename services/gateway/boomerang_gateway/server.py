@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 import time
 from collections.abc import Generator
@@ -19,6 +20,7 @@ import uvicorn
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.db.engine import make_engine
+from boomerang.db.migrate import upgrade
 from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
 
 from boomerang_gateway.app import GatewayState, create_app
@@ -59,7 +61,6 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         # uvicorn's own capture re-raises the signal after shutdown; route it to handle_exit only.
-        import signal
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -95,8 +96,6 @@ async def run(settings: GatewaySettings) -> None:
     db = None
     if settings.database_url:
         if settings.migrate_on_start:
-            from boomerang.db.migrate import upgrade
-
             await asyncio.to_thread(upgrade, settings.database_url)
         db = make_engine(settings.database_url, settings.db_pool_size, "boomerang-gateway")
     metrics = GatewayMetrics()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import socket
 from pathlib import Path
@@ -16,6 +17,7 @@ from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
 from boomerang.metrics import serve_metrics
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+from sqlalchemy.engine import make_url
 
 from boomerang_router.engines import HealthProber, Periodic, RegistryRefresher
 from boomerang_router.planner import Router
@@ -61,8 +63,11 @@ def _audit_spool(settings: RouterSettings) -> AuditSpool | None:
         log.warning("no audit spool (BOOMERANG_AUDIT_SPOOL_DIR is empty): turn_plans rows are dropped "
                     "while Postgres is down")
         return None
+    # One folder per database: a spooled row is replayed only into the database it was for.
+    url = make_url(settings.require_database())
+    where = hashlib.sha256(f"{url.host}:{url.port}/{url.database}".encode()).hexdigest()[:16]
     try:
-        return AuditSpool(Path(settings.audit_spool_dir), settings.audit_spool_max_bytes, socket.gethostname())
+        return AuditSpool(Path(settings.audit_spool_dir) / where, settings.audit_spool_max_bytes, socket.gethostname())
     except OSError as exc:
         log.error("cannot use the audit spool directory %s (%s): turn_plans rows are dropped while Postgres is "
                   "down", settings.audit_spool_dir, exc)

@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from boomerang.clients.router import RouterClient
 from boomerang.v1 import router_service_pb2 as rtpb
 
-from boomerang_tools.bench.stats import summarize
+from boomerang_tools.bench.context import Bench
+from boomerang_tools.bench.stats import floats, summarize
 from boomerang_tools.bench.turns import PATHS
-
-if TYPE_CHECKING:
-    from boomerang_tools.bench.runner import Bench
 
 SIM_MODEL = "Qwen/Qwen3-32B"
 
@@ -67,10 +65,8 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     await b.collect("turns", sampler)
     b.progress.remove_task(task)
     b.sample_memory()
-    from boomerang_tools.bench.phases import _floats
-
-    paths = {p: summarize(_floats(result["times_ms"][p])) for p in PATHS}
-    stages = {k: summarize(_floats(v)) for k, v in result["stages_ms"].items()}
+    paths = {p: summarize(floats(result["times_ms"][p])) for p in PATHS}
+    stages = {k: summarize(floats(v)) for k, v in result["stages_ms"].items()}
     direct = paths["direct"]
     add = {p: {q: round(paths[p][f"{q}_ms"] - direct[f"{q}_ms"], 3) for q in ("p50", "p99")} for p in ("naive", "boomerang")}
     return {

@@ -12,6 +12,7 @@ cluster stops it on exit; a second `boomerang up` on the same folder uses it and
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import glob
 import os
@@ -23,6 +24,8 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+import asyncpg
 
 INSTALL_HINT = (
     "no PostgreSQL server binaries found (initdb, pg_ctl). Install them, e.g.\n"
@@ -190,10 +193,6 @@ class EmbeddedPostgres:
         return self.url
 
     def _ensure_database(self) -> None:
-        import asyncio
-
-        import asyncpg
-
         password = (self.root / "pg-password").read_text().strip()
 
         async def create() -> None:

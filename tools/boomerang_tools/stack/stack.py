@@ -9,11 +9,21 @@ side; the registry; the database), each draining while what it calls still answe
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import httpx
+from boomerang.clients.registry import RegistryClient
+from boomerang.clients.router import RouterClient
+from boomerang.db.migrate import upgrade
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import router_service_pb2 as rtpb
+from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_tools.stack.children import Child, ChildFailed, stop_all
 from boomerang_tools.stack.postgres import EmbeddedPostgres
@@ -116,10 +126,10 @@ class Stack:
             raise
 
     def _database(self) -> None:
-        # Quiet before the import: alembic logs its plugin set-up at INFO when first imported.
+        # Quiet: alembic logs its plugin set-up at INFO (at import, before logging is configured, it
+        # is not shown at all).
         logging.getLogger("alembic").setLevel(logging.WARNING)
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        from boomerang.db.migrate import upgrade
 
         if self.config.database_url:
             self.database_url = self.config.database_url
@@ -185,13 +195,6 @@ class Stack:
 
     def _wait_engines(self, timeout: float = 30.0) -> None:
         """Wait until the router and the gateway both see every engine (they poll the registry)."""
-        import asyncio
-        import time
-
-        import httpx
-        from boomerang.clients.router import RouterClient
-        from boomerang.v1 import router_service_pb2 as rtpb
-
         want = len(self.prefill_urls) + len(self.decode_urls)
         models = {s.profile for s in self.config.sims} | ({"external"} if self.config.prefill_urls else set())
 
@@ -244,11 +247,6 @@ class Stack:
 
 def _retire(registry: str, engine_ids: list[str], reason: str) -> None:
     """Mark engines dead in the registry, ending their leases (best effort)."""
-    import asyncio
-
-    from boomerang.clients.registry import RegistryClient
-    from boomerang.v1 import registry_service_pb2 as rpb
-
     async def retire() -> None:
         async with RegistryClient(registry, timeout=3.0) as client:
             for engine_id in engine_ids:
@@ -263,13 +261,6 @@ def _retire(registry: str, engine_ids: list[str], reason: str) -> None:
 
 def _retire_unreachable_engines(registry: str) -> None:
     """Mark dead the engines a previous run left active whose HTTP API no longer answers."""
-    import asyncio
-
-    import httpx
-    from boomerang.clients.registry import RegistryClient
-    from boomerang.v1 import registry_service_pb2 as rpb
-    from boomerang.v1 import types_pb2 as tpb
-
     async def find() -> list[str]:
         async with RegistryClient(registry, timeout=3.0) as client:
             listed = await client.list_engines(rpb.ListEnginesRequest())
