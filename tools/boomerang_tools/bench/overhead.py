@@ -69,6 +69,11 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     stages = {k: summarize(floats(v)) for k, v in result["stages_ms"].items()}
     direct = paths["direct"]
     add = {p: {q: round(paths[p][f"{q}_ms"] - direct[f"{q}_ms"], 3) for q in ("p50", "p99")} for p in ("naive", "boomerang")}
+    # A turn's end: finishing chunk to the end of the stream. The gateway holds `[DONE]`
+    # until ReportTurn is answered; what that adds is its end less the direct path's.
+    ends = {p: summarize(floats(result.get("ends_ms", {}).get(p, b""))) for p in PATHS}
+    end_added = {q: round(ends["boomerang"][f"{q}_ms"] - ends["direct"][f"{q}_ms"], 3)
+                 if ends["boomerang"]["count"] and ends["direct"]["count"] else None for q in ("p50", "p99")}
     return {
         "boomerang_p50_ms": add["boomerang"]["p50"],
         "naive_p50_ms": add["naive"]["p50"],
@@ -77,6 +82,9 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
         "naive_p99_ms": add["naive"]["p99"],
         "ratio_p99": _ratio(add["boomerang"]["p99"], add["naive"]["p99"]),
         "turn_ms": paths,
+        "end_of_turn_ms": ends,
+        "end_of_turn_added_p50_ms": end_added["p50"],
+        "end_of_turn_added_p99_ms": end_added["p99"],
         "gateway_stages_ms": stages,
         "plans": result["plans"],
         "direct_turns_with_handle": result["reused"].get("direct", 0),

@@ -162,6 +162,12 @@ def markdown(report: dict[str, Any]) -> str:
                      f"p50 **{_ms(gw['boomerang_p50_ms'])} ms** vs the naive proxy's {_ms(gw['naive_p50_ms'])} ms "
                      f"(ratio **{gw['ratio']}**); p99 {_ms(gw['boomerang_p99_ms'])} ms vs {_ms(gw['naive_p99_ms'])} ms "
                      f"(ratio {gw['ratio_p99']}); {sum(x['count'] for x in turn.values()):,} turns.")
+    if gw.get("end_of_turn_added_p50_ms") is not None:
+        ends = gw["end_of_turn_ms"]["boomerang"]
+        lines.append(f"- End of a turn through the gateway (finishing chunk to `[DONE]`, which waits for ReportTurn's "
+                     f"answer: the next turn's lease committed): p50 {_ms(ends['p50_ms'])} ms, p99 {_ms(ends['p99_ms'])} ms; "
+                     f"added over the direct path: p50 **{_ms(gw['end_of_turn_added_p50_ms'])} ms**, "
+                     f"p99 **{_ms(gw['end_of_turn_added_p99_ms'])} ms** (on the end of the turn, not on TTFT).")
     if report["memory_mb"]:
         lines += ["", "## Memory (peak RSS, MB)", "", ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items())]
     return "\n".join(lines) + "\n"

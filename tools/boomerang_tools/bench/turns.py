@@ -4,7 +4,10 @@ proxy, and straight to the simulated engines (the client does the P→D hand-off
 Every path runs the same multi-turn conversations (the assistant's reply appended, a new
 user message each turn) at the same concurrency in the same seconds, so the machine's
 noise lands on all three alike. A turn's time is from sending the request to the last byte
-of the streamed answer. What a path *adds* is its time less the direct path's.
+of the streamed answer. What a path *adds* is its time less the direct path's. A turn's end
+is the time from its finishing chunk (the one with `finish_reason`) to the end of the
+stream: where the gateway waits for ReportTurn's answer (the next turn's lease committed)
+before `[DONE]`.
 """
 
 from __future__ import annotations
@@ -32,10 +35,16 @@ def user_message(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-async def _stream(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[str, dict[str, Any] | None, dict[str, str]]:
-    """POST a streaming chat request; the reply text, the final kv_transfer_params, headers."""
+async def _stream(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], ends: list[float] | None = None
+) -> tuple[str, dict[str, Any] | None, dict[str, str]]:
+    """POST a streaming chat request; the reply text, the final kv_transfer_params, headers.
+
+    `ends` gets the milliseconds from the finishing chunk to the end of the stream.
+    """
     text: list[str] = []
     params = None
+    finished_at = None
     async with http.stream("POST", url, json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code} from {url}: {(await resp.aread())[:200]!r}")
@@ -45,8 +54,12 @@ async def _stream(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tu
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices") or []:
                 text.append((choice.get("delta") or {}).get("content") or "")
+                if choice.get("finish_reason") and finished_at is None:
+                    finished_at = time.perf_counter()
             if isinstance(chunk.get("kv_transfer_params"), dict):
                 params = chunk["kv_transfer_params"]
+        if ends is not None and finished_at is not None:
+            ends.append((time.perf_counter() - finished_at) * 1000)
         return "".join(text), params, dict(resp.headers)
 
 
@@ -57,7 +70,9 @@ class DirectClient:
         self.http, self.prefill, self.decode = http, prefill, decode
         self.kv: dict[str, dict[str, Any]] = {}
 
-    async def turn(self, conversation_id: str, body: dict[str, Any]) -> tuple[str, dict[str, str], bool]:
+    async def turn(
+        self, conversation_id: str, body: dict[str, Any], ends: list[float] | None = None
+    ) -> tuple[str, dict[str, str], bool]:
         """One turn; the reply, headers, whether a handle was passed to P."""
         handle = self.kv.pop(conversation_id, None)
         p_body = dict(body, max_tokens=1, stream=False, kv_transfer_params=handle or dict(FIRST_TURN))
@@ -66,7 +81,7 @@ class DirectClient:
         p.raise_for_status()
         params = p.json().get("kv_transfer_params")
         text, d_params, headers = await _stream(self.http, self.decode + "/v1/chat/completions",
-                                                dict(body, kv_transfer_params=params))
+                                                dict(body, kv_transfer_params=params), ends)
         if d_params is not None:
             self.kv[conversation_id] = d_params
         return text, headers, handle is not None
@@ -79,6 +94,7 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
     direct = DirectClient(http, job["prefill"], job["decode"])
     urls = {"naive": job["naive"] + "/v1/chat/completions", "boomerang": job["gateway"] + "/v1/chat/completions"}
     times: dict[str, list[float]] = {p: [] for p in PATHS}
+    ends: dict[str, list[float]] = {p: [] for p in PATHS}
     stages: dict[str, list[float]] = {}
     plans: Counter[str] = Counter()
     reused: Counter[str] = Counter()
@@ -97,18 +113,20 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
                 body = {"model": job["model"], "messages": list(messages), "max_tokens": job["max_tokens"],
                         "stream": True}
                 t0 = time.perf_counter()
+                end_ms: list[float] = []
                 try:
                     if path == "direct":
-                        text, headers, had = await direct.turn(cid, body)
+                        text, headers, had = await direct.turn(cid, body, end_ms)
                         reused[path] += had
                     else:
-                        text, _, headers = await _stream(http, urls[path], dict(body, conversation_id=cid))
+                        text, _, headers = await _stream(http, urls[path], dict(body, conversation_id=cid), end_ms)
                 except Exception as exc:  # noqa: BLE001 - counted, the run goes on
                     errors[f"{path}:{type(exc).__name__}"] += 1
                     break
                 elapsed = (time.perf_counter() - t0) * 1000
                 if turn >= 1:  # first turns are cold everywhere; compare the reuse turns
                     times[path].append(elapsed)
+                    ends[path].extend(end_ms)
                     if path == "boomerang":
                         plans[headers.get("x-boomerang-plan", "?")] += 1
                         for part in headers.get("server-timing", "").split(","):
@@ -130,6 +148,7 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
         await http.aclose()
     return {
         "times_ms": {p: array("d", v).tobytes() for p, v in times.items()},
+        "ends_ms": {p: array("d", v).tobytes() for p, v in ends.items()},
         "stages_ms": {k: array("d", v).tobytes() for k, v in stages.items()},
         "plans": dict(plans),
         "reused": dict(reused),
