@@ -53,6 +53,7 @@ def enabled() -> bool:
 
 def request_sampler() -> Any:
     """The default sampler: follow the caller; start traces only for requests."""
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry.sdk.trace.sampling import (
         ALWAYS_OFF,
         ALWAYS_ON,
@@ -88,6 +89,7 @@ def setup_tracing(service_name: str, exporter: Any = None) -> bool:
     global _enabled
     if _enabled or (exporter is None and not tracing_requested()):
         return _enabled
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry import trace
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -104,6 +106,7 @@ def setup_tracing(service_name: str, exporter: Any = None) -> bool:
     elif os.environ.get("OTEL_TRACES_EXPORTER") == "console":
         processor = BatchSpanProcessor(ConsoleSpanExporter())
     else:
+        # deferred: OpenTelemetry loads only once tracing is on
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         # Batched: a span costs the request a queue append; OTEL_BSP_* tune the flush.
@@ -122,6 +125,7 @@ def setup_tracing(service_name: str, exporter: Any = None) -> bool:
 def shutdown_tracing() -> None:
     """Flush spans still buffered."""
     if _enabled:
+        # deferred: OpenTelemetry loads only once tracing is on
         from opentelemetry import trace
 
         provider: Any = trace.get_tracer_provider()
@@ -132,6 +136,7 @@ def grpc_server_interceptors() -> list[Any]:
     """Server interceptors that continue the caller's trace (none when tracing is off)."""
     if not _enabled:
         return []
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
     return [aio_server_interceptor()]
@@ -141,6 +146,7 @@ def grpc_client_interceptors() -> list[Any]:
     """Client interceptors that propagate the current trace (none when tracing is off)."""
     if not _enabled:
         return []
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
     return list(aio_client_interceptors())
@@ -150,6 +156,7 @@ def instrument_engine(engine: Any) -> None:
     """Trace SQL statements of an async SQLAlchemy engine (its sync_engine)."""
     if not _enabled:
         return
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
     # The instrumentation declares SQLAlchemy < 2.1 but works with 2.1 (the tests check it),
@@ -159,6 +166,7 @@ def instrument_engine(engine: Any) -> None:
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(engine=engine.sync_engine, skip_dep_check=True)
         return
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry import metrics, trace
     from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
 
@@ -174,6 +182,7 @@ def asgi_app(app: Any) -> Any:
     """
     if not _enabled:
         return app
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 
     return OpenTelemetryMiddleware(
@@ -191,6 +200,7 @@ def _http_span_details(scope: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def _instrument_httpx() -> None:
     """Every httpx client in the process makes client spans and injects `traceparent`."""
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
     def name_span(span: Any, request: Any) -> None:
@@ -208,6 +218,7 @@ def _instrument_httpx() -> None:
         instrumentor.instrument(request_hook=name_span, async_request_hook=name_async)
     # The gateway talks to engines with httpx2 (httpx's API, a faster pool): trace it too.
     try:
+        # deferred: OpenTelemetry loads only once tracing is on
         from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
     except ImportError:  # an instrumentation release without httpx2 support
         return
@@ -223,6 +234,7 @@ def annotate(**attributes: Any) -> None:
     """
     if not _enabled:
         return
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry import trace
 
     span = trace.get_current_span()
@@ -242,6 +254,7 @@ def span(name: str, **attributes: Any) -> ContextManager[Any]:
 
 @contextmanager
 def _span(name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry import trace
 
     tracer = trace.get_tracer("boomerang")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_cli import audit, status
+from boomerang_cli import audit, audit_report, status, status_common
 from boomerang_cli.status_db import window_from_plans
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import REGISTRY
@@ -128,7 +128,7 @@ def test_the_audit_timeline_numbers_turns_and_links_leases_to_them() -> None:
         {"lease_id": "L1", "from_state": "CLAIMED", "to_state": "CONSUMED", "reason": "PREFILL_READ", "actor": "registry",
          "request_id": "", "claim_id": "k1", "time": t.format(6)},
     ]
-    d = audit.build("database", "c1", "acme", plans, leases, events)
+    d = audit_report.build("database", "c1", "acme", plans, leases, events)
     assert [(p["plan_id"], p["turn"]) for p in d["turns"]] == [("a", 1), ("b", 2), ("c", 3)]
     assert {x["lease_id"]: x["turn"] for x in d["leases"]} == {"L1": 1, "L2": 2}
     assert [(e["kind"], e["turn"]) for e in d["timeline"]] == [
@@ -156,7 +156,7 @@ def test_status_renders_every_section() -> None:
     reuse = status.window_from_leases([], 0)
     reuse.update(window_seconds=300, saved_prefill_seconds=0.0, partial=False)
     data = {
-        "generated_at": "2026-01-01T00:00:00.000Z", "engines": [row], "retained": status._retained([row]),
+        "generated_at": "2026-01-01T00:00:00.000Z", "engines": [row], "retained": status_common.retained_rows([row]),
         "live_leases": {"by_state": {"RETAINED": 3, "CLAIMED": 1}, "partial": False}, "reuse": reuse,
         "router": {"address": "r", "error": "UNAVAILABLE: down"}, "reaper": None,
     }

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from boomerang.clients.base import aio_channel, call
+from boomerang.clients.base import call
+from boomerang.grpcutil.channel import aio_channel
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 

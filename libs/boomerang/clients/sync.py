@@ -22,10 +22,8 @@ import grpc
 
 from boomerang.auth import TlsFiles, client_token
 from boomerang.clients.base import BoomerangClientError
-from boomerang.grpcutil.retry import retry_service_config
-from boomerang.grpcutil.server import grpc_channel_options
+from boomerang.grpcutil.channel import sync_channel
 from boomerang.grpcutil.status import from_rpc_error
-from boomerang.telemetry import grpc_client_interceptors
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import router_service_pb2 as opb
@@ -35,32 +33,6 @@ REGISTRY_SERVICE = "boomerang.v1.BlockRegistryService"
 ROUTER_SERVICE = "boomerang.v1.RouterService"
 
 T = TypeVar("T")
-
-
-def sync_channel(
-    target: str,
-    services: list[str],
-    *,
-    retries: bool = True,
-    tls: TlsFiles | None = None,
-    max_message_bytes: int = 16 * 1024 * 1024,
-) -> grpc.Channel:
-    """A blocking channel (TLS when `tls` is enabled); retries UNAVAILABLE for `services`
-    unless `retries` is False."""
-    options: list[tuple[str, Any]] = list(grpc_channel_options(max_message_bytes))
-    if retries:
-        options += [("grpc.service_config", retry_service_config(services)), ("grpc.enable_retries", 1)]
-    else:
-        options += [("grpc.enable_retries", 0)]
-    if tls is not None and tls.enabled:
-        channel = grpc.secure_channel(target, tls.channel_credentials(), options=options)
-    else:
-        channel = grpc.insecure_channel(target, options=options)
-    if grpc_client_interceptors():  # tracing is on: carry the trace on blocking calls too
-        from opentelemetry.instrumentation.grpc import client_interceptor
-
-        channel = grpc.intercept_channel(channel, client_interceptor())  # type: ignore[no-untyped-call]
-    return channel
 
 
 def result(method: str, future: Any) -> Any:

@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
+import uvloop
+
 
 def add_common_flags(parser: argparse.ArgumentParser) -> None:
     """Flags every service takes; each overrides its `BOOMERANG_*` variable."""
@@ -38,8 +40,6 @@ def require_database(settings: Any, command: str) -> None:
 
 def run_async(coro: Awaitable[Any]) -> Any:
     """Run a service's main coroutine on uvloop."""
-    import uvloop
-
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 

@@ -11,7 +11,7 @@ import sys
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from boomerang.clients.base import aio_channel
+from boomerang.grpcutil.channel import aio_channel
 
 
 async def check(target: str, service: str = "", timeout: float = 3.0) -> bool:

@@ -65,6 +65,8 @@ def to_status(err: BoomerangError) -> grpc.Status:
 
 def _is_database_outage(exc: BaseException) -> bool:
     """True for errors that mean Postgres is unreachable, not that the request is wrong."""
+    # deferred: the database drivers load only in a server that meets an error; the vLLM hook
+    # imports this module inside vLLM's environment, which need not have them
     import asyncpg
     import sqlalchemy.exc
 

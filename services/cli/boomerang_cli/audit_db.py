@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from boomerang.db.engine import make_engine
 from sqlalchemy import text
 
-from boomerang_cli.audit import build
+from boomerang_cli.audit_report import build
 from boomerang_cli.tables import iso
 
 _TENANT = " AND tenant = :tenant"
@@ -34,8 +35,6 @@ FROM lease_events WHERE conversation_id = :conversation{tenant} ORDER BY created
 
 async def gather_db(url: str, conversation: str, tenant: str | None) -> dict[str, Any]:
     """The audit report from `turn_plans`, `leases` and `lease_events`."""
-    from boomerang.db.engine import make_engine
-
     params = {"conversation": conversation, "tenant": tenant}
     where = _TENANT if tenant else ""
     engine = make_engine(url, 1, "boomerang-audit")

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from boomerang.auth import Principal
 from boomerang.config.settings import CommonSettings, load_settings
+from boomerang.credentials import CredentialStore
+from boomerang.db.engine import make_engine
+from boomerang.db.migrate import upgrade
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -59,10 +62,6 @@ def token_file(directory: Path, principal: Principal) -> Path:
 
 
 async def _ensure(url: str, files: dict[Principal, Path]) -> int:
-    from boomerang.credentials import CredentialStore
-    from boomerang.db.engine import make_engine
-    from boomerang.db.migrate import upgrade
-
     await asyncio.to_thread(upgrade, url)
     engine = make_engine(url, pool_size=1)
     store = CredentialStore(engine, cache_seconds=0)
@@ -90,10 +89,6 @@ def write_private(path: Path, token: str) -> None:
 
 
 async def _act(url: str, action: str, principal: object) -> int:
-    from boomerang.credentials import CredentialStore
-    from boomerang.db.engine import make_engine
-    from boomerang.db.migrate import upgrade
-
     await asyncio.to_thread(upgrade, url)
     engine = make_engine(url, pool_size=1)
     store = CredentialStore(engine)

@@ -12,32 +12,39 @@ import importlib
 import logging
 import sys
 
-# Modules that add subcommands, in the order `boomerang --help` lists them.
-COMMAND_MODULES = [
-    "boomerang_registry.cli",
-    "boomerang_router.cli",
-    "boomerang_gateway.cli",
-    "boomerang_tools.stack.cli",
-    "boomerang_tools.demo.cli",
-    "boomerang_tools.replay.cli",
-    "boomerang_tools.bench.cli",
-    "boomerang_reaper.cli",
-    "boomerang_cli.migrate",
-    "boomerang_cli.credentials",
-    "boomerang_cli.status",
-    "boomerang_cli.audit",
-    "boomerang_tools.sim.cli",
-]
+# Each subcommand and the module that adds it, in the order `boomerang --help` lists them.
+# A command module imports what its command runs (a server, a database driver) at its top, so
+# running one command imports only its own module: `boomerang registry` never loads the
+# gateway, the tools or the operator commands. Help and unknown commands load them all.
+COMMANDS = {
+    "registry": "boomerang_registry.cli",
+    "router": "boomerang_router.cli",
+    "gateway": "boomerang_gateway.cli",
+    "tenants": "boomerang_gateway.cli",
+    "up": "boomerang_tools.stack.cli",
+    "demo": "boomerang_tools.demo.cli",
+    "replay": "boomerang_tools.replay.cli",
+    "bench": "boomerang_tools.bench.cli",
+    "reaper": "boomerang_reaper.cli",
+    "advise-ttl": "boomerang_reaper.cli",
+    "migrate": "boomerang_cli.migrate",
+    "credentials": "boomerang_cli.credentials",
+    "status": "boomerang_cli.status",
+    "audit": "boomerang_cli.audit",
+    "sim": "boomerang_tools.sim.cli",
+}
+COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser with every subcommand."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser for `command` alone when it is a known command, else with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="boomerang",
         description="Boomerang: KV-cache reuse control plane for disaggregated vLLM serving.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
+    for name in modules:
         importlib.import_module(name).register(subparsers)
     return parser
 
@@ -53,7 +60,8 @@ def subcommand_names() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run the chosen subcommand."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", None) or "INFO",
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

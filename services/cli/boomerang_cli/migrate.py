@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from boomerang.config.settings import CommonSettings, load_settings
+from boomerang.db.migrate import upgrade
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -16,8 +17,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    from boomerang.db.migrate import upgrade
-
     settings = load_settings(CommonSettings, database_url=args.database_url)
     try:
         url = settings.require_database()

@@ -16,8 +16,18 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.reaper import ReaperClient
+from boomerang.clients.registry import RegistryClient
+from boomerang.clients.router import RouterClient
 from boomerang.leases import ENDED_STATES, LIVE_STATES
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import router_service_pb2 as rtpb
+from boomerang.v1 import types_pb2 as tpb
 
+from boomerang_cli.status_common import retained_rows, saved_seconds
+from boomerang_cli.status_db import gather_db
+from boomerang_cli.status_reuse import gateway_outcomes, render_rows
 from boomerang_cli.tables import (
     add_source_flags,
     emit,
@@ -49,12 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    from boomerang.clients.base import BoomerangClientError
-
     try:
         if args.database_url:
-            from boomerang_cli.status_db import gather_db
-
             data = asyncio.run(gather_db(args.database_url, args.window))
         else:
             data = asyncio.run(gather_api(args.registry, args.router, args.reaper, args.timeout, args.window, args.gateway))
@@ -73,8 +79,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def engine_row(e: Any, now: float) -> dict[str, Any]:
     """One registry `Engine` as the report shows it."""
-    from boomerang.v1 import types_pb2 as tpb
-
     heartbeat = e.heartbeat_time.seconds + e.heartbeat_time.nanos / 1e9 if e.HasField("heartbeat_time") else None
     return {
         "engine_id": e.engine_id,
@@ -102,8 +106,6 @@ def window_from_leases(leases: Iterable[Any], since: float) -> dict[str, Any]:
     def epoch(ts: Any) -> float:
         return ts.seconds + ts.nanos / 1e9
 
-    from boomerang.v1 import types_pb2 as tpb
-
     created = pulled = reused = 0
     ended: dict[str, int] = {s: 0 for s in ENDED_STATES}
     for lease in leases:
@@ -126,13 +128,6 @@ def window_from_leases(leases: Iterable[Any], since: float) -> dict[str, Any]:
     }
 
 
-def saved_seconds(tokens: int) -> float:
-    """Estimated prefill time `tokens` pulled tokens saved (BOOMERANG_PREFILL_MS_PER_TOKEN)."""
-    from boomerang.config.settings import TelemetrySettings, load_settings
-
-    return tokens * load_settings(TelemetrySettings).prefill_ms_per_token / 1000
-
-
 async def _scan(registry: Any, req: Any, stop_before: float | None = None) -> tuple[list[Any], bool]:
     """Pages of ListLeases (newest first) until done, past `stop_before`, or MAX_PAGES; (leases, partial)."""
     out: list[Any] = []
@@ -151,14 +146,6 @@ async def gather_api(
     registry: str, router: str, reaper: str, timeout: float, window: float, gateway: str = ""
 ) -> dict[str, Any]:
     """The report from the services' APIs."""
-    from boomerang.clients.base import BoomerangClientError
-    from boomerang.clients.reaper import ReaperClient
-    from boomerang.clients.registry import RegistryClient
-    from boomerang.clients.router import RouterClient
-    from boomerang.v1 import registry_service_pb2 as rpb
-    from boomerang.v1 import router_service_pb2 as rtpb
-    from boomerang.v1 import types_pb2 as tpb
-
     now = time.time()
     since = now - window
     async with RegistryClient(registry, timeout=timeout) as reg:
@@ -181,7 +168,7 @@ async def gather_api(
         "registry": registry,
         "engines": [engine_row(e, now) for e in sorted(engines, key=lambda e: (e.role, e.engine_id))],
         "live_leases": {"by_state": counts, "partial": live_partial},
-        "retained": _retained([engine_row(e, now) for e in engines]),
+        "retained": retained_rows([engine_row(e, now) for e in engines]),
         "reuse": reuse,
         "router": None,
         "reaper": None,
@@ -200,24 +187,11 @@ async def gather_api(
         except BoomerangClientError as exc:
             data["reaper"] = {"address": reaper, "error": f"{exc.code}: {exc.error.message}"}
     if gateway:
-        from boomerang_cli.status_reuse import gateway_outcomes
-
         reuse["outcomes"] = await gateway_outcomes(gateway, timeout)
     return data
 
 
-def _retained(engines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [
-        {"engine_id": e["engine_id"], "blocks": e["retained_blocks"], "bytes": e["retained_bytes"]}
-        for e in sorted(engines, key=lambda e: e["engine_id"])
-        if e["role"] == "DECODE"
-    ]
-
-
 def _pool_row(p: Any) -> dict[str, Any]:
-    from boomerang.v1 import router_service_pb2 as rtpb
-    from boomerang.v1 import types_pb2 as tpb
-
     return {
         "engine_id": p.engine.engine_id,
         "role": tpb.EngineRole.Name(p.engine.role).removeprefix("ENGINE_ROLE_"),
@@ -318,7 +292,6 @@ def _outcome_tables(r: dict[str, Any]) -> list[Any]:
         return []
     if "error" in o:
         return [f"[bold red]gateway {o['address']}[/]: {o['error']}"]
-    from boomerang_cli.status_reuse import render_rows
 
     summary, misses = render_rows(o)
     where = f"last {r['window_seconds']:.0f} s, exact, from turn_plans" if o["exact"] else o["source"]

@@ -8,9 +8,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from boomerang.db.engine import make_engine
+from boomerang.leases import ENDED_STATES, LIVE_STATES
 from sqlalchemy import text
 
-from boomerang_cli.status import ENDED_STATES, LIVE_STATES, _retained, saved_seconds
+from boomerang_cli.status_common import retained_rows, saved_seconds
 from boomerang_cli.status_reuse import OUTCOMES_SQL, outcomes_from_rows
 from boomerang_cli.tables import iso
 
@@ -65,8 +67,6 @@ def window_from_plans(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def gather_db(url: str, window: float) -> dict[str, Any]:
     """The report from Postgres."""
-    from boomerang.db.engine import make_engine
-
     now = time.time()
     engine = make_engine(url, 1, "boomerang-status")
     try:
@@ -105,7 +105,7 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
         "generated_at": iso(now),
         "engines": rows,
         "live_leases": {"by_state": {s: live.get(s, 0) for s in LIVE_STATES}, "partial": False},
-        "retained": _retained(rows),
+        "retained": retained_rows(rows),
         "reuse": reuse,
         "router": None,
         "reaper": _reaper(leader),

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from boomerang_cli.tables import percent
+
 SHORTFALL = "PREFILL_SHORTFALL"
 
 OUTCOMES_SQL = """
@@ -67,8 +72,6 @@ def outcomes_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def outcomes_from_metrics(exposition: str) -> dict[str, Any]:
     """The outcomes from a gateway's `/metrics` text (its counters since it started)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     values: dict[str, float] = {}
     misses: dict[str, int] = {}
     for family in text_string_to_metric_families(exposition):
@@ -96,8 +99,6 @@ def outcomes_from_metrics(exposition: str) -> dict[str, Any]:
 
 async def gateway_outcomes(url: str, timeout: float) -> dict[str, Any]:
     """Fetch and read a gateway's `/metrics`; {"error": …} when it cannot be read."""
-    import httpx
-
     base = url if "://" in url else f"http://{url}"
     try:
         async with httpx.AsyncClient(timeout=timeout) as http:
@@ -112,8 +113,6 @@ async def gateway_outcomes(url: str, timeout: float) -> dict[str, Any]:
 
 def render_rows(o: dict[str, Any]) -> tuple[list[list[Any]], list[list[Any]]]:
     """The summary row and the misses rows of the reuse-outcome tables."""
-    from boomerang_cli.tables import percent
-
     summary = [[o["turns"], percent(o["reuse_rate"]), o["planned_tokens"], o["delivered_tokens"],
                 percent(o["delivery_rate"]), f"{o['reported_turns']}/{o['turns']}"]]
     misses = [[m["reason"], m["turns"]] for m in o["misses_by_reason"]]

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
+from rich.console import Console
+from rich.table import Table
 
 DEFAULT_REGISTRY = "127.0.0.1:50051"
 DEFAULT_ROUTER = "127.0.0.1:50052"
@@ -89,8 +91,6 @@ def short_time(value: str | None) -> str:
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str = "") -> Any:
     """A rich table; numbers right-aligned."""
-    from rich.table import Table
-
     rows = [list(r) for r in rows]
     t = Table(title=title, caption=caption or None, title_justify="left", caption_justify="left", expand=False)
     for i, col in enumerate(columns):
@@ -109,7 +109,6 @@ def emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
         json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
         sys.stdout.write("\n")
         return
-    from rich.console import Console
 
     console = Console(width=max(100, Console().width))
     for item in render(data):

@@ -6,10 +6,15 @@ import argparse
 import asyncio
 import sys
 
+from boomerang.auth import is_loopback
 from boomerang.config.flags import add_common_flags, common_overrides, run_async
 from boomerang.config.settings import CommonSettings, load_settings
+from boomerang.db.engine import make_engine
+from boomerang.db.migrate import upgrade
 
+from boomerang_gateway.server import run
 from boomerang_gateway.settings import GatewaySettings
+from boomerang_gateway.tenants import TenantExists, TenantStore
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--decode", action="append", metavar="URL", help="a static decode engine's base URL (repeatable)")
     parser.add_argument("--allow-anonymous", action="store_true", default=None,
                         help="serve requests without a Boomerang API key as tenant 'anonymous'")
+    parser.add_argument("--engine-hook", action="store_true", default=None,
+                        help="the engines run the vLLM hook and plan themselves: no tokenize, PlanTurn or ReportTurn "
+                        "here (BOOMERANG_ENGINE_HOOK)")
     parser.add_argument("--plan-timeout-seconds", type=float, help="PlanTurn deadline (default 0.25)")
     parser.add_argument("--tokenize-timeout-seconds", type=float, help="/tokenize deadline (default 1)")
     parser.add_argument("--max-body-bytes", type=int, help="largest request body (default 8 MiB)")
@@ -58,6 +66,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         decode_urls=args.decode,
         allow_anonymous=args.allow_anonymous,
         plan_timeout_seconds=args.plan_timeout_seconds,
+        engine_hook=args.engine_hook,
         tokenize_timeout_seconds=args.tokenize_timeout_seconds,
         max_body_bytes=args.max_body_bytes,
         tenant_requests_per_second=args.tenant_requests_per_second,
@@ -73,7 +82,6 @@ def _run_gateway(args: argparse.Namespace) -> int:
         raise SystemExit("boomerang gateway: give both --prefill and --decode engines, or neither (registry)")
     if not settings.prefill_urls and not settings.registry_address:
         raise SystemExit("boomerang gateway: no engines: give --prefill and --decode URLs, or --registry")
-    from boomerang_gateway.server import run
 
     run_async(run(settings))
     return 0
@@ -81,8 +89,6 @@ def _run_gateway(args: argparse.Namespace) -> int:
 
 def check_anonymous_listener(settings: GatewaySettings) -> None:
     """Anonymous tenants beyond loopback only with the development setting (then loudly); else exit."""
-    from boomerang.auth import is_loopback
-
     if not settings.allow_anonymous or is_loopback(settings.listen):
         return
     if not settings.insecure_allow_anonymous:
@@ -109,11 +115,6 @@ def _run_tenants(args: argparse.Namespace) -> int:
 
 
 async def _tenants(url: str, args: argparse.Namespace) -> int:
-    from boomerang.db.engine import make_engine
-    from boomerang.db.migrate import upgrade
-
-    from boomerang_gateway.tenants import TenantExists, TenantStore
-
     await asyncio.to_thread(upgrade, url)
     engine = make_engine(url, 1, "boomerang-tenants")
     store = TenantStore(engine)

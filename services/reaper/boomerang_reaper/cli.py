@@ -7,9 +7,19 @@ import asyncio
 import json
 import sys
 
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.reaper import ReaperClient
 from boomerang.config.flags import add_common_flags, common_overrides, require_database, run_async
 from boomerang.config.settings import CommonSettings, load_settings
+from boomerang.db.engine import make_engine
+from boomerang.errors import BoomerangError
+from boomerang.v1 import reaper_service_pb2 as pb
 
+from boomerang_reaper.advice_report import render_table, to_json
+from boomerang_reaper.advisor import advise_from_history, make_query
+from boomerang_reaper.convert import advice_from_proto
+from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.server import run
 from boomerang_reaper.settings import ReaperSettings
 
 
@@ -64,7 +74,6 @@ def _run_reaper(args: argparse.Namespace) -> int:
         max_sleep_seconds=args.max_sleep_seconds,
     )
     require_database(settings, "reaper")
-    from boomerang_reaper.server import run
 
     run_async(run(settings))
     return 0
@@ -78,11 +87,6 @@ def _candidates(text: str) -> tuple[int, ...]:
 
 
 def _run_advise(args: argparse.Namespace) -> int:
-    from boomerang.clients.base import BoomerangClientError
-    from boomerang.errors import BoomerangError
-
-    from boomerang_reaper.advice_report import render_table, to_json
-
     try:
         target, safety, advice, history = asyncio.run(_advice(args))
     except (BoomerangError, BoomerangClientError) as exc:
@@ -99,11 +103,6 @@ def _run_advise(args: argparse.Namespace) -> int:
 async def _advice(args: argparse.Namespace) -> tuple[float, float, list, dict]:  # type: ignore[type-arg]
     candidates = _candidates(args.candidates)
     if args.reaper:
-        from boomerang.clients.reaper import ReaperClient
-        from boomerang.v1 import reaper_service_pb2 as pb
-
-        from boomerang_reaper.convert import advice_from_proto
-
         req = pb.AdviseTTLRequest(
             tenant=args.tenant, model=args.model, target_reuse=args.target,
             history_hours=args.history_hours, candidate_ttl_seconds=candidates,
@@ -117,11 +116,6 @@ async def _advice(args: argparse.Namespace) -> tuple[float, float, list, dict]: 
             "end": resp.history_end_time.ToDatetime().isoformat() + "Z",
         }
         return resp.target_reuse, resp.safety_seconds, [advice_from_proto(a) for a in resp.advice], history
-
-    from boomerang.db.engine import make_engine
-
-    from boomerang_reaper.advisor import advise_from_history, make_query
-    from boomerang_reaper.repository import ReaperRepository
 
     query = make_query(args.tenant, args.model, args.target, args.history_hours, candidates, args.safety_seconds)
     settings = load_settings(CommonSettings, database_url=args.database_url)

@@ -7,6 +7,7 @@ import argparse
 from boomerang.config.flags import add_common_flags, common_overrides, require_database, run_async
 from boomerang.config.settings import load_settings
 
+from boomerang_registry.server import run
 from boomerang_registry.settings import RegistrySettings
 
 
@@ -27,7 +28,6 @@ def _run(args: argparse.Namespace) -> int:
         ttl_margin_seconds=args.ttl_margin_seconds,
     )
     require_database(settings, "registry")
-    from boomerang_registry.server import run
 
     run_async(run(settings))
     return 0

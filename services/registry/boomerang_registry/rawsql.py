@@ -52,6 +52,7 @@ def db_span(operation: str) -> Iterator[None]:
     if not telemetry.enabled():
         yield
         return
+    # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry import trace
 
     tracer = trace.get_tracer("boomerang.registry")

@@ -6,6 +6,7 @@ everything in one go. Nothing here touches the database.
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 
 from boomerang import chainproto
@@ -170,8 +171,6 @@ def claim_batch_size(req: rpb.ClaimReuseBatchRequest) -> None:
 
 def lease_ref(tenant: str, lease_id: str, claim_id: str) -> None:
     """Validate the (tenant, lease_id, claim_id) of ReleaseClaim and MarkConsumed."""
-    import uuid
-
     v = Violations()
     check_id(v, "tenant", tenant)
     try:

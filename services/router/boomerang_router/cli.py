@@ -7,6 +7,7 @@ import argparse
 from boomerang.config.flags import add_common_flags, common_overrides, require_database, run_async
 from boomerang.config.settings import load_settings
 
+from boomerang_router.server import run
 from boomerang_router.settings import RouterSettings
 
 
@@ -47,7 +48,6 @@ def _run(args: argparse.Namespace) -> int:
         health_check_seconds=args.health_check_seconds,
     )
     require_database(settings, "router")
-    from boomerang_router.server import run
 
     run_async(run(settings))
     return 0

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from boomerang_tools.bench.config import PHASES
+from boomerang.config.flags import run_async
+from boomerang.config.settings import CommonSettings, load_settings
+
+from boomerang_tools.bench.config import PHASES, BenchConfig
+from boomerang_tools.bench.naive_proxy import serve
+from boomerang_tools.bench.runner import run_bench
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -44,18 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    from boomerang.config.flags import run_async
-
     if args.serve_naive_proxy:
-        from boomerang_tools.bench.naive_proxy import serve
-
         run_async(serve(args.serve_naive_proxy, args.prefill, args.decode))
         return 0
-
-    from boomerang.config.settings import CommonSettings, load_settings
-
-    from boomerang_tools.bench.config import BenchConfig
-    from boomerang_tools.bench.runner import run_bench
 
     settings = load_settings(CommonSettings, database_url=args.database_url)
     cfg = BenchConfig.for_run(args.quick, args.leases, args.step_seconds)

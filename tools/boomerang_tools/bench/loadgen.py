@@ -19,6 +19,7 @@ import asyncio
 import multiprocessing
 import random
 import time
+import traceback
 import uuid
 from array import array
 from collections import Counter
@@ -26,7 +27,19 @@ from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import grpc
+import uvloop
+from boomerang import chainproto
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.registry import RegistryClient
+from boomerang.clients.router import RouterClient
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import router_service_pb2 as rtpb
+from boomerang.v1 import types_pb2 as tpb
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from boomerang_tools.bench.preload import block_ids_json
+from boomerang_tools.bench.turns import turns_job
 from boomerang_tools.bench.workload import BLOCK_SIZE, MODEL, chain_for, conversation, next_prompt
 
 Job = dict[str, Any]
@@ -81,15 +94,10 @@ class Workers:
 
 
 def _worker_main(pipe: Connection, index: int, router: str, registry: str) -> None:
-    import uvloop
-
     uvloop.run(_serve(pipe, index, router, registry))
 
 
 async def _serve(pipe: Connection, index: int, router: str, registry: str) -> None:
-    from boomerang.clients.registry import RegistryClient
-    from boomerang.clients.router import RouterClient
-
     loop = asyncio.get_running_loop()
     router_client = RouterClient(router, timeout=5.0, plan_timeout=2.0) if router else None
     registry_client = RegistryClient(registry, timeout=10.0) if registry else None
@@ -107,7 +115,6 @@ async def _serve(pipe: Connection, index: int, router: str, registry: str) -> No
             try:
                 result = await handlers[job["kind"]](job)
             except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
-                import traceback
 
                 result = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
             pipe.send(result)
@@ -118,8 +125,6 @@ async def _serve(pipe: Connection, index: int, router: str, registry: str) -> No
 
 
 async def _turns(job: Job, index: int) -> dict[str, Any]:
-    from boomerang_tools.bench.turns import turns_job
-
     return await turns_job(job, index)
 
 
@@ -162,9 +167,6 @@ async def open_loop(
 
 async def plan_job(client: Any, job: Job, index: int) -> dict[str, Any]:
     """Open-loop PlanTurn calls over this worker's conversations."""
-    from boomerang.clients.base import BoomerangClientError
-    from boomerang.v1 import router_service_pb2 as rtpb
-
     offsets = schedule(job["rate"], job["duration"], job["seed"] * 31 + index, len(job["conversations"]))
     requests = []
     for k in job["conversations"][: len(offsets)]:
@@ -200,10 +202,6 @@ async def plan_job(client: Any, job: Job, index: int) -> dict[str, Any]:
 
 async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
     """Closed-loop RegisterRetainedBlocks from `concurrency` decode-node clients."""
-    from boomerang.clients.base import BoomerangClientError
-    from boomerang.v1 import registry_service_pb2 as rpb
-    from boomerang.v1 import types_pb2 as tpb
-
     engines = job["engine_ids"]
     requests = []
     for n, k in enumerate(job["conversations"]):
@@ -217,8 +215,7 @@ async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
             engine_generation=job["generation"], remote_request_id=rid,
             block_groups=[tpb.BlockIdGroup(block_ids=g) for g in block_ids_json(grown)],
             num_tokens=grown.num_tokens,
-            token_chain=tpb.TokenChain(block_size=BLOCK_SIZE, num_tokens=grown.num_tokens,
-                                       block_hashes=chain.block_hashes, tail_hash=chain.tail_hash),
+            token_chain=chainproto.to_proto(chain),
             model=MODEL, request_id=uuid.uuid4().hex,
         ))
     await _wait_until(job["start_at"])
@@ -251,9 +248,6 @@ async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
 
 async def health_job(job: Job, index: int) -> dict[str, Any]:
     """Open-loop grpc.health.v1 Check calls: what one gRPC call costs with no work behind it."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     channel = grpc.aio.insecure_channel(job["target"])
     stub = health_pb2_grpc.HealthStub(channel)
     await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)

@@ -17,11 +17,14 @@ import asyncio
 import contextlib
 import itertools
 import json
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import uvicorn
+from boomerang_gateway.server import bind
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -105,11 +108,6 @@ def create_app(proxy: NaiveProxy) -> Starlette:
 
 async def serve(listen: str, prefill: list[str], decode: list[str]) -> None:
     """Serve until SIGTERM; prints BOOMERANG_READY like Boomerang's services."""
-    import signal
-
-    import uvicorn
-    from boomerang_gateway.server import bind
-
     class _Server(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

@@ -7,27 +7,20 @@ import dataclasses
 import os
 import random
 import time
-from array import array
 from collections import Counter
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.database import rearm_claims, sizes
 from boomerang_tools.bench.preload import copy_leases
-from boomerang_tools.bench.stats import summarize
+from boomerang_tools.bench.stats import floats, summarize
 from boomerang_tools.bench.workload import Conversation, conversation, planned_indices
-
-if TYPE_CHECKING:
-    from boomerang_tools.bench.runner import Bench
 
 DEGRADED = "CONTROL_PLANE_DEGRADED"
 EXPIRY_TENANT = "bench-expiry"
 
 
-def _floats(raw: bytes) -> list[float]:
-    out = array("d")
-    out.frombytes(raw)
-    return out.tolist()
 
 
 async def preload_to(b: Bench, target: int) -> dict[str, Any]:
@@ -67,8 +60,8 @@ async def plan_step(b: Bench, rate: int, seconds: float, label: str, profile: st
     cpu = meter.stop()
     await b.collect(profile, sampler)
     b.progress.remove_task(task)
-    latencies = [x for r in results for x in _floats(r["latencies_ms"])]
-    lags = [x for r in results for x in _floats(r["send_lag_ms"])]
+    latencies = [x for r in results for x in floats(r["latencies_ms"])]
+    lags = [x for r in results for x in floats(r["send_lag_ms"])]
     reasons: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     for r in results:
@@ -204,7 +197,7 @@ async def registrations(b: Bench) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
     for r in results:
         outcomes.update(r["outcomes"])
-    latencies = [x for r in results for x in _floats(r["latencies_ms"])]
+    latencies = [x for r in results for x in floats(r["latencies_ms"])]
     elapsed = max(r["elapsed_s"] for r in results)
     committed = outcomes.get("created", 0)
     b.sample_memory()

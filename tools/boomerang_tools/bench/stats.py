@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Sequence
 
 
@@ -40,3 +41,10 @@ def clean(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return [clean(v) for v in value]
     return value
+
+
+def floats(raw: bytes) -> list[float]:
+    """The float64 samples a client process sent back packed (`array("d").tobytes()`)."""
+    out = array("d")
+    out.frombytes(raw)
+    return out.tolist()

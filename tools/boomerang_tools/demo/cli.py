@@ -11,9 +11,20 @@ corrupt pull, or any reply that differs between off and on.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from boomerang_tools.demo.show import conclude, measure
+from boomerang_tools.demo.workload import POINTS, QUICK_POINTS
+from boomerang_tools.sim.costmodel import PROFILES
+from boomerang_tools.stack.children import ChildFailed
+from boomerang_tools.stack.postgres import PostgresError
+from boomerang_tools.stack.stack import SimSpec, Stack, StackConfig
 
 CLAIM_DEADLINE_MS = 1000
 
@@ -36,8 +47,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _sim_stats(urls: list[str]) -> dict[str, int]:
-    import httpx
-
     keys = ("pulls", "pulled_tokens", "corrupt_pulls", "expired_or_freed_reads", "corrupt_loads",
             "expired_or_freed_loads", "computed_tokens")
     total = dict.fromkeys(keys, 0)
@@ -50,16 +59,6 @@ def _sim_stats(urls: list[str]) -> dict[str, int]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import logging
-
-    from rich.console import Console
-
-    from boomerang_tools.demo.workload import POINTS, QUICK_POINTS
-    from boomerang_tools.sim.costmodel import PROFILES
-    from boomerang_tools.stack.children import ChildFailed
-    from boomerang_tools.stack.postgres import PostgresError
-    from boomerang_tools.stack.stack import SimSpec, Stack, StackConfig
-
     console = Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
@@ -103,7 +102,6 @@ def _run(args: argparse.Namespace) -> int:
     try:
         console.print(f"System up in {time.monotonic() - started:.1f}s: gateway {stack.gateway_url}, "
                       f"{len(sims)} simulated engines, logs in {stack.log_dir}/")
-        from boomerang_tools.demo.show import conclude, measure
 
         result = measure(console, stack.gateway_url, profiles, points, reps,
                          {p: PROFILES[p].served_model_name for p in profiles})

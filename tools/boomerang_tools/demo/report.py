@@ -76,9 +76,11 @@ def table(profile: str, data: list[dict[str, Any]], plans: dict[int, str] | None
 
 def chart(profiles: list[tuple[str, list[dict[str, Any]]]], path: Path) -> None:
     """TTFT against context length, off and on, with AWS's published points, one panel per profile."""
+    # deferred: matplotlib (heavy, and only for the chart) loads only when a chart is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: pyplot after the backend is chosen
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(profiles), figsize=(6.2 * len(profiles), 4.6), squeeze=False)

@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from boomerang_tools.replay.loader import ReplayFormatError, load
+from boomerang_tools.replay.runner import ReplayOptions, replay, summarize
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -44,15 +52,6 @@ def _edges(text: str) -> tuple[int, ...]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import logging
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from boomerang_tools.replay.loader import ReplayFormatError, load
-    from boomerang_tools.replay.runner import ReplayOptions, replay, summarize
-
     console = Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     edges = _edges(args.buckets)

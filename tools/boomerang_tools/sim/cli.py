@@ -7,6 +7,12 @@ import time
 import uuid
 
 import xxhash
+from boomerang.config.flags import run_async
+
+from boomerang_tools.sim.costmodel import profile
+from boomerang_tools.sim.engine import SimConfig
+from boomerang_tools.sim.hooked import HookOptions
+from boomerang_tools.sim.server import run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -35,6 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "restarted process always registers a newer generation than its previous run)")
     parser.add_argument("--registry", help="block-registry HOST:PORT to register with and heartbeat (optional)")
     parser.add_argument("--heartbeat-seconds", type=float, default=2.0, help="registry heartbeat interval (default 2)")
+    parser.add_argument("--hook", action="store_true",
+                        help="run Boomerang's vLLM hook inside the engine (boomerang.vllm_hook, as BoomerangConnector "
+                        "does): decode registers its own retained blocks with --registry, prefill plans from its own "
+                        "token ids with --router; the hook's sender registers and heartbeats the engine")
+    parser.add_argument("--router", help="router HOST:PORT the prefill hook plans with (with --hook)")
+    parser.add_argument("--tenant", default="anonymous",
+                        help="the hook's tenant for requests that name none (default anonymous; requests may name "
+                        "theirs: the gateway in front sets it)")
+    parser.add_argument("--plan-deadline-ms", type=float, default=20.0,
+                        help="the prefill hook's planning budget, ms (plan_deadline_ms, default 20)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="multiply every simulated latency by this (default 1.0; tests use ~0.01)")
     parser.add_argument("--expiry-margin", type=float, default=5.0,
@@ -59,12 +75,6 @@ def _check(ok: bool, message: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from boomerang.config.flags import run_async
-
-    from boomerang_tools.sim.costmodel import profile
-    from boomerang_tools.sim.engine import SimConfig
-    from boomerang_tools.sim.server import run
-
     try:
         prof = profile(args.profile)
     except ValueError as exc:
@@ -78,6 +88,13 @@ def _run(args: argparse.Namespace) -> int:
     _check(generation >= 0, "--generation must be non-negative")
     _check(args.time_scale >= 0, "--time-scale must be non-negative")
     _check(args.num_gpu_blocks >= 1, "--num-gpu-blocks must be positive")
+    hook = None
+    if args.hook:
+        _check(args.role == "prefill" or bool(args.registry), "--hook on a decode engine needs --registry")
+        _check(args.role == "decode" or bool(args.router), "--hook on a prefill engine needs --router")
+        _check(0 < args.plan_deadline_ms <= 1000, "--plan-deadline-ms must be in (0, 1000]")
+        hook = HookOptions(registry=args.registry or "", router=args.router or "", tenant=args.tenant,
+                           plan_deadline_ms=args.plan_deadline_ms, heartbeat_interval_seconds=args.heartbeat_seconds)
     side = args.side_channel_port
     if side is None:
         side = args.port + 1000 if args.port and args.port + 1000 <= 65535 else 0
@@ -105,5 +122,5 @@ def _run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len or prof.max_model_len,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
     )
-    run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds))
+    run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds, hook))
     return 0

@@ -9,6 +9,13 @@ import sys
 import threading
 from pathlib import Path
 
+from boomerang.config.settings import normalize_database_url
+
+from boomerang_tools.sim.costmodel import profile
+from boomerang_tools.stack.children import ChildFailed
+from boomerang_tools.stack.postgres import PostgresError
+from boomerang_tools.stack.stack import Stack, StackConfig, sims_for
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `up` subcommand."""
@@ -40,9 +47,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _config(args: argparse.Namespace) -> StackConfig:  # type: ignore[name-defined]  # noqa: F821
-    from boomerang.config.settings import normalize_database_url
-
-    from boomerang_tools.stack.stack import StackConfig, sims_for
 
     database_url = args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", "")
     if database_url:
@@ -75,11 +79,6 @@ def _config(args: argparse.Namespace) -> StackConfig:  # type: ignore[name-defin
 
 
 def _run(args: argparse.Namespace) -> int:
-    from boomerang_tools.sim.costmodel import profile
-    from boomerang_tools.stack.children import ChildFailed
-    from boomerang_tools.stack.postgres import PostgresError
-    from boomerang_tools.stack.stack import Stack
-
     try:
         served = profile(args.profile).served_model_name
     except ValueError as exc:
