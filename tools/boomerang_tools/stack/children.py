@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -36,9 +37,12 @@ class Child:
     """One `boomerang <args>` process."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 wave: int = 0):
+                 wave: int = 0, stopped_line: str = ""):
         self.name = name
         self.wave = wave  # stop_all stops higher waves first
+        # The log line after which it neither serves nor calls anyone (else: its exit).
+        self.stopped_line = stopped_line
+        self._quiet = threading.Event()
         self.args = args
         self.log_path = log_dir / f"{name}.log"
         self.env = {**os.environ, **(env or {})}
@@ -61,7 +65,7 @@ class Child:
             text=True,
             env=self.env,
             start_new_session=True,
-            preexec_fn=die_with_parent(signal.SIGTERM),
+            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509 - one pre-resolved prctl call
         )
         self._pump = threading.Thread(target=self._read, name=f"log-{self.name}", daemon=True)
         self._pump.start()
@@ -72,6 +76,9 @@ class Child:
             self._log.write(line)
             if line.startswith("BOOMERANG_READY"):
                 self._ready.put(line.split()[-1])
+            elif self.stopped_line and line.rstrip().endswith(self.stopped_line):
+                self._quiet.set()
+        self._quiet.set()
         self._ready.put("")
 
     def wait_ready(self, timeout: float = 60.0) -> str:
@@ -107,6 +114,10 @@ class Child:
             except ProcessLookupError:
                 pass
 
+    def wait_quiet(self, timeout: float) -> bool:
+        """Wait until it has stopped serving and calling (its stopped line, or its exit)."""
+        return self.proc is None or self._quiet.wait(timeout)
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, wait up to `timeout`, then SIGKILL; returns the exit code."""
         self.signal(signal.SIGTERM)
@@ -128,13 +139,26 @@ class Child:
         return self.proc.returncode
 
 
-def stop_all(children: list[Child], timeout: float = 15.0) -> None:
+def stop_all(children: list[Child], timeout: float = 15.0, then: Callable[[], None] | None = None) -> None:
     """Stop children wave by wave, highest first, so each drains while what it calls (the
-    gateway → router → registry) still answers; a wave's children stop side by side."""
-    for wave in sorted({c.wave for c in children}, reverse=True):
-        members = [c for c in children if c.wave == wave]
-        for child in members:
-            child.signal(signal.SIGTERM)
+    gateway → router → registry) still answers; a wave's children stop side by side.
+
+    The next wave starts once this one has stopped serving and calling (not once its
+    interpreters have exited); `then` runs after the last wave (the database stops there),
+    and finally every child is awaited, SIGKILL after `timeout`.
+    """
+    try:
+        for wave in sorted({c.wave for c in children}, reverse=True):
+            members = [c for c in children if c.wave == wave]
+            for child in members:
+                child.signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for child in members:
+                if not child.wait_quiet(max(0.1, deadline - time.monotonic())):
+                    child.signal(signal.SIGKILL)  # stuck: what it calls is about to go
+        if then is not None:
+            then()
+    finally:
         deadline = time.monotonic() + timeout
-        for child in members:
+        for child in children:
             child.finish(max(0.1, deadline - time.monotonic()))

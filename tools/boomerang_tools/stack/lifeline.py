@@ -30,7 +30,7 @@ def _load_prctl() -> Callable[..., int] | None:
         return None
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
-    return prctl  # type: ignore[no-any-return]
+    return prctl
 
 
 # Resolved once, here: the forked child must not load libraries before it execs.

@@ -112,7 +112,9 @@ class Stack:
         }
 
     def _spawn(self, name: str, args: list[str], wave: int) -> Child:
-        child = Child(name, args, self.log_dir, self._env(), wave)
+        # Services log "<name> stopped" once they neither serve nor call; engines just exit.
+        stopped = f"{args[0]} stopped" if args[0] != "sim" else ""
+        child = Child(name, args, self.log_dir, self._env(), wave, stopped)
         child.start()
         self.children.append(child)
         return child
@@ -137,7 +139,7 @@ class Stack:
         else:
             self.postgres = EmbeddedPostgres(self.config.data_dir.resolve())
             self.database_url = self.postgres.start()
-            note = f"embedded, data in {self.postgres.data}"
+            note = f"embedded ({self.postgres.source}), data in {self.postgres.data}"
         upgrade(self.database_url)
         parts = urlsplit(self.database_url)
         self.endpoints.append(Endpoint("postgres", f"{parts.hostname}:{parts.port or 5432}{parts.path}", note))
@@ -238,11 +240,11 @@ class Stack:
         try:
             if self.registry_address and self.sim_engine_ids:
                 _retire(self.registry_address, self.sim_engine_ids, "ENGINE_STOPPED")
-            stop_all(self.children)
+            stop_all(self.children, then=self.postgres.stop if self.postgres is not None else None)
         finally:
             self.children = []
             if self.postgres is not None:
-                self.postgres.stop()
+                self.postgres.stop()  # again, in case a child could not be stopped: idempotent
 
 
 def _retire(registry: str, engine_ids: list[str], reason: str) -> None:
