@@ -114,6 +114,8 @@ def test_prefill_pull_turn(connector: Any, fakes: Fakes) -> None:
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
     report = fakes.background.reports[0]
     assert (report.tenant, report.plan_id, report.handle_use) == ("acme", "plan-1", opb.HANDLE_USE_READ)
+    # The delivered reuse, by the hook's own count: 16 from P's prefix cache + 80 pulled.
+    assert report.HasField("delivered_cached_tokens") and report.delivered_cached_tokens == 96
     stats = conn.boomerang.stats()
     assert stats["plan_pull"] == 1 and stats["reused_tokens"] == 96 and "plan_ms_p99" in stats
 
@@ -127,6 +129,7 @@ def test_pull_never_allocated_is_reported_unknown(connector: Any, fakes: Fakes) 
     assert conn.request_finished_all_groups(req, block_ids_for(100, 16)) == (False, None)
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
     assert fakes.background.reports[0].handle_use == opb.HANDLE_USE_UNKNOWN
+    assert not fakes.background.reports[0].HasField("delivered_cached_tokens")  # never allocated: no count
 
 
 def test_unusable_pull_params_give_the_claim_back(connector: Any, fakes: Fakes) -> None:

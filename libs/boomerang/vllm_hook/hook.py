@@ -61,6 +61,11 @@ class TurnState:
     allocated: bool = False  # holds blocks now (False again after a preemption)
     handle_used: bool = False  # vLLM allocated it with the plan's handle: counts as read
     preemptions: int = 0
+    # The hook's own count of prompt tokens not computed, at the last allocation: P's own
+    # prefix-cache hits (vLLM's `num_computed_tokens` when it asked) plus the tokens the
+    # NixlConnector loads (`num_external_tokens`). Reported as the delivered reuse.
+    local_cached: int = 0
+    external_cached: int | None = None
 
 
 class BoomerangHook:
@@ -176,6 +181,7 @@ class BoomerangHook:
         rid = str(request.request_id)
         known = self._turns.get(rid)
         if known is not None:
+            known.local_cached = max(0, int(num_computed_tokens))
             # vLLM asks again each step until it can schedule the request, and again after
             # a preemption (which freed its blocks: it waits for allocation once more).
             preemptions = int(getattr(request, "num_preemptions", 0) or 0)
@@ -184,7 +190,8 @@ class BoomerangHook:
             return
         prompt = token_ids(request, "prompt_token_ids")
         found = self._context(request)
-        state = self._track(rid, TurnState(None if isinstance(found, Skip) else found, len(prompt)))
+        state = self._track(rid, TurnState(None if isinstance(found, Skip) else found, len(prompt),
+                                           local_cached=max(0, int(num_computed_tokens))))
         if self.planner is None:
             return
         if isinstance(found, Skip):
@@ -233,6 +240,7 @@ class BoomerangHook:
         state = self._turns.get(str(request.request_id))
         if state is not None:
             state.allocated = state.handle_used = True
+            state.external_cached = max(0, int(num_external_tokens))
 
     def on_finished(self, request: Any, result: tuple[bool, dict[str, Any] | None]) -> tuple[bool, dict[str, Any] | None]:
         """Register D's retained blocks, or report P's plan; returns vLLM's result (P's params
@@ -249,7 +257,10 @@ class BoomerangHook:
                 use = opb.HANDLE_USE_READ if state.handle_used else opb.HANDLE_USE_UNKNOWN
             elif state.decision == "PULL_UNUSED":
                 use = opb.HANDLE_USE_NOT_READ
-            if not self.reporter.submit(Report(state.context.tenant if state.context else "", state.plan_id, use)):
+            delivered = None if state.external_cached is None else state.local_cached + state.external_cached
+            report = Report(state.context.tenant if state.context else "", state.plan_id, use,
+                            delivered_cached_tokens=delivered)
+            if not self.reporter.submit(report):
                 self.counters["report_rejected_full"] += 1
         if state is not None and state.context is not None and isinstance(params, dict) and params.get("do_remote_prefill"):
             return delay_free, {**params, KEY: state.context.as_params()}

@@ -40,6 +40,7 @@ class Report:
     plan_id: str = ""
     handle_use: int = opb.HANDLE_USE_UNSPECIFIED
     replan: opb.PlanTurnRequest | None = None
+    delivered_cached_tokens: int | None = None  # the hook's count of prompt tokens not computed
 
 
 class TurnReporter:
@@ -138,10 +139,10 @@ class TurnReporter:
                 else:
                     entry.item = Report(report.tenant, plan_id, opb.HANDLE_USE_NOT_READ)
                 report = entry.item
-            self.client.report_turn(
-                opb.ReportTurnRequest(tenant=report.tenant, plan_id=plan_id, handle_use=report.handle_use),  # type: ignore[arg-type]
-                timeout=self.rpc_timeout,
-            )
+            req = opb.ReportTurnRequest(tenant=report.tenant, plan_id=plan_id, handle_use=report.handle_use)  # type: ignore[arg-type]
+            if report.delivered_cached_tokens is not None:
+                req.delivered_cached_tokens = report.delivered_cached_tokens
+            self.client.report_turn(req, timeout=self.rpc_timeout)
         except BoomerangClientError as err:
             if err.code in TRANSIENT_CODES:
                 self.transient_failures += 1
