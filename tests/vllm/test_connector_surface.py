@@ -172,6 +172,11 @@ def test_the_scheduler_calls_only_what_the_standin_models(real: Any) -> None:
             ours = list(inspect.signature(getattr(vllm_standin.StandInNixlConnector, name)).parameters)
             theirs = list(inspect.signature(getattr(NixlConnector, name)).parameters)
             assert ours == theirs, (name, ours, theirs)
+    # The hook itself acts on each of them: an override inherited from the NixlConnector
+    # would pass every signature check and never run Boomerang's code (issue 12's bug).
+    for name in ("request_finished_all_groups", "get_num_new_matched_tokens", "update_state_after_alloc",
+                 "build_connector_meta"):
+        assert name in vars(BoomerangConnectorMixin), f"the scheduler calls {name}; the hook does not override it"
     unknown = called - set(OVERRIDES) - set(LEFT_TO_NIXL)
     assert not unknown, f"vLLM's scheduler calls {sorted(unknown)}, which neither the hook nor the stand-in models"
     # The hook's calls were all made, each with arguments of the types the stand-in declares
