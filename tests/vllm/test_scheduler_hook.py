@@ -128,9 +128,12 @@ def test_multi_turn_decode_registers_every_turn_and_prefill_pulls(pair: Pair, un
     for turn in range(1, 5):
         p_done, d_done = pair.turn(conversation, history)
         rid_p = p_done.request_id
+        # vLLM's scheduler tells D (and the gateway) how many prompt tokens P did not compute.
+        cached = p_done.kv_transfer_params["remote_prefill_cached_tokens"]
         if turn == 1:
             assert pair.p.hook.counters["plan_cold"] == 1
             assert rid_p not in pair.p.receives
+            assert cached == 0
         else:
             # P planned PULL; vLLM's own connector counted min(remote_num_tokens, prompt) tokens
             # to load and queued the NIXL receive from D's previous request with that count.
@@ -140,6 +143,7 @@ def test_multi_turn_decode_registers_every_turn_and_prefill_pulls(pair: Pair, un
             call = next(c for c in pair.p.matches if c.request_id == rid_p)
             assert call.result == (expected, True), (call, pair.p.hook.stats())
             assert call.remote_num_tokens == expected
+            assert cached == expected  # every pulled token, as the gateway's delivered reuse
             recv = pair.p.receives[rid_p]
             assert recv.remote.request_id == previous.request_id and recv.remote.engine_id == pair.d.engine_id
             assert recv.remote.num_tokens == expected
