@@ -3,7 +3,7 @@ gateway's health checks, and a stopped one is still judged dead.
 
 Simulated engines without `--registry` stand in for vLLM without the hook: the router learns
 the decode engine from its returned handle, and nothing else heartbeats for it. The reaper's
-engine-heartbeat timeout is 2 s; the conversation is idle for three times that.
+engine-heartbeat timeout is 3 s; the conversation is idle for 2.5 times that.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.support.procs import ServiceProcess
 pytestmark = pytest.mark.e2e
 
 MODEL = "Qwen/Qwen3-32B"
-REAPER_TIMEOUT = 2.0
+REAPER_TIMEOUT = 3.0
 
 
 class Stack:
@@ -79,7 +79,7 @@ class Stack:
 
 @pytest.fixture
 def stack() -> Iterator[Stack]:
-    # A database of its own: a 2 s engine timeout must not judge other tests' engines.
+    # A database of its own: a 3 s engine timeout must not judge other tests' engines.
     with fresh_database() as url:
         s = Stack(url)
         try:
@@ -105,7 +105,7 @@ def test_idle_gateway_only_engines_keep_their_leases_and_a_stopped_one_dies(stac
     registered = stack.decode_engine()
     assert registered is not None and registered.status == tpb.ENGINE_STATUS_ACTIVE  # from its handle
 
-    time.sleep(3 * REAPER_TIMEOUT)  # idle: no turn, and the engine never heartbeats itself
+    time.sleep(2.5 * REAPER_TIMEOUT)  # idle: no turn, and the engine never heartbeats itself
     alive = stack.decode_engine()
     assert alive is not None and alive.status == tpb.ENGINE_STATUS_ACTIVE, stack.procs["reaper"].output()
     assert alive.heartbeat_time.ToSeconds() > registered.heartbeat_time.ToSeconds()  # the gateway's heartbeats
