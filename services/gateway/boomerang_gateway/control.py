@@ -77,6 +77,17 @@ def fallback(conversation_id: str, reason: str) -> Plan:
     return Plan("RECOMPUTE" if conversation_id else "COLD", reason)
 
 
+def engine_plan(conversation_id: str, tenant: str) -> Plan:
+    """A turn the engines' vLLM hook plans: the prefill engine gets the first-turn params and
+    the conversation with its tenant (`kv_transfer_params.boomerang`, which P copies into the
+    params it returns for D); no plan id, so nothing is reported from here."""
+    params = first_turn_params()
+    if not conversation_id:
+        return Plan("COLD", "ENGINE_HOOK", params)
+    params["boomerang"] = {"conversation_id": conversation_id, "tenant": tenant}
+    return Plan("ENGINE", "ENGINE_HOOK", params)
+
+
 @dataclass
 class Report:
     """What happened in a planned turn, for ReportTurn."""

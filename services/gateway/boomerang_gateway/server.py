@@ -108,7 +108,8 @@ async def run(settings: GatewaySettings) -> None:
     def new_router() -> RouterClient:
         return RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
 
-    router = new_router() if settings.router_address else None
+    # With the engines' hook planning, the gateway never calls the router.
+    router = new_router() if settings.router_address and not settings.engine_hook else None
     # Static engines answering their health checks are vouched for in the registry (heartbeats).
     voucher = (
         Voucher(lambda: RegistryClient(settings.registry_address), settings.heartbeat_timeout_seconds)
@@ -125,7 +126,8 @@ async def run(settings: GatewaySettings) -> None:
         reconnect=new_router,
         commit_timeout=settings.report_commit_timeout_seconds,
     )
-    runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host))
+    runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host,
+                                                                settings.engine_hook))
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
     limiter = TenantRateLimiter(settings.tenant_requests_per_second, settings.tenant_burst)
     state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes, limiter)

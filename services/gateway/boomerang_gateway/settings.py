@@ -78,6 +78,12 @@ class GatewaySettings(EnginePoolSettings):
     key_cache_seconds: float = Field(
         default=30.0, ge=0, le=3600, description="Seconds a verified API key is cached."
     )
+    engine_hook: bool = Field(
+        default=False,
+        description="The engines run Boomerang's vLLM hook: the gateway makes no /tokenize, PlanTurn or "
+        "ReportTurn call and only routes, naming each turn's conversation and tenant to the prefill engine "
+        "(`kv_transfer_params.boomerang`).",
+    )
     rewrite_remote_host: bool = Field(
         default=True,
         description="Set the prefill engine's kv_transfer_params.remote_host to the host the "

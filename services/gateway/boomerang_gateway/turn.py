@@ -28,7 +28,14 @@ from typing import Any
 
 from boomerang_gateway import protocol, reuse
 from boomerang_gateway.chunks import DONE, Capture, sse_data
-from boomerang_gateway.control import ControlPlane, Plan, Report, fallback, first_turn_params
+from boomerang_gateway.control import (
+    ControlPlane,
+    Plan,
+    Report,
+    engine_plan,
+    fallback,
+    first_turn_params,
+)
 from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
 from boomerang_gateway.errors import ApiError, from_engine
 from boomerang_gateway.http import httpx
@@ -52,6 +59,7 @@ class TurnConfig:
 
     tokenize_timeout: float
     rewrite_remote_host: bool = True
+    engine_hook: bool = False  # the engines plan and register themselves (BOOMERANG_ENGINE_HOOK)
 
 
 @dataclass
@@ -234,6 +242,8 @@ class TurnRunner:
         tokens = req.prompt_token_ids
         if not req.reuse:
             return fallback("", "REUSE_OFF"), tokens
+        if self.config.engine_hook:
+            return engine_plan(req.conversation_id, tenant), tokens
         if self.control.router is None:
             return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED"), tokens
         if not self.control.available():

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from boomerang_tools.sim import protocol
 from boomerang_tools.sim.engine import AdmissionError, Engine, GenRequest, Token
 from boomerang_tools.sim.kvstore import ReadError
-from boomerang_tools.sim.params import ParamsError, first_group
+from boomerang_tools.sim.params import Mode, ParamsError, first_group
 
 log = logging.getLogger(__name__)
 VERSION = "0.33.0"
@@ -116,6 +116,7 @@ class Api:
 
     async def _generate(self, request: Request, kind: str) -> Response:
         cfg = self.config
+        request_id = ""
         try:
             body = await _json(request)
             if kind == "chat":
@@ -134,13 +135,20 @@ class Api:
                 kv_transfer_params=parsed.kv_transfer_params,
             )
             request_id = self._request_id(request, "chatcmpl" if kind == "chat" else "cmpl")
+            if self.engine.hook is not None:
+                req = await self.engine.hook.before_admit(req, request_id)
             admission = self.engine.admit(req, request_id)
         except protocol.ProtocolError as exc:
             return _error(exc.status, str(exc), exc.kind, exc.param)
-        except ParamsError as exc:
-            return _error(400, str(exc), param="kv_transfer_params")
-        except AdmissionError as exc:
+        except (ParamsError, AdmissionError) as exc:
+            if self.engine.hook is not None and request_id:
+                self.engine.hook.aborted(request_id)
+            if isinstance(exc, ParamsError):
+                return _error(400, str(exc), param="kv_transfer_params")
             return _error(exc.status, str(exc), exc.kind, exc.param)
+        if self.engine.hook is not None:
+            remote = admission.remote if admission.mode is Mode.PULL else None
+            await self.engine.hook.allocated(request_id, (remote.num_tokens or 0) if remote is not None else 0)
         builder = protocol.ResponseBuilder(parsed, request_id, cfg.enable_prompt_tokens_details)
         tokens = self.engine.run(admission)
         if parsed.stream:
@@ -196,6 +204,7 @@ class Api:
     async def tokenize(self, request: Request) -> Response:
         """POST /tokenize: `{"messages", "add_generation_prompt"}` or `{"prompt"}`."""
         cfg = self.config
+        self.engine.stats.tokenize_requests += 1
         try:
             body = await _json(request)
             if not isinstance(body, dict):

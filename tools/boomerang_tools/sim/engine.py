@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from boomerang_tools.sim.generate import Piece, generate
+from boomerang_tools.sim.hooked import SimHook
 from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted
 from boomerang_tools.sim.nixl import Gone, NixlClient, Unreachable
 from boomerang_tools.sim.params import Mode, RemoteHandle, classify, prefill_params, retained_params
@@ -60,9 +61,12 @@ class Engine:
         self.in_flight = 0
         self.queued_prompt_tokens = 0
         self.restarted = asyncio.Event()
+        self.hook: SimHook | None = None  # `--hook`: Boomerang's vLLM hook runs inside this engine
 
     async def close(self) -> None:
-        """Release client connections."""
+        """Release client connections (and flush the hook's senders)."""
+        if self.hook is not None:
+            await self.hook.close()
         await self.nixl.close()
 
     # -- admission -------------------------------------------------------------------------
@@ -126,6 +130,8 @@ class Engine:
                     if params is not None and params.get("do_remote_prefill"):
                         # vLLM's scheduler: P's cache hits ride to D, which reports them.
                         params["remote_prefill_cached_tokens"] = ctx.cached_tokens
+                    if self.hook is not None:
+                        params = await self.hook.finished(adm.request_id, ids, params)
                     finish = Finish("stop" if stopped else "length", params, _reported_cached(adm, ctx))
                 yield Token(piece.id, "" if piece.text in SKIPPED_IN_TEXT else piece.text, finish)
         finally:
@@ -135,6 +141,8 @@ class Engine:
             if not finished:
                 self.stats.aborted += 1
                 self.kv.release(adm.alloc)
+                if self.hook is not None:
+                    self.hook.aborted(adm.request_id)
 
     def discard(self, adm: Admission) -> None:
         """Release an admitted request whose run never started (the client left first)."""
@@ -142,6 +150,8 @@ class Engine:
             adm.ran = True
             self.stats.aborted += 1
             self.kv.release(adm.alloc)
+            if self.hook is not None:
+                self.hook.aborted(adm.request_id)
 
     def _output(self, effective: list[int], req: GenRequest) -> list[Piece]:
         """The output pieces, honouring max_tokens, min_tokens and ignore_eos."""
@@ -357,6 +367,7 @@ class Engine:
             "handshakes": self.nixl.handshakes,
             "unsafe_pulls": self.stats.corrupt_pulls + self.stats.expired_or_freed_reads,
             "recent": list(self.recent),
+            **({"hook": self.hook.stats()} if self.hook is not None else {}),
         }
 
     def reset_stats(self) -> None:

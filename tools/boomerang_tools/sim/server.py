@@ -32,6 +32,7 @@ from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_tools.sim.app import make_app
 from boomerang_tools.sim.engine import Engine, SimConfig
+from boomerang_tools.sim.hooked import HookOptions, SimHook
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,9 @@ async def run(
     registry: str | None = None,
     heartbeat_seconds: float = 2.0,
     grace_seconds: float = 5.0,
+    hook: HookOptions | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT."""
+    """Serve until SIGTERM/SIGINT (with `hook`, Boomerang's vLLM hook runs inside the engine)."""
     setup_tracing(f"boomerang-sim-{config.role}")  # off unless OTEL_* ask; continues the gateway's trace
     api_sock = bind(config.host, port)
     side_sock = bind(config.host, config.side_channel_port)
@@ -162,6 +164,11 @@ async def run(
           f"model={cfg.served_model_name} side_channel={side} generation={generation}", flush=True)
     print(f"BOOMERANG_READY sim-{cfg.role} {cfg.host}:{api_port}", flush=True)
     sys.stdout.flush()
+    if hook is not None:
+        # The hook's own sender registers the engine and heartbeats, as inside vLLM.
+        engine.hook = SimHook(cfg, hook, f"http://{cfg.host}:{api_port}", generation)
+        engine.hook.start()
+        registry = None
     heartbeat = asyncio.ensure_future(registry_loop(engine, registry, api_port, heartbeat_seconds)) if registry else None
     try:
         await serving

@@ -64,6 +64,7 @@ class Stats:
     retention_skipped: int = 0
     held_turns: int = 0
     restarts: int = 0
+    tokenize_requests: int = 0  # POST /tokenize calls (a gateway that plans tokenizes every turn here)
 
 
 @dataclass(frozen=True)
