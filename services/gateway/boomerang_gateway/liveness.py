@@ -132,7 +132,9 @@ class Voucher:
             raise
         except Exception as exc:  # noqa: BLE001 - best effort: a stale engine only costs reuse
             if not self._failing:
-                log.warning("cannot heartbeat for static engines in the registry (retrying quietly): %s", exc)
+                target = self.registry.target if self.registry is not None else "?"
+                log.warning("cannot heartbeat for static engines in the registry at %s (retrying quietly): %s",
+                            target, exc)
             self._failing = True
             if self.registry is not None:
                 await self.registry.close()
