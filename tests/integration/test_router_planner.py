@@ -190,19 +190,31 @@ async def test_full_turn_cycle_cold_then_pull_then_consumed(harness: Harness, re
 
 
 async def test_delivered_reuse_is_recorded_beside_the_planned(harness: Harness, registry: RegistryClient, pg: asyncpg.Connection, unique: str) -> None:
-    model, conv, history, decode = await first_turn(harness, registry, unique)
+    model, conv, history, _decode = await first_turn(harness, registry, unique)
     prompt2 = history + tokens(50, 3)
     plan = await harness.plan("acme", conv, model, prompt2)
     assert plan.decision is PlanDecision.PULL and plan.reusable_tokens == 352
     # The prefill engine pulled only part of it (say, it declined the tail's blocks).
+    from prometheus_client import REGISTRY
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    names = ("boomerang_router_reuse_delivered_tokens_total", "boomerang_router_reuse_delivered_planned_tokens_total",
+             "boomerang_router_reuse_shortfall_turns_total")
+    before = [sample(n) for n in names]
     rep = await harness.report(plan, handle_use=rtpb.HANDLE_USE_READ, delivered_cached_tokens=200)
     assert rep.record.delivered_cached_tokens == 200
+    assert [sample(n) - b for n, b in zip(names, before)] == [200, 352, 1]
     await harness.audit.flush()
     row = await pg.fetchrow("SELECT reused_tokens, delivered_cached_tokens FROM turn_plans WHERE plan_id = $1",
                             uuid.UUID(plan.plan_id))
     assert (row["reused_tokens"], row["delivered_cached_tokens"]) == (352, 200)
-    # A repeated report without the count keeps it; GetTurnPlan's view has it.
+    # A repeated report (with or without the count) keeps it and counts nothing twice;
+    # GetTurnPlan's view has it.
+    await harness.report(plan, handle_use=rtpb.HANDLE_USE_READ, delivered_cached_tokens=200)
     await harness.report(plan, handle_use=rtpb.HANDLE_USE_READ)
+    assert [sample(n) - b for n, b in zip(names, before)] == [200, 352, 1]
     await harness.audit.flush()
     assert await pg.fetchval("SELECT delivered_cached_tokens FROM turn_plans WHERE plan_id = $1",
                              uuid.UUID(plan.plan_id)) == 200

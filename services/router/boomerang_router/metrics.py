@@ -27,6 +27,21 @@ RECOMPUTED_TOKENS = Counter(
     "Prompt tokens the prefill engine was told to compute, by plan decision.",
     ["decision"],
 )
+# The delivered reuse, as ReportTurn's callers give it (the gateway reads the prefill
+# engine's own count; the vLLM hook counts it itself), beside the planned reuse of the same
+# turns: the router's view of planned against delivered, for deployments with no gateway.
+DELIVERED_TOKENS = Counter(
+    "boomerang_router_reuse_delivered_tokens",
+    "Prompt tokens the prefill engine reported it did not compute (ReportTurn's delivered_cached_tokens).",
+)
+DELIVERED_PLANNED_TOKENS = Counter(
+    "boomerang_router_reuse_delivered_planned_tokens",
+    "Reusable tokens the plans of those same reported turns planned (the denominator of delivered).",
+)
+SHORTFALL_TURNS = Counter(
+    "boomerang_router_reuse_shortfall_turns",
+    "Reported PULL turns whose prefill engine reported fewer cached tokens than the planned reuse (PREFILL_SHORTFALL).",
+)
 PREFILL_SECONDS_SAVED = Counter(
     "boomerang_router_prefill_seconds_saved",
     "Estimated prefill compute time saved by pulls: reused tokens × BOOMERANG_PREFILL_MS_PER_TOKEN.",
@@ -57,6 +72,14 @@ def observe_plan(record: PlanRecord) -> None:
         recomputed_tokens=record.recompute_tokens,
         lease_id=record.lease_id or None,
     )
+
+
+def observe_delivered(record: PlanRecord, delivered: int) -> None:
+    """Count a turn's delivered reuse the first time it is reported."""
+    DELIVERED_TOKENS.inc(delivered)
+    DELIVERED_PLANNED_TOKENS.inc(record.reusable_tokens)
+    if record.decision.value == "PULL" and delivered < record.reusable_tokens:
+        SHORTFALL_TURNS.inc()
 
 
 def observe_report(record: PlanRecord) -> None:

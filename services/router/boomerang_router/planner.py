@@ -306,6 +306,8 @@ class Router:
         record.outcome = turn_outcome(record.decision, r.handle_use, lease_state)
         record.outcome_detail = "; ".join(d for d in (handle_detail, retain_detail) if d)
         if r.delivered_cached_tokens is not None:
+            if record.delivered_cached_tokens is None:  # a repeated report counts nothing twice
+                metrics.observe_delivered(record, r.delivered_cached_tokens)
             record.delivered_cached_tokens = r.delivered_cached_tokens
         record.params = None  # a reported turn's handle is never handed out again; free its block ids
         self._uncount(record)
