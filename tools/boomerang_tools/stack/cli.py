@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--ttl", type=float, default=480.0, help="simulated decode_kv_blocks_ttl, seconds (default 480)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="simulated latencies × this (default 1)")
     parser.add_argument("--strip-reasoning", action="store_true", help="simulate a Qwen3 thinking model's template")
+    parser.add_argument("--hook", action="store_true",
+                        help="the simulated engines run Boomerang's vLLM hook (sim --hook) and the gateway only routes "
+                        "(--engine-hook)")
     parser.add_argument("--prefill", action="append", default=[], metavar="URL", help="an external prefill engine (repeatable)")
     parser.add_argument("--decode", action="append", default=[], metavar="URL", help="an external decode engine (repeatable)")
     anon = parser.add_mutually_exclusive_group()
@@ -74,6 +77,7 @@ def _config(args: argparse.Namespace) -> StackConfig:  # type: ignore[name-defin
         time_scale=args.time_scale,
         allow_anonymous=args.allow_anonymous,
         strip_reasoning=args.strip_reasoning,
+        hook=args.hook,
         log_level=args.log_level,
     )
 

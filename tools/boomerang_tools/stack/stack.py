@@ -59,6 +59,9 @@ class StackConfig:
     router_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
     log_level: str = "INFO"
+    # The simulated engines run Boomerang's vLLM hook (`sim --hook`) and the gateway only
+    # routes (`--engine-hook`).
+    hook: bool = False
 
 
 def sims_for(spec: str, profile: str, prefill_base: int = 8100, decode_base: int = 8200) -> list[SimSpec]:
@@ -152,6 +155,9 @@ class Stack:
         self.registry_address = registry.wait_ready()
         self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
         _retire_unreachable_engines(self.registry_address)
+        if cfg.hook and not router_port:
+            router_port = _free_port()  # the prefill engines' hooks need the router's address at start
+        hook_args = ["--hook", "--router", f"127.0.0.1:{router_port}"] if cfg.hook else []
         sims = []
         # A fresh engine id per run: a restarted engine must never be mistaken for the old
         # one (its blocks are gone), as vLLM's random engine ids ensure.
@@ -162,7 +168,7 @@ class Stack:
             args = ["sim", "--role", spec.role, "--port", str(spec.port), "--profile", spec.profile,
                     "--ttl", str(cfg.ttl_seconds), "--registry", self.registry_address,
                     "--time-scale", str(cfg.time_scale), "--engine-id", engine_id,
-                    *(["--strip-reasoning"] if cfg.strip_reasoning else []), *cfg.sim_args]
+                    *(["--strip-reasoning"] if cfg.strip_reasoning else []), *hook_args, *cfg.sim_args]
             sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args, 1)))
         for spec, child in sims:
             url = f"http://{child.wait_ready()}"
@@ -189,7 +195,7 @@ class Stack:
         gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
                                           "--router", self.router_address, "--registry", self.registry_address,
                                           *static, *(["--allow-anonymous"] if cfg.allow_anonymous else []),
-                                          *cfg.gateway_args], 2)
+                                          *(["--engine-hook"] if cfg.hook else []), *cfg.gateway_args], 2)
         self.gateway_url = f"http://{gateway.wait_ready()}"
         access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
         self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
@@ -245,6 +251,15 @@ class Stack:
             self.children = []
             if self.postgres is not None:
                 self.postgres.stop()  # again, in case a child could not be stopped: idempotent
+
+
+def _free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _retire(registry: str, engine_ids: list[str], reason: str) -> None:
