@@ -37,11 +37,14 @@ class Child:
     """One `boomerang <args>` process."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 wave: int = 0, stopped_line: str = ""):
+                 wave: int = 0, stopped_line: str = "", calls_nobody: bool = False):
         self.name = name
         self.wave = wave  # stop_all stops higher waves first
         # The log line after which it neither serves nor calls anyone (else: its exit).
         self.stopped_line = stopped_line
+        # Once signalled it calls nothing the next wave must serve (an engine whose heartbeats
+        # stop with it), so that wave need not wait for it.
+        self.calls_nobody = calls_nobody
         self._quiet = threading.Event()
         self.args = args
         self.log_path = log_dir / f"{name}.log"
@@ -55,7 +58,7 @@ class Child:
     def start(self) -> None:
         """Start the process (does not wait)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "a", buffering=1)
+        self._log = open(self.log_path, "a", buffering=1)  # noqa: SIM115 - open while the child runs; stop() closes it
         self._log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} boomerang {' '.join(self.args)}\n")
         self.proc = subprocess.Popen(
             [*BOOMERANG, *self.args],
@@ -154,6 +157,8 @@ def stop_all(children: list[Child], timeout: float = 15.0, then: Callable[[], No
                 child.signal(signal.SIGTERM)
             deadline = time.monotonic() + timeout
             for child in members:
+                if child.calls_nobody:
+                    continue
                 if not child.wait_quiet(max(0.1, deadline - time.monotonic())):
                     child.signal(signal.SIGKILL)  # stuck: what it calls is about to go
         if then is not None:

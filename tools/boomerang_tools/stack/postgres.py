@@ -373,6 +373,22 @@ class EmbeddedPostgres:
 
         asyncio.run(create())
 
+    def checkpoint(self) -> None:
+        """Write every dirty page now (CHECKPOINT), so a stop soon after has little to write."""
+        if not (self.owner and self.port):
+            return
+        password = (self.root / "pg-password").read_text().strip()
+
+        async def run() -> None:
+            conn = await asyncpg.connect(host="127.0.0.1", port=self.port, user=USER, password=password,
+                                         database="postgres", timeout=10)
+            try:
+                await conn.execute("CHECKPOINT")
+            finally:
+                await conn.close()
+
+        asyncio.run(run())
+
     def stop(self) -> None:
         """Stop the cluster if this process started it (fast shutdown)."""
         atexit.unregister(self.stop)

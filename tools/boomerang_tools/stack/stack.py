@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -115,9 +116,10 @@ class Stack:
         }
 
     def _spawn(self, name: str, args: list[str], wave: int) -> Child:
-        # Services log "<name> stopped" once they neither serve nor call; engines just exit.
-        stopped = f"{args[0]} stopped" if args[0] != "sim" else ""
-        child = Child(name, args, self.log_dir, self._env(), wave, stopped)
+        # Services log "<name> stopped" once they neither serve nor call. Engines only heartbeat
+        # (they are retired in the registry before they stop), so the registry need not wait.
+        engine = args[0] == "sim"
+        child = Child(name, args, self.log_dir, self._env(), wave, "" if engine else f"{args[0]} stopped", engine)
         child.start()
         self.children.append(child)
         return child
@@ -144,6 +146,10 @@ class Stack:
             self.database_url = self.postgres.start()
             note = f"embedded ({self.postgres.source}), data in {self.postgres.data}"
         upgrade(self.database_url)
+        if self.postgres is not None:
+            # A new cluster and its migrations leave MBs of dirty pages; written now, not by
+            # the shutdown checkpoint that a stop has to wait for.
+            self.postgres.checkpoint()
         parts = urlsplit(self.database_url)
         self.endpoints.append(Endpoint("postgres", f"{parts.hostname}:{parts.port or 5432}{parts.path}", note))
 
@@ -255,8 +261,6 @@ class Stack:
 
 def _free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
