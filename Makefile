@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/boomerang/v1/*.proto)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup proto lint test test-fast test-vllm demo bench up migrate clean
+.PHONY: help setup proto lint check test test-fast test-vllm demo bench up migrate clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -27,6 +27,10 @@ proto: setup ## Regenerate the Python stubs in libs/boomerang/v1 from proto/
 lint: setup ## Lint the protos (buf, STANDARD rules) and check the stubs match proto/
 	$(BIN)/buf lint
 	$(BIN)/python -m boomerang.protogen --check libs
+
+check: setup ## Lint (ruff) and type-check (strict mypy) the Python sources
+	$(BIN)/ruff check libs services tools tests
+	$(BIN)/mypy libs services tools
 
 test: setup ## Run every test: unit, integration (real Postgres), end-to-end (processes), real vLLM
 	$(BIN)/python -m pytest -q

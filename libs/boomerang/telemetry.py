@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 _enabled = False
 
@@ -92,12 +92,11 @@ def setup_tracing(service_name: str, exporter: Any = None) -> bool:
     # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry import trace
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import (
         BatchSpanProcessor,
         ConsoleSpanExporter,
         SimpleSpanProcessor,
-        SpanProcessor,
     )
 
     processor: SpanProcessor
@@ -139,7 +138,7 @@ def grpc_server_interceptors() -> list[Any]:
     # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-    return [aio_server_interceptor()]
+    return [aio_server_interceptor()]  # type: ignore[no-untyped-call]  # the instrumentation is unannotated
 
 
 def grpc_client_interceptors() -> list[Any]:
@@ -149,7 +148,7 @@ def grpc_client_interceptors() -> list[Any]:
     # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    return list(aio_client_interceptors())
+    return list(aio_client_interceptors())  # type: ignore[no-untyped-call]  # the instrumentation is unannotated
 
 
 def instrument_engine(engine: Any) -> None:
@@ -171,7 +170,9 @@ def instrument_engine(engine: Any) -> None:
     from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
 
     usage = metrics.get_meter("boomerang").create_up_down_counter("db.client.connections.usage")
-    EngineTracer(trace.get_tracer("opentelemetry.instrumentation.sqlalchemy"), engine.sync_engine, usage)
+    EngineTracer(  # type: ignore[no-untyped-call]  # the instrumentation is unannotated
+        trace.get_tracer("opentelemetry.instrumentation.sqlalchemy"), engine.sync_engine, usage
+    )
 
 
 def asgi_app(app: Any) -> Any:
@@ -245,7 +246,7 @@ def annotate(**attributes: Any) -> None:
     )
 
 
-def span(name: str, **attributes: Any) -> ContextManager[Any]:
+def span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
     """A child span `name` with `boomerang.` attributes (a no-op context when tracing is off)."""
     if not _enabled:
         return nullcontext()

@@ -71,17 +71,19 @@ async def test_sigterm_drains_a_stream_in_flight(engines: tuple[str, str]) -> No
     body = {"model": MODEL, "messages": [{"role": "user", "content": "tell me everything"}], "max_tokens": 120,
             "ignore_eos": True, "stream": True}
     try:
-        async with httpx.AsyncClient(timeout=30) as http:
-            async with http.stream("POST", url + "/v1/chat/completions", json=body) as resp:
-                assert resp.status_code == 200
-                lines = resp.aiter_lines()
-                first = await anext(lines)
-                assert first.startswith("data: {")
-                gw.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-                await asyncio.sleep(0.1)
-                async with httpx.AsyncClient(timeout=5) as probe:
-                    assert (await probe.get(url + "/health")).status_code == 503  # draining, still answering
-                rest = [line async for line in lines if line.startswith("data: ")]
+        async with (
+            httpx.AsyncClient(timeout=30) as http,
+            http.stream("POST", url + "/v1/chat/completions", json=body) as resp,
+        ):
+            assert resp.status_code == 200
+            lines = resp.aiter_lines()
+            first = await anext(lines)
+            assert first.startswith("data: {")
+            gw.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            await asyncio.sleep(0.1)
+            async with httpx.AsyncClient(timeout=5) as probe:
+                assert (await probe.get(url + "/health")).status_code == 503  # draining, still answering
+            rest = [line async for line in lines if line.startswith("data: ")]
         assert rest[-1] == "data: [DONE]"
         texts = [json.loads(line[6:]) for line in rest[:-1]]
         assert sum(1 for c in texts if c["choices"] and c["choices"][0]["delta"].get("content")) >= 100

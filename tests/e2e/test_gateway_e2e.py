@@ -10,6 +10,7 @@ still with zero corrupt pulls and the same reply as a full recompute; streaming 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import uuid
@@ -71,7 +72,7 @@ async def test_turns_two_and_later_pull_with_no_corrupt_pulls(stack: GatewayStac
             messages.append({"role": "assistant", "content": reply})
             assert headers["x-boomerang-plan"] == ("COLD" if i == 0 else "PULL"), (i, headers)
             reused.append(int(headers["x-boomerang-reused-tokens"]))
-    assert reused[0] == 0 and all(b > a > 0 for a, b in zip(reused[1:], reused[2:]))
+    assert reused[0] == 0 and all(b > a > 0 for a, b in itertools.pairwise(reused[1:]))
     after = stack.stats()
     assert after["pulls"] - before["pulls"] == 4
     assert after["pulled_tokens"] - before["pulled_tokens"] == sum(reused)

@@ -212,7 +212,7 @@ async def test_release_and_consume_follow_the_state_machine(repo: RegistryReposi
     held = turn(300)
     lease, _, _ = await register(repo, "t", unique, eid, held)
     lid = lease["lease_id"]
-    _, claimed, _, _ = await claim(repo, "t", unique, held + [1], claim_id="c1")
+    _, _claimed, _, _ = await claim(repo, "t", unique, held + [1], claim_id="c1")
     released = await repo.release_claim("t", lid, "c1", "PREFILL_DID_NOT_READ")
     assert released["state"] == "RETAINED" and released["claim_id"] is None
     assert (await repo.release_claim("t", lid, "c1", "PREFILL_DID_NOT_READ"))["state"] == "RETAINED"

@@ -324,7 +324,7 @@ async def test_stale_heartbeat_in_the_routers_view_gives_the_claim_back(database
                                                                          registry: RegistryClient, unique: str) -> None:
     h = Harness(database_url, registry_proc.address, heartbeat_timeout_seconds=1.0)
     try:
-        model, conv, history, decode = await first_turn(h, registry, unique)
+        model, conv, history, _decode = await first_turn(h, registry, unique)
         # A second decode engine keeps heartbeating; the lease's engine goes quiet.
         other = f"d2-{unique}"
         await registry.register_engine(rpb.RegisterEngineRequest(engine=tpb.Engine(

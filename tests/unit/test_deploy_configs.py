@@ -101,7 +101,7 @@ def test_every_boomerang_service_exports_traces_to_the_collector_and_metrics_to_
             assert scraped.get(name) == _port(listen), f"Prometheus does not scrape {name} at {listen}"
         elif command[0] == "gateway":
             assert scraped.get(name) == _port(_flag(command, "--listen") or "127.0.0.1:8000"), name
-    for target, label in targets.items():
+    for target in targets:
         host = target.partition(":")[0]
         assert re.match(r"^[\w.-]+:\d+$", target), target
         if host in compose["services"] or host == "otel-collector":

@@ -176,15 +176,17 @@ def test_httpx_calls_are_client_spans_that_carry_traceparent(spans: InMemorySpan
     thread.start()
     spans.clear()
     try:
-        with trace.get_tracer("test").start_as_current_span("turn", kind=SpanKind.SERVER) as turn:
-            with httpx.Client() as client:
-                client.get(f"http://127.0.0.1:{server.server_port}/v1/models")
+        with (
+            trace.get_tracer("test").start_as_current_span("turn", kind=SpanKind.SERVER) as turn,
+            httpx.Client() as client,
+        ):
+            client.get(f"http://127.0.0.1:{server.server_port}/v1/models")
     finally:
         server.shutdown()
         server.server_close()
     client_span = next(s for s in spans.get_finished_spans() if s.kind is SpanKind.CLIENT)
     assert client_span.name == "GET /v1/models"
     assert client_span.parent.span_id == turn.get_span_context().span_id
-    version, trace_id, span_id, flags = seen[0].split("-")
+    _version, trace_id, span_id, flags = seen[0].split("-")
     assert (trace_id, span_id) == (f"{client_span.context.trace_id:032x}", f"{client_span.context.span_id:016x}")
     assert int(flags, 16) & 1, "sampled"

@@ -15,8 +15,8 @@ from boomerang_registry.domain import (
 
 
 def cand(**kw: object) -> Candidate:
-    base = dict(lease_id="l", state=LeaseState.RETAINED, engine_ok=True, block_size_ok=True,
-                common_tokens=512, remaining_seconds=100.0)
+    base = {"lease_id": "l", "state": LeaseState.RETAINED, "engine_ok": True, "block_size_ok": True,
+                "common_tokens": 512, "remaining_seconds": 100.0}
     base.update(kw)
     return Candidate(**base)  # type: ignore[arg-type]
 

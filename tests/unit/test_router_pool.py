@@ -23,7 +23,7 @@ class Clock:
 
 
 def eng(engine_id: str, role: Role, clock: Clock, **kw) -> EngineInfo:  # type: ignore[no-untyped-def]
-    base = dict(model="m", http_base_url=f"http://127.0.0.1/{engine_id}", generation=1, heartbeat_at=clock.at(), block_size=16)
+    base = {"model": "m", "http_base_url": f"http://127.0.0.1/{engine_id}", "generation": 1, "heartbeat_at": clock.at(), "block_size": 16}
     base.update(kw)
     return EngineInfo(engine_id=engine_id, role=role, **base)  # type: ignore[arg-type]
 

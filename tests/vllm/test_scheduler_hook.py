@@ -125,6 +125,7 @@ def pair(model_dir: Path, registry: ServiceProcess, router: ServiceProcess, reap
 def test_multi_turn_decode_registers_every_turn_and_prefill_pulls(pair: Pair, unique: str) -> None:
     conversation = f"c-{unique}"
     history = list(range(1000, 1300))
+    d_prev = None  # the decode engine's previous turn, from turn 2 on
     for turn in range(1, 5):
         p_done, d_done = pair.turn(conversation, history)
         rid_p = p_done.request_id
@@ -138,6 +139,7 @@ def test_multi_turn_decode_registers_every_turn_and_prefill_pulls(pair: Pair, un
             # P planned PULL; vLLM's own connector counted min(remote_num_tokens, prompt) tokens
             # to load and queued the NIXL receive from D's previous request with that count.
             previous = d_prev
+            assert previous is not None
             held = previous.kv_transfer_params["remote_num_tokens"]
             expected = whole_blocks(held)  # D's trailing partial block cannot be verified
             call = next(c for c in pair.p.matches if c.request_id == rid_p)
@@ -154,8 +156,8 @@ def test_multi_turn_decode_registers_every_turn_and_prefill_pulls(pair: Pair, un
         # D registered the turn it finished: its handle became the conversation's live lease.
         handle = d_done.kv_transfer_params
         assert handle is not None and isinstance(handle["remote_block_ids"], tuple)  # vLLM 0.33 inside the engine
-        assert wait_for(lambda: any(ls.remote_request_id == d_done.request_id
-                                    for ls in retained(pair.registry, pair.tenant, conversation)), 10), pair.d.hook.stats()
+        assert wait_for(lambda d_done=d_done: any(ls.remote_request_id == d_done.request_id
+                                                  for ls in retained(pair.registry, pair.tenant, conversation)), 10), pair.d.hook.stats()
         lease = retained(pair.registry, pair.tenant, conversation)[-1]
         assert lease.num_tokens == handle["remote_num_tokens"] == len(history) + len(d_done.output_token_ids) - 1
         assert [list(g.block_ids) for g in lease.block_groups] == [list(g) for g in handle["remote_block_ids"]]

@@ -15,8 +15,9 @@ from boomerang.grpcutil.server import grpc_channel_options
 from boomerang.telemetry import grpc_client_interceptors
 
 
+# grpc ships no type information: its interceptor bases are Any to mypy.
 class _BearerToken(
-    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor
+    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor  # type: ignore[misc]
 ):
     """Adds `authorization: Bearer <token>` to every call."""
 

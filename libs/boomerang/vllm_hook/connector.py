@@ -33,4 +33,6 @@ if TYPE_CHECKING or VLLM_AVAILABLE:
     class BoomerangConnector(BoomerangConnectorMixin, NixlConnector):  # type: ignore[misc]
         """NixlConnector whose scheduler side registers retained turns and asks for plans."""
 
-__all__ = ["VLLM_AVAILABLE", "BoomerangConnectorMixin"] + (["BoomerangConnector"] if VLLM_AVAILABLE else [])
+__all__ = ["VLLM_AVAILABLE", "BoomerangConnectorMixin"]
+if VLLM_AVAILABLE:
+    __all__ += ["BoomerangConnector"]

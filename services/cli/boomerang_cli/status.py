@@ -104,7 +104,7 @@ def window_from_leases(leases: Iterable[Any], since: float) -> dict[str, Any]:
     tokens bound the tokens reused from above).
     """
     def epoch(ts: Any) -> float:
-        return ts.seconds + ts.nanos / 1e9
+        return float(ts.seconds + ts.nanos / 1e9)
 
     created = pulled = reused = 0
     ended: dict[str, int] = {s: 0 for s in ENDED_STATES}

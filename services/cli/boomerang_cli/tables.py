@@ -41,19 +41,21 @@ def iso(value: datetime | Timestamp | float | None) -> str | None:
     if isinstance(value, Timestamp):
         if not value.seconds and not value.nanos:
             return None
-        value = value.ToDatetime(tzinfo=UTC)
+        when: datetime = value.ToDatetime(tzinfo=UTC)
     elif isinstance(value, (int, float)):
         if not value:
             return None
-        value = datetime.fromtimestamp(value, tz=UTC)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        when = datetime.fromtimestamp(value, tz=UTC)
+    else:
+        when = value
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_iso(value: str | None) -> datetime | None:
     """The datetime of an `iso()` string."""
-    return None if not value else datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None if not value else datetime.fromisoformat(value)
 
 
 def human_bytes(n: float | None) -> str:

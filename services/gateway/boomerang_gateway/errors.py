@@ -68,7 +68,7 @@ def from_engine(role: str, status: int, raw: bytes) -> ApiError:
     except (ValueError, UnicodeDecodeError):
         data = None
     if isinstance(data, dict):
-        err = data.get("error") if isinstance(data.get("error"), dict) else data
+        err: dict[str, Any] = data["error"] if isinstance(data.get("error"), dict) else data
         message = str(err.get("message") or "")
         param = err.get("param") if isinstance(err.get("param"), str) else None
         code = str(err["code"]) if err.get("code") is not None else None

@@ -78,10 +78,10 @@ def _conversation_id(value: Any, source: str) -> str:
         return ""
     if not isinstance(value, str):
         raise ApiError(400, f"{source} must be a string", param=source)
-    value = value.strip()
-    if len(value) > MAX_CONVERSATION_ID or not value.isprintable():
+    cleaned: str = value.strip()
+    if len(cleaned) > MAX_CONVERSATION_ID or not cleaned.isprintable():
         raise ApiError(400, f"{source} must be at most {MAX_CONVERSATION_ID} printable characters", param=source)
-    return value
+    return cleaned
 
 
 def conversation_of(body: dict[str, Any], headers: Mapping[str, str | None]) -> str:

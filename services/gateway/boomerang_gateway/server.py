@@ -141,7 +141,8 @@ async def run(settings: GatewaySettings) -> None:
             lifespan="off",
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=max(0.1, settings.grace_seconds),
+            # uvicorn waits with asyncio.wait_for, which takes float seconds; its annotation says int.
+            timeout_graceful_shutdown=max(0.1, settings.grace_seconds),  # type: ignore[arg-type]
             timeout_keep_alive=30,
             backlog=2048,
         ),

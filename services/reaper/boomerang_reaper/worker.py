@@ -33,7 +33,7 @@ ERROR_RETRY_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 def epoch(ts: Timestamp) -> float:
     """Epoch seconds of a protobuf Timestamp."""
-    return ts.seconds + ts.nanos / 1e9
+    return float(ts.seconds + ts.nanos / 1e9)
 
 
 class NotLeader(Exception):

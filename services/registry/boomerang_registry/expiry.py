@@ -24,7 +24,7 @@ from boomerang.errors import failed_precondition
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-Row = Mapping[str, Any]
+Row = Mapping[Any, Any]  # a result row by column name (SQLAlchemy's RowMapping keys by str or Column)
 DEFAULT_ELECTION = "ttl-reaper"
 LIVE = "('RETAINED', 'CLAIMED')"
 # Day-partitioned tables under the audit retention, with the function that makes their
@@ -227,7 +227,7 @@ class ExpiryRepository:
         params = {"limit": limit, "actor": actor, "request_id": request_id, "term": fence.term}
         async with self.engine.begin() as conn:
             await self.check_fence(conn, fence)
-            expired = [r._mapping for r in await conn.execute(text(EXPIRE_SQL), params)]
+            expired: list[Row] = [r._mapping for r in await conn.execute(text(EXPIRE_SQL), params)]
             nxt = (await conn.execute(text(NEXT_DEADLINE_SQL))).one()
         more = len(expired) >= limit and nxt.next_deadline is not None and nxt.next_deadline <= nxt.db_now
         return ExpiryOutcome(expired, nxt.next_deadline, nxt.db_now, more)

@@ -52,7 +52,7 @@ async def refresh_gauges(engine: AsyncEngine, totals: RetainedTotals) -> None:
     """
     blocks = await totals.get(engine)
     async with engine.connect() as conn:
-        counts = dict(
+        counts: dict[str, int] = dict(
             (
                 await conn.execute(
                     text(

@@ -43,7 +43,7 @@ from boomerang_registry.statements import (
 )
 from boomerang_registry.totals import RetainedTotals
 
-Row = Mapping[str, Any]
+Row = Mapping[Any, Any]  # a result row by column name (SQLAlchemy's RowMapping keys by str or Column)
 
 
 def _encode_page_token(created_at: datetime, lease_id: str) -> str:
@@ -70,7 +70,7 @@ def claim_result(q: ClaimQuery, rows: Sequence[Row]) -> tuple[ClaimOutcome, Row 
     by_kind: dict[str, list[Row]] = {}
     for row in rows:
         by_kind.setdefault(row["kind"], []).append(row)
-    chosen = (by_kind.get("claimed") or by_kind.get("prior") or [None])[0]
+    chosen = next(iter(by_kind.get("claimed") or by_kind.get("prior") or ()), None)
     if chosen is not None:
         return ClaimOutcome.CLAIMED, chosen, int(chosen["common_tokens"]), float(chosen["remaining_seconds"])
     candidates = {
@@ -506,7 +506,7 @@ class RegistryRepository:
     async def get_conversation(self, tenant: str, conversation_id: str, include_events: bool) -> tuple[list[Row], list[Row]]:
         """A conversation's newest 100 leases and, if asked, their events."""
         async with self.tenant_transaction(tenant) as conn:
-            leases = [
+            leases: list[Row] = [
                 r._mapping
                 for r in await conn.execute(
                     text(
@@ -560,7 +560,7 @@ class RegistryRepository:
         )
         if tenant:
             async with self.tenant_transaction(tenant) as conn:
-                rows = [r._mapping for r in await conn.execute(text(sql), params)]
+                rows: list[Row] = [r._mapping for r in await conn.execute(text(sql), params)]
         else:  # an operator's listing across tenants
             async with self.engine.connect() as conn:
                 rows = [r._mapping for r in await conn.execute(text(sql), params)]

@@ -14,7 +14,12 @@ from boomerang.errors import Violations
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang.validation import MAX_TEXT, check_conversation, check_id, check_text
+
+# Re-exported: the servicers validate single fields through this module.
+from boomerang.validation import MAX_TEXT
+from boomerang.validation import check_conversation as check_conversation
+from boomerang.validation import check_id as check_id
+from boomerang.validation import check_text as check_text
 
 from boomerang_registry.domain import ClaimQuery, EngineRole, EngineSpec, RetainedBlocks
 

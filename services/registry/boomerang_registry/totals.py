@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_registry.statements import RETAINED_SQL
 
-Row = Mapping[str, Any]
+Row = Mapping[Any, Any]  # a result row by column name (SQLAlchemy's RowMapping keys by str or Column)
 
 
 class RetainedTotals:

@@ -28,7 +28,7 @@ ROLE_FROM_PROTO = {v: k for k, v in ROLE.items()}
 SOURCE = {Source.REGISTRY: rtpb.ENGINE_SOURCE_REGISTRY, Source.STATIC: rtpb.ENGINE_SOURCE_STATIC}
 
 
-def lease_state(name: str) -> int:
+def lease_state(name: str) -> tpb.LeaseState:
     """LEASE_STATE_CONSUMED for `CONSUMED`; unspecified for ""."""
     return tpb.LeaseState.Value(f"LEASE_STATE_{name}") if name else tpb.LEASE_STATE_UNSPECIFIED
 

@@ -134,7 +134,7 @@ class Router:
             if task is None:
                 task = asyncio.ensure_future(self._plan(p))
                 self._inflight[key] = task
-                task.add_done_callback(lambda t: (self._inflight.pop(key, None), _retrieve(t)))
+                task.add_done_callback(lambda t: _forget(self._inflight, key, t))
             return await asyncio.shield(task)
         task = asyncio.ensure_future(self._plan(p))
         try:
@@ -321,6 +321,12 @@ class Router:
     async def drain(self, timeout: float = 5.0) -> None:
         """Wait (bounded) for background claim releases."""
         await self.claims.drain(timeout)
+
+
+def _forget(inflight: dict[Any, Any], key: Any, task: asyncio.Future[Any]) -> None:
+    """A retry-shared plan task finished: drop it from `inflight` and mark its exception seen."""
+    inflight.pop(key, None)
+    _retrieve(task)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

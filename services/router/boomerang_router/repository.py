@@ -88,7 +88,7 @@ def to_row(r: PlanRecord) -> dict[str, Any]:
     }
 
 
-def from_row(row: Mapping[str, Any], block_size: int) -> PlanRecord:
+def from_row(row: Mapping[Any, Any], block_size: int) -> PlanRecord:
     """A plan record from a `turn_plans` row."""
     return PlanRecord(
         plan_id=str(row["plan_id"]),

@@ -167,9 +167,10 @@ def _check_handle(v: Violations, path: str, p: KvParams) -> None:
         v.add(f"{path}.remote_port", "must be 1 to 65535 with remote_block_ids")
     if p.remote_num_tokens is None or p.remote_num_tokens < 1:
         v.add(f"{path}.remote_num_tokens", "must be at least 1 with remote_block_ids")
-    if any(b < 0 or b > 2**31 - 1 for g in p.remote_block_ids for b in g):
+    groups = p.remote_block_ids or ()
+    if any(b < 0 or b > 2**31 - 1 for g in groups for b in g):
         v.add(f"{path}.remote_block_ids", "block ids must be 0 to 2147483647")
-    if any(not g for g in p.remote_block_ids):
+    if any(not g for g in groups):
         v.add(f"{path}.remote_block_ids", "every KV-cache group must hold at least one block id")
     for name in ("tp_size", "dcp_size", "pp_size"):
         value = getattr(p, name)
@@ -212,9 +213,9 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
             v.add("prompt_token_ids", f"prompt plus output may hold at most {max_tokens} tokens")
     elif req.HasField("sequence_chain"):
         chain = chain_from_proto(v, "sequence_chain", req.sequence_chain)
-        if chain is not None and params is not None and params.remote_num_tokens is not None:
-            if chain.num_tokens > params.remote_num_tokens:
-                v.add("sequence_chain.num_tokens", "must not exceed the handle's remote_num_tokens")
+        if (chain is not None and params is not None and params.remote_num_tokens is not None
+                and chain.num_tokens > params.remote_num_tokens):
+            v.add("sequence_chain.num_tokens", "must not exceed the handle's remote_num_tokens")
         if chain is not None and chain.num_tokens == 0:
             v.add("sequence_chain.num_tokens", "must be at least 1")
     if params is not None and _offers_blocks(params) and token_ids is None and chain is None:

@@ -61,7 +61,8 @@ def lease_records(
 ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
     """Lease rows and their REGISTERED event rows for `convs`."""
     now = datetime.now(UTC)
-    leases, events = [], []
+    leases: list[tuple[object, ...]] = []
+    events: list[tuple[object, ...]] = []
     for c in convs:
         e = engines[c.engine]
         chain = chain_for(c)
@@ -124,4 +125,5 @@ async def copy_leases(
 
 def block_ids_json(c: Conversation) -> list[list[int]]:
     """The block-id groups a lease of `c` holds (for registrations through the RPC)."""
-    return json.loads(_block_ids(c))
+    groups: list[list[int]] = json.loads(_block_ids(c))
+    return groups

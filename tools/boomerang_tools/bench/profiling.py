@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 
 def py_spy() -> str | None:
@@ -72,5 +73,8 @@ def summarize_collapsed(text: str, top: int = 15) -> dict[str, object]:
             self_time[frames[-1]] += n
         for f in set(frames):
             inclusive[f] += n
-    share = (lambda c: [{"function": f, "percent": round(100 * n / total, 1)} for f, n in c.most_common(top)])
+
+    def share(c: Counter[str]) -> list[dict[str, Any]]:
+        return [{"function": f, "percent": round(100 * n / total, 1)} for f, n in c.most_common(top)]
+
     return {"samples": total, "self": share(self_time) if total else [], "inclusive": share(inclusive) if total else []}

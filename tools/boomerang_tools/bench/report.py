@@ -22,7 +22,7 @@ TARGETS = {
 
 
 def _targets(report: dict[str, Any]) -> dict[str, Any]:
-    at_1000 = next((r for r in report["plan"]["rates"] if r["rate"] == 1000), {})
+    at_1000: dict[str, Any] = next((r for r in report["plan"]["rates"] if r["rate"] == 1000), {})
     values = {
         "plan_p50_ms_at_1000": at_1000.get("p50_ms"),
         "plan_p99_ms_at_1000": at_1000.get("p99_ms"),
@@ -99,9 +99,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Boomerang benchmark{' (--quick)' if report['quick'] else ''}",
         "",
-        f"{report['started_at']}, {report['duration_s']:.0f} s on {m['cpus']} CPUs ({m['cpu_model']}), "
-        f"{m['memory_gb']} GB, Python {m['python']}, PostgreSQL {report['database'].get('version', '?')} "
-        f"({report['database'].get('server', '')}); load average at start {m['load_avg_at_start'][0]:.1f}.",
+        (f"{report['started_at']}, {report['duration_s']:.0f} s on {m['cpus']} CPUs ({m['cpu_model']}), "
+         f"{m['memory_gb']} GB, Python {m['python']}, PostgreSQL {report['database'].get('version', '?')} "
+         f"({report['database'].get('server', '')}); load average at start {m['load_avg_at_start'][0]:.1f}."),
         "",
         "## Targets",
         "",
@@ -125,18 +125,19 @@ def markdown(report: dict[str, Any]) -> str:
         cost = plan.get("cpu_cost")
         if cost:
             idle = ", ".join(f"{k} {v:.0f}" for k, v in cost["idle_cpu_ms_per_s"].items())
-            lines += ["", f"CPU per plan at {cost['rate']}/s ({cost['degraded_fraction']:.0%} degraded), idle use "
-                      f"({idle} ms per second) taken out: {_cpu(cost['marginal_cpu_ms_per_plan'])} ms — the services' "
-                      f"{cost['services_cpu_ms']:.2f} ms allow at "
-                      f"most {_count(cost['capacity_rps_services_only'])} plans/s on {m['cpus']} cores with nothing else "
-                      f"running ({_count(cost['capacity_rps_with_clients'])}/s with the load generators on the same cores)."]
+            lines += ["", (f"CPU per plan at {cost['rate']}/s ({cost['degraded_fraction']:.0%} degraded), idle use "
+                           f"({idle} ms per second) taken out: {_cpu(cost['marginal_cpu_ms_per_plan'])} ms — the "
+                           f"services' {cost['services_cpu_ms']:.2f} ms allow at "
+                           f"most {_count(cost['capacity_rps_services_only'])} plans/s on {m['cpus']} cores with "
+                           f"nothing else running ({_count(cost['capacity_rps_with_clients'])}/s with the load "
+                           "generators on the same cores).")]
         floor = plan.get("grpc_floor")
         if floor:
             hops = 2 * (floor["server_cpu_ms_per_call"] + floor["client_cpu_ms_per_call"])
-            lines += ["", f"The floor under that: one empty gRPC call (grpc.health.v1 Check, {floor['rate']:,}/s) costs "
-                      f"{floor['server_cpu_ms_per_call']:.2f} ms of server CPU and {floor['client_cpu_ms_per_call']:.2f} "
-                      f"ms of client CPU here; a plan crosses two hops (client → router → registry), "
-                      f"{hops:.2f} ms before any work."]
+            lines += ["", (f"The floor under that: one empty gRPC call (grpc.health.v1 Check, {floor['rate']:,}/s) "
+                           f"costs {floor['server_cpu_ms_per_call']:.2f} ms of server CPU and "
+                           f"{floor['client_cpu_ms_per_call']:.2f} ms of client CPU here; a plan crosses two hops "
+                           f"(client → router → registry), {hops:.2f} ms before any work.")]
     if report["scale"]:
         lines += ["", "## Scale", "",
                   "| live leases | p50 ms | p99 ms | p99.9 ms | database MB | leases MB | lease indexes MB | audit MB |",

@@ -63,7 +63,7 @@ def load_jsonl(text: str) -> list[Conversation]:
             raise ReplayFormatError(f"line {n}: not JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise ReplayFormatError(f"line {n}: must be a JSON object")
-        body = obj.get("request") if isinstance(obj.get("request"), dict) else obj
+        body: dict[str, Any] = obj["request"] if isinstance(obj.get("request"), dict) else obj
         cid = _conversation_id(obj) or _conversation_id(body)
         if not cid:
             raise ReplayFormatError(f"line {n}: no conversation_id (body field, metadata or X-Conversation-Id header)")

@@ -173,7 +173,9 @@ async def replay(
             run_id = uuid.uuid4().hex[:8]
             gate = asyncio.Semaphore(opts.concurrency)
 
-            async def one(conv: Conversation, mode: str = mode, run_id: str = run_id) -> None:
+            async def one(
+                conv: Conversation, mode: str = mode, run_id: str = run_id, gate: asyncio.Semaphore = gate
+            ) -> None:
                 async with gate:
                     await _replay_one(http, conv, mode, run_id, opts, model, headers, out, on_turn)
 
