@@ -94,6 +94,10 @@ def test_the_engines_plan_register_and_pull_and_the_gateway_only_routes(stack: H
     assert p["hook"].get("plan_cold", 0) + p["hook"].get("plan_recompute", 0) == 1 and p["hook"]["plan_pull"] == 1, p["hook"]
     assert p["pulls"] == 1 and p["pulled_tokens"] >= 64 and p["recent"][-1]["outcome"] == "ok", p["recent"]
     assert p["corrupt_pulls"] == p["expired_or_freed_reads"] == d["corrupt_loads"] == 0
+    # The client's cached_tokens is P's own count of what it did not compute (the gateway
+    # knows no plan here): nothing on the first turn, every pulled token on the second.
+    cached = [r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (first, second)]
+    assert cached == [0, p["pulled_tokens"]], cached
     # The gateway never tokenized, never planned, never reported.
     assert p["tokenize_requests"] == 0 and d["tokenize_requests"] == 0
     assert "tokenize" not in second.headers["Server-Timing"] and "plan;" not in second.headers["Server-Timing"]

@@ -56,6 +56,13 @@ def test_turns_that_reuse_nothing_are_declined_for_the_plans_reason() -> None:
     assert reuse.outcome("COLD", "", 50, 0, None).declined == "UNSPECIFIED"
 
 
+def test_turns_the_engines_hook_planned_are_judged_by_the_prefill_engines_count() -> None:
+    assert reuse.outcome("ENGINE", "ENGINE_HOOK", 0, 0, 96).declined == ""
+    assert reuse.outcome("ENGINE", "ENGINE_HOOK", 0, 0, 96).cached_tokens == 96
+    assert reuse.outcome("ENGINE", "ENGINE_HOOK", 0, 0, 0).declined == "ENGINE_HOOK"
+    assert reuse.outcome("ENGINE", "ENGINE_HOOK", 0, 0, None).declined == ""  # unknown: counted as unreported
+
+
 def _req(**extra: object) -> protocol.ClientRequest:
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **extra}
     return protocol.parse(Kind.CHAT, json.dumps(body).encode(), None)

@@ -71,9 +71,13 @@ def outcome(
     before them. A turn that reused nothing is declined for the plan's reason (`NO_LEASE`,
     `PREFIX_MISMATCH`, … or the gateway's `TOKENIZE_FAILED`, `CONTROL_PLANE_DEGRADED`,
     `REUSE_OFF`, `PREFILL_RETRY`); a PULL whose prefill engine reports fewer cached tokens
-    than planned is a `PREFILL_SHORTFALL`.
+    than planned is a `PREFILL_SHORTFALL`. A turn the engines' vLLM hook planned (`ENGINE`:
+    the gateway knows no plan) is declined only when the prefill engine reports it reused
+    nothing.
     """
-    if decision != "PULL":
+    if decision == "ENGINE":
+        declined = (reason or "UNSPECIFIED") if delivered == 0 else ""
+    elif decision != "PULL":
         declined = reason or "UNSPECIFIED"
     elif delivered is not None and delivered < planned:
         declined = PREFILL_SHORTFALL
