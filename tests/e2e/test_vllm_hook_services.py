@@ -1,6 +1,6 @@
 """The hook against real `boomerang registry` and `boomerang router` processes.
 
-The engines are the stand-in NixlConnector (VLLM_FACTS.md) with Boomerang's connector
+The engines are the stand-in NixlConnector (docs/vllm-contract.md) with Boomerang's connector
 overrides on top, talking gRPC to the services exactly as inside vLLM: the decode side
 registers turn 1 through the registry; the prefill side gets a PULL plan for turn 2 from
 the router with `remote_num_tokens` equal to the verified whole-block prefix; with the

@@ -1,4 +1,5 @@
-"""A stand-in for vLLM's scheduler-side NixlConnector and Request, following VLLM_FACTS.md.
+"""A stand-in for vLLM's scheduler-side NixlConnector and Request, following
+docs/vllm-contract.md.
 
 For fast unit tests only: tests/vllm/ drives vLLM 0.33.0's real scheduler and connector,
 and its test_connector_surface.py fails when this stand-in drifts from them.
@@ -85,7 +86,7 @@ def vllm_config(
 
 
 class StandInNixlConnector:
-    """The NixlConnector's scheduler-side behaviour as VLLM_FACTS.md states it."""
+    """The NixlConnector's scheduler-side behaviour as docs/vllm-contract.md states it."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         kv = vllm_config.kv_transfer_config

@@ -1,4 +1,5 @@
-"""The gateway's request handling: validation, Boomerang's fields, the P and D bodies (VLLM_FACTS.md)."""
+"""The gateway's request handling: validation, Boomerang's fields, the P and D bodies
+(docs/vllm-contract.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The kv_transfer_params the router emits, checked against vLLM's wire contract (VLLM_FACTS.md)."""
+"""The kv_transfer_params the router emits, checked against vLLM's wire contract
+(docs/vllm-contract.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def lease(num_tokens: int = 330, groups: int = 1) -> LeaseHandle:
 
 
 def prefill_accepts(params: dict) -> bool:  # type: ignore[type-arg]
-    """P's rule, written from VLLM_FACTS.md independently of the code under test."""
+    """P's rule, written from docs/vllm-contract.md independently of the code under test."""
     return (
         params.get("do_remote_decode") is True
         and bool(params.get("remote_block_ids"))

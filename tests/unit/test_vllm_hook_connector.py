@@ -1,4 +1,4 @@
-"""The connector's three overrides over a stand-in NixlConnector (VLLM_FACTS.md), with
+"""The connector's three overrides over a stand-in NixlConnector (docs/vllm-contract.md), with
 scripted registry and router clients: what reaches vLLM, the registry and the router."""
 
 from __future__ import annotations

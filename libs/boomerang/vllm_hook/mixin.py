@@ -2,7 +2,7 @@
 
 `BoomerangConnectorMixin` goes before `NixlConnector` in a class's bases; `connector.py`
 does exactly that when vLLM is importable, and the tests do it with a stand-in that follows
-VLLM_FACTS.md. Only the scheduler-role instance (the one in vLLM's engine-core process)
+docs/vllm-contract.md. Only the scheduler-role instance (the one in vLLM's engine-core process)
 gets a hook; worker-role instances behave exactly like the NixlConnector.
 
 The overrides follow the NixlConnector's signatures:

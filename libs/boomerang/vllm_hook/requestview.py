@@ -106,7 +106,7 @@ def block_groups(value: Any) -> tuple[tuple[int, ...], ...] | None:
 
 
 def has_pull_handle(params: Any) -> bool:
-    """P's rule for a pull from D (VLLM_FACTS.md): the request already carries a handle."""
+    """P's rule for a pull from D (docs/vllm-contract.md, "What P does with a handle"): the request already carries a handle."""
     if not isinstance(params, dict):
         return False
     return (

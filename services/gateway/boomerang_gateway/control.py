@@ -35,7 +35,8 @@ from boomerang.v1 import router_service_pb2 as rtpb
 
 log = logging.getLogger(__name__)
 
-# The first-turn form of kv_transfer_params (VLLM_FACTS.md): P computes everything.
+# The first-turn form of kv_transfer_params (docs/vllm-contract.md, "The first turn"): P
+# computes everything.
 FIRST_TURN: dict[str, Any] = {
     "do_remote_decode": True,
     "do_remote_prefill": False,

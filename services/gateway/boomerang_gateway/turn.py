@@ -1,4 +1,4 @@
-"""One turn, exactly as VLLM_FACTS.md describes it, from the client's request to ReportTurn.
+"""One turn, exactly as docs/vllm-contract.md describes it, from the client's request to ReportTurn.
 
 1. Tokenize the prompt on a prefill engine (`/tokenize`, the engine's own chat template).
 2. PlanTurn (short deadline): the engines, PULL/RECOMPUTE/COLD, the `kv_transfer_params`.

@@ -1,4 +1,5 @@
-"""vLLM's `kv_transfer_params`, exactly as the NixlConnector exchanges them (VLLM_FACTS.md).
+"""vLLM's `kv_transfer_params`, exactly as the NixlConnector exchanges them
+(docs/vllm-contract.md).
 
 Two forms leave the router for the prefill engine (P):
 
@@ -126,7 +127,7 @@ def to_json(params: KvParams) -> str:
 
 
 def accepts_pull(params: KvParams) -> bool:
-    """P's rule for treating a request as a pull from D (VLLM_FACTS.md)."""
+    """P's rule for treating a request as a pull from D (docs/vllm-contract.md)."""
     return (
         params.do_remote_decode is True
         and bool(params.remote_block_ids)

@@ -1,7 +1,7 @@
 """The baseline: what vLLM's example multi-turn proxy does, and nothing more.
 
 Like `examples/disaggregated/disaggregated_serving/disagg_proxy_multiturn.py` (see
-VLLM_FACTS.md): takes the top-level `conversation_id` out of the body, pops the
+docs/vllm-contract.md, "The example proxy Boomerang replaces"): takes the top-level `conversation_id` out of the body, pops the
 conversation's last decode `kv_transfer_params` from an in-memory dict (single use; entries
 older than 450 s are discarded), sends the prefill engine a one-token non-streaming request
 with them (or the first-turn form), forwards P's params to the decode engine with

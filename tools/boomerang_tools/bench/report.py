@@ -10,7 +10,7 @@ from typing import Any
 from boomerang_tools.bench.config import BenchConfig
 from boomerang_tools.bench.stats import clean
 
-# The targets on this 2-core machine (issue 8, DESIGN.md §4).
+# The targets on this 2-core machine (issue 8; docs/design.md, "Where the time goes").
 TARGETS = {
     "plan_p50_ms_at_1000": ("plan p50 at 1,000/s, 100k leases", "≤", 1.0),
     "plan_p99_ms_at_1000": ("plan p99 at 1,000/s, 100k leases", "≤", 5.0),

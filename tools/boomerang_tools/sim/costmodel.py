@@ -1,4 +1,5 @@
-"""Time-to-first-token cost model, fit to AWS's published table (VLLM_FACTS.md).
+"""Time-to-first-token cost model, fit to AWS's published table (docs/vllm-contract.md,
+"AWS's published results").
 
 Form (milliseconds; n = prompt tokens, r = tokens pulled from the decode node, m = n − r
 tokens the prefill node computes):
@@ -64,7 +65,7 @@ NEW_TOKENS_PER_TURN = 128
 
 @dataclass(frozen=True)
 class Published:
-    """AWS's figures for one model (VLLM_FACTS.md): (tokens, ms) end points."""
+    """AWS's figures for one model (docs/vllm-contract.md): (tokens, ms) end points."""
 
     contexts: tuple[int, int]
     ttft_off_ms: tuple[float, float]

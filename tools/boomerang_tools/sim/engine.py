@@ -194,7 +194,7 @@ class Engine:
         return _Context(list(prompt), p.standalone_ms(len(prompt)))
 
     async def _pull(self, adm: Admission) -> _Context:
-        """P: pull D's retained blocks (VLLM_FACTS.md, 'What a prefill node does')."""
+        """P: pull D's retained blocks (docs/vllm-contract.md, 'What P does with a handle')."""
         cfg, p, prompt, remote = self.config, self.config.profile, adm.req.prompt_ids, adm.remote
         assert remote is not None and remote.host is not None and remote.port is not None and remote.request_id
         n = len(prompt)

@@ -1,4 +1,4 @@
-"""`kv_transfer_params` as vLLM's NixlConnector reads and writes them (VLLM_FACTS.md)."""
+"""`kv_transfer_params` as vLLM's NixlConnector reads and writes them (docs/vllm-contract.md)."""
 
 from __future__ import annotations
 
