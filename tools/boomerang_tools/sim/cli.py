@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--grace-seconds", type=float, default=5.0, help="drain time on SIGTERM (default 5)")
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="as vLLM's flag: usage carries prompt_tokens_details.cached_tokens")
+    parser.add_argument("--prefix-cache-blocks", type=int, default=0,
+                        help="prefix caching on this engine (vLLM's --enable-prefix-caching) with room for this many "
+                        "blocks, evicted least recently used; default 0: off, as in AWS's tests")
     parser.add_argument("--log-level", help="logging level (default INFO)")
     parser.set_defaults(handler=_run)
 
@@ -88,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
     _check(generation >= 0, "--generation must be non-negative")
     _check(args.time_scale >= 0, "--time-scale must be non-negative")
     _check(args.num_gpu_blocks >= 1, "--num-gpu-blocks must be positive")
+    _check(args.prefix_cache_blocks >= 0, "--prefix-cache-blocks must be non-negative")
     hook = None
     if args.hook:
         _check(args.role == "prefill" or bool(args.registry), "--hook on a decode engine needs --registry")
@@ -121,6 +125,7 @@ def _run(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name or prof.served_model_name,
         max_model_len=args.max_model_len or prof.max_model_len,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        prefix_cache_blocks=args.prefix_cache_blocks,
     )
     run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds, hook))
     return 0

@@ -9,7 +9,8 @@ tokens the prefill node computes):
 - α  fixed cost per turn: HTTP, scheduling, the decode node's first step;
 - δ  per prompt token paid in both modes: the decode node loading the whole prompt's KV
      from the prefill node (standard P→D disaggregation) and its share of the first step;
-- β  prefill compute per computed token (prefix caching is off on P, as in AWS's tests);
+- β  prefill compute per computed token (prefix caching is off on P, as in AWS's tests; with
+     `--prefix-cache-blocks`, P's own cache hits are not computed and cost nothing);
 - τ0 + τ1·r  the pull of r retained tokens from the decode node (bidirectional transfer).
 
 An attention-quadratic term γ·(n² − r²) was part of the search; a fit with γ ≥ 0 puts it at
@@ -90,9 +91,9 @@ class Profile:
     bytes_per_token: int  # KV bytes per token on one engine, 0 when unknown
     published: Published
 
-    def ttft_ms(self, prompt_tokens: int, pulled_tokens: int = 0) -> float:
+    def ttft_ms(self, prompt_tokens: int, pulled_tokens: int = 0, cached_tokens: int = 0) -> float:
         """End-to-end TTFT of a disaggregated turn (P then D), in unscaled milliseconds."""
-        return self.prefill_ms(prompt_tokens, pulled_tokens) + self.decode_first_ms(prompt_tokens)
+        return self.prefill_ms(prompt_tokens, pulled_tokens, cached_tokens) + self.decode_first_ms(prompt_tokens)
 
     def pull_ms(self, pulled_tokens: int) -> float:
         """The prefill node's pull of retained KV from the decode node."""
@@ -102,18 +103,19 @@ class Profile:
         """Prefill compute."""
         return self.beta_ms * computed_tokens
 
-    def prefill_ms(self, prompt_tokens: int, pulled_tokens: int = 0) -> float:
-        """What the prefill node spends before answering."""
-        computed = prompt_tokens - pulled_tokens
+    def prefill_ms(self, prompt_tokens: int, pulled_tokens: int = 0, cached_tokens: int = 0) -> float:
+        """What the prefill node spends before answering; `cached_tokens` hit its own prefix
+        cache and cost nothing."""
+        computed = prompt_tokens - pulled_tokens - cached_tokens
         return (self.alpha_ms - self.itl_ms) + self.pull_ms(pulled_tokens) + self.compute_ms(computed)
 
     def decode_first_ms(self, loaded_tokens: int) -> float:
         """What the decode node spends before its first token: load the prompt's KV, one step."""
         return self.delta_ms * loaded_tokens + self.itl_ms
 
-    def standalone_ms(self, prompt_tokens: int) -> float:
+    def standalone_ms(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
         """TTFT of a request served by one engine alone (no P/D transfer)."""
-        return self.alpha_ms + self.compute_ms(prompt_tokens)
+        return self.alpha_ms + self.compute_ms(prompt_tokens - cached_tokens)
 
 
 PROFILES: dict[str, Profile] = {

@@ -21,6 +21,7 @@ from boomerang_tools.sim.hooked import SimHook
 from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted
 from boomerang_tools.sim.nixl import Gone, NixlClient, Unreachable
 from boomerang_tools.sim.params import Mode, RemoteHandle, classify, prefill_params, retained_params
+from boomerang_tools.sim.prefixcache import Hit, PrefixCache
 from boomerang_tools.sim.state import (
     Admission,
     AdmissionError,
@@ -55,6 +56,7 @@ class Engine:
         self.epoch = 0
         self.clock = Clock(config.clock_offset)
         self.kv = KVStore(config.num_gpu_blocks, config.block_size, self.clock)
+        self.prefix = PrefixCache(config.prefix_cache_blocks, config.block_size)
         self.nixl = NixlClient(self.clock)
         self.stats = Stats()
         self.recent: deque[dict[str, Any]] = deque(maxlen=200)
@@ -112,6 +114,8 @@ class Engine:
         try:
             ctx = await self._context(adm)
             await self._sleep_until(adm.started + ctx.budget_ms * self.config.time_scale / 1000)
+            if adm.mode is not Mode.DECODE and adm.epoch == self.epoch:
+                self.prefix.insert(req.prompt_ids, ctx.effective)  # the prompt's KV is computed
             self.queued_prompt_tokens -= n
             queued = False
             pieces = self._output(ctx.effective, req)
@@ -183,31 +187,43 @@ class Engine:
 
     async def _context(self, adm: Admission) -> _Context:
         p, prompt = self.config.profile, adm.req.prompt_ids
-        if adm.mode is Mode.PULL:
-            return await self._pull(adm)
-        if adm.mode is Mode.PREFILL:
-            self.stats.computed_tokens += len(prompt)
-            return _Context(list(prompt), p.prefill_ms(len(prompt)))
         if adm.mode is Mode.DECODE:
             return await self._load(adm)
-        self.stats.computed_tokens += len(prompt)
-        return _Context(list(prompt), p.standalone_ms(len(prompt)))
+        hit = self._lookup(prompt)
+        if adm.mode is Mode.PULL:
+            return await self._pull(adm, hit)
+        n = len(prompt)
+        self.stats.computed_tokens += n - hit.tokens
+        cost = p.prefill_ms(n, 0, hit.tokens) if adm.mode is Mode.PREFILL else p.standalone_ms(n, hit.tokens)
+        return _Context(hit.kv + prompt[hit.tokens:], cost, hit.tokens)
 
-    async def _pull(self, adm: Admission) -> _Context:
-        """P: pull D's retained blocks (docs/vllm-contract.md, 'What P does with a handle')."""
+    def _lookup(self, prompt: list[int]) -> Hit:
+        """This engine's own prefix-cache hit for a prompt it is about to compute."""
+        hit = self.prefix.lookup(prompt)
+        if self.prefix.enabled:
+            self.stats.prefix_cache_queries += len(prompt)
+            self.stats.prefix_cache_hits += hit.tokens
+        return hit
+
+    async def _pull(self, adm: Admission, hit: Hit) -> _Context:
+        """P: pull D's retained blocks past its own prefix-cache hit (docs/vllm-contract.md, 'What P
+        does with a handle'; the NixlConnector reads only the tokens the local cache lacks)."""
         cfg, p, prompt, remote = self.config, self.config.profile, adm.req.prompt_ids, adm.remote
         assert remote is not None and remote.host is not None and remote.port is not None and remote.request_id
         n = len(prompt)
         available = remote.num_tokens if remote.num_tokens is not None else len(remote.block_ids) * cfg.block_size
-        # min(remote_num_tokens, prompt) with no prefix cache on P; like any cache hit, the
-        # last prompt token is always computed so the engine has logits to sample from.
+        # min(remote_num_tokens, prompt); like any cache hit, the last prompt token is always
+        # computed so the engine has logits to sample from. P's own hit (`local`, whole
+        # blocks) is not pulled again.
         count = max(0, min(available, n - 1, len(remote.block_ids) * cfg.block_size))
-        event = {"request_id": adm.request_id, "kind": "pull", "remote_request_id": remote.request_id, "count": count}
+        local = min(hit.tokens, count)
+        event = {"request_id": adm.request_id, "kind": "pull", "remote_request_id": remote.request_id,
+                 "count": count - local, **({"local_hit": local} if local else {})}
 
         def recompute(outcome: str) -> _Context:
             self._note(**event, outcome=outcome)
-            self.stats.computed_tokens += n
-            return _Context(list(prompt), p.prefill_ms(n))
+            self.stats.computed_tokens += n - hit.tokens
+            return _Context(hit.kv + prompt[hit.tokens:], p.prefill_ms(n, 0, hit.tokens), hit.tokens)
 
         try:
             peer = await self.nixl.peer(remote.engine_id or "", remote.host, remote.port)
@@ -220,13 +236,14 @@ class Engine:
             if remaining < cfg.expiry_margin_seconds:
                 self.stats.declined_expiring += 1
                 return recompute("declined_expiring")
-        if count < cfg.recompute_threshold:
+        if count - local < cfg.recompute_threshold or (local and count == local):
             self.stats.recomputed_below_threshold += 1
             await self._free_remote(remote)
             return recompute("below_threshold")
-        blocks = remote.block_ids[: -(-count // cfg.block_size)]
+        blocks = remote.block_ids[local // cfg.block_size : -(-count // cfg.block_size)]
         try:
-            pulled = await self.nixl.read(remote.host, remote.port, remote.request_id, blocks, count, remote.generation)
+            pulled = await self.nixl.read(remote.host, remote.port, remote.request_id, blocks, count - local,
+                                          remote.generation)
         except Unreachable as exc:
             self.stats.pull_failures += 1
             log.warning("pull %s: read failed: %s", adm.request_id, exc)
@@ -234,16 +251,16 @@ class Engine:
         except Gone as exc:
             # Real hardware reads whatever the freed blocks hold now and returns HTTP 200.
             self.stats.expired_or_freed_reads += 1
-            pulled, outcome = [0] * count, f"garbage_{exc.reason.lower()}"
+            pulled, outcome = [0] * (count - local), f"garbage_{exc.reason.lower()}"
         else:
-            outcome = "ok" if pulled == prompt[:count] else "corrupt"
+            outcome = "ok" if pulled == prompt[local:count] else "corrupt"
             if outcome == "corrupt":
                 self.stats.corrupt_pulls += 1
         self.stats.pulls += 1
-        self.stats.pulled_tokens += count
+        self.stats.pulled_tokens += count - local
         self.stats.computed_tokens += n - count
         self._note(**event, outcome=outcome)
-        return _Context(pulled + prompt[count:], p.prefill_ms(n, count), count)
+        return _Context(hit.kv[:local] + pulled + prompt[count:], p.prefill_ms(n, count - local, local), count)
 
     async def _free_remote(self, remote: RemoteHandle) -> None:
         assert remote.host is not None and remote.port is not None and remote.request_id
@@ -334,6 +351,7 @@ class Engine:
     def restart(self, generation: int | None = None) -> int:
         """Simulate an engine restart: a new registration generation, every block dropped."""
         dropped = self.kv.drop_all()
+        self.prefix.clear()
         self.generation = generation if generation is not None else self.generation + 1
         self.epoch += 1
         self.stats.restarts += 1
@@ -361,6 +379,9 @@ class Engine:
             "held_blocks": self.kv.pinned_blocks(HandleKind.HELD),
             "held_handles": sum(h.kind is HandleKind.HELD for h in self.kv.handles.values()),
             "expired_handles": self.kv.expired,
+            "prefix_cache_capacity_blocks": self.prefix.capacity_blocks,
+            "prefix_cache_blocks": len(self.prefix.blocks),
+            "prefix_cache_evicted_blocks": self.prefix.evicted_blocks,
             "used_blocks": self.kv.used_blocks,
             "free_blocks": len(self.kv.free),
             "in_flight": self.in_flight,

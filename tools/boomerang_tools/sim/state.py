@@ -33,6 +33,9 @@ class SimConfig:
     tp_size: int = 1
     # vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens.
     enable_prompt_tokens_details: bool = False
+    # vLLM's --enable-prefix-caching, with this many spare blocks to keep prefixes in; 0: off
+    # (AWS's setting).
+    prefix_cache_blocks: int = 0
 
 
 @dataclass
@@ -64,6 +67,9 @@ class Stats:
     retention_skipped: int = 0
     held_turns: int = 0
     restarts: int = 0
+    # vLLM's prefix-cache metrics, in tokens: prompt tokens looked up, and those that hit.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     tokenize_requests: int = 0  # POST /tokenize calls (a gateway that plans tokenizes every turn here)
 
 
