@@ -39,7 +39,7 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\
 
 def links(text: str) -> list[str]:
     """The targets of a Markdown file's inline links and images, outside code blocks."""
-    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
     text = re.sub(r"`[^`\n]*`", "", text)
     return [a or b for a, b in LINK.findall(text)]
 
@@ -75,10 +75,10 @@ def test_the_layout_names_every_top_level_folder_and_package() -> None:
     packages = {p.parent.as_posix() for p in files if p.name == "__init__.py" and p.parent.as_posix() != "tests"}
     suites = {f"tests/{p.parts[1]}" for p in files if len(p.parts) > 2 and p.parts[0] == "tests"}
     missing = sorted(
-        [f for f in folders if not re.search(rf"(^|[\s,]){re.escape(f)}/", block, re.M)]
+        [f for f in folders if not re.search(rf"(^|[\s,]){re.escape(f)}/", block, re.MULTILINE)]
         + [p for p in packages | suites if f"{p}/" not in block]
     )
     assert missing == []
     # ...and names nothing that is not there.
-    named = set(re.findall(r"^([\w.][\w./-]*/)", block, re.M))
+    named = set(re.findall(r"^([\w.][\w./-]*/)", block, re.MULTILINE))
     assert sorted(n for n in named if not (ROOT / n).is_dir()) == []
