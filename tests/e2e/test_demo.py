@@ -1,6 +1,8 @@
-"""`boomerang demo --quick` end to end: the whole system comes up, the table has AWS's shape
-(speedup growing with context, large at the longest), the report has the issue's exact shape,
-nothing failed and nothing corrupt was pulled."""
+"""`boomerang demo --quick` end to end: the whole system comes up in each deployment (the
+gateway planning, and the engines' vLLM hook planning), the table has AWS's shape in both
+(speedup growing with context, large at the longest), the report has one entry per profile
+and mode, nothing failed and nothing corrupt was pulled, and with the hook no engine was
+asked to tokenize."""
 
 from __future__ import annotations
 
@@ -32,8 +34,19 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
     report = json.loads((tmp_path / "demo-report.json").read_text())
     assert set(report) == {"profiles", "corrupt_pulls", "requests_failed"}
     assert report["corrupt_pulls"] == 0 and report["requests_failed"] == 0
-    assert [p["profile"] for p in report["profiles"]] == ["qwen3-32b", "glm-5-fp8"]
+    assert [(p["profile"], p["mode"]) for p in report["profiles"]] == [
+        ("qwen3-32b", "gateway"), ("qwen3-32b", "hook"), ("glm-5-fp8", "gateway"), ("glm-5-fp8", "hook")]
     for profile in report["profiles"]:
+        assert {"profile", "mode", "rows", "tokenize_calls", "pulls"} <= set(profile)
+        turns_on = 1 + 2 * len(QUICK_POINTS[profile["profile"]])
+        if profile["mode"] == "gateway":
+            assert profile["tokenize_calls"] == turns_on  # one per turn with Boomerang on, none when off
+        else:
+            # The engines plan from their own token ids: nothing tokenizes on the way to TTFT.
+            assert profile["tokenize_calls"] == 0, profile
+            assert profile["engine_plan_ms_p50"] > 0
+        # Turns after the first pull (a busy machine may turn a few into recomputes).
+        assert len(QUICK_POINTS[profile["profile"]]) <= profile["pulls"] <= turns_on - 1, profile
         rows = profile["rows"]
         assert [r["context_tokens"] for r in rows] == list(QUICK_POINTS[profile["profile"]])
         for row in rows:
@@ -42,10 +55,12 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
         # AWS's shape: recomputing grows with the context much faster than pulling does.
         assert rows[-1]["speedup"] > rows[0]["speedup"], run.stdout
         assert rows[-1]["ttft_off_ms"] > 3 * rows[0]["ttft_off_ms"], run.stdout
-    qwen, glm = (p["rows"][-1]["speedup"] for p in report["profiles"])
     # AWS: 1.6× and 3.3× at the longest contexts; a quiet machine gives about that, a busy
     # one less (Boomerang's path does more CPU work than a plain recompute), never near 1×.
-    assert qwen >= 1.15 and glm >= 1.8, run.stdout
+    for qwen, glm in zip(*([p["rows"][-1]["speedup"] for p in report["profiles"] if p["profile"] == name]
+                           for name in ("qwen3-32b", "glm-5-fp8"))):
+        assert qwen >= 1.15 and glm >= 1.8, run.stdout
     assert (tmp_path / "demo-report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = run.stdout
     assert "AWS off" in out and "Audit trail" in out and "lease_events" in out and "OK" in out
+    assert "on: gateway" in out and "on: engine hook" in out

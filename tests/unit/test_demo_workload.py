@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from boomerang_tools.demo import report
 from boomerang_tools.demo.client import TurnResult
+from boomerang_tools.demo.modes import MODES, parse_modes
 from boomerang_tools.demo.runner import Record, RunResult
 from boomerang_tools.demo.workload import (
     NEW_TOKENS,
@@ -20,6 +22,7 @@ from boomerang_tools.demo.workload import (
 )
 from boomerang_tools.sim import template
 from boomerang_tools.sim.tokenizer import encode
+from rich.console import Console
 
 
 def test_filler_has_exactly_the_tokens_asked_for() -> None:
@@ -58,9 +61,14 @@ def test_same_seed_same_conversation() -> None:
     assert c.messages != a.messages
 
 
-def _rec(mode: str, point: int, ttft: float, text: str = "same") -> Record:
-    return Record("qwen3-32b", mode, 0, Step(point, True), point,
-                  TurnResult(ok=True, ttft_ms=ttft, text=text, plan="PULL" if mode == "on" else "COLD", reused_tokens=point - 128))
+def _rec(mode: str, point: int, ttft: float, text: str = "same", deployment: str = "gateway") -> Record:
+    if deployment == "hook":  # the gateway does not know the plan; the client's usage shows the pull
+        result = TurnResult(ok=True, ttft_ms=ttft, text=text, plan="ENGINE", reason="ENGINE_HOOK",
+                            cached_tokens=point - 128 if mode == "on" else 0)
+    else:
+        result = TurnResult(ok=True, ttft_ms=ttft, text=text, plan="PULL" if mode == "on" else "COLD",
+                            reused_tokens=point - 128)
+    return Record("qwen3-32b", mode, 0, deployment, Step(point, True), point, result)
 
 
 def test_report_rows_and_json_shape(tmp_path: Path) -> None:
@@ -68,19 +76,42 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
     rows = report.rows(result, "qwen3-32b", (2000, 24000))
     assert rows == [{"context_tokens": 2000, "ttft_off_ms": 160.0, "ttft_on_ms": 130.0, "speedup": 1.23},
                     {"context_tokens": 24000, "ttft_off_ms": 900.0, "ttft_on_ms": 500.0, "speedup": 1.8}]
-    data = report.report([("qwen3-32b", rows)], 0, 0)
+    # The hook deployment measures "on" only; its rows share the gateway deployment's "off".
+    result.records += [_rec("on", 2000, 120, deployment="hook"), _rec("on", 24000, 450, deployment="hook")]
+    hook_rows = report.rows(result, "qwen3-32b", (2000, 24000), "hook")
+    assert [(r["ttft_off_ms"], r["ttft_on_ms"], r["speedup"]) for r in hook_rows] == [(160.0, 120.0, 1.33), (900.0, 450.0, 2.0)]
+    assert report.rows(result, "qwen3-32b", (2000, 24000), "gateway") == rows
+    measured: list[report.Measured] = [("qwen3-32b", {"gateway": rows, "hook": hook_rows})]
+    data = report.report(measured, 0, 0, {("qwen3-32b", "hook"): {"tokenize_calls": 0}})
     report.write_json(data, tmp_path / "r.json")
     loaded = json.loads((tmp_path / "r.json").read_text())
     assert set(loaded) == {"profiles", "corrupt_pulls", "requests_failed"}
-    assert set(loaded["profiles"][0]) == {"profile", "rows"}
+    assert [(p["profile"], p["mode"]) for p in loaded["profiles"]] == [("qwen3-32b", "gateway"), ("qwen3-32b", "hook")]
+    assert set(loaded["profiles"][0]) == {"profile", "mode", "rows"}
+    assert loaded["profiles"][1]["tokenize_calls"] == 0
     assert set(loaded["profiles"][0]["rows"][0]) == {"context_tokens", "ttft_off_ms", "ttft_on_ms", "speedup"}
-    report.chart([("qwen3-32b", rows)], tmp_path / "c.png")
+    report.chart(measured, MODES, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert result.probe_plans("qwen3-32b", 24000) == "23,872"
+    console = Console(record=True, width=200)
+    console.print(report.table("qwen3-32b", measured[0][1], MODES))
+    shown = console.export_text()
+    assert "on: gateway" in shown and "on: engine hook" in shown and "1.80×" in shown and "2.00×" in shown
+    assert result.probe_plans("qwen3-32b", 24000, "gateway") == "23,872"
+    assert result.probe_plans("qwen3-32b", 24000, "hook") == "23,872"  # from the usage's cached tokens
     assert result.mismatched_replies() == 0
     result.records.append(_rec("on", 8000, 1.0, "x"))
     result.records.append(_rec("off", 8000, 1.0, "y"))
     assert result.mismatched_replies() == 1
+    result.records.append(_rec("on", 8000, 1.0, "z", deployment="hook"))  # each deployment is held against off
+    assert result.mismatched_replies() == 2
+
+
+def test_modes_are_a_list_parsed_by_name() -> None:
+    assert [m.name for m in MODES] == ["gateway", "hook"]
+    assert [m.name for m in parse_modes("hook,gateway,hook")] == ["hook", "gateway"]
+    assert parse_modes("gateway")[0].hook is False and parse_modes("hook")[0].hook is True
+    with pytest.raises(ValueError, match="sticky"):
+        parse_modes("gateway,sticky")
 
 
 def test_server_timing_and_overhead() -> None:

@@ -15,10 +15,13 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
 
+from boomerang_tools.demo.modes import MODES, Mode, parse_modes
+from boomerang_tools.demo.runner import RunResult
 from boomerang_tools.demo.show import conclude, measure
 from boomerang_tools.demo.workload import POINTS, QUICK_POINTS
 from boomerang_tools.sim.costmodel import PROFILES
@@ -43,19 +46,77 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--out", default=".", help="folder for demo-report.json and demo-report.png (default .)")
     parser.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL); default: embedded cluster")
     parser.add_argument("--data-dir", default=".boomerang", help="embedded database and logs (default .boomerang)")
+    parser.add_argument("--modes", default=",".join(m.name for m in MODES),
+                        help=f"deployments to measure, comma-separated (default {','.join(m.name for m in MODES)})")
     parser.set_defaults(handler=_run)
 
 
-def _sim_stats(urls: list[str]) -> dict[str, int]:
-    keys = ("pulls", "pulled_tokens", "corrupt_pulls", "expired_or_freed_reads", "corrupt_loads",
-            "expired_or_freed_loads", "computed_tokens")
-    total = dict.fromkeys(keys, 0)
+STAT_KEYS = ("pulls", "pulled_tokens", "corrupt_pulls", "expired_or_freed_reads", "corrupt_loads",
+             "expired_or_freed_loads", "computed_tokens", "tokenize_requests")
+
+
+def _sim_stats(urls: list[str]) -> tuple[dict[str, int], list[float]]:
+    """The engines' summed counters, and the prefill hooks' median plan times (ms) if they plan."""
+    total = dict.fromkeys(STAT_KEYS, 0)
+    plan_ms = []
     with httpx.Client(timeout=5.0) as http:
         for url in urls:
             stats = http.get(url + "/sim/stats").json()
-            for key in keys:
+            for key in STAT_KEYS:
                 total[key] += int(stats.get(key, 0))
-    return total
+            if "plan_ms_p50" in stats.get("hook", {}):
+                plan_ms.append(float(stats["hook"]["plan_ms_p50"]))
+    return total, plan_ms
+
+
+def _stack_config(args: argparse.Namespace, profiles: list[str], mode: Mode) -> StackConfig:
+    return StackConfig(
+        data_dir=Path(args.data_dir),
+        database_url=args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", ""),
+        gateway_port=0,
+        grpc_ports=(0, 0, 0),
+        # Per profile a prefill then a decode engine (the order prefill_urls/decode_urls keep).
+        sims=[SimSpec(role, p, 0) for p in profiles for role in ("prefill", "decode")],
+        log_level="WARNING",
+        hook=mode.hook,
+        # The prefill engine's cached tokens reach the client's usage, as vLLM reports them.
+        sim_args=["--enable-prompt-tokens-details", *mode.sim_args],
+        # Every process shares one small machine here, so a claim can wait on the CPU; a
+        # longer claim deadline keeps a busy laptop from turning pulls into recomputes.
+        router_args=["--claim-deadline-ms", str(CLAIM_DEADLINE_MS)],
+        gateway_args=["--plan-timeout-seconds", str(CLAIM_DEADLINE_MS / 1000 + 0.25), *mode.gateway_args],
+    )
+
+
+def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], mode: Mode, last: bool) -> int | None:
+    """One deployment: bring it up, measure it, record its engines' counters; on the last
+    one (its database still up, for the audit trail) conclude. None: go on."""
+    profiles, points, result = run["profiles"], run["points"], run["result"]
+    stack = Stack(_stack_config(args, profiles, mode))
+    try:
+        with console.status(f"Starting Postgres, registry, router, reaper, gateway and simulated engines ({mode.name})…"):
+            stack.start()
+    except (ChildFailed, PostgresError) as exc:
+        console.print(f"[red]boomerang demo: could not start the system ({mode.name}):[/red] {exc}")
+        return 1
+    try:
+        console.print(f"[bold]{mode.label}[/bold]: {mode.summary}. Up: gateway {stack.gateway_url}, "
+                      f"logs in {stack.log_dir}/")
+        measure(console, stack.gateway_url, profiles, points, args.reps,
+                {p: PROFILES[p].served_model_name for p in profiles}, result, mode, with_off=not run["extra"])
+        for i, p in enumerate(profiles):
+            counts, plan_ms = _sim_stats([stack.prefill_urls[i], stack.decode_urls[i]])
+            for key, value in counts.items():
+                run["stats"][key] = run["stats"].get(key, 0) + value
+            run["extra"][(p, mode.name)] = {"tokenize_calls": counts["tokenize_requests"], "pulls": counts["pulls"],
+                                            **({"engine_plan_ms_p50": round(plan_ms[0], 2)} if plan_ms else {})}
+        if not last:
+            return None
+        return conclude(console, result, run["stats"], profiles, points, Path(args.out), stack.database_url,
+                        run["started"], run["modes"], run["extra"])
+    finally:
+        with console.status("Stopping…"):
+            stack.stop()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -65,48 +126,26 @@ def _run(args: argparse.Namespace) -> int:
     unknown = [p for p in profiles if p not in POINTS]
     if unknown or not profiles:
         raise SystemExit(f"boomerang demo: --profiles: unknown {unknown}; known: {', '.join(POINTS)}")
-    reps = args.reps
-    if not 1 <= reps <= 8:
+    if not 1 <= args.reps <= 8:
         raise SystemExit("boomerang demo: --reps must be 1 to 8")
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        raise SystemExit(f"boomerang demo: --modes: {exc}") from None
     points = {p: (QUICK_POINTS if args.quick else POINTS)[p] for p in profiles}
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     console.rule("[bold]Boomerang demo[/bold]: KV-cache reuse in prefill/decode disaggregated serving")
     console.print(
         "Replaying multi-turn agent conversations (system prompt, tool results, the model's own replies) "
         f"to {', '.join(f'{max(points[p]):,} tokens ({p})' for p in profiles)}, once with Boomerang off "
         "(the prefill engine recomputes the whole prompt, prefix caching off as in AWS's tests) and once on "
-        "(it pulls the previous turn's KV back from the decode engine)."
+        "(it pulls the previous turn's KV back from the decode engine) in each deployment: "
+        f"{', '.join(m.name for m in modes)}."
     )
-    sims = [SimSpec(role, p, 0) for p in profiles for role in ("prefill", "decode")]
-    config = StackConfig(
-        data_dir=Path(args.data_dir),
-        database_url=args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", ""),
-        gateway_port=0,
-        grpc_ports=(0, 0, 0),
-        sims=sims,
-        log_level="WARNING",
-        # Every process shares one small machine here, so a claim can wait on the CPU; a
-        # longer claim deadline keeps a busy laptop from turning pulls into recomputes.
-        router_args=["--claim-deadline-ms", str(CLAIM_DEADLINE_MS)],
-        gateway_args=["--plan-timeout-seconds", str(CLAIM_DEADLINE_MS / 1000 + 0.25)],
-    )
-    stack = Stack(config)
-    try:
-        with console.status("Starting Postgres, registry, router, reaper, gateway and simulated engines…"):
-            stack.start()
-    except (ChildFailed, PostgresError) as exc:
-        console.print(f"[red]boomerang demo: could not start the system:[/red] {exc}")
-        return 1
-    try:
-        console.print(f"System up in {time.monotonic() - started:.1f}s: gateway {stack.gateway_url}, "
-                      f"{len(sims)} simulated engines, logs in {stack.log_dir}/")
-
-        result = measure(console, stack.gateway_url, profiles, points, reps,
-                         {p: PROFILES[p].served_model_name for p in profiles})
-        stats = _sim_stats(stack.prefill_urls + stack.decode_urls)
-        return conclude(console, result, stats, profiles, points, out_dir, stack.database_url, started)
-    finally:
-        with console.status("Stopping…"):
-            stack.stop()
+    run: dict[str, Any] = {"profiles": profiles, "points": points, "result": RunResult(), "stats": {}, "extra": {},
+                           "modes": modes, "started": time.monotonic()}
+    for i, mode in enumerate(modes):
+        code = _run_mode(console, args, run, mode, last=i == len(modes) - 1)
+        if code is not None:
+            return code
+    return 1  # not reached: the last mode concludes

@@ -32,6 +32,7 @@ class TurnResult:
     plan: str = ""
     reason: str = ""
     reused_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens (vLLM's --enable-prompt-tokens-details)
     error: str = ""
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -106,6 +107,9 @@ async def stream_chat(
                 if isinstance(usage, dict):
                     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                     result.completion_tokens = int(usage.get("completion_tokens") or 0)
+                    details = usage.get("prompt_tokens_details")
+                    if isinstance(details, dict):
+                        result.cached_tokens = int(details.get("cached_tokens") or 0)
             result.text = "".join(pieces)
     except (httpx.HTTPError, ValueError) as exc:
         result.error = repr(exc)

@@ -1,4 +1,9 @@
-"""The demo's outputs: AWS's table beside AWS's figures, `demo-report.json`, and a PNG chart."""
+"""The demo's outputs: AWS's table beside AWS's figures, `demo-report.json`, and a PNG chart.
+
+Each profile is measured in every deployment (`modes.py`): the table has one TTFT-on and
+speedup column per mode beside the shared TTFT-off, the chart one line per mode, and
+`demo-report.json` one entry per profile and mode (`"mode": "gateway"` or `"hook"`).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,19 @@ from typing import Any
 
 from rich.table import Table
 
+from boomerang_tools.demo.modes import Mode
 from boomerang_tools.demo.runner import RunResult
 from boomerang_tools.sim.costmodel import profile as sim_profile
 
+# One profile's measurements: its name, and its rows per mode name.
+Measured = tuple[str, dict[str, list[dict[str, Any]]]]
 
-def rows(result: RunResult, profile: str, points: tuple[int, ...]) -> list[dict[str, Any]]:
-    """One row per measured context length (medians over repetitions)."""
+
+def rows(result: RunResult, profile: str, points: tuple[int, ...], mode: str | None = None) -> list[dict[str, Any]]:
+    """One row per measured context length (medians over repetitions), for one mode."""
     out = []
     for point in points:
-        off, on = result.ttft(profile, "off", point), result.ttft(profile, "on", point)
+        off, on = result.ttft(profile, "off", point), result.ttft(profile, "on", point, mode)
         if off is None or on is None:
             continue
         out.append({
@@ -28,10 +37,13 @@ def rows(result: RunResult, profile: str, points: tuple[int, ...]) -> list[dict[
     return out
 
 
-def report(profiles: list[tuple[str, list[dict[str, Any]]]], corrupt_pulls: int, requests_failed: int) -> dict[str, Any]:
-    """`demo-report.json`'s content, in the shape the issue gives."""
+def report(profiles: list[Measured], corrupt_pulls: int, requests_failed: int,
+           extra: dict[tuple[str, str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`demo-report.json`'s content: one entry per profile and mode (`extra` adds fields to
+    an entry, keyed by (profile, mode))."""
     return {
-        "profiles": [{"profile": name, "rows": table} for name, table in profiles],
+        "profiles": [{"profile": name, "mode": mode, "rows": table, **(extra or {}).get((name, mode), {})}
+                     for name, by_mode in profiles for mode, table in by_mode.items()],
         "corrupt_pulls": corrupt_pulls,
         "requests_failed": requests_failed,
     }
@@ -48,34 +60,49 @@ def _published(profile: str) -> dict[int, tuple[float, float, float]]:
     return {n: (off, on, off / on) for n, off, on in zip(pub.contexts, pub.ttft_off_ms, pub.ttft_on_ms)}
 
 
-def table(profile: str, data: list[dict[str, Any]], plans: dict[int, str] | None = None) -> Table:
-    """The measured table with AWS's figures beside it (and how each measured turn was planned)."""
+def table(profile: str, by_mode: dict[str, list[dict[str, Any]]], modes: list[Mode],
+          plans: dict[str, dict[int, str]] | None = None) -> Table:
+    """The measured table, one TTFT-on and speedup column per mode, with AWS's figures beside
+    it (and what each mode's measured turns took from the decode engine)."""
     p = sim_profile(profile)
     t = Table(title=f"{p.served_model_name} ({profile}): time to first token, Boomerang off vs on",
               title_justify="left", header_style="bold")
-    for col in ("context", "TTFT off", "TTFT on", "speedup"):
+    for col in ("context", "TTFT off"):
         t.add_column(col, justify="right")
+    for mode in modes:
+        t.add_column(f"on: {mode.label}", justify="right")
+        t.add_column("speedup", justify="right")
     for col in ("AWS off", "AWS on", "AWS speedup"):
         t.add_column(col, justify="right", style="dim")
-    if plans is not None:
-        t.add_column("pulled", justify="right")
+    for mode in modes if plans is not None else []:
+        t.add_column(f"pulled: {mode.label}", justify="right")
     published = _published(profile)
-    for row in data:
-        aws = published.get(row["context_tokens"])
+    by_point = {m.name: {r["context_tokens"]: r for r in by_mode.get(m.name, [])} for m in modes}
+    points = sorted({r["context_tokens"] for rows_ in by_mode.values() for r in rows_})
+    for point in points:
+        aws = published.get(point)
+        cells = []
+        for mode in modes:
+            row = by_point[mode.name].get(point)
+            cells += [f"{row['ttft_on_ms']:,.0f} ms", f"[bold]{row['speedup']:.2f}×[/bold]"] if row else ["—", "—"]
+        off = next((by_point[m.name][point]["ttft_off_ms"] for m in modes if point in by_point[m.name]), None)
         t.add_row(
-            f"{row['context_tokens']:,}",
-            f"{row['ttft_off_ms']:,.0f} ms",
-            f"{row['ttft_on_ms']:,.0f} ms",
-            f"[bold]{row['speedup']:.2f}×[/bold]",
+            f"{point:,}",
+            f"{off:,.0f} ms" if off is not None else "—",
+            *cells,
             *((f"{aws[0]:,.0f} ms", f"{aws[1]:,.0f} ms", f"{aws[2]:.2f}×") if aws else ("—", "—", "—")),
-            *([plans.get(row["context_tokens"], "—")] if plans is not None else []),
+            *([plans.get(m.name, {}).get(point, "—") for m in modes] if plans is not None else []),
         )
     t.caption = f"AWS reports a best speedup of {p.published.speedup}× at the longest context."
     return t
 
 
-def chart(profiles: list[tuple[str, list[dict[str, Any]]]], path: Path) -> None:
-    """TTFT against context length, off and on, with AWS's published points, one panel per profile."""
+COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e")  # one per mode, in order
+
+
+def chart(profiles: list[Measured], modes: list[Mode], path: Path) -> None:
+    """TTFT against context length, off and on in every mode, with AWS's published points,
+    one panel per profile."""
     # deferred: matplotlib (heavy, and only for the chart) loads only when a chart is drawn
     import matplotlib
 
@@ -84,20 +111,25 @@ def chart(profiles: list[tuple[str, list[dict[str, Any]]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(profiles), figsize=(6.2 * len(profiles), 4.6), squeeze=False)
-    for ax, (name, data) in zip(axes[0], profiles):
+    for ax, (name, by_mode) in zip(axes[0], profiles):
         p = sim_profile(name)
-        xs = [r["context_tokens"] / 1000 for r in data]
-        ax.plot(xs, [r["ttft_off_ms"] for r in data], "o-", color="#c0392b", label="Boomerang off (recompute)")
-        ax.plot(xs, [r["ttft_on_ms"] for r in data], "o-", color="#1f77b4", label="Boomerang on (pull)")
+        first = next((by_mode[m.name] for m in modes if by_mode.get(m.name)), [])
+        ax.plot([r["context_tokens"] / 1000 for r in first], [r["ttft_off_ms"] for r in first], "o-", color="#c0392b",
+                label="Boomerang off (recompute)")
+        for i, mode in enumerate(modes):
+            data = by_mode.get(mode.name, [])
+            if not data:
+                continue
+            color = COLORS[i % len(COLORS)]
+            xs = [r["context_tokens"] / 1000 for r in data]
+            ax.plot(xs, [r["ttft_on_ms"] for r in data], "o-", color=color, label=f"Boomerang on: {mode.label}")
+            last = data[-1]
+            ax.annotate(f"{last['speedup']:.2f}×", (xs[-1], last["ttft_on_ms"]), textcoords="offset points",
+                        xytext=(-10, 12 + 14 * i), ha="right", fontsize=10, fontweight="bold", color=color)
         pub = p.published
         px = [n / 1000 for n in pub.contexts]
         ax.plot(px, pub.ttft_off_ms, "s--", color="#c0392b", mfc="none", ms=9, alpha=0.6, label="AWS off (published)")
         ax.plot(px, pub.ttft_on_ms, "s--", color="#1f77b4", mfc="none", ms=9, alpha=0.6, label="AWS on (published)")
-        if data:
-            last = data[-1]
-            ax.annotate(f"{last['speedup']:.2f}× at {last['context_tokens'] // 1000}k", (xs[-1], last["ttft_on_ms"]),
-                        textcoords="offset points", xytext=(-10, 12), ha="right", fontsize=11, fontweight="bold",
-                        color="#1f77b4")
         ax.set_title(f"{p.served_model_name}")
         ax.set_xlabel("context length (thousand tokens)")
         ax.set_ylabel("time to first token (ms)")

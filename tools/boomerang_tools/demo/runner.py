@@ -3,7 +3,9 @@
 Off: every turn carries `X-Boomerang-Reuse: off` and no conversation id, so the gateway
 sends the prefill engine the first-turn form and P computes the whole prompt (prefix
 caching is off on the simulated P, as in AWS's tests). On: every turn carries its
-conversation id, so turns 2+ pull the previous turn's KV from the decode engine.
+conversation id, so turns 2+ pull the previous turn's KV from the decode engine. "On" is
+measured once per deployment (`modes.py`: the gateway plans, or the engines' hook does);
+"off" is the same plain prefill→decode in every deployment, so it is measured once.
 
 Conversations run one at a time, off then on, as a single client would measure them:
 on a small machine concurrent conversations would compete for the CPU that the gateway,
@@ -36,6 +38,7 @@ class Record:
     profile: str
     mode: str  # "off" or "on"
     rep: int
+    deployment: str  # the `modes.Mode` name the turn ran under ("gateway", "hook")
     step: Step | None  # None: the kickoff turn
     prompt_tokens: int
     result: TurnResult
@@ -53,41 +56,49 @@ class RunResult:
         """Turns that did not complete."""
         return [r for r in self.records if not r.result.ok]
 
-    def ttft(self, profile: str, mode: str, point: int) -> float | None:
-        """Median probe TTFT (ms) over repetitions."""
-        values = [r.result.ttft_ms for r in self.records if r.profile == profile and r.mode == mode and r.step
-                  and r.step.probe and r.step.point == point and r.result.ok]
+    def _probes(self, profile: str, mode: str, point: int, deployment: str | None) -> list[Record]:
+        return [r for r in self.records if r.profile == profile and r.mode == mode and r.step and r.step.probe
+                and r.step.point == point and (deployment is None or r.deployment == deployment)]
+
+    def ttft(self, profile: str, mode: str, point: int, deployment: str | None = None) -> float | None:
+        """Median probe TTFT (ms) over repetitions (of one deployment, or any)."""
+        values = [r.result.ttft_ms for r in self._probes(profile, mode, point, deployment) if r.result.ok]
         return statistics.median(values) if values else None
 
-    def probe_plans(self, profile: str, point: int) -> str:
-        """Tokens the measured turns at `point` pulled with Boomerang on (e.g. `23,872`), or
-        their plan and reason when they did not pull."""
+    def probe_plans(self, profile: str, point: int, deployment: str | None = None) -> str:
+        """Tokens the measured turns at `point` took from the decode engine with Boomerang on
+        (e.g. `23,872`: the prefill engine's cached tokens as the client's usage reports them,
+        which is all a client sees when the engines plan), else the gateway's plan and reason."""
         seen = []
-        for r in self.records:
-            if r.profile == profile and r.mode == "on" and r.step and r.step.probe and r.step.point == point:
-                res = r.result
-                seen.append(f"{res.reused_tokens:,}" if res.plan == "PULL" else f"{res.plan or 'FAILED'} ({res.reason})")
+        for r in self._probes(profile, "on", point, deployment):
+            res = r.result
+            if res.cached_tokens:
+                seen.append(f"{res.cached_tokens:,}")
+            elif res.plan == "PULL":
+                seen.append(f"{res.reused_tokens:,}")
+            else:
+                seen.append(f"{res.plan or 'FAILED'} ({res.reason})" if res.plan != "ENGINE" else "recomputed")
         return ", ".join(dict.fromkeys(seen)) or "—"
 
-    def overhead_ms(self, profile: str, point: int) -> float | None:
+    def overhead_ms(self, profile: str, point: int, deployment: str | None = None) -> float | None:
         """Median time the gateway spent on Boomerang's own steps (tokenize + plan) for the
-        measured turns at `point` with Boomerang on."""
+        measured turns at `point` with Boomerang on (none when the engines plan)."""
         values = []
-        for r in self.records:
-            if r.profile == profile and r.mode == "on" and r.step and r.step.probe and r.step.point == point:
-                timing = server_timing(r.result.headers)
-                if "plan" in timing:
-                    values.append(timing.get("tokenize", 0.0) + timing.get("report_wait", 0.0) + timing["plan"])
+        for r in self._probes(profile, "on", point, deployment):
+            timing = server_timing(r.result.headers)
+            if "plan" in timing:
+                values.append(timing.get("tokenize", 0.0) + timing.get("report_wait", 0.0) + timing["plan"])
         return statistics.median(values) if values else None
 
     def mismatched_replies(self) -> int:
-        """Turns whose reply differs between off and on (a wrong KV would change the reply)."""
+        """Turns whose reply with Boomerang on (in any deployment) differs from off's (a wrong
+        KV would change the reply)."""
         by_key: dict[tuple[str, int, int, bool], dict[str, str]] = {}
         for r in self.records:
             if r.result.ok:
                 key = (r.profile, r.rep, r.step.point if r.step else 0, r.step.probe if r.step else False)
-                by_key.setdefault(key, {})[r.mode] = r.result.text
-        return sum(1 for v in by_key.values() if len(v) == 2 and v["off"] != v["on"])
+                by_key.setdefault(key, {})["off" if r.mode == "off" else f"on/{r.deployment}"] = r.result.text
+        return sum(1 for v in by_key.values() if "off" in v for k, text in v.items() if k != "off" and text != v["off"])
 
 
 async def run_conversation(
@@ -101,6 +112,7 @@ async def run_conversation(
     conversation_id: str,
     out: RunResult,
     on_turn: Callable[[], None],
+    deployment: str = "gateway",
 ) -> None:
     """One agent session, turn after turn; stops at the first failed turn."""
     conv = AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/{rep}".encode()), model=model)
@@ -109,7 +121,7 @@ async def run_conversation(
     for i, step in enumerate(plan):
         prompt = conv.prompt_tokens() if step is None else prepare(conv, step)
         result = await stream_chat(http, gateway_url, conv.body(), headers)
-        out.records.append(Record(profile, mode, rep, step, prompt, result))
+        out.records.append(Record(profile, mode, rep, deployment, step, prompt, result))
         on_turn()
         if not result.ok:
             for _ in plan[i + 1:]:
@@ -127,17 +139,21 @@ async def run_profile(
     reps: int,
     out: RunResult,
     on_turn: Callable[[], None],
+    deployment: str = "gateway",
+    with_off: bool = True,
 ) -> None:
-    """All conversations of one profile: for each repetition, off then on."""
+    """All conversations of one profile in one deployment: for each repetition, off (unless
+    another deployment measured it) then on."""
     run_id = uuid.uuid4().hex[:8]
     async with httpx.AsyncClient(timeout=120.0) as http:
         for rep in range(reps):
-            cid = f"demo-{profile}-{run_id}-{rep}"
-            out.conversation_ids[(profile, rep)] = cid
-            for mode in ("off", "on"):
-                await run_conversation(http, gateway_url, profile, model, mode, rep, points, cid, out, on_turn)
+            cid = f"demo-{profile}-{deployment}-{run_id}-{rep}"
+            out.conversation_ids.setdefault((profile, rep), cid)
+            for mode in ("off", "on") if with_off else ("on",):
+                await run_conversation(http, gateway_url, profile, model, mode, rep, points, cid, out, on_turn,
+                                       deployment)
 
 
-def turns_per_profile(points: tuple[int, ...], reps: int) -> int:
-    """Turns one profile sends in both modes (for the progress bar)."""
-    return reps * 2 * (1 + 2 * len(points))
+def turns_per_profile(points: tuple[int, ...], reps: int, with_off: bool = True) -> int:
+    """Turns one profile sends in one deployment (for the progress bar)."""
+    return reps * (2 if with_off else 1) * (1 + 2 * len(points))

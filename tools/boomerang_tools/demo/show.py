@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from boomerang_tools.demo import audit, report
+from boomerang_tools.demo.modes import Mode
 from boomerang_tools.demo.runner import RunResult, run_profile, turns_per_profile
 
 
@@ -21,19 +22,24 @@ def measure(
     points: dict[str, tuple[int, ...]],
     reps: int,
     models: dict[str, str],
+    result: RunResult,
+    mode: Mode,
+    with_off: bool = True,
 ) -> RunResult:
-    """Run every profile's conversations (one profile after the other) under a progress bar."""
-    result = RunResult()
-    columns = (TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
+    """Run every profile's conversations in one deployment (one profile after the other)
+    under a progress bar, adding to `result`."""
+    columns = (TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
                TimeElapsedColumn())
+    what = "off+on" if with_off else "on"
     with Progress(*columns, console=console) as progress:
-        tasks = {p: progress.add_task(f"{models[p]} off+on ×{reps}", total=turns_per_profile(points[p], reps))
+        tasks = {p: progress.add_task(f"{models[p]} {what} ({mode.label}) ×{reps}",
+                                      total=turns_per_profile(points[p], reps, with_off))
                  for p in profiles}
 
         async def main() -> None:
             for p in profiles:
                 await run_profile(gateway_url, p, models[p], points[p], reps, result,
-                                  lambda p=p: progress.advance(tasks[p]))  # type: ignore[misc]
+                                  lambda p=p: progress.advance(tasks[p]), mode.name, with_off)  # type: ignore[misc]
 
         asyncio.run(main())
     return result
@@ -56,18 +62,25 @@ def conclude(
     out_dir: Path,
     database_url: str,
     started: float,
+    modes: list[Mode],
+    extra: dict[tuple[str, str], dict[str, Any]],
 ) -> int:
-    """Print the tables, write the report and chart, show an audit trail; the exit code."""
-    tables = [(p, report.rows(result, p, points[p])) for p in profiles]
-    for name, rows in tables:
+    """Print the tables, write the report and chart, show an audit trail; the exit code.
+
+    `stats` sums every simulated engine's counters over every mode; `extra` holds each
+    (profile, mode)'s own figures for the report (its engines' /tokenize calls, …)."""
+    tables: list[report.Measured] = [
+        (p, {m.name: report.rows(result, p, points[p], m.name) for m in modes}) for p in profiles]
+    for name, by_mode in tables:
         console.print()
-        console.print(report.table(name, rows, {p: result.probe_plans(name, p) for p in points[name]}))
+        pulled = {m.name: {p: result.probe_plans(name, p, m.name) for p in points[name]} for m in modes}
+        console.print(report.table(name, by_mode, modes, pulled))
     corrupt = stats["corrupt_pulls"] + stats["expired_or_freed_reads"] + stats["corrupt_loads"] + stats["expired_or_freed_loads"]
     failed = len(result.failed)
-    data: dict[str, Any] = report.report(tables, corrupt, failed)
+    data: dict[str, Any] = report.report(tables, corrupt, failed, extra)
     json_path, png_path = out_dir / "demo-report.json", out_dir / "demo-report.png"
     report.write_json(data, json_path)
-    report.chart(tables, png_path)
+    report.chart(tables, modes, png_path)
     first = profiles[0]
     cid = result.conversation_ids.get((first, 0), "")
     if cid:
@@ -81,10 +94,17 @@ def conclude(
     mismatched = result.mismatched_replies()
     console.print()
     spent = [f"{p} {points[p][-1] // 1000}k: {ms:.0f} ms" for p in profiles
-             if (ms := result.overhead_ms(p, points[p][-1])) is not None]
+             if (ms := result.overhead_ms(p, points[p][-1], "gateway")) is not None]
     if spent:
-        console.print("Boomerang's own share of a turn's TTFT (tokenize on the prefill engine + plan), "
-                      f"at the longest context: {', '.join(spent)}.")
+        console.print("Boomerang's own share of a turn's TTFT with the gateway planning (tokenize on the prefill "
+                      f"engine + plan), at the longest context: {', '.join(spent)}.")
+    for m in modes:
+        calls = sum(extra.get((p, m.name), {}).get("tokenize_calls", 0) for p in profiles)
+        planned = [f"{p}: {v:.1f} ms" for p in profiles
+                   if (v := extra.get((p, m.name), {}).get("engine_plan_ms_p50")) is not None]
+        console.print(f"{m.label}: {calls:,} /tokenize call(s) on the engines"
+                      + (f"; the prefill engine's own plan, p50 (inside its TTFT): {', '.join(planned)}" if planned else "")
+                      + ".")
     console.print(
         f"Boomerang on: {', '.join(f'{v} {k}' for k, v in sorted(plans.items()))} turns; "
         f"{stats['pulls']:,} pulls moved {stats['pulled_tokens']:,} tokens instead of recomputing them."
