@@ -183,4 +183,5 @@ class SimHook:
 
     def stats(self) -> dict[str, Any]:
         """The hook's counters (plans by decision, fallbacks, the sender's and reporter's queues)."""
-        return self.hook.stats()
+        stats: dict[str, Any] = self.hook.stats()
+        return stats
