@@ -17,7 +17,7 @@ import pytest
 from boomerang.db.engine import make_engine
 from boomerang_registry import requests
 from boomerang_registry.domain import ClaimOutcome, ClaimQuery
-from boomerang_registry.rawsql import SET_TENANTS_LOCAL, TenantPool
+from boomerang_registry.rawsql import SET_TENANT_LOCAL, SET_TENANTS_LOCAL, TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import CLAIM_BATCH_SQL
 
@@ -188,3 +188,26 @@ async def test_batch_statement_uses_the_live_conversation_index(repo: RegistryRe
         await conn.rollback()
     assert "ix_leases_live_conversation" in plan
     assert "Seq Scan on leases" not in plan
+
+
+async def test_a_batch_leaves_no_tenant_list_on_its_pooled_connection(database_url: str, unique: str) -> None:
+    engine = make_engine(database_url, pool_size=2)
+    raw = await TenantPool.open(database_url, 1, "boomerang_service")  # one connection: every use shares it
+    repo = RegistryRepository(engine, 10.0, raw=raw)
+    try:
+        eid = f"d-{unique}"
+        await register_engine(repo, eid)
+        tokens = turn(64)
+        for tenant in ("a", "b", "c"):
+            await register(repo, f"{tenant}-{unique}", "conv", eid, tokens)
+        got = await repo.claim_batch([query(f"a-{unique}", "conv", tokens + [1]), query(f"b-{unique}", "conv", tokens + [1])])
+        assert [r[0] for r in got] == [ClaimOutcome.CLAIMED, ClaimOutcome.CLAIMED]
+        sql = "SELECT DISTINCT tenant FROM leases WHERE engine_id = :e"
+        seen = {r["tenant"] for r in await raw.fetch_as(f"c-{unique}", sql, {"e": eid}, "test")}
+        assert seen == {f"c-{unique}"}
+        async with raw.transaction() as conn:
+            await conn.execute(SET_TENANT_LOCAL, f"c-{unique}")  # as the group commit sets it
+            assert {r["tenant"] for r in await conn.fetch(raw.compile(sql)[0], eid)} == {f"c-{unique}"}
+    finally:
+        await raw.close()
+        await engine.dispose()

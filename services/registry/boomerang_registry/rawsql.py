@@ -8,8 +8,9 @@ one transaction, so it stays atomic): two short round trips, no BEGIN/COMMIT. Co
 run as the row-level-security role like the tenant engine's, with generic plans forced so
 the long claim statement is planned once per connection rather than on each call.
 
-Every use sets `boomerang.tenant` before its statement on a connection it holds
-exclusively, so a session-level setting left on a pooled connection is never relied on;
+Every use sets `boomerang.tenant` and `boomerang.tenants` (a batched claim's tenants)
+before its statement on a connection it holds exclusively, so a session-level setting left
+on a pooled connection is never relied on;
 that is also why a connection goes back to the pool without asyncpg's reset query.
 """
 
@@ -26,9 +27,11 @@ from boomerang import telemetry
 from boomerang.config.settings import normalize_database_url
 
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
-SET_TENANT_SESSION = "SELECT set_config('boomerang.tenant', $1, false)"
-SET_TENANT_LOCAL = "SELECT set_config('boomerang.tenant', $1, true)"
-# A batch's tenants (space-separated) for its transaction, no single tenant (migration 0007).
+# Each sets both settings, so a batch's tenant list never outlives the use that set it.
+SET_TENANT_SESSION = "SELECT set_config('boomerang.tenant', $1, false), set_config('boomerang.tenants', '', false)"
+SET_TENANT_LOCAL = "SELECT set_config('boomerang.tenant', $1, true), set_config('boomerang.tenants', '', true)"
+# A batch's tenants (space-separated), no single tenant (migration 0007).
+SET_TENANTS_SESSION = "SELECT set_config('boomerang.tenant', '', false), set_config('boomerang.tenants', $1, false)"
 SET_TENANTS_LOCAL = "SELECT set_config('boomerang.tenant', '', true), set_config('boomerang.tenants', :t, true)"
 
 
@@ -120,13 +123,16 @@ class TenantPool:
     async def fetch_for_tenants(
         self, tenants: Sequence[str], sql: str, params: Mapping[str, Any], operation: str
     ) -> Sequence[asyncpg.Record]:
-        """Run one statement as the batch of `tenants` (its own transaction, the setting local
-        to it, so nothing of it stays on the pooled connection); its rows."""
+        """Run one statement (its own transaction) as the batch of `tenants`; its rows.
+
+        Two round trips, as `fetch_as`: the setting is the session's, and every other use of
+        this pool sets both `boomerang.tenant` and `boomerang.tenants` before its statement
+        (SET_TENANT_SESSION, SET_TENANT_LOCAL), so a tenant list left on a pooled connection
+        is never in force for anything else."""
         query, args = self.args(sql, params)
-        set_tenants, _ = self.compile(SET_TENANTS_LOCAL)
         with db_span(operation):
-            async with self.pool.acquire() as conn, conn.transaction():
-                await conn.execute(set_tenants, " ".join(tenants))
+            async with self.pool.acquire() as conn:
+                await conn.execute(SET_TENANTS_SESSION, " ".join(tenants))
                 return await conn.fetch(query, *args)  # type: ignore[no-any-return]
 
     @asynccontextmanager
