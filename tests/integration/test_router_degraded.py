@@ -141,6 +141,34 @@ async def test_slow_postgres_answers_degraded_in_time_and_leaves_no_claim_behind
         await close(router)
 
 
+async def test_a_plan_answers_within_its_callers_deadline_when_the_claim_hangs(
+    database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, pg: asyncpg.Connection,
+    unique: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim deadline (here 5 s) is not the caller's: a caller with 0.3 s left gets its
+    (degraded) answer inside those 0.3 s, whatever the registry and its database do."""
+    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.3, 0.6))
+    model, conv, history, lease_id = await retained_lease(registry, unique)
+    router = make_router(database_url, registry_proc.address, claim_deadline_ms=5000)
+    router.audit.start()
+    await RegistryRefresher(router.pool, router.registry).refresh()
+    try:
+        async with pg.transaction():
+            await pg.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease_id))
+            req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model,
+                                       prompt_token_ids=history + [1] * 40)
+            start = time.perf_counter()
+            record = await router.plan(requests.plan_turn(req, 10**6), caller_seconds=0.3)
+            took = time.perf_counter() - start
+            assert (record.decision, record.reason) == (PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED)
+            assert took < 0.3, took
+        await router.drain(5.0)
+        again, _ = await plan(router, "acme", conv, model, history + [1] * 40)
+        assert again.decision is PlanDecision.PULL and again.lease_id == lease_id
+    finally:
+        await close(router)
+
+
 async def test_orphan_probe_releases_a_claim_whose_answer_was_lost(
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -82,6 +82,16 @@ class ReportResult:
     detail: str
 
 
+# What a plan keeps of its caller's deadline to answer in: decide, record, reply.
+REPLY_MARGIN_SECONDS = 0.02
+MIN_CLAIM_SECONDS = 0.001
+
+
+def reply_budget(caller_seconds: float) -> float:
+    """Seconds of a caller's remaining deadline a plan may spend before answering."""
+    return caller_seconds - max(REPLY_MARGIN_SECONDS, caller_seconds * 0.2)
+
+
 class Router:
     """Plans turns and settles their outcomes over the registry, the pool and the audit writer."""
 
@@ -115,8 +125,14 @@ class Router:
 
     # -- PlanTurn ------------------------------------------------------------------------
 
-    async def plan(self, p: PlanInput) -> PlanRecord:
-        """Plan one turn; retries with the same request id get the same plan."""
+    async def plan(self, p: PlanInput, caller_seconds: float | None = None) -> PlanRecord:
+        """Plan one turn; retries with the same request id get the same plan.
+
+        `caller_seconds` is what is left of the caller's deadline: the claim waits at most
+        that less a reply margin (and never past the claim deadline), so the plan answers —
+        degraded, if the registry or its database is slow — before the caller gives up.
+        """
+        answer_by = None if caller_seconds is None else time.monotonic() + reply_budget(caller_seconds)
         if p.request_id:
             key = (p.tenant, p.request_id)
             done = self.store.by_request(*key)
@@ -132,11 +148,11 @@ class Router:
                 return done
             task = self._inflight.get(key)
             if task is None:
-                task = asyncio.ensure_future(self._plan(p))
+                task = asyncio.ensure_future(self._plan(p, answer_by))
                 self._inflight[key] = task
                 task.add_done_callback(lambda t: _forget(self._inflight, key, t))
             return await asyncio.shield(task)
-        task = asyncio.ensure_future(self._plan(p))
+        task = asyncio.ensure_future(self._plan(p, answer_by))
         try:
             # Shielded: a caller that gives up must not cut a claim off half-recorded.
             return await asyncio.shield(task)
@@ -144,7 +160,7 @@ class Router:
             task.add_done_callback(self._abandoned)
             raise
 
-    async def _plan(self, p: PlanInput) -> PlanRecord:
+    async def _plan(self, p: PlanInput, answer_by: float | None = None) -> PlanRecord:
         start = time.perf_counter()
         prefill = self.pool.choose(p.model, Role.PREFILL)
         decode = self.pool.choose(p.model, Role.DECODE)
@@ -161,7 +177,7 @@ class Router:
         now = time.time()
         plan_id = new_plan_id(now)
         claim_id = claim_id_for(p.tenant, p.request_id, plan_id)
-        claim = await self._claim(p, block_size, threshold, claim_id)
+        claim = await self._claim(p, block_size, threshold, claim_id, answer_by)
         lease = claim.lease
         alive = lease is None or self.pool.source_alive(lease.engine_id, lease.engine_generation)
         d = decide(claim, p.prompt_tokens, block_size, threshold, alive)
@@ -202,9 +218,15 @@ class Router:
         metrics.observe_plan(record)
         return record
 
-    async def _claim(self, p: PlanInput, block_size: int, threshold: int, claim_id: str) -> ClaimResult:
+    async def _claim(
+        self, p: PlanInput, block_size: int, threshold: int, claim_id: str, answer_by: float | None = None
+    ) -> ClaimResult:
         if not p.conversation_id:
             return ClaimResult(ClaimOutcome.NOT_ASKED)
+        wait = self.claim_deadline if answer_by is None else min(self.claim_deadline, answer_by - time.monotonic())
+        if wait <= MIN_CLAIM_SECONDS:
+            self.stats["claims_skipped_caller_deadline"] += 1
+            return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="no time left in the caller's deadline for a claim")
         if not self.breaker.allow():
             self.stats["claims_skipped_breaker_open"] += 1
             return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="registry circuit open")
@@ -219,11 +241,13 @@ class Router:
             p.model,
         )
         try:
-            claim = await self.batcher.claim(req, self.claim_deadline)
+            claim = await self.batcher.claim(req, wait)
         except BoomerangClientError as err:
             transient = err.code in TRANSIENT_CODES
-            # A claim shed by the router's own queue says the router is busy, not that the registry failed.
-            if transient and err.reason not in (QUEUE_FULL, QUEUE_TIMEOUT):
+            # A claim shed by the router's own queue says the router is busy, not that the registry failed;
+            # one cut short by its caller's deadline says nothing about the registry either.
+            cut_short = err.code == "DEADLINE_EXCEEDED" and wait < self.claim_deadline
+            if transient and err.reason not in (QUEUE_FULL, QUEUE_TIMEOUT) and not cut_short:
                 self.breaker.record_failure()
             self.stats[f"claims_failed_{err.code.lower()}"] += 1
             if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"):

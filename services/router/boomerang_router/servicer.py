@@ -34,7 +34,7 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
 
     @rpc
     async def PlanTurn(self, request: rtpb.PlanTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.PlanTurnResponse:
-        plan = await self.router.plan(requests.plan_turn(request, self.max_prompt_tokens))
+        plan = await self.router.plan(requests.plan_turn(request, self.max_prompt_tokens), context.time_remaining())
         response = convert.plan_response(plan)
         if not plan.request_id:
             plan.params = None  # only retries by request id replay the answer; keep memory small
