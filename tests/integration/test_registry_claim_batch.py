@@ -211,3 +211,18 @@ async def test_a_batch_leaves_no_tenant_list_on_its_pooled_connection(database_u
     finally:
         await raw.close()
         await engine.dispose()
+
+
+async def test_warm_up_prepares_the_claims_and_changes_nothing(database_url: str, pg: asyncpg.Connection) -> None:
+    from boomerang_registry.statements import CLAIM_BATCH_SQL as BATCH
+    from boomerang_registry.statements import CLAIM_SQL, WARM_UP
+
+    before = await pg.fetchval("SELECT count(*) FROM lease_events")
+    raw = await TenantPool.open(database_url, 2, "boomerang_service", warm=WARM_UP)
+    try:
+        async with raw.pool.acquire() as conn:
+            prepared = {r["statement"] for r in await conn.fetch("SELECT statement FROM pg_prepared_statements")}
+        assert {raw.compile(CLAIM_SQL)[0], raw.compile(BATCH)[0]} <= prepared
+    finally:
+        await raw.close()
+    assert await pg.fetchval("SELECT count(*) FROM lease_events") == before

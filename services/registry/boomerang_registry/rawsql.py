@@ -86,13 +86,34 @@ class TenantPool:
         self._compiled: dict[str, tuple[str, list[str]]] = {}
 
     @classmethod
-    async def open(cls, url: str, size: int, role: str = "", application_name: str = "boomerang-registry") -> TenantPool:
-        """Connect `size` connections (as `role` when given)."""
+    async def open(
+        cls,
+        url: str,
+        size: int,
+        role: str = "",
+        application_name: str = "boomerang-registry",
+        warm: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    ) -> TenantPool:
+        """Connect `size` connections (as `role` when given).
+
+        Each new connection runs the `warm` statements once (with no tenant set, so they see
+        and change nothing): the hot statements are then prepared and planned, and the
+        prefix function compiled, before the first call that needs them."""
         settings = {"application_name": application_name, "plan_cache_mode": "force_generic_plan", "jit": "off"}
         if role:
             settings["role"] = role
+        warm_args = []
+        for sql, params in warm:
+            query, names = positional(sql)
+            warm_args.append((query, [params[n] for n in names]))
+
+        async def init(conn: asyncpg.Connection) -> None:
+            await _init(conn)
+            for query, args in warm_args:
+                await conn.fetch(query, *args)
+
         dsn = normalize_database_url(url).replace("postgresql+asyncpg://", "postgresql://")
-        pool = await asyncpg.create_pool(dsn, min_size=size, max_size=size, init=_init, reset=_keep_session,
+        pool = await asyncpg.create_pool(dsn, min_size=size, max_size=size, init=init, reset=_keep_session,
                                          server_settings=settings, command_timeout=10, timeout=5)
         return cls(pool)
 

@@ -22,6 +22,7 @@ from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.servicer import BlockRegistryServicer
 from boomerang_registry.settings import RegistrySettings
+from boomerang_registry.statements import WARM_UP
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "boomerang.v1.BlockRegistryService"
@@ -60,7 +61,7 @@ async def run(settings: RegistrySettings) -> None:
         no_jit(tenant_engine)
         instrument_engine(tenant_engine)
         await warm_pool(tenant_engine, min(4, settings.db_pool_size))
-    raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role)
+    raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role, warm=WARM_UP)
     repo = RegistryRepository(engine, settings.ttl_margin_seconds, tenant_engine=tenant_engine, raw=raw)
     batcher = RegistrationBatcher(repo, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4))
     batcher.start()

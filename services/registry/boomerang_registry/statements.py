@@ -240,3 +240,14 @@ SELECT 'candidate', c.engine_ok, c.block_size_ok, c.i, {LEASE_COLUMNS}, c.common
        c.remaining_seconds
 FROM cands c JOIN leases l ON l.lease_id = c.lease_id
 """
+
+
+# Claims that match nothing (no tenant is set while they run), to prepare and plan the claim
+# statements on each new hot-path connection before traffic needs them.
+_NOTHING = {"tenant": "", "conversation_id": "", "claim_id": "", "block_size": 16, "chain": b"",
+            "tail_hash": b"", "num_tokens": 0, "model": "", "min_tokens": 1, "min_remaining": 5.0,
+            "actor": "warm-up"}
+WARM_UP = (
+    (CLAIM_SQL, _NOTHING),
+    (CLAIM_BATCH_SQL, {**{k: [v] for k, v in _NOTHING.items() if k != "actor"}, "i": [0], "actor": "warm-up"}),
+)
