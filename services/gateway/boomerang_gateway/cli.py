@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--engine-hook", action="store_true", default=None,
                         help="the engines run the vLLM hook and plan themselves: no tokenize, PlanTurn or ReportTurn "
                         "here (BOOMERANG_ENGINE_HOOK)")
+    parser.add_argument("--sticky-prefill", action="store_true", default=None,
+                        help="pick the prefill engine by a hash of the conversation id wherever the router does "
+                        "not pick it (BOOMERANG_STICKY_PREFILL)")
     parser.add_argument("--plan-timeout-seconds", type=float, help="PlanTurn deadline (default 0.25)")
     parser.add_argument("--tokenize-timeout-seconds", type=float, help="/tokenize deadline (default 1)")
     parser.add_argument("--max-body-bytes", type=int, help="largest request body (default 8 MiB)")
@@ -67,6 +70,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         allow_anonymous=args.allow_anonymous,
         plan_timeout_seconds=args.plan_timeout_seconds,
         engine_hook=args.engine_hook,
+        sticky_prefill=args.sticky_prefill,
         tokenize_timeout_seconds=args.tokenize_timeout_seconds,
         max_body_bytes=args.max_body_bytes,
         tenant_requests_per_second=args.tenant_requests_per_second,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
@@ -213,10 +214,13 @@ class EnginePool:
         """Whether `url` is being skipped."""
         return self.down_until.get(url, 0.0) > time.monotonic()
 
-    def choose(self, role: str, model: str, avoid: set[str] | None = None) -> EngineRef | None:
+    def choose(self, role: str, model: str, avoid: set[str] | None = None, key: str = "") -> EngineRef | None:
         """The least busy healthy engine of `role` serving `model` (round-robin on ties).
 
-        With `avoid` (engines already tried), only the others, or None when there are none.
+        With `key` (sticky routing: a conversation id), the engine `key` hashes to instead
+        (rendezvous hashing), so each conversation's turns go to the same engine and its own
+        prefix cache; an engine joining or leaving moves only the conversations it wins or
+        held. With `avoid` (engines already tried), only the others, or None when there are none.
         """
         candidates = [e for e in self.view.engines if e.role == role and model in e.models]
         if avoid:
@@ -224,6 +228,8 @@ class EnginePool:
         if not candidates:
             return None
         healthy = [e for e in candidates if e.healthy and not self.is_down(e.url)] or candidates
+        if key:
+            return max(healthy, key=lambda e: xxhash.xxh3_64_intdigest(f"{key}\0{e.url}".encode()))
         least = min(e.in_flight for e in healthy)
         tied = [e for e in healthy if e.in_flight == least]
         return tied[next(self._rr) % len(tied)]

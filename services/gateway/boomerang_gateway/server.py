@@ -127,7 +127,7 @@ async def run(settings: GatewaySettings) -> None:
         commit_timeout=settings.report_commit_timeout_seconds,
     )
     runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host,
-                                                                settings.engine_hook))
+                                                                settings.engine_hook, settings.sticky_prefill))
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
     limiter = TenantRateLimiter(settings.tenant_requests_per_second, settings.tenant_burst)
     state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes, limiter)

@@ -84,6 +84,12 @@ class GatewaySettings(EnginePoolSettings):
         "ReportTurn call and only routes, naming each turn's conversation and tenant to the prefill engine "
         "(`kv_transfer_params.boomerang`).",
     )
+    sticky_prefill: bool = Field(
+        default=False,
+        description="Where the gateway picks the prefill engine itself (no router, reuse off, the router "
+        "down), pick it by a hash of the conversation id, so each conversation's turns reach the same "
+        "prefill engine and its own prefix cache; turns without a conversation id still go to the least busy.",
+    )
     rewrite_remote_host: bool = Field(
         default=True,
         description="Set the prefill engine's kv_transfer_params.remote_host to the host the "

@@ -60,6 +60,7 @@ class TurnConfig:
     tokenize_timeout: float
     rewrite_remote_host: bool = True
     engine_hook: bool = False  # the engines plan and register themselves (BOOMERANG_ENGINE_HOOK)
+    sticky_prefill: bool = False  # the gateway's own prefill choice hashes the conversation (BOOMERANG_STICKY_PREFILL)
 
 
 @dataclass
@@ -211,7 +212,7 @@ class TurnRunner:
             self.metrics.prompt_tokens.inc(len(tokens))
         self.metrics.reused_tokens.inc(plan.reused_tokens)
         planned = plan.reused_tokens
-        prefill = self._engine(PREFILL, plan.prefill_url, req.model)
+        prefill = self._engine(PREFILL, plan.prefill_url, req.model, self._sticky_key(req))
         handle_use = "READ"
         t = time.monotonic()
         try:
@@ -293,10 +294,13 @@ class TurnRunner:
             return None
         return tokens
 
-    def _engine(self, role: str, planned_url: str, model: str) -> EngineRef:
+    def _sticky_key(self, req: ClientRequest) -> str:
+        return req.conversation_id if self.config.sticky_prefill else ""
+
+    def _engine(self, role: str, planned_url: str, model: str, key: str = "") -> EngineRef:
         if planned_url:
             return self.pool.find(role, planned_url)
-        engine = self.pool.choose(role, model)
+        engine = self.pool.choose(role, model, key=key)
         if engine is None:
             raise ApiError(503, f"no {role} engine is available for model {model!r}", code="no_engine")
         return engine
@@ -348,7 +352,7 @@ class TurnRunner:
                 if plan.decision == "PULL":
                     handle_use = "UNKNOWN"
                     plan.decision, plan.reason, plan.reused_tokens = "RECOMPUTE", "PREFILL_RETRY", 0
-            other = self.pool.choose(PREFILL, req.model, avoid=tried)
+            other = self.pool.choose(PREFILL, req.model, avoid=tried, key=self._sticky_key(req))
             if other is None:
                 if failed_use == "NOT_READ":
                     break
