@@ -163,7 +163,9 @@ class Stack:
         _retire_unreachable_engines(self.registry_address)
         if cfg.hook and not router_port:
             router_port = _free_port()  # the prefill engines' hooks need the router's address at start
-        hook_args = ["--hook", "--router", f"127.0.0.1:{router_port}"] if cfg.hook else []
+        # The hook's planning budget as the gateway's default plan timeout (0.25 s): one busy
+        # machine runs everything here, and the hook's own 20 ms default is for real hosts.
+        hook_args = ["--hook", "--router", f"127.0.0.1:{router_port}", "--plan-deadline-ms", "250"] if cfg.hook else []
         sims = []
         # A fresh engine id per run: a restarted engine must never be mistaken for the old
         # one (its blocks are gone), as vLLM's random engine ids ensure.
