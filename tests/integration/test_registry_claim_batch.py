@@ -226,3 +226,57 @@ async def test_warm_up_prepares_the_claims_and_changes_nothing(database_url: str
     finally:
         await raw.close()
     assert await pg.fetchval("SELECT count(*) FROM lease_events") == before
+
+
+async def test_one_statement_registers_a_batch_and_each_supersedes_its_own_conversation(
+    database_url: str, pg: asyncpg.Connection, unique: str
+) -> None:
+    from boomerang.errors import BoomerangError
+
+    from tests.support.registry_data import blocks_request
+
+    engine = make_engine(database_url, pool_size=2)
+    raw = await TenantPool.open(database_url, 2, "boomerang_service")
+    repo = RegistryRepository(engine, 10.0, raw=raw)
+    try:
+        eid = f"d-{unique}"
+        await register_engine(repo, eid)
+        now = __import__("time").time()
+        old, _, _ = await register(repo, f"a-{unique}", "conv", eid, turn(64), finish_time_unix=now - 10)
+
+        def blocks(tenant: str, conv: str, n: int, finish: float, **kw):  # type: ignore[no-untyped-def]
+            return requests.retained_blocks(
+                blocks_request(f"{tenant}-{unique}", conv, eid, turn(n), finish_time_unix=finish, **kw), 10**6, 10**7
+            )
+
+        batch = [
+            blocks("a", "conv", 80, now - 2),            # supersedes `old`
+            blocks("b", "conv", 80, now - 2),            # same conversation id, other tenant: nothing to supersede
+            blocks("a", "conv", 96, now - 1),            # the same conversation again: next round, supersedes the first
+            blocks("a", "other", 80, now - 2, generation=7),  # refused: the engine is at generation 1
+        ]
+        async with raw.transaction() as conn:
+            out = await repo.register_blocks_batch_raw(conn, batch)
+        again_tx = raw.transaction()
+        async with again_tx as conn:
+            repeat = await repo.register_blocks_batch_raw(conn, [batch[1]])
+    finally:
+        await raw.close()
+        await engine.dispose()
+    assert isinstance(out[3], BoomerangError) and out[3].code.value == "FAILED_PRECONDITION"
+    (a1, c1, s1), (b1, cb, sb), (a2, c2, s2) = out[:3]  # type: ignore[misc]
+    assert (c1, s1, cb, sb, c2, s2) == (True, 1, True, 0, True, 1)
+    assert repeat[0][1] is False and repeat[0][0]["lease_id"] == b1["lease_id"]  # type: ignore[index]
+    states = {str(r["lease_id"]): r["state"] for r in await pg.fetch(
+        "SELECT lease_id, state FROM leases WHERE engine_id = $1", eid)}
+    assert states == {old["lease_id"]: "SUPERSEDED", a1["lease_id"]: "SUPERSEDED", b1["lease_id"]: "RETAINED",
+                      a2["lease_id"]: "RETAINED"}
+    events = [(str(r["lease_id"]), r["reason"], r["details"]) for r in await pg.fetch(
+        "SELECT e.lease_id, e.reason, e.details::text AS details FROM lease_events e JOIN leases l USING (lease_id) "
+        "WHERE l.engine_id = $1 ORDER BY e.event_id", eid)]
+    assert sorted(e[:2] for e in events) == sorted([
+        (old["lease_id"], "REGISTERED"), (a1["lease_id"], "REGISTERED"), (b1["lease_id"], "REGISTERED"),
+        (a2["lease_id"], "REGISTERED"), (old["lease_id"], "SUPERSEDED"), (a1["lease_id"], "SUPERSEDED"),
+    ])
+    by = {e[0]: e[2] for e in events if e[1] == "SUPERSEDED"}
+    assert a1["lease_id"] in by[old["lease_id"]] and a2["lease_id"] in by[a1["lease_id"]]

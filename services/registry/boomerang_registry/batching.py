@@ -77,14 +77,10 @@ class RegistrationBatcher:
         outcomes: list[Result | BoomerangError] = []
         try:
             if self.repo.raw is not None:
+                # One multi-row statement for the batch (more only where one conversation
+                # registers twice in it), then the one commit.
                 async with self.repo.raw.transaction() as raw:
-                    tenant = ""  # set per item, and only when it changes
-                    for item in batch:
-                        try:
-                            outcomes.append(await self.repo.register_blocks_raw(raw, item.request, tenant))
-                        except BoomerangError as err:
-                            outcomes.append(err)
-                        tenant = item.request.tenant
+                    outcomes = await self.repo.register_blocks_batch_raw(raw, [item.request for item in batch])
             else:
                 async with self.repo.tenant_engine.begin() as conn:
                     for item in batch:

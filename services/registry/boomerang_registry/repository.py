@@ -37,6 +37,7 @@ from boomerang_registry.statements import (
     ENGINE_COLUMNS,
     LEASE_COLUMNS,
     LIVE_LEASE_FILTER,
+    REGISTER_BATCH_SQL,
     REGISTER_SQL,
     RELEASE_TARGET_SQL,
     TRANSITION_SQL,
@@ -63,6 +64,28 @@ def decode_page_token(token: str) -> tuple[datetime, str]:
 async def set_tenant(conn: AsyncConnection, tenant: str) -> None:
     """Scope the current transaction to `tenant` for row-level security."""
     await conn.execute(text("SELECT set_config('boomerang.tenant', :t, true)"), {"t": tenant})
+
+
+def _rounds(keys: Sequence[tuple[str, str]]) -> list[list[int]]:
+    """Positions of `keys` in rounds holding each (tenant, conversation) at most once, in order."""
+    rounds: list[list[int]] = []
+    seen: list[set[tuple[str, str]]] = []
+    for n, key in enumerate(keys):
+        k = next((k for k, used in enumerate(seen) if key not in used), len(rounds))
+        if k == len(rounds):
+            rounds.append([])
+            seen.append(set())
+        rounds[k].append(n)
+        seen[k].add(key)
+    return rounds
+
+
+# REGISTER_BATCH_SQL's per-registration arrays (from `_register_params`).
+_REGISTER_BATCH_ARRAYS = (
+    "lease_id", "tenant", "conversation_id", "model", "engine_id", "generation", "remote_request_id",
+    "block_ids", "num_blocks", "num_tokens", "block_size", "chain", "tail_hash", "remote_host",
+    "remote_port", "finished_at", "request_id",
+)
 
 
 def claim_result(q: ClaimQuery, rows: Sequence[Row]) -> tuple[ClaimOutcome, Row | None, int, float]:
@@ -276,6 +299,36 @@ class RegistryRepository:
             return row, True, int(row["superseded"])
         return await self._explain_register_conflict(req), False, 0
 
+    async def register_blocks_batch_raw(
+        self, conn: asyncpg.Connection, reqs: Sequence[RetainedBlocks]
+    ) -> list[tuple[Row, bool, int] | BoomerangError]:
+        """Many `register_blocks_raw` in the caller's transaction, one REGISTER_BATCH_SQL per
+        round (a round holds at most one registration per conversation; later ones on the
+        same conversation go in later rounds, so they supersede the earlier, in order)."""
+        assert self.raw is not None
+        out: list[tuple[Row, bool, int] | BoomerangError | None] = [None] * len(reqs)
+        set_tenants = self.raw.compile(SET_TENANTS_LOCAL)[0]
+        for members in _rounds([(r.tenant, r.conversation_id) for r in reqs]):
+            batch = [reqs[n] for n in members]
+            each = [self._register_params(r) for r in batch]
+            params: dict[str, Any] = {k: [p[k] for p in each] for k in _REGISTER_BATCH_ARRAYS}
+            params.update(i=list(range(len(batch))), margin=self.ttl_margin_seconds, actor=self.actor)
+            query, args = self.raw.args(REGISTER_BATCH_SQL, params)
+            await conn.execute(set_tenants, " ".join(sorted({r.tenant for r in batch})))
+            with db_span("RegisterRetainedBlocks"):
+                rows = await conn.fetch(query, *args)
+            found = {row["i"]: row for row in rows}
+            for j, n in enumerate(members):
+                row = found.get(j)
+                if row is not None:
+                    out[n] = (row, True, int(row["superseded"]))
+                    continue
+                try:
+                    out[n] = (await self._explain_register_conflict(batch[j]), False, 0)
+                except BoomerangError as err:
+                    out[n] = err
+        return [o for o in out if o is not None]
+
     def _register_params(self, req: RetainedBlocks) -> dict[str, Any]:
         return {
             "lease_id": str(uuid.uuid4()),
@@ -376,18 +429,8 @@ class RegistryRepository:
         claim on the same conversation goes in the next round, which runs after the first
         committed and so sees its claim (as two calls in a row would).
         """
-        rounds: list[list[int]] = []
-        seen: list[set[tuple[str, str]]] = []
-        for n, q in enumerate(queries):
-            key = (q.tenant, q.conversation_id)
-            k = next((k for k, keys in enumerate(seen) if key not in keys), len(rounds))
-            if k == len(rounds):
-                rounds.append([])
-                seen.append(set())
-            rounds[k].append(n)
-            seen[k].add(key)
         results: list[tuple[ClaimOutcome, Row | None, int, float] | None] = [None] * len(queries)
-        for members in rounds:
+        for members in _rounds([(q.tenant, q.conversation_id) for q in queries]):
             batch = [queries[n] for n in members]
             params = {
                 "i": list(range(len(batch))),

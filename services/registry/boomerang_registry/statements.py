@@ -251,3 +251,66 @@ WARM_UP = (
     (CLAIM_SQL, _NOTHING),
     (CLAIM_BATCH_SQL, {**{k: [v] for k, v in _NOTHING.items() if k != "actor"}, "i": [0], "actor": "warm-up"}),
 )
+
+# REGISTER_SQL for many registrations in one statement (the group commit's): one multi-row
+# INSERT from parallel arrays (row `i` one registration), each new lease superseding its own
+# conversation's older live leases, one REGISTERED event per new lease and one SUPERSEDED
+# event per superseded one, as REGISTER_SQL writes them. The caller puts at most one
+# registration per conversation in a statement (a second one must see the first's lease to
+# supersede it). A registration already recorded, or refused by its engine, returns no row.
+REGISTER_BATCH_SQL = f"""
+WITH r AS (
+    SELECT * FROM unnest(CAST(:i AS int[]), CAST(:lease_id AS uuid[]), CAST(:tenant AS text[]),
+                         CAST(:conversation_id AS text[]), CAST(:model AS text[]), CAST(:engine_id AS text[]),
+                         CAST(:generation AS bigint[]), CAST(:remote_request_id AS text[]),
+                         CAST(:block_ids AS jsonb[]), CAST(:num_blocks AS int[]), CAST(:num_tokens AS bigint[]),
+                         CAST(:block_size AS int[]), CAST(:chain AS bytea[]), CAST(:tail_hash AS bytea[]),
+                         CAST(:remote_host AS text[]), CAST(:remote_port AS int[]),
+                         CAST(:finished_at AS timestamptz[]), CAST(:request_id AS text[]))
+        AS r(i, lease_id, tenant, conversation_id, model, engine_id, generation, remote_request_id,
+             block_ids, num_blocks, num_tokens, block_size, chain, tail_hash, remote_host, remote_port,
+             finished_at, request_id)
+), eng AS (
+    SELECT * FROM engines WHERE engine_id IN (SELECT engine_id FROM r) FOR SHARE
+), ins AS (
+    INSERT INTO leases AS l (lease_id, tenant, conversation_id, model, engine_id, engine_generation,
+                        remote_request_id, block_ids, num_blocks, num_tokens, block_size, chain,
+                        tail_hash, remote_host, remote_port, tp_size, dcp_size, pp_size, state,
+                        finished_at, expires_at)
+    SELECT r.lease_id, r.tenant, r.conversation_id, COALESCE(NULLIF(r.model, ''), eng.model),
+           eng.engine_id, r.generation, r.remote_request_id, r.block_ids, r.num_blocks, r.num_tokens,
+           r.block_size, r.chain, r.tail_hash,
+           COALESCE(NULLIF(r.remote_host, ''), eng.side_channel_host),
+           COALESCE(NULLIF(r.remote_port, 0), eng.side_channel_port),
+           eng.tp_size, eng.dcp_size, eng.pp_size, 'RETAINED',
+           LEAST(COALESCE(r.finished_at, now()), now()),
+           LEAST(COALESCE(r.finished_at, now()), now())
+             + make_interval(secs => eng.kv_blocks_ttl_seconds - CAST(:margin AS float8))
+    FROM r JOIN eng ON eng.engine_id = r.engine_id
+    WHERE eng.generation = r.generation AND eng.status = 'ACTIVE'
+      AND eng.role = 'DECODE' AND eng.block_size = r.block_size
+    ON CONFLICT (engine_id, engine_generation, remote_request_id) DO NOTHING
+    RETURNING {LEASE_COLUMNS}
+), sup_old AS (
+    SELECT l.lease_id, ins.lease_id AS by_lease FROM leases l JOIN ins
+      ON l.tenant = ins.tenant AND l.conversation_id = ins.conversation_id
+    WHERE l.state = 'RETAINED' AND l.finished_at <= ins.finished_at
+    FOR UPDATE OF l
+), sup AS (
+    UPDATE leases l SET state = 'SUPERSEDED', version = l.version + 1, updated_at = now()
+    FROM sup_old WHERE l.lease_id = sup_old.lease_id
+    RETURNING l.lease_id, l.tenant, l.conversation_id, sup_old.by_lease
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, details)
+    SELECT r.lease_id, ins.tenant, ins.conversation_id, NULL, 'RETAINED', 'REGISTERED', :actor,
+           r.request_id, NULL
+    FROM ins JOIN r ON r.lease_id = CAST(ins.lease_id AS uuid)
+    UNION ALL
+    SELECT sup.lease_id, sup.tenant, sup.conversation_id, 'RETAINED', 'SUPERSEDED', 'SUPERSEDED',
+           :actor, r.request_id, jsonb_build_object('superseded_by', sup.by_lease)
+    FROM sup JOIN r ON r.lease_id = CAST(sup.by_lease AS uuid)
+)
+SELECT r.i, (SELECT count(*) FROM sup WHERE sup.by_lease = ins.lease_id) AS superseded, ins.*
+FROM ins JOIN r ON r.lease_id = CAST(ins.lease_id AS uuid)
+"""
