@@ -112,7 +112,9 @@ class Router:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.claim_deadline = settings.claim_deadline_ms / 1000
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown_seconds)
-        self.store = PlanStore(settings.plan_memory_seconds, settings.plan_memory_max)
+        self.store = PlanStore(
+            settings.plan_memory_seconds, settings.plan_memory_max, max_bytes=int(settings.plan_memory_mb * 2**20)
+        )
         self.stats: Tally[str] = Tally()
         self._inflight: dict[tuple[str, str], asyncio.Task[PlanRecord]] = {}
         self._report_locks: dict[str, list[Any]] = {}  # plan id → [lock, users]

@@ -6,7 +6,9 @@ back from the id alone and a lookup by id touches one partition.
 
 The store keeps recent plans in memory so ReportTurn and retried PlanTurn calls on this
 replica need no database read, and so unreported plans count towards engine load. Plans
-leave it after `ttl` seconds or beyond `max_plans`; older ones are read from `turn_plans`.
+leave it after `ttl` seconds, beyond `max_plans`, or beyond `max_bytes` of their estimated
+size (a PULL plan holds its handle's block ids, so turns never reported — a caller that
+goes away — once held hundreds of megabytes); older ones are read from `turn_plans`.
 """
 
 from __future__ import annotations
@@ -94,14 +96,29 @@ class PlanRecord:
     counted: bool = False
 
 
+# Estimated bytes of a kept plan: the record and its strings, and each block id it holds.
+PLAN_BYTES = 1500
+BLOCK_ID_BYTES = 40
+
+
+def plan_bytes(record: PlanRecord) -> int:
+    """The estimated memory a kept plan holds (its handle's block ids dominate)."""
+    groups = record.params.remote_block_ids if record.params is not None else None
+    return PLAN_BYTES + BLOCK_ID_BYTES * sum(len(g) for g in groups or ())
+
+
 class PlanStore:
     """Recent plans by id (and by the caller's request id), oldest evicted first."""
 
-    def __init__(self, ttl: float, max_plans: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, ttl: float, max_plans: int, clock: Callable[[], float] = time.monotonic, max_bytes: int = 0
+    ):
         self.ttl = ttl
         self.max_plans = max_plans
+        self.max_bytes = max_bytes  # 0: no byte limit
+        self.bytes = 0
         self._mono = clock
-        self._plans: OrderedDict[str, tuple[float, PlanRecord]] = OrderedDict()
+        self._plans: OrderedDict[str, tuple[float, PlanRecord, int]] = OrderedDict()
         self._by_request: dict[tuple[str, str], str] = {}
         self._by_claim: dict[str, str] = {}
 
@@ -110,7 +127,12 @@ class PlanStore:
 
     def put(self, record: PlanRecord) -> list[PlanRecord]:
         """Keep `record`; returns the plans evicted to make room or because they are old."""
-        self._plans[record.plan_id] = (self._mono(), record)
+        size = plan_bytes(record)
+        previous = self._plans.get(record.plan_id)
+        if previous is not None:
+            self.bytes -= previous[2]
+        self._plans[record.plan_id] = (self._mono(), record, size)
+        self.bytes += size
         self._plans.move_to_end(record.plan_id)
         if record.request_id:
             self._by_request[(record.tenant, record.request_id)] = record.plan_id
@@ -138,10 +160,13 @@ class PlanStore:
         out: list[PlanRecord] = []
         cutoff = self._mono() - self.ttl
         while self._plans:
-            plan_id, (stamp, record) = next(iter(self._plans.items()))
-            if stamp >= cutoff and len(self._plans) <= self.max_plans:
+            plan_id, (stamp, record, size) = next(iter(self._plans.items()))
+            if stamp >= cutoff and len(self._plans) <= self.max_plans and (
+                not self.max_bytes or self.bytes <= self.max_bytes
+            ):
                 break
             del self._plans[plan_id]
+            self.bytes -= size
             if record.request_id and self._by_request.get((record.tenant, record.request_id)) == plan_id:
                 del self._by_request[(record.tenant, record.request_id)]
             if record.claim_id and self._by_claim.get(record.claim_id) == plan_id:

@@ -84,6 +84,13 @@ class RouterSettings(EnginePoolSettings):
         default=900.0, ge=1, le=86400, description="Seconds plans stay in memory for ReportTurn and retries."
     )
     plan_memory_max: int = Field(default=100_000, ge=100, description="Plans kept in memory at most.")
+    plan_memory_mb: float = Field(
+        default=64.0,
+        ge=1,
+        le=65536,
+        description="Estimated megabytes of plans kept in memory at most (a PULL plan holds its "
+        "handle's block ids); the oldest leave first and are read back from turn_plans.",
+    )
     max_prompt_tokens: int = Field(default=4_194_304, ge=1, description="Longest prompt accepted.")
     audit_flush_ms: float = Field(
         default=100.0, gt=0, le=60_000, description="Milliseconds between turn_plans batch writes."
