@@ -63,6 +63,20 @@ def to_status(err: BoomerangError) -> grpc.Status:
     return rpc_status.to_status(proto)
 
 
+def no_retry(status: grpc.Status) -> grpc.Status:
+    """`status` with the server's push-back that tells gRPC clients not to retry it (gRFC A6).
+
+    Clients retry UNAVAILABLE transparently (a restarting service is back in milliseconds),
+    but a database outage is not: three attempts with back-off only turned each failing
+    call into ~200–500 ms on a loaded box, past a plan's claim deadline. The caller's own
+    breaker and back-off handle an outage; the channel's retries still cover the transport.
+    """
+    return status._replace(trailing_metadata=(*status.trailing_metadata, (PUSHBACK_KEY, "-1")))  # type: ignore[attr-defined]
+
+
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
 def _is_database_outage(exc: BaseException) -> bool:
     """True for errors that mean Postgres is unreachable, not that the request is wrong."""
     # deferred: the database drivers load only in a server that meets an error; the vLLM hook
@@ -124,7 +138,11 @@ def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]])
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001 - this is the translation boundary
-            await context.abort_with_status(to_status(error_for_exception(exc)))
+            error = error_for_exception(exc)
+            status = to_status(error)
+            if error.reason == "DATABASE_UNAVAILABLE":
+                status = no_retry(status)
+            await context.abort_with_status(status)
             raise AssertionError("unreachable: abort_with_status raises")  # pragma: no cover
 
     return wrapper
