@@ -30,17 +30,26 @@ class FakeRegistry:
         self.delay = delay
         self.fail_conversation = fail_conversation
         self.calls: list[list[str]] = []
+        self.timeouts: list[float] = []
+
+    async def wait(self, timeout: float) -> None:
+        """The delay, cut at the call's deadline as gRPC cuts it."""
+        self.timeouts.append(timeout)
+        if self.delay > timeout:
+            await asyncio.sleep(timeout)
+            raise BoomerangClientError("ClaimReuse", BoomerangError(Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", "late"))
+        await asyncio.sleep(self.delay)
 
     async def claim(self, req: rpb.ClaimReuseRequest, timeout: float) -> ClaimResult:
         self.calls.append([req.conversation_id])
-        await asyncio.sleep(self.delay)
+        await self.wait(timeout)
         return answer(number(req))
 
     async def claim_batch(
         self, reqs: Sequence[rpb.ClaimReuseRequest], timeout: float
     ) -> list[ClaimResult | BoomerangClientError]:
         self.calls.append([r.conversation_id for r in reqs])
-        await asyncio.sleep(self.delay)
+        await self.wait(timeout)
         return [
             BoomerangClientError("ClaimReuse", BoomerangError(Code.INVALID_ARGUMENT, "INVALID_REQUEST", "bad"))
             if r.conversation_id == self.fail_conversation
@@ -115,3 +124,17 @@ async def test_a_failed_call_fails_every_claim_in_it() -> None:
     results = await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(5)), return_exceptions=True)
     assert isinstance(results[0], ClaimResult)
     assert all(isinstance(r, BoomerangClientError) and r.code == "UNAVAILABLE" for r in results[1:])
+
+
+async def test_a_call_carries_its_most_urgent_claim_s_deadline() -> None:
+    api = FakeRegistry(delay=0.05)
+    batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(batcher.claim(req(0), 1.0))
+    await asyncio.sleep(0)
+    urgent = asyncio.ensure_future(batcher.claim(req(1), 0.2))
+    await asyncio.sleep(0.01)
+    relaxed = asyncio.ensure_future(batcher.claim(req(2), 5.0))
+    await asyncio.gather(first, urgent, relaxed)
+    assert api.calls == [["c0"], ["c1", "c2"]]
+    # The second call left ~50 ms after the urgent claim queued: its deadline is what that claim had left.
+    assert 0.1 < api.timeouts[1] < 0.2

@@ -184,8 +184,9 @@ class ClaimBatcher:
 
     Each claim has its caller's deadline, queue time included. A claim still queued when it
     passes is answered CLAIM_QUEUE_TIMEOUT (RESOURCE_EXHAUSTED) and never sent, so there is
-    nothing to give back; one sent whose answer is late is DEADLINE_EXCEEDED, as a direct
-    call would be (the planner's orphan probe finds it if it committed). A full queue
+    nothing to give back. A call carries the deadline of its most urgent claim, and gRPC
+    enforces it: a late answer is DEADLINE_EXCEEDED for every claim in the call, as a direct
+    call would be (the planner's orphan probe finds a claim that committed). A full queue
     answers CLAIM_QUEUE_FULL at once. Depth, wait, batch sizes and sheds are metrics.
     """
 
@@ -212,15 +213,13 @@ class ClaimBatcher:
         return await item.future
 
     def _expire(self, item: _Waiting, timeout: float) -> None:
-        if item.future.done():
+        # Only a claim still queued expires here; a sent one ends with its call, whose
+        # deadline gRPC itself enforces (an answer that arrived in time counts even when
+        # this process is too busy to read it at once).
+        if item.future.done() or item.sent:
             return
-        if item.sent:
-            item.future.set_exception(BoomerangClientError(
-                "ClaimReuse", BoomerangError(Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", f"no answer in {timeout:.3f} s")
-            ))
-        else:
-            CLAIMS_SHED.labels("queue_timeout").inc()
-            item.future.set_exception(_shed(QUEUE_TIMEOUT, f"still queued after {timeout:.3f} s"))
+        CLAIMS_SHED.labels("queue_timeout").inc()
+        item.future.set_exception(_shed(QUEUE_TIMEOUT, f"still queued after {timeout:.3f} s"))
 
     def _pump(self) -> None:
         while self.sending < self.in_flight and self.queue:
@@ -240,14 +239,16 @@ class ClaimBatcher:
     async def _send(self, batch: list[_Waiting]) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        latest = now
+        earliest = float("inf")
         for item in batch:
             item.sent = True
             CLAIM_QUEUE_WAIT.observe(now - item.queued_at)
             if item.timer is not None:
-                latest = max(latest, item.timer.when())
+                earliest = min(earliest, item.timer.when())
+                item.timer.cancel()
         CLAIM_BATCH.observe(len(batch))
-        timeout = max(latest - now, 0.001)
+        # The call's deadline is its most urgent claim's: no claim waits past its own.
+        timeout = max(earliest - now, 0.001)
         try:
             results: list[ClaimResult | BoomerangClientError]
             if len(batch) == 1:
