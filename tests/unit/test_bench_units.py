@@ -86,4 +86,23 @@ def test_targets_are_judged_against_the_issue_s_goals() -> None:
     }
     met = {k: v["met"] for k, v in _targets(report).items()}
     assert met == {"plan_p50_ms_at_1000": True, "plan_p99_ms_at_1000": False, "max_rps_p99_5ms": True,
-                   "register_rps": False, "expiry_lag_p99_s": True, "gateway_overhead_ratio": False}
+                   "register_rps": False, "expiry_lag_p99_s": True, "gateway_overhead_ratio": False,
+                   "plan_pull_at_1000": False, "plan_cpu_ratio": False, "turn_cpu_ms": False,
+                   "agents_pull_share": False, "agents_failed": False}
+
+
+def test_issue_13_targets_side_by_side() -> None:
+    report = {
+        "plan": {"rates": [{"rate": 1000, "p50_ms": 2.0, "p99_ms": 9.0, "pull_fraction": 0.995}],
+                 "max_rps_p99_5ms": 0,
+                 "cpu_cost": {"services_cpu_ms": 1.2},
+                 "grpc_floor": {"server_cpu_ms_per_call": 0.4, "client_cpu_ms_per_call": 0.4}},
+        "register_rps": 100.0, "expiry_lag_p99_s": 0.1, "gateway_overhead": {"ratio": 1.2},
+        "control_plane": {"cpu_ms_per_turn_total": 6.5, "agents_pull_share": 0.96, "agents_failed": 0},
+    }
+    targets = _targets(report)
+    assert targets["plan_cpu_ratio"]["value"] == 1.5 and targets["plan_cpu_ratio"]["met"]
+    assert targets["plan_pull_at_1000"]["met"] and targets["agents_pull_share"]["met"]
+    assert targets["agents_failed"]["met"] and not targets["turn_cpu_ms"]["met"]
+    report["control_plane"]["agents_failed"] = 1
+    assert not _targets(report)["agents_failed"]["met"]

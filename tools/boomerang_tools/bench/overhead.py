@@ -91,3 +91,67 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
         "errors": result["errors"],
         "engines": "boomerang sim --time-scale 0 (no simulated compute: every millisecond is software)",
     }
+
+
+CONTROL_PLANE = ("gateway", "router", "registry", "reaper")
+
+
+async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
+    """Boomerang's whole control plane end to end through the gateway (gateway-only mode),
+    on the engines `gateway_overhead` started (`--time-scale 0`: no simulated compute).
+
+    CPU per turn: sequential multi-turn conversations through the gateway, the CPU of the
+    gateway, router, registry, reaper and this database's Postgres backends over the run,
+    their idle use taken out, divided by the turns answered (first turns included). Then
+    `agents` conversations at once: the share of later turns the gateway served as PULL, and
+    the turns that failed.
+    """
+    cfg = b.cfg
+    task = b.progress.add_task("control plane: idle CPU", total=None)
+    gateway = f"http://{b.services.children['gateway'].address}"
+    idle_seconds = 2.0
+    meter = (await b.cpu_meter(*CONTROL_PLANE)).start()
+    await asyncio.sleep(idle_seconds)
+    idle = {k: v / idle_seconds for k, v in meter.stop().items()}
+    base = {"kind": "turns", "gateway": gateway, "naive": "", "prefill": "", "decode": "", "model": SIM_MODEL,
+            "paths": ["boomerang"], "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
+            "think_seconds": 0.02}
+    b.progress.update(task, description=f"control plane: CPU per turn, sequential, {cfg.gateway_seconds:g}s")
+    job = {**base, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": 1}
+    running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
+    await asyncio.sleep(0.5)
+    meter = (await b.cpu_meter(*CONTROL_PLANE)).start()
+    started = time.perf_counter()
+    (sequential,) = await running
+    cpu = meter.stop()
+    seconds = time.perf_counter() - started
+    turns = int(sequential["turns"].get("boomerang", 0))
+    per_turn = {k: round(1000 * max(0.0, v - idle.get(k, 0.0) * seconds) / max(turns, 1), 3)
+                for k, v in cpu.items() if k != "clients"}
+    b.progress.update(task, description=f"control plane: {agents} agents at once, {cfg.gateway_seconds:g}s")
+    job = {**base, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": agents}
+    running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
+    sampler = b.sampler("agents", CONTROL_PLANE, cfg.gateway_seconds)
+    (crowd,) = await running
+    await b.collect("agents", sampler)
+    b.progress.remove_task(task)
+    b.sample_memory()
+    later = sum(crowd["plans"].values())
+    failed = sum(crowd["errors"].values())
+    return {
+        "cpu_ms_per_turn": per_turn,
+        "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
+        "turns": turns,
+        "idle_cpu_ms_per_s": {k: round(1000 * v, 2) for k, v in idle.items()},
+        "sequential_plans": sequential["plans"],
+        "sequential_errors": sequential["errors"],
+        "agents": agents,
+        "agents_turns": int(crowd["turns"].get("boomerang", 0)),
+        "agents_later_turns": later,
+        "agents_plans": crowd["plans"],
+        "agents_pull_share": round(crowd["plans"].get("PULL", 0) / later, 4) if later else None,
+        "agents_failed": failed,
+        "agents_errors": crowd["errors"],
+        "agents_turns_per_s": round(int(crowd["turns"].get("boomerang", 0)) / max(cfg.gateway_seconds, 1e-3), 1),
+        "mode": "gateway-only (the engines have no hook; the gateway plans and reports each turn)",
+    }

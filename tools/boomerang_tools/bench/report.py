@@ -18,11 +18,26 @@ TARGETS = {
     "register_rps": ("committed registrations/s", "≥", 5000),
     "expiry_lag_p99_s": ("expiry lag p99, s", "≤", 1.0),
     "gateway_overhead_ratio": ("gateway overhead / naive proxy's (p50)", "≤", 1.5),
+    # Issue 13: Boomerang's own cost against what it delivers.
+    "plan_pull_at_1000": ("plans that PULL at 1,000/s, 100k leases", "≥", 0.99),
+    "plan_cpu_ratio": ("plan CPU (router + registry + Postgres) / one empty gRPC round trip's", "≤", 1.5),
+    "turn_cpu_ms": ("control-plane CPU per turn through the gateway (gateway-only), ms", "≤", 6.0),
+    "agents_pull_share": ("64 agents through the gateway: later turns that PULL", "≥", 0.95),
+    "agents_failed": ("64 agents through the gateway: failed turns", "≤", 0),
 }
+
+
+def _plan_cpu_ratio(plan: dict[str, Any]) -> float | None:
+    """Service CPU per plan over the CPU (server + client) of one empty gRPC call, same run."""
+    cost, floor = plan.get("cpu_cost") or {}, plan.get("grpc_floor") or {}
+    empty = (floor.get("server_cpu_ms_per_call") or 0) + (floor.get("client_cpu_ms_per_call") or 0)
+    services = cost.get("services_cpu_ms")
+    return round(services / empty, 3) if services is not None and empty > 0 else None
 
 
 def _targets(report: dict[str, Any]) -> dict[str, Any]:
     at_1000: dict[str, Any] = next((r for r in report["plan"]["rates"] if r["rate"] == 1000), {})
+    control: dict[str, Any] = report.get("control_plane") or {}
     values = {
         "plan_p50_ms_at_1000": at_1000.get("p50_ms"),
         "plan_p99_ms_at_1000": at_1000.get("p99_ms"),
@@ -30,6 +45,11 @@ def _targets(report: dict[str, Any]) -> dict[str, Any]:
         "register_rps": report["register_rps"],
         "expiry_lag_p99_s": report["expiry_lag_p99_s"],
         "gateway_overhead_ratio": report["gateway_overhead"]["ratio"],
+        "plan_pull_at_1000": at_1000.get("pull_fraction"),
+        "plan_cpu_ratio": _plan_cpu_ratio(report["plan"]),
+        "turn_cpu_ms": control.get("cpu_ms_per_turn_total"),
+        "agents_pull_share": control.get("agents_pull_share"),
+        "agents_failed": control.get("agents_failed"),
     }
     out = {}
     for key, (label, op, goal) in TARGETS.items():
@@ -52,6 +72,7 @@ def build_report(
         "expiry_lag_p99_s": expiry["lag_p99_s"],
         "gateway_overhead": results.get("gateway_overhead") or {"boomerang_p50_ms": None, "naive_p50_ms": None,
                                                                 "ratio": None},
+        "control_plane": results.get("control_plane"),
         "scale": results["scale"],
         "memory_mb": {name: m["peak_rss_mb"] for name, m in sorted(memory.items())},
         "register": register,
@@ -169,6 +190,16 @@ def markdown(report: dict[str, Any]) -> str:
                      f"answer: the next turn's lease committed): p50 {_ms(ends['p50_ms'])} ms, p99 {_ms(ends['p99_ms'])} ms; "
                      f"added over the direct path: p50 **{_ms(gw['end_of_turn_added_p50_ms'])} ms**, "
                      f"p99 **{_ms(gw['end_of_turn_added_p99_ms'])} ms** (on the end of the turn, not on TTFT).")
+    cp = report.get("control_plane") or {}
+    if cp.get("cpu_ms_per_turn_total") is not None:
+        lines.append(f"- Whole control plane through the gateway ({cp['mode']}), sequential conversations, idle use "
+                     f"taken out: **{cp['cpu_ms_per_turn_total']:.2f} ms** CPU per turn ({_cpu(cp['cpu_ms_per_turn'])}; "
+                     f"{cp['turns']:,} turns).")
+    if cp.get("agents_later_turns"):
+        lines.append(f"- {cp['agents']} agents at once through the gateway: {cp['agents_turns']:,} turns "
+                     f"({cp['agents_turns_per_s']:,.0f}/s), of the {cp['agents_later_turns']:,} later turns "
+                     f"**{cp['agents_pull_share']:.1%}** PULL ({', '.join(f'{k} {v}' for k, v in cp['agents_plans'].items())}); "
+                     f"**{cp['agents_failed']}** failed.")
     if report["memory_mb"]:
         lines += ["", "## Memory (peak RSS, MB)", "", ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items())]
     return "\n".join(lines) + "\n"

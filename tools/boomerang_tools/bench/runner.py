@@ -69,6 +69,7 @@ async def measure(b: Bench) -> dict[str, Any]:
         lap("expiry")
     if want("gateway"):
         results["gateway_overhead"] = await overhead.gateway_overhead(b)
+        results["control_plane"] = await overhead.control_plane(b)
         b.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode")
         lap("gateway")
     for tier in big_tiers:

@@ -99,6 +99,7 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
     plans: Counter[str] = Counter()
     reused: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    done: Counter[str] = Counter()  # every answered turn, first turns too
     end = 0.0
 
     async def conversation_loop(path: str, slot: int) -> None:
@@ -124,6 +125,7 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
                     errors[f"{path}:{type(exc).__name__}"] += 1
                     break
                 elapsed = (time.perf_counter() - t0) * 1000
+                done[path] += 1
                 if turn >= 1:  # first turns are cold everywhere; compare the reuse turns
                     times[path].append(elapsed)
                     ends[path].extend(end_ms)
@@ -143,7 +145,8 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
         await asyncio.sleep(delay)
     end = time.perf_counter() + job["duration"]
     try:
-        await asyncio.gather(*(conversation_loop(p, s) for p in PATHS for s in range(job["slots"])))
+        paths = job.get("paths") or PATHS
+        await asyncio.gather(*(conversation_loop(p, s) for p in paths for s in range(job["slots"])))
     finally:
         await http.aclose()
     return {
@@ -153,4 +156,5 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
         "plans": dict(plans),
         "reused": dict(reused),
         "errors": dict(errors),
+        "turns": dict(done),
     }
