@@ -68,6 +68,15 @@ async def test_tokens_bind_engines_to_themselves(secured: ServiceProcess, databa
                   lambda c: c.register_retained_blocks(blocks_request("t", unique, engine_a, tokens)))
     claim = await call_as(monkeypatch, secured.address, service, lambda c: c.claim_reuse(claim_request("t", unique, tokens + [1])))
     assert claim.outcome == rpb.CLAIM_OUTCOME_CLAIMED
+    # A batch of registrations is the engine's own too: one for another engine refuses it whole.
+    mixed = rpb.RegisterRetainedBlocksBatchRequest(registrations=[
+        blocks_request("t", unique + "-2", engine_a, tokens), blocks_request("t", unique + "-3", engine_b, tokens)])
+    with pytest.raises(BoomerangClientError) as err:
+        await call_as(monkeypatch, secured.address, token_a, lambda c: c.register_retained_blocks_batch(mixed))
+    assert err.value.code == "PERMISSION_DENIED" and err.value.reason == "ENGINE_MISMATCH"
+    own = rpb.RegisterRetainedBlocksBatchRequest(registrations=[blocks_request("t", unique + "-2", engine_a, tokens)])
+    done = await call_as(monkeypatch, secured.address, token_a, lambda c: c.register_retained_blocks_batch(own))
+    assert done.results[0].error_code == 0 and done.results[0].response.created
 
 
 async def test_revoked_token_is_refused(secured: ServiceProcess, database_url: str, unique: str,

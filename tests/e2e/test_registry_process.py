@@ -95,6 +95,29 @@ async def test_claim_batch_over_grpc_answers_each_claim(client: RegistryClient, 
     await expect_error(client.claim_reuse_batch(rpb.ClaimReuseBatchRequest()), "INVALID_ARGUMENT", field="claims")
 
 
+async def test_registration_batch_over_grpc_commits_each_and_refuses_alone(client: RegistryClient, unique: str) -> None:
+    eid = f"d-{unique}"
+    await client.register_engine(engine_request(eid))
+    tokens = list(range(3000, 3200))
+    first = blocks_request("acme", f"{unique}-a", eid, tokens, request_id="ra")
+    bad = rpb.RegisterRetainedBlocksRequest(tenant="acme", conversation_id=f"{unique}-b", engine_id=eid)
+    stale = blocks_request("acme", f"{unique}-c", eid, tokens, generation=9)
+    resp = await client.register_retained_blocks_batch(rpb.RegisterRetainedBlocksBatchRequest(registrations=[
+        first, bad, stale, blocks_request("beta", f"{unique}-a", eid, tokens)]))
+    r = resp.results
+    assert r[0].error_code == 0 and r[0].response.created and r[0].response.lease.tenant == "acme"
+    assert r[1].error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert r[2].error_code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and r[2].error_reason == "GENERATION_NOT_REGISTERED"
+    assert r[3].error_code == 0 and r[3].response.lease.tenant == "beta"
+    again = await client.register_retained_blocks_batch(rpb.RegisterRetainedBlocksBatchRequest(registrations=[first]))
+    assert not again.results[0].response.created
+    assert again.results[0].response.lease.lease_id == r[0].response.lease.lease_id
+    claim = await client.claim_reuse(claim_request("acme", f"{unique}-a", tokens + [1]))
+    assert claim.outcome == rpb.CLAIM_OUTCOME_CLAIMED and claim.lease.lease_id == r[0].response.lease.lease_id
+    await expect_error(client.register_retained_blocks_batch(rpb.RegisterRetainedBlocksBatchRequest()),
+                       "INVALID_ARGUMENT", field="registrations")
+
+
 async def test_bad_input_names_the_field_and_writes_nothing(client: RegistryClient, pg: asyncpg.Connection, unique: str) -> None:
     eid = f"d-{unique}"
     await client.register_engine(engine_request(eid))

@@ -53,6 +53,12 @@ class RegistryClient:
         """ClaimReuse."""
         return await call("ClaimReuse", self.stub.ClaimReuse, req, timeout or self.timeout)
 
+    async def register_retained_blocks_batch(
+        self, req: rpb.RegisterRetainedBlocksBatchRequest, timeout: float | None = None
+    ) -> rpb.RegisterRetainedBlocksBatchResponse:
+        """RegisterRetainedBlocksBatch."""
+        return await call("RegisterRetainedBlocksBatch", self.stub.RegisterRetainedBlocksBatch, req, timeout or self.timeout)
+
     async def claim_reuse_batch(
         self, req: rpb.ClaimReuseBatchRequest, timeout: float | None = None
     ) -> rpb.ClaimReuseBatchResponse:

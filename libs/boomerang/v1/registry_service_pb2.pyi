@@ -106,6 +106,30 @@ class RegisterRetainedBlocksResponse(_message.Message):
     superseded_leases: int
     def __init__(self, lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ..., created: _Optional[bool] = ..., superseded_leases: _Optional[int] = ...) -> None: ...
 
+class RegisterRetainedBlocksBatchRequest(_message.Message):
+    __slots__ = ("registrations",)
+    REGISTRATIONS_FIELD_NUMBER: _ClassVar[int]
+    registrations: _containers.RepeatedCompositeFieldContainer[RegisterRetainedBlocksRequest]
+    def __init__(self, registrations: _Optional[_Iterable[_Union[RegisterRetainedBlocksRequest, _Mapping]]] = ...) -> None: ...
+
+class RegisterRetainedBlocksBatchResult(_message.Message):
+    __slots__ = ("response", "error_code", "error_reason", "error_message")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    response: RegisterRetainedBlocksResponse
+    error_code: int
+    error_reason: str
+    error_message: str
+    def __init__(self, response: _Optional[_Union[RegisterRetainedBlocksResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_reason: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class RegisterRetainedBlocksBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[RegisterRetainedBlocksBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[RegisterRetainedBlocksBatchResult, _Mapping]]] = ...) -> None: ...
+
 class ClaimReuseRequest(_message.Message):
     __slots__ = ("tenant", "conversation_id", "prompt_chain", "min_reusable_tokens", "min_remaining_seconds", "claim_id", "model")
     TENANT_FIELD_NUMBER: _ClassVar[int]

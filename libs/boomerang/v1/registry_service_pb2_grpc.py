@@ -52,6 +52,11 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksResponse.FromString,
                 _registered_method=True)
+        self.RegisterRetainedBlocksBatch = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/RegisterRetainedBlocksBatch',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksBatchRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksBatchResponse.FromString,
+                _registered_method=True)
         self.ClaimReuse = channel.unary_unary(
                 '/boomerang.v1.BlockRegistryService/ClaimReuse',
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseRequest.SerializeToString,
@@ -140,6 +145,16 @@ class BlockRegistryServiceServicer:
         """Records a finished turn's retained blocks as a new lease that supersedes the
         conversation's previous live lease. Idempotent on (engine, generation,
         remote_request_id): a retry returns the same lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterRetainedBlocksBatch(self, request, context):
+        """Several registrations in one call, each answered exactly as RegisterRetainedBlocks
+        would answer it (and acknowledged after its commit); they are committed together, as one
+        multi-row statement where their conversations differ. An engine may register only its
+        own blocks; an invalid registration gets its own error, the others still commit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -265,6 +280,11 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.RegisterRetainedBlocks,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksResponse.SerializeToString,
+            ),
+            'RegisterRetainedBlocksBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterRetainedBlocksBatch,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksBatchRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksBatchResponse.SerializeToString,
             ),
             'ClaimReuse': grpc.unary_unary_rpc_method_handler(
                     servicer.ClaimReuse,
@@ -411,6 +431,33 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/RegisterRetainedBlocks',
             boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterRetainedBlocksBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/RegisterRetainedBlocksBatch',
+            boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksBatchRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.RegisterRetainedBlocksBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -165,6 +165,16 @@ def claim(req: rpb.ClaimReuseRequest) -> ClaimQuery:
 
 
 MAX_CLAIM_BATCH = 256
+MAX_REGISTRATION_BATCH = 256
+
+
+def registration_batch_size(req: rpb.RegisterRetainedBlocksBatchRequest) -> None:
+    """A RegisterRetainedBlocksBatchRequest holds 1 to MAX_REGISTRATION_BATCH registrations."""
+    v = Violations()
+    v.require(1 <= len(req.registrations) <= MAX_REGISTRATION_BATCH, "registrations",
+              f"must hold 1 to {MAX_REGISTRATION_BATCH} registrations")
+    v.raise_if_any()
+
 
 
 def claim_batch_size(req: rpb.ClaimReuseBatchRequest) -> None:

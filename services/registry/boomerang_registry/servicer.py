@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import grpc
 from boomerang.credentials import CredentialStore
 from boomerang.errors import BoomerangError, Code, Violations
-from boomerang.grpcutil.status import rpc
+from boomerang.grpcutil.status import error_for_exception, rpc
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
@@ -68,6 +69,14 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
                     "ENGINE_MISMATCH",
                     f"{principal} may only {method} as itself, not as engine {engine_of(request)!r}",
                 )
+        elif method == "RegisterRetainedBlocksBatch":
+            for item in request.registrations:
+                if not principal.may_act_for_engine(item.engine_id):
+                    raise BoomerangError(
+                        Code.PERMISSION_DENIED,
+                        "ENGINE_MISMATCH",
+                        f"{principal} may only {method} as itself, not as engine {item.engine_id!r}",
+                    )
         elif principal.kind == "engine":
             raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for Boomerang services, not engines")
 
@@ -99,6 +108,44 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         if superseded:
             metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
         return rpb.RegisterRetainedBlocksResponse(lease=convert.lease(row), created=created, superseded_leases=superseded)
+
+    @rpc
+    async def RegisterRetainedBlocksBatch(
+        self, request: rpb.RegisterRetainedBlocksBatchRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.RegisterRetainedBlocksBatchResponse:
+        requests.registration_batch_size(request)
+        results = [rpb.RegisterRetainedBlocksBatchResult() for _ in request.registrations]
+
+        def failed(n: int, exc: BaseException) -> None:
+            err = error_for_exception(exc)  # as @rpc would answer it alone
+            results[n].error_code = grpc.StatusCode[err.code.value].value[0]
+            results[n].error_reason = err.reason
+            results[n].error_message = err.message
+
+        valid = []
+        for n, item in enumerate(request.registrations):
+            try:
+                valid.append((n, requests.retained_blocks(
+                    item, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease
+                )))
+            except BoomerangError as err:
+                metrics.REGISTRATIONS.labels("rejected").inc()
+                failed(n, err)
+        # Queued together, they go through the group commit together (one statement).
+        outcomes = await asyncio.gather(*(self.batcher.register(b) for _, b in valid), return_exceptions=True)
+        for (n, _), outcome in zip(valid, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                metrics.REGISTRATIONS.labels("rejected").inc()
+                failed(n, outcome)
+                continue
+            row, created, superseded = outcome
+            metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
+            if superseded:
+                metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
+            results[n].response.lease.CopyFrom(convert.lease(row))
+            results[n].response.created = created
+            results[n].response.superseded_leases = superseded
+        return rpb.RegisterRetainedBlocksBatchResponse(results=results)
 
     @rpc
     async def ClaimReuse(self, request: rpb.ClaimReuseRequest, context: grpc.aio.ServicerContext) -> rpb.ClaimReuseResponse:
