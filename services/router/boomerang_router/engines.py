@@ -12,48 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import UTC
 
 import httpx
 from boomerang.clients.registry import RegistryClient
-from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang.v1 import types_pb2 as tpb
 
-from boomerang_router.pool import EngineInfo, EnginePool, Role, Source
+from boomerang_router.pool import EnginePool
+from boomerang_router.registry_api import RouterRegistry
 
 log = logging.getLogger(__name__)
-
-_ROLE = {tpb.ENGINE_ROLE_PREFILL: Role.PREFILL, tpb.ENGINE_ROLE_DECODE: Role.DECODE}
-
-
-def engine_info(e: tpb.Engine) -> EngineInfo | None:
-    """A pool record for a registry Engine message (None for an unknown role)."""
-    role = _ROLE.get(e.role)
-    if role is None:
-        return None
-    return EngineInfo(
-        engine_id=e.engine_id,
-        role=role,
-        model=e.model,
-        http_base_url=e.http_base_url.rstrip("/"),
-        generation=e.registration_generation,
-        active=e.status == tpb.ENGINE_STATUS_ACTIVE,
-        heartbeat_at=e.heartbeat_time.ToDatetime(tzinfo=UTC) if e.HasField("heartbeat_time") else None,
-        in_flight=e.in_flight_requests,
-        queued_prompt_tokens=e.queued_prompt_tokens,
-        retained_blocks=e.retained_blocks,
-        bytes_per_block=e.bytes_per_block,
-        block_size=e.block_size,
-        kv_recompute_threshold=e.kv_recompute_threshold,
-        kv_blocks_ttl_seconds=e.kv_blocks_ttl_seconds,
-        side_channel_host=e.side_channel_host,
-        side_channel_port=e.side_channel_port,
-        tp_size=e.tp_size or 1,
-        dcp_size=e.dcp_size or 1,
-        pp_size=e.pp_size or 1,
-        source=Source.REGISTRY,
-    )
-
 
 class Periodic:
     """Runs an async function every `interval` seconds until stopped."""
@@ -96,20 +62,21 @@ class RegistryRefresher:
     def __init__(self, pool: EnginePool, registry: RegistryClient, timeout: float = 2.0):
         self.pool = pool
         self.registry = registry
+        self.api = RouterRegistry(registry)
         self.timeout = timeout
         self.failures = 0
 
     async def refresh(self) -> bool:
         """One refresh; False (and the old snapshot kept) when the registry did not answer."""
         try:
-            resp = await self.registry.list_engines(rpb.ListEnginesRequest(), timeout=self.timeout)
+            engines = await self.api.list_engines(self.timeout)
         except Exception as exc:  # noqa: BLE001 - any failure keeps the last snapshot
             self.failures += 1
             if self.failures == 1 or self.failures % 60 == 0:
                 log.warning("engine refresh failed (%d in a row): %s", self.failures, exc)
             return False
         self.failures = 0
-        self.pool.apply_registry_snapshot(i for i in map(engine_info, resp.engines) if i is not None)
+        self.pool.apply_registry_snapshot(engines)
         return True
 
     async def tick(self) -> None:
