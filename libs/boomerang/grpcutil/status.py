@@ -71,7 +71,7 @@ def no_retry(status: grpc.Status) -> grpc.Status:
     call into ~200–500 ms on a loaded box, past a plan's claim deadline. The caller's own
     breaker and back-off handle an outage; the channel's retries still cover the transport.
     """
-    return status._replace(trailing_metadata=(*status.trailing_metadata, (PUSHBACK_KEY, "-1")))  # type: ignore[attr-defined]
+    return status._replace(trailing_metadata=(*status.trailing_metadata, (PUSHBACK_KEY, "-1")))
 
 
 PUSHBACK_KEY = "grpc-retry-pushback-ms"

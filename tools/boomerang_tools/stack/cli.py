@@ -49,8 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.set_defaults(handler=_run)
 
 
-def _config(args: argparse.Namespace) -> StackConfig:  # type: ignore[name-defined]  # noqa: F821
-
+def _config(args: argparse.Namespace) -> StackConfig:
     database_url = args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", "")
     if database_url:
         try:
