@@ -41,14 +41,15 @@ FROM reaper_leader WHERE election = :election FOR SHARE
 
 EXPIRE_SQL = f"""
 WITH due AS (
-    SELECT lease_id, state FROM leases
+    SELECT lease_id, tenant, conversation_id, state FROM leases
     WHERE state IN {LIVE} AND expires_at <= now()
     ORDER BY expires_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE leases l SET state = 'EXPIRED', version = l.version + 1, updated_at = now()
-    FROM due WHERE l.lease_id = due.lease_id
+    FROM due WHERE l.tenant = due.tenant AND l.conversation_id = due.conversation_id
+      AND l.lease_id = due.lease_id
     RETURNING l.lease_id, l.tenant, l.conversation_id, l.claim_id, l.expires_at,
               due.state AS from_state
 ), ev AS (

@@ -34,6 +34,7 @@ from boomerang_registry.rawsql import SET_TENANT_LOCAL, SET_TENANTS_LOCAL, Tenan
 from boomerang_registry.statements import (
     CLAIM_BATCH_SQL,
     CLAIM_SQL,
+    CLAIMED_LEASE_WHERE,
     ENGINE_COLUMNS,
     LEASE_COLUMNS,
     LIVE_LEASE_FILTER,
@@ -481,8 +482,8 @@ class RegistryRepository:
             released = target is LeaseState.RETAINED
             await self._transition(
                 conn,
-                "lease_id = CAST(:id AS uuid) AND state = 'CLAIMED'",
-                {"id": lease_id},
+                CLAIMED_LEASE_WHERE,
+                {"id": lease_id, "tenant": tenant},
                 target,
                 reason if released else f"{reason}:{target.value}",
                 claim_id,
@@ -509,8 +510,8 @@ class RegistryRepository:
                 )
             await self._transition(
                 conn,
-                "lease_id = CAST(:id AS uuid) AND state = 'CLAIMED'",
-                {"id": lease_id},
+                CLAIMED_LEASE_WHERE,
+                {"id": lease_id, "tenant": tenant},
                 LeaseState.CONSUMED,
                 "PREFILL_READ",
                 claim_id,

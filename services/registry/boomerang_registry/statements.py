@@ -30,11 +30,12 @@ WHERE state IN ('RETAINED', 'CLAIMED') GROUP BY engine_id
 # Moves the leases selected by {where} to :to_state and appends one event per lease.
 TRANSITION_SQL = """
 WITH old AS (
-    SELECT lease_id, state FROM leases WHERE {where} FOR UPDATE
+    SELECT lease_id, tenant, conversation_id, state FROM leases WHERE {where} FOR UPDATE
 ), moved AS (
     UPDATE leases l SET state = CAST(:to_state AS text), version = l.version + 1,
            updated_at = now() {extra_set}
-    FROM old WHERE l.lease_id = old.lease_id
+    FROM old WHERE l.tenant = old.tenant AND l.conversation_id = old.conversation_id
+      AND l.lease_id = old.lease_id
     RETURNING l.lease_id, l.tenant, l.conversation_id, l.claim_id, old.state AS from_state
 ), ev AS (
     INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state,
@@ -79,7 +80,8 @@ WITH eng AS (
     FOR UPDATE OF l
 ), sup AS (
     UPDATE leases l SET state = 'SUPERSEDED', version = l.version + 1, updated_at = now()
-    FROM sup_old WHERE l.lease_id = sup_old.lease_id
+    FROM sup_old WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
+      AND l.lease_id = sup_old.lease_id
     RETURNING l.lease_id, l.tenant, l.conversation_id
 ), ev AS (
     INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
@@ -129,7 +131,8 @@ WITH prior AS (
     UPDATE leases l SET state = 'CLAIMED', claim_id = :claim_id, version = l.version + 1,
                         updated_at = now()
     FROM pick
-    WHERE l.lease_id = pick.lease_id AND l.state = 'RETAINED'
+    WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
+      AND l.lease_id = pick.lease_id AND l.state = 'RETAINED'
       AND l.expires_at > now() + make_interval(secs => CAST(:min_remaining AS float8))
     RETURNING {LEASE_COLUMNS}, pick.common_tokens,
               EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
@@ -146,11 +149,13 @@ SELECT 'prior', TRUE, TRUE, {LEASE_COLUMNS},
        boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens, :chain, :tail_hash,
                                :num_tokens, l.block_size),
        EXTRACT(EPOCH FROM l.expires_at - now())::float8
-FROM prior JOIN leases l ON l.lease_id = prior.lease_id
+FROM prior JOIN leases l ON l.tenant = :tenant AND l.conversation_id = :conversation_id
+                       AND l.lease_id = prior.lease_id
 UNION ALL
 SELECT 'candidate', c.engine_ok, c.block_size_ok, {LEASE_COLUMNS}, c.common_tokens,
        c.remaining_seconds
-FROM cands c JOIN leases l ON l.lease_id = c.lease_id
+FROM cands c JOIN leases l ON l.tenant = :tenant AND l.conversation_id = :conversation_id
+                       AND l.lease_id = c.lease_id
 """
 
 # Where a released claim goes: back to RETAINED only while live, valid and newest.
@@ -169,6 +174,9 @@ WHERE l.lease_id = CAST(:id AS uuid)
 
 LIVE_LEASE_FILTER = "state IN ('RETAINED', 'CLAIMED')"
 
+# TRANSITION_SQL's selection for MarkConsumed and ReleaseClaim: the tenant's claimed lease.
+CLAIMED_LEASE_WHERE = "tenant = :tenant AND lease_id = CAST(:id AS uuid) AND state = 'CLAIMED'"
+
 # CLAIM_SQL for many claims in one statement: the claims arrive as parallel arrays
 # (UNNEST), each row `i` one claim, and every CTE of CLAIM_SQL is the same per claim, joined
 # on the claim's own tenant and conversation. Each claim locks and re-checks its pick
@@ -185,7 +193,8 @@ WITH q AS (
         AS q(i, tenant, conversation_id, claim_id, block_size, chain, tail_hash, num_tokens, model,
              min_tokens, min_remaining)
 ), prior AS (
-    SELECT q.i, p.lease_id, q.chain, q.tail_hash, q.num_tokens FROM q CROSS JOIN LATERAL (
+    SELECT q.i, p.lease_id, q.tenant, q.conversation_id, q.chain, q.tail_hash, q.num_tokens
+    FROM q CROSS JOIN LATERAL (
         SELECT l.lease_id FROM leases l
         WHERE l.tenant = q.tenant AND l.conversation_id = q.conversation_id
           AND l.claim_id = q.claim_id AND l.state IN ('CLAIMED', 'CONSUMED') OFFSET 0
@@ -207,7 +216,8 @@ WITH q AS (
         OFFSET 0
     ) c
 ), pick AS (
-    SELECT DISTINCT ON (c.i) c.i, c.lease_id, c.common_tokens, q.claim_id, q.min_remaining
+    SELECT DISTINCT ON (c.i) c.i, c.lease_id, c.common_tokens, q.claim_id, q.min_remaining,
+           q.tenant, q.conversation_id
     FROM cands c JOIN q ON q.i = c.i
     WHERE NOT EXISTS (SELECT 1 FROM prior p WHERE p.i = c.i) AND c.state = 'RETAINED' AND c.engine_ok
       AND c.common_tokens >= q.min_tokens AND c.common_tokens > 0
@@ -217,7 +227,8 @@ WITH q AS (
     UPDATE leases l SET state = 'CLAIMED', claim_id = pick.claim_id, version = l.version + 1,
                         updated_at = now()
     FROM pick
-    WHERE l.lease_id = pick.lease_id AND l.state = 'RETAINED'
+    WHERE l.tenant = pick.tenant AND l.conversation_id = pick.conversation_id
+      AND l.lease_id = pick.lease_id AND l.state = 'RETAINED'
       AND l.expires_at > now() + make_interval(secs => pick.min_remaining)
     RETURNING pick.i, {LEASE_COLUMNS}, pick.common_tokens,
               EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
@@ -234,11 +245,14 @@ SELECT 'prior', TRUE, TRUE, prior.i, {LEASE_COLUMNS},
        boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens, prior.chain, prior.tail_hash,
                                prior.num_tokens, l.block_size),
        EXTRACT(EPOCH FROM l.expires_at - now())::float8
-FROM prior JOIN leases l ON l.lease_id = prior.lease_id
+FROM prior JOIN leases l ON l.tenant = prior.tenant AND l.conversation_id = prior.conversation_id
+                       AND l.lease_id = prior.lease_id
 UNION ALL
 SELECT 'candidate', c.engine_ok, c.block_size_ok, c.i, {LEASE_COLUMNS}, c.common_tokens,
        c.remaining_seconds
-FROM cands c JOIN leases l ON l.lease_id = c.lease_id
+FROM cands c JOIN q ON q.i = c.i
+             JOIN leases l ON l.tenant = q.tenant AND l.conversation_id = q.conversation_id
+                          AND l.lease_id = c.lease_id
 """
 
 
@@ -292,13 +306,14 @@ WITH r AS (
     ON CONFLICT (engine_id, engine_generation, remote_request_id) DO NOTHING
     RETURNING {LEASE_COLUMNS}
 ), sup_old AS (
-    SELECT l.lease_id, ins.lease_id AS by_lease FROM leases l JOIN ins
+    SELECT l.lease_id, l.tenant, l.conversation_id, ins.lease_id AS by_lease FROM leases l JOIN ins
       ON l.tenant = ins.tenant AND l.conversation_id = ins.conversation_id
     WHERE l.state = 'RETAINED' AND l.finished_at <= ins.finished_at
     FOR UPDATE OF l
 ), sup AS (
     UPDATE leases l SET state = 'SUPERSEDED', version = l.version + 1, updated_at = now()
-    FROM sup_old WHERE l.lease_id = sup_old.lease_id
+    FROM sup_old WHERE l.tenant = sup_old.tenant AND l.conversation_id = sup_old.conversation_id
+      AND l.lease_id = sup_old.lease_id
     RETURNING l.lease_id, l.tenant, l.conversation_id, sup_old.by_lease
 ), ev AS (
     INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
