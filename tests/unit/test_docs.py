@@ -21,7 +21,12 @@ def tracked_files() -> list[Path]:
         out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
         return [ROOT / p for p in out.decode().split("\0") if p]
     except (OSError, subprocess.CalledProcessError):
-        return [p for p in ROOT.rglob("*") if p.is_file() and not SKIP_DIRS & set(p.relative_to(ROOT).parts)]
+        return [p for p in ROOT.rglob("*") if p.is_file() and not any(_skipped(d) for d in p.relative_to(ROOT).parts[:-1])]
+
+
+def _skipped(folder: str) -> bool:
+    """Caches, build output and hidden folders (but `.ci`) are no part of the project's tree."""
+    return folder in SKIP_DIRS or folder.endswith(".egg-info") or (folder.startswith(".") and folder != ".ci")
 
 
 def test_no_file_points_outside_the_repository() -> None:
