@@ -19,9 +19,12 @@ class LeaseState(str, enum.Enum):
 
 
 # Live leases still hold a decode engine's blocks; ended ones never change again.
-LIVE_STATES = (LeaseState.RETAINED.value, LeaseState.CLAIMED.value)
-ENDED_STATES = tuple(s.value for s in LeaseState if s.value not in LIVE_STATES)
+LIVE = frozenset({LeaseState.RETAINED, LeaseState.CLAIMED})
+LIVE_STATES = tuple(s.value for s in LeaseState if s in LIVE)
+ENDED_STATES = tuple(s.value for s in LeaseState if s not in LIVE)
 ALL_STATES = tuple(s.value for s in LeaseState)
+# The live states as an SQL list, for `state IN {LIVE_SQL}`.
+LIVE_SQL = "(" + ", ".join(f"'{s}'" for s in LIVE_STATES) + ")"
 
 
 class ClaimOutcome(str, enum.Enum):

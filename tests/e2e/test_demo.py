@@ -2,13 +2,17 @@
 gateway planning, and the engines' vLLM hook planning), the table has AWS's shape in both
 (speedup growing with context, large at the longest), the report has one entry per profile
 and mode, nothing failed and nothing corrupt was pulled, and with the hook no engine was
-asked to tokenize."""
+asked to tokenize. The skeptic's alternative (no Boomerang: prefix caching on the prefill
+engine, sticky routing; --quick: the first profile) behaves as modelled: with one
+conversation P's cache holds it and beats recomputing and Boomerang; with eight long ones
+sharing P they evict each other and Boomerang wins."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from boomerang_tools.demo.workload import QUICK_POINTS
@@ -35,8 +39,10 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
     assert set(report) == {"profiles", "corrupt_pulls", "requests_failed"}
     assert report["corrupt_pulls"] == 0 and report["requests_failed"] == 0
     assert [(p["profile"], p["mode"]) for p in report["profiles"]] == [
-        ("qwen3-32b", "gateway"), ("qwen3-32b", "hook"), ("glm-5-fp8", "gateway"), ("glm-5-fp8", "hook")]
-    for profile in report["profiles"]:
+        ("qwen3-32b", "gateway"), ("qwen3-32b", "hook"), ("qwen3-32b", "prefix-cache"),
+        ("glm-5-fp8", "gateway"), ("glm-5-fp8", "hook")]
+    boomerang = [p for p in report["profiles"] if p["mode"] != "prefix-cache"]
+    for profile in boomerang:
         assert {"profile", "mode", "rows", "tokenize_calls", "pulls"} <= set(profile)
         turns_on = 1 + 2 * len(QUICK_POINTS[profile["profile"]])
         if profile["mode"] == "gateway":
@@ -57,10 +63,44 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
         assert rows[-1]["ttft_off_ms"] > 3 * rows[0]["ttft_off_ms"], run.stdout
     # AWS: 1.6× and 3.3× at the longest contexts; a quiet machine gives about that, a busy
     # one less (Boomerang's path does more CPU work than a plain recompute), never near 1×.
-    for qwen, glm in zip(*([p["rows"][-1]["speedup"] for p in report["profiles"] if p["profile"] == name]
+    for qwen, glm in zip(*([p["rows"][-1]["speedup"] for p in boomerang if p["profile"] == name]
                            for name in ("qwen3-32b", "glm-5-fp8"))):
         assert qwen >= 1.15 and glm >= 1.8, run.stdout
+    _prefix_cache(report, run.stdout)
     assert (tmp_path / "demo-report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = run.stdout
     assert "AWS off" in out and "Audit trail" in out and "lease_events" in out and "OK" in out
     assert "on: gateway" in out and "on: engine hook" in out
+
+
+def _prefix_cache(report: dict[str, Any], out: str) -> None:
+    """The third mode's entry: its rows, and where it wins and loses against Boomerang."""
+    (entry,) = [p for p in report["profiles"] if p["mode"] == "prefix-cache"]
+    gateway = next(p for p in report["profiles"] if p["profile"] == entry["profile"] and p["mode"] == "gateway")
+    assert entry["profile"] == "qwen3-32b" and entry["pulls"] == 0 and entry["tokenize_calls"] == 0
+    assert entry["prefix_cache_capacity_tokens"] == 96_000 and entry["prefix_cache_hit_tokens"] > 0
+    assert entry["prefix_cache_evicted_blocks"] > 0  # eight conversations of 24k do not fit
+    points = list(QUICK_POINTS["qwen3-32b"])
+    assert [r["context_tokens"] for r in entry["rows"]] == points
+    # One conversation: P's cache holds it, so every measured turn beats recomputing it.
+    for row in entry["rows"]:
+        assert set(row) == {"context_tokens", "ttft_off_ms", "ttft_on_ms", "speedup"}
+        assert row["ttft_on_ms"] < row["ttft_off_ms"], out
+    assert entry["rows"][-1]["speedup"] >= 1.5, out
+    assert [(lv["conversations"], [r["context_tokens"] for r in lv["rows"]]) for lv in entry["concurrency"]] == [
+        (1, points), (8, points[-1:])]
+    one, eight = (lv["rows"] for lv in entry["concurrency"])
+    for row in one:
+        assert row["cached_share"] >= 0.9 and row["ttft_off_ms"] == next(
+            r["ttft_off_ms"] for r in gateway["rows"] if r["context_tokens"] == row["context_tokens"])
+    # Where Boomerang does not win: one conversation at the longest context (no transfer needed).
+    assert one[-1]["ttft_prefix_cache_ms"] < one[-1]["ttft_boomerang_ms"] and one[-1]["faster"] == "prefix-cache", out
+    # Where it wins: eight conversations of 24k evict each other from P's 96k-token cache,
+    # while the decode engine still holds each one's last turn.
+    (longest,) = eight
+    assert longest["cached_share"] < 0.1, out
+    assert longest["ttft_boomerang_ms"] < longest["ttft_prefix_cache_ms"] and longest["faster"] == "boomerang", out
+    assert longest["ttft_prefix_cache_ms"] > 0.8 * longest["ttft_off_ms"], out
+    flat = " ".join(out.split())  # rich wraps lines
+    assert "prefix caching on the prefill engine with sticky routing" in flat
+    assert "Boomerang does not win here" in flat and "Boomerang wins" in flat

@@ -107,11 +107,16 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
 
 
 def test_modes_are_a_list_parsed_by_name() -> None:
-    assert [m.name for m in MODES] == ["gateway", "hook"]
+    assert [m.name for m in MODES] == ["gateway", "hook", "prefix-cache"]
     assert [m.name for m in parse_modes("hook,gateway,hook")] == ["hook", "gateway"]
     assert parse_modes("gateway")[0].hook is False and parse_modes("hook")[0].hook is True
     with pytest.raises(ValueError, match="sticky"):
         parse_modes("gateway,sticky")
+    # The alternative to Boomerang alone: nothing would measure the baseline.
+    with pytest.raises(ValueError, match="baseline"):
+        parse_modes("prefix-cache")
+    (alt,) = [m for m in parse_modes("prefix-cache,gateway") if not m.boomerang]
+    assert "--prefix-cache-blocks" in alt.sim_args and "--sticky-prefill" in alt.gateway_args
 
 
 def test_server_timing_and_overhead() -> None:

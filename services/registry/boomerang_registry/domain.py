@@ -17,7 +17,6 @@ from boomerang.leases import ClaimOutcome as ClaimOutcome
 from boomerang.leases import LeaseState as LeaseState
 from boomerang.tokenchain import TokenChain
 
-LIVE = frozenset({LeaseState.RETAINED, LeaseState.CLAIMED})
 
 TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
     LeaseState.RETAINED: frozenset(

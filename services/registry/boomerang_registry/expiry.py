@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 Row = Mapping[Any, Any]  # a result row by column name (SQLAlchemy's RowMapping keys by str or Column)
 DEFAULT_ELECTION = "ttl-reaper"
-LIVE = "('RETAINED', 'CLAIMED')"
+LIVE = LIVE_SQL
 # Day-partitioned tables under the audit retention, with the function that makes their
 # partitions ahead: the lease audit trail, and the router's plan records.
 RETAINED_TABLES = (

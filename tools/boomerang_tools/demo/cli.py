@@ -5,7 +5,9 @@ router, reaper, gateway, and a simulated prefill and decode engine per profile),
 agent conversations growing to AWS's context lengths with Boomerang off and on, prints
 AWS's table beside AWS's figures, writes `demo-report.json` and `demo-report.png`, shows one
 conversation's audit trail from Postgres, and exits non-zero on any failed request, any
-corrupt pull, or any reply that differs between off and on.
+corrupt pull, or any reply that differs between off and on. It also measures the skeptic's
+alternative (`prefix-cache`: no Boomerang, prefix caching on the prefill engine, sticky
+routing) with 1, 8 and 32 conversations sharing that engine, beside off and Boomerang.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from boomerang_tools.demo.modes import MODES, Mode, parse_modes
+from boomerang_tools.demo.modes import MODES, PREFIX_CACHE_BLOCKS, Mode, parse_modes
+from boomerang_tools.demo.plain import PlainStack
 from boomerang_tools.demo.runner import RunResult
 from boomerang_tools.demo.show import conclude, measure
 from boomerang_tools.demo.workload import POINTS, QUICK_POINTS
@@ -52,7 +55,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 STAT_KEYS = ("pulls", "pulled_tokens", "corrupt_pulls", "expired_or_freed_reads", "corrupt_loads",
-             "expired_or_freed_loads", "computed_tokens", "tokenize_requests")
+             "expired_or_freed_loads", "computed_tokens", "tokenize_requests", "prefix_cache_hits",
+             "prefix_cache_evicted_blocks")
+
+
+def _rotations(args: argparse.Namespace, profiles: list[str], mode: Mode) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(profile, conversations, contexts) for each level above one a mode is measured at:
+    AWS's end points and a middle one (--quick: the longest context)."""
+    levels = [n for n in (mode.quick_levels if args.quick else mode.levels) if n > 1]
+    if args.quick:
+        return [(p, n, QUICK_POINTS[p][-1:]) for p in profiles for n in levels]
+    return [(p, n, QUICK_POINTS[p]) for p in profiles for n in levels]
 
 
 def _sim_stats(urls: list[str]) -> tuple[dict[str, int], list[float]]:
@@ -92,9 +105,20 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
     """One deployment: bring it up, measure it, record its engines' counters; on the last
     one (its database still up, for the audit trail) conclude. None: go on."""
     profiles, points, result = run["profiles"], run["points"], run["result"]
-    stack = Stack(_stack_config(args, profiles, mode))
+    if args.quick and not mode.boomerang:
+        profiles = profiles[:1]  # --quick: the alternative to Boomerang on the first profile only
+    with_off = mode.boomerang and not run["off_measured"]
+    rotations = _rotations(args, profiles, mode)
+    stack: Stack | PlainStack
+    if mode.boomerang:
+        stack = Stack(_stack_config(args, profiles, mode))
+        what = "Postgres, registry, router, reaper, gateway and simulated engines"
+    else:
+        stack = PlainStack(Path(args.data_dir), profiles, ["--enable-prompt-tokens-details", *mode.sim_args],
+                           list(mode.gateway_args))
+        what = "simulated engines and a gateway with no control plane"
     try:
-        with console.status(f"Starting Postgres, registry, router, reaper, gateway and simulated engines ({mode.name})…"):
+        with console.status(f"Starting {what} ({mode.name})…"):
             stack.start()
     except (ChildFailed, PostgresError) as exc:
         console.print(f"[red]boomerang demo: could not start the system ({mode.name}):[/red] {exc}")
@@ -102,18 +126,27 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
     try:
         console.print(f"[bold]{mode.label}[/bold]: {mode.summary}. Up: gateway {stack.gateway_url}, "
                       f"logs in {stack.log_dir}/")
+        audited = dict(result.conversation_ids)
         measure(console, stack.gateway_url, profiles, points, args.reps,
-                {p: PROFILES[p].served_model_name for p in profiles}, result, mode, with_off=not run["extra"])
+                {p: PROFILES[p].served_model_name for p in profiles}, result, mode, with_off, rotations)
+        if not mode.boomerang:
+            result.conversation_ids = audited  # the audit trail shows a Boomerang conversation
+        run["off_measured"] = run["off_measured"] or with_off
+        run["rotations"] += [(mode.name, *r) for r in rotations]
         for i, p in enumerate(profiles):
             counts, plan_ms = _sim_stats([stack.prefill_urls[i], stack.decode_urls[i]])
             for key, value in counts.items():
                 run["stats"][key] = run["stats"].get(key, 0) + value
             run["extra"][(p, mode.name)] = {"tokenize_calls": counts["tokenize_requests"], "pulls": counts["pulls"],
                                             **({"engine_plan_ms_p50": round(plan_ms[0], 2)} if plan_ms else {})}
+            if not mode.boomerang:
+                run["extra"][(p, mode.name)].update(prefix_cache_capacity_tokens=PREFIX_CACHE_BLOCKS * 16,
+                                                    prefix_cache_hit_tokens=counts["prefix_cache_hits"],
+                                                    prefix_cache_evicted_blocks=counts["prefix_cache_evicted_blocks"])
         if not last:
             return None
-        return conclude(console, result, run["stats"], profiles, points, Path(args.out), stack.database_url,
-                        run["started"], run["modes"], run["extra"])
+        return conclude(console, result, run["stats"], run["profiles"], points, Path(args.out), stack.database_url,
+                        run["started"], run["modes"], run["extra"], run["rotations"])
     finally:
         with console.status("Stopping…"):
             stack.stop()
@@ -140,12 +173,17 @@ def _run(args: argparse.Namespace) -> int:
         f"to {', '.join(f'{max(points[p]):,} tokens ({p})' for p in profiles)}, once with Boomerang off "
         "(the prefill engine recomputes the whole prompt, prefix caching off as in AWS's tests) and once on "
         "(it pulls the previous turn's KV back from the decode engine) in each deployment: "
-        f"{', '.join(m.name for m in modes)}."
+        f"{', '.join(m.name for m in modes if m.boomerang)}."
+        + "".join(f" Then the skeptic's alternative, {m.name}: no Boomerang, prefix caching on the prefill engine "
+                  "and sticky routing, with " + ", ".join(map(str, m.quick_levels if args.quick else m.levels))
+                  + " conversations sharing that engine." for m in modes if not m.boomerang)
     )
     run: dict[str, Any] = {"profiles": profiles, "points": points, "result": RunResult(), "stats": {}, "extra": {},
-                           "modes": modes, "started": time.monotonic()}
-    for i, mode in enumerate(modes):
-        code = _run_mode(console, args, run, mode, last=i == len(modes) - 1)
+                           "modes": modes, "started": time.monotonic(), "off_measured": False, "rotations": []}
+    # The alternatives to Boomerang first: the last deployment's database shows the audit trail.
+    order = [m for m in modes if not m.boomerang] + [m for m in modes if m.boomerang]
+    for i, mode in enumerate(order):
+        code = _run_mode(console, args, run, mode, last=i == len(order) - 1)
         if code is not None:
             return code
     return 1  # not reached: the last mode concludes

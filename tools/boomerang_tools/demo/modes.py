@@ -1,7 +1,9 @@
 """The deployments `boomerang demo` measures, each against the same Boomerang-off baseline.
 
-A mode is one way of deploying Boomerang in front of the same simulated engines; each runs
-in a stack of its own. To measure another deployment, add a `Mode` to `MODES`.
+A mode is one way of deploying Boomerang in front of the same simulated engines, or the
+alternative a skeptic would deploy instead (`PREFIX_CACHE`: no Boomerang, prefix caching on
+the prefill engine and sticky routing); each runs in a stack of its own. To measure another
+deployment, add a `Mode` to `MODES`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ class Mode:
     hook: bool = False  # the simulated engines run the vLLM hook, the gateway only routes
     sim_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
+    boomerang: bool = True  # False: the alternative to Boomerang (it measures no "off" baseline)
+    # Numbers of conversations sharing one prefill engine it is measured at (each level's
+    # conversations take their turns in rotation); 1: one conversation at a time.
+    levels: tuple[int, ...] = (1,)
+    quick_levels: tuple[int, ...] = (1,)
 
 
 GATEWAY = Mode(
@@ -33,14 +40,34 @@ HOOK = Mode(
     # The hook's planning budget, as roomy as the gateway's plan timeout here (CLI.CLAIM_DEADLINE_MS).
     sim_args=("--plan-deadline-ms", "1000"),
 )
-MODES: list[Mode] = [GATEWAY, HOOK]
+# P's prefix cache: room for four conversations at AWS's longest context (4 × 24,000 tokens in
+# blocks of 16), about 24 GiB of Qwen3-32B's KV (bf16, 256 KiB a token). Many more
+# conversations than that evict each other; a few fit.
+PREFIX_CACHE_BLOCKS = 6000
+PREFIX_CACHE = Mode(
+    "prefix-cache", "prefix cache",
+    "no Boomerang: prefix caching on the prefill engine (room for "
+    f"{PREFIX_CACHE_BLOCKS * 16:,} tokens, LRU) and sticky routing (the gateway with no router picks the prefill "
+    "engine by a hash of the conversation id); the decode engine's KV is never reused",
+    sim_args=("--prefix-cache-blocks", str(PREFIX_CACHE_BLOCKS)),
+    gateway_args=("--router", "", "--sticky-prefill"),
+    boomerang=False,
+    levels=(1, 8, 32),
+    quick_levels=(1, 8),
+)
+MODES: list[Mode] = [GATEWAY, HOOK, PREFIX_CACHE]
 
 
 def parse_modes(spec: str) -> list[Mode]:
-    """`gateway,hook` as modes, in the order given; ValueError names the unknown ones."""
+    """`gateway,hook` as modes, in the order given; ValueError names the unknown ones, or
+    a list with no Boomerang deployment (nothing would measure the "off" baseline)."""
     known = {m.name: m for m in MODES}
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise ValueError(f"unknown {unknown}; known: {', '.join(known)}")
-    return [known[n] for n in dict.fromkeys(names)]
+    modes = [known[n] for n in dict.fromkeys(names)]
+    if not any(m.boomerang for m in modes):
+        raise ValueError(f"add a Boomerang deployment ({', '.join(m.name for m in MODES if m.boomerang)}): it "
+                         "measures the baseline")
+    return modes

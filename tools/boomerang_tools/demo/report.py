@@ -2,12 +2,14 @@
 
 Each profile is measured in every deployment (`modes.py`): the table has one TTFT-on and
 speedup column per mode beside the shared TTFT-off, the chart one line per mode, and
-`demo-report.json` one entry per profile and mode (`"mode": "gateway"` or `"hook"`).
+`demo-report.json` one entry per profile and mode (`"mode": "gateway"`, `"hook"` or
+`"prefix-cache"`; the last adds `concurrency`, see `skeptic.py`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +72,12 @@ def table(profile: str, by_mode: dict[str, list[dict[str, Any]]], modes: list[Mo
     for col in ("context", "TTFT off"):
         t.add_column(col, justify="right")
     for mode in modes:
-        t.add_column(f"on: {mode.label}", justify="right")
+        t.add_column(f"on: {mode.label}" if mode.boomerang else f"{mode.label} (no Boomerang)", justify="right")
         t.add_column("speedup", justify="right")
     for col in ("AWS off", "AWS on", "AWS speedup"):
         t.add_column(col, justify="right", style="dim")
     for mode in modes if plans is not None else []:
-        t.add_column(f"pulled: {mode.label}", justify="right")
+        t.add_column(f"{'pulled' if mode.boomerang else 'P cache hits'}: {mode.label}", justify="right")
     published = _published(profile)
     by_point = {m.name: {r["context_tokens"]: r for r in by_mode.get(m.name, [])} for m in modes}
     points = sorted({r["context_tokens"] for rows_ in by_mode.values() for r in rows_})
@@ -100,9 +102,10 @@ def table(profile: str, by_mode: dict[str, list[dict[str, Any]]], modes: list[Mo
 COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e")  # one per mode, in order
 
 
-def chart(profiles: list[Measured], modes: list[Mode], path: Path) -> None:
+def chart(profiles: list[Measured], modes: list[Mode], path: Path,
+          lower: dict[str, Callable[[Any], None]] | None = None) -> None:
     """TTFT against context length, off and on in every mode, with AWS's published points,
-    one panel per profile."""
+    one panel per profile; `lower` draws a second panel under a profile's (given its axes)."""
     # deferred: matplotlib (heavy, and only for the chart) loads only when a chart is drawn
     import matplotlib
 
@@ -110,7 +113,8 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path) -> None:
     # deferred: pyplot after the backend is chosen
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(profiles), figsize=(6.2 * len(profiles), 4.6), squeeze=False)
+    nrows = 2 if lower else 1
+    fig, axes = plt.subplots(nrows, len(profiles), figsize=(6.2 * len(profiles), 4.6 * nrows), squeeze=False)
     for ax, (name, by_mode) in zip(axes[0], profiles):
         p = sim_profile(name)
         first = next((by_mode[m.name] for m in modes if by_mode.get(m.name)), [])
@@ -122,7 +126,8 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path) -> None:
                 continue
             color = COLORS[i % len(COLORS)]
             xs = [r["context_tokens"] / 1000 for r in data]
-            ax.plot(xs, [r["ttft_on_ms"] for r in data], "o-", color=color, label=f"Boomerang on: {mode.label}")
+            ax.plot(xs, [r["ttft_on_ms"] for r in data], "o-" if mode.boomerang else "s--", color=color,
+                    label=f"Boomerang on: {mode.label}" if mode.boomerang else f"{mode.label} + sticky (no Boomerang)")
             last = data[-1]
             ax.annotate(f"{last['speedup']:.2f}×", (xs[-1], last["ttft_on_ms"]), textcoords="offset points",
                         xytext=(-10, 12 + 14 * i), ha="right", fontsize=10, fontweight="bold", color=color)
@@ -137,6 +142,12 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path) -> None:
         ax.set_xlim(left=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
+    for ax, (name, _) in zip(axes[1] if lower else [], profiles):
+        draw = (lower or {}).get(name)
+        if draw is not None:
+            draw(ax)
+        else:
+            ax.set_visible(False)
     fig.suptitle("Boomerang: KV-cache reuse in P/D disaggregated serving (simulated engines)", fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

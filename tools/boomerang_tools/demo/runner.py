@@ -12,6 +12,12 @@ on a small machine concurrent conversations would compete for the CPU that the g
 router and simulated engines share, and that noise is not the engines' latency. Between
 turns the agent "runs its tool" for `THINK_SECONDS`, as real agents do, which also lets
 the previous turn's ReportTurn land before the next turn is planned.
+
+Many conversations sharing one prefill engine (`run_rotation`) take their turns in rotation,
+one request at a time: while one agent runs its tool the others send their turns, so the
+prefill engine sees the requests of N concurrent agents in the order it would, and each
+turn's TTFT is still measured alone (the simulator models no batching, so sending them at
+once would measure only this machine's CPU).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class Record:
     step: Step | None  # None: the kickoff turn
     prompt_tokens: int
     result: TurnResult
+    conversations: int = 1  # conversations sharing the prefill engine, their turns in rotation
 
 
 @dataclass
@@ -56,13 +63,21 @@ class RunResult:
         """Turns that did not complete."""
         return [r for r in self.records if not r.result.ok]
 
-    def _probes(self, profile: str, mode: str, point: int, deployment: str | None) -> list[Record]:
+    def _probes(self, profile: str, mode: str, point: int, deployment: str | None, conversations: int = 1) -> list[Record]:
         return [r for r in self.records if r.profile == profile and r.mode == mode and r.step and r.step.probe
-                and r.step.point == point and (deployment is None or r.deployment == deployment)]
+                and r.step.point == point and (deployment is None or r.deployment == deployment)
+                and r.conversations == conversations]
 
-    def ttft(self, profile: str, mode: str, point: int, deployment: str | None = None) -> float | None:
-        """Median probe TTFT (ms) over repetitions (of one deployment, or any)."""
-        values = [r.result.ttft_ms for r in self._probes(profile, mode, point, deployment) if r.result.ok]
+    def ttft(self, profile: str, mode: str, point: int, deployment: str | None = None,
+             conversations: int = 1) -> float | None:
+        """Median probe TTFT (ms) over repetitions or concurrent conversations (of one deployment, or any)."""
+        values = [r.result.ttft_ms for r in self._probes(profile, mode, point, deployment, conversations) if r.result.ok]
+        return statistics.median(values) if values else None
+
+    def cached(self, profile: str, point: int, deployment: str, conversations: int = 1) -> float | None:
+        """Median prompt tokens the measured turns at `point` did not compute (the usage's cached_tokens)."""
+        values = [r.result.cached_tokens for r in self._probes(profile, "on", point, deployment, conversations)
+                  if r.result.ok]
         return statistics.median(values) if values else None
 
     def probe_plans(self, profile: str, point: int, deployment: str | None = None) -> str:
@@ -76,6 +91,8 @@ class RunResult:
                 seen.append(f"{res.cached_tokens:,}")
             elif res.plan == "PULL":
                 seen.append(f"{res.reused_tokens:,}")
+            elif res.reason == "ROUTER_NOT_CONFIGURED":
+                seen.append("0 (missed)")  # no Boomerang: only the prefill engine's own cache reuses
             else:
                 seen.append(f"{res.plan or 'FAILED'} ({res.reason})" if res.plan != "ENGINE" else "recomputed")
         return ", ".join(dict.fromkeys(seen)) or "—"
@@ -93,10 +110,11 @@ class RunResult:
     def mismatched_replies(self) -> int:
         """Turns whose reply with Boomerang on (in any deployment) differs from off's (a wrong
         KV would change the reply)."""
-        by_key: dict[tuple[str, int, int, bool], dict[str, str]] = {}
+        by_key: dict[tuple[str, int, int, bool, int], dict[str, str]] = {}
         for r in self.records:
             if r.result.ok:
-                key = (r.profile, r.rep, r.step.point if r.step else 0, r.step.probe if r.step else False)
+                key = (r.profile, r.rep, r.step.point if r.step else 0, r.step.probe if r.step else False,
+                       r.conversations)
                 by_key.setdefault(key, {})["off" if r.mode == "off" else f"on/{r.deployment}"] = r.result.text
         return sum(1 for v in by_key.values() if "off" in v for k, text in v.items() if k != "off" and text != v["off"])
 
@@ -152,6 +170,42 @@ async def run_profile(
             for mode in ("off", "on") if with_off else ("on",):
                 await run_conversation(http, gateway_url, profile, model, mode, rep, points, cid, out, on_turn,
                                        deployment)
+
+
+async def run_rotation(
+    gateway_url: str,
+    profile: str,
+    model: str,
+    points: tuple[int, ...],
+    conversations: int,
+    out: RunResult,
+    on_turn: Callable[[], None],
+    deployment: str,
+) -> None:
+    """`conversations` agent sessions sharing the engines, each turn of each in rotation (one
+    request at a time); a conversation whose turn fails stops, the others go on."""
+    run_id = uuid.uuid4().hex[:8]
+    convs = [AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/x{conversations}/{i}".encode()), model=model)
+             for i in range(conversations)]
+    headers = [{"X-Conversation-Id": f"demo-{profile}-{deployment}-x{conversations}-{run_id}-{i}"}
+               for i in range(conversations)]
+    plan: list[Step | None] = [None, *steps(points)]
+    live = set(range(conversations))
+    async with httpx.AsyncClient(timeout=120.0) as http:
+        for j, step in enumerate(plan):
+            for i, conv in enumerate(convs):
+                if i not in live:
+                    continue
+                prompt = conv.prompt_tokens() if step is None else prepare(conv, step)
+                result = await stream_chat(http, gateway_url, conv.body(), headers[i])
+                out.records.append(Record(profile, "on", i, deployment, step, prompt, result, conversations))
+                on_turn()
+                if not result.ok:
+                    live.discard(i)
+                    for _ in plan[j + 1:]:
+                        on_turn()
+                    continue
+                conv.add_reply(result.text)
 
 
 def turns_per_profile(points: tuple[int, ...], reps: int, with_off: bool = True) -> int:

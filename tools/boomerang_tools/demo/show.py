@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from boomerang_tools.demo import audit, report
+from boomerang_tools.demo import audit, report, skeptic
 from boomerang_tools.demo.modes import Mode
-from boomerang_tools.demo.runner import RunResult, run_profile, turns_per_profile
+from boomerang_tools.demo.runner import RunResult, run_profile, run_rotation, turns_per_profile
+from boomerang_tools.demo.workload import QUICK_POINTS
 
 
 def measure(
@@ -25,9 +28,11 @@ def measure(
     result: RunResult,
     mode: Mode,
     with_off: bool = True,
+    rotations: list[tuple[str, int, tuple[int, ...]]] | None = None,
 ) -> RunResult:
     """Run every profile's conversations in one deployment (one profile after the other)
-    under a progress bar, adding to `result`."""
+    under a progress bar, adding to `result`; then each (profile, conversations, points) of
+    `rotations`: that many conversations sharing the engines, their turns in rotation."""
     columns = (TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
                TimeElapsedColumn())
     what = "off+on" if with_off else "on"
@@ -35,22 +40,58 @@ def measure(
         tasks = {p: progress.add_task(f"{models[p]} {what} ({mode.label}) ×{reps}",
                                       total=turns_per_profile(points[p], reps, with_off))
                  for p in profiles}
+        spins = [(p, n, pts, progress.add_task(f"{models[p]} {n} conversations ({mode.label})",
+                                               total=turns_per_profile(pts, n, False)))
+                 for p, n, pts in rotations or []]
 
         async def main() -> None:
             for p in profiles:
                 await run_profile(gateway_url, p, models[p], points[p], reps, result,
                                   lambda p=p: progress.advance(tasks[p]), mode.name, with_off)  # type: ignore[misc]
+            for p, n, pts, task in spins:
+                await run_rotation(gateway_url, p, models[p], pts, n, result,
+                                   lambda task=task: progress.advance(task), mode.name)  # type: ignore[misc]
 
         asyncio.run(main())
     return result
 
 
-def _plans(result: RunResult) -> dict[str, int]:
+def _plans(result: RunResult, deployments: set[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in result.records:
-        if r.mode == "on" and r.result.ok:
+        if r.mode == "on" and r.result.ok and r.deployment in deployments:
             counts[r.result.plan or "?"] = counts.get(r.result.plan or "?", 0) + 1
     return counts
+
+
+def _skeptic(
+    console: Console,
+    result: RunResult,
+    profiles: list[str],
+    points: dict[str, tuple[int, ...]],
+    modes: list[Mode],
+    extra: dict[tuple[str, str], dict[str, Any]],
+    rotations: list[tuple[str, str, int, tuple[int, ...]]],
+) -> tuple[list[str], dict[str, Callable[[Any], None]]]:
+    """The alternative to Boomerang beside it, by conversations sharing the prefill engine: a
+    table per profile, its report rows (in `extra`), the verdict lines and the chart panels."""
+    boomerang = next((m for m in modes if m.boomerang), None)
+    verdicts: list[str] = []
+    lower: dict[str, Callable[[Any], None]] = {}
+    for mode in (m for m in modes if not m.boomerang):
+        for p in (q for q in profiles if (q, mode.name) in extra):
+            info = extra[(p, mode.name)]
+            capacity = int(info.get("prefix_cache_capacity_tokens", 0))
+            level_one = tuple(c for c in points[p] if c in QUICK_POINTS[p]) or points[p]
+            measured = skeptic.levels(p, level_one, [(q, n, pts) for m, q, n, pts in rotations if m == mode.name])
+            entry = skeptic.report_entry(result, p, mode, boomerang, measured)
+            info["concurrency"] = entry
+            console.print()
+            console.print(skeptic.table(p, entry, boomerang, capacity))
+            verdicts += skeptic.verdict(p, entry)
+            lower[p] = functools.partial(skeptic.panel, profile=p, entry=entry, boomerang=boomerang,
+                                         capacity_tokens=capacity)
+    return verdicts, lower
 
 
 def conclude(
@@ -64,23 +105,28 @@ def conclude(
     started: float,
     modes: list[Mode],
     extra: dict[tuple[str, str], dict[str, Any]],
+    rotations: list[tuple[str, str, int, tuple[int, ...]]] | None = None,
 ) -> int:
     """Print the tables, write the report and chart, show an audit trail; the exit code.
 
     `stats` sums every simulated engine's counters over every mode; `extra` holds each
-    (profile, mode)'s own figures for the report (its engines' /tokenize calls, …)."""
+    (profile, mode)'s own figures for the report (its engines' /tokenize calls, …);
+    `rotations` the (mode, profile, conversations, contexts) measured with many conversations."""
+    # An alternative to Boomerang may have run on fewer profiles (--quick): no empty entries.
     tables: list[report.Measured] = [
-        (p, {m.name: report.rows(result, p, points[p], m.name) for m in modes}) for p in profiles]
+        (p, {m.name: report.rows(result, p, points[p], m.name) for m in modes if m.boomerang or (p, m.name) in extra})
+        for p in profiles]
     for name, by_mode in tables:
         console.print()
         pulled = {m.name: {p: result.probe_plans(name, p, m.name) for p in points[name]} for m in modes}
-        console.print(report.table(name, by_mode, modes, pulled))
+        console.print(report.table(name, by_mode, [m for m in modes if m.name in by_mode], pulled))
+    verdicts, lower = _skeptic(console, result, profiles, points, modes, extra, rotations or [])
     corrupt = stats["corrupt_pulls"] + stats["expired_or_freed_reads"] + stats["corrupt_loads"] + stats["expired_or_freed_loads"]
     failed = len(result.failed)
     data: dict[str, Any] = report.report(tables, corrupt, failed, extra)
     json_path, png_path = out_dir / "demo-report.json", out_dir / "demo-report.png"
     report.write_json(data, json_path)
-    report.chart(tables, modes, png_path)
+    report.chart(tables, modes, png_path, lower)
     first = profiles[0]
     cid = result.conversation_ids.get((first, 0), "")
     if cid:
@@ -90,7 +136,7 @@ def conclude(
             console.print(audit.render(entries, cid))
         except Exception as exc:  # noqa: BLE001 - the audit view is a bonus, never the verdict
             console.print(f"[yellow]audit trail unavailable: {exc}[/yellow]")
-    plans = _plans(result)
+    plans = _plans(result, {m.name for m in modes if m.boomerang})
     mismatched = result.mismatched_replies()
     console.print()
     spent = [f"{p} {points[p][-1] // 1000}k: {ms:.0f} ms" for p in profiles
@@ -109,6 +155,8 @@ def conclude(
         f"Boomerang on: {', '.join(f'{v} {k}' for k, v in sorted(plans.items()))} turns; "
         f"{stats['pulls']:,} pulls moved {stats['pulled_tokens']:,} tokens instead of recomputing them."
     )
+    for line in verdicts:
+        console.print(line)
     console.print(f"Wrote {json_path} and {png_path} in {time.monotonic() - started:.0f}s.")
     problems = []
     if failed:
