@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 # Defined once in the library; re-exported because the registry speaks of them as its own.
+from boomerang.leases import LIVE as LIVE
 from boomerang.leases import ClaimOutcome as ClaimOutcome
 from boomerang.leases import LeaseState as LeaseState
 from boomerang.tokenchain import TokenChain
