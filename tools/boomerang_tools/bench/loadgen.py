@@ -16,6 +16,7 @@ every worker its own slice of conversations and the same wall-clock start.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import random
 import time
@@ -224,11 +225,25 @@ async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
     cursor = iter(range(len(requests)))
 
+    batch = int(job.get("batch", 1))
+
     async def client_loop() -> None:
         for i in cursor:
             if time.perf_counter() >= end:
                 return
             t0 = time.perf_counter()
+            if batch > 1:  # as a batching sender (the hook's outbox) does: one call, many turns
+                items = [requests[i], *(requests[j] for j in itertools.islice(cursor, batch - 1))]
+                try:
+                    resp = await client.register_retained_blocks_batch(
+                        rpb.RegisterRetainedBlocksBatchRequest(registrations=items), timeout=10.0)
+                    for r in resp.results:
+                        key = f"error_{r.error_reason}" if r.error_code else ("created" if r.response.created else "repeated")
+                        outcomes[key] += 1
+                except BoomerangClientError as err:
+                    outcomes[f"error_{err.code}_{err.reason}"] += len(items)
+                latencies.append((time.perf_counter() - t0) * 1000)
+                continue
             try:
                 resp = await client.register_retained_blocks(requests[i], timeout=10.0)
                 outcomes["created" if resp.created else "repeated"] += 1

@@ -172,7 +172,14 @@ async def scale_point(b: Bench, tier: int, step: dict[str, Any] | None) -> dict[
 
 
 async def registrations(b: Bench) -> dict[str, Any]:
-    """Acknowledged (committed) RegisterRetainedBlocks per second from many decode-node clients."""
+    """Acknowledged (committed) registrations per second: RegisterRetainedBlocks from many
+    decode-node clients, then RegisterRetainedBlocksBatch from a few batching senders."""
+    single = await _registrations(b, b.cfg.register_concurrency, 1)
+    single["batched"] = await _registrations(b, 4, 64)
+    return single
+
+
+async def _registrations(b: Bench, concurrency: int, batch: int) -> dict[str, Any]:
     cfg = b.cfg
     # Next turns of conversations whose leases are fillers: each supersedes a live lease.
     pool = [k for k in range(1, b.preloaded, 2)]
@@ -182,10 +189,11 @@ async def registrations(b: Bench) -> dict[str, Any]:
     start_at = time.time() + 2.0 + 0.00008 * per_worker
     jobs = [{"kind": "register", "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
              "engines": cfg.decode_engines, "engine_ids": engine_ids, "generation": b.engines.decode[0].generation,
-             "concurrency": cfg.register_concurrency, "duration": cfg.register_seconds, "start_at": start_at}
+             "concurrency": concurrency, "batch": batch, "duration": cfg.register_seconds, "start_at": start_at}
             for i in range(b.workers.count)]
     task = b.progress.add_task(
-        f"registrations: {cfg.register_concurrency * b.workers.count} clients for {cfg.register_seconds:g}s", total=None)
+        f"registrations: {concurrency * b.workers.count} clients × {batch} per call for {cfg.register_seconds:g}s",
+        total=None)
     running = asyncio.ensure_future(b.workers.run(jobs, timeout=cfg.register_seconds + 120))
     await asyncio.sleep(max(0.0, start_at - time.time()))
     meter = (await b.cpu_meter("registry")).start()
@@ -203,7 +211,8 @@ async def registrations(b: Bench) -> dict[str, Any]:
     b.sample_memory()
     per = {k: round(1000 * v / max(committed, 1), 3) for k, v in cpu.items()}
     cost = capacity({"cpu_ms_per_registration": per}, "cpu_ms_per_registration")
-    return {"register_rps": round(committed / max(elapsed, 1e-6), 1), "cpu_cost": cost, "clients": cfg.register_concurrency * len(jobs),
+    return {"register_rps": round(committed / max(elapsed, 1e-6), 1), "cpu_cost": cost, "clients": concurrency * len(jobs),
+            "per_call": batch,
             "seconds": round(elapsed, 2), "outcomes": dict(outcomes),
             "latency": summarize(latencies), "ran_out_of_requests": any(r["exhausted"] for r in results),
             "cpu_ms_per_registration": per}
