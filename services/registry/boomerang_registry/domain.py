@@ -18,7 +18,6 @@ from boomerang.leases import ClaimOutcome as ClaimOutcome
 from boomerang.leases import LeaseState as LeaseState
 from boomerang.tokenchain import TokenChain
 
-
 TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
     LeaseState.RETAINED: frozenset(
         {LeaseState.CLAIMED, LeaseState.EXPIRED, LeaseState.SUPERSEDED, LeaseState.INVALIDATED}
