@@ -19,7 +19,7 @@ from boomerang.db.engine import make_engine
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.plans import PlanRecord, new_plan_id, plan_time
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
-from boomerang_router.spool import SPOOL_FULL, SUFFIX, AuditSpool
+from boomerang_router.spool import SET_ASIDE, SPOOL_FULL, SUFFIX, AuditSpool
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +134,33 @@ def test_two_writers_never_share_a_segment_and_a_torn_line_is_skipped(tmp_path: 
     assert back == row
     b.done(taken, written=True)
     assert not list(tmp_path.glob(f"*{SUFFIX}"))
+
+
+async def test_a_segment_postgres_refuses_is_set_aside_and_the_rest_still_written(
+    database_url: str, pg: asyncpg.Connection, unique: str, tmp_path: Path
+) -> None:
+    tenant = f"aside-{unique}"
+    spool = AuditSpool(tmp_path, 1 << 20, "x")
+    old, good = _record(tenant, 1), _record(tenant, 2)
+    from boomerang_router.repository import to_row
+
+    bad = to_row(old)
+    bad["decision"] = "MAYBE"  # a row Postgres refuses (ck_turn_plans_decision) though it is up
+    spool.append([bad])
+    spool.rotate()
+    spool.append([to_row(good)])
+    engine = make_engine(database_url, 2)
+    writer = AuditWriter(TurnPlanRepository(engine), flush_interval=0.02, spool=spool)
+    writer.start()
+    try:
+        async def settled() -> bool:
+            return not list(tmp_path.glob(f"*{SUFFIX}"))
+
+        await _until(settled)
+        assert [r["plan_id"] for r in await _rows(pg, tenant)] == [good.plan_id]
+        (aside,) = tmp_path.glob("*.refused")
+        assert old.plan_id in aside.read_text()  # kept for an operator, not lost
+        assert SET_ASIDE._value.get() >= 1  # type: ignore[attr-defined]
+    finally:
+        await writer.stop(2.0)
+        await engine.dispose()

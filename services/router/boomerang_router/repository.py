@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 from boomerang.db.models import turn_plans
 from prometheus_client import Counter
 from sqlalchemy import and_, select, text
@@ -29,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.plans import PlanRecord
-from boomerang_router.spool import REPLAYED, AuditSpool
+from boomerang_router.spool import REPLAYED, SET_ASIDE, AuditSpool
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,10 @@ class TurnPlanRepository:
             return int(made.scalar_one())
 
 
+# SQLSTATE classes of a Postgres that cannot take rows now (connection, shutdown, resources).
+_TRANSIENT_SQLSTATES = ("08", "53", "57")
+
+
 def _merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per plan (a plan spooled, then its outcome): what a later row knows wins, as
     in the upsert (which cannot touch a row twice in one statement)."""
@@ -311,6 +316,18 @@ class AuditWriter:
                 ROWS_WRITTEN.inc(len(rows))
                 REPLAYED.inc(len(rows))
                 log.info("wrote %d spooled turn_plans row(s) from %s", len(rows), segment.path.name)
+            except asyncpg.PostgresError as exc:
+                if str(exc.sqlstate or "").startswith(_TRANSIENT_SQLSTATES):
+                    log.warning("replaying the audit spool failed (kept for later): %s", exc)
+                    self._refused()
+                    return
+                # Postgres answers and refuses these rows (no partition for their day, …):
+                # set the segment aside for an operator instead of retrying it forever.
+                kept = await asyncio.to_thread(self.spool.set_aside, segment)
+                log.error("audit spool segment %s refused by Postgres (%s: %s); kept as %s for an operator",
+                          segment.path.name, exc.__class__.__name__, exc, kept)
+                SET_ASIDE.inc()
+                continue
             except Exception as exc:  # noqa: BLE001 - kept on disk for the next try
                 log.warning("replaying the audit spool failed (kept for later): %s: %s", exc.__class__.__name__, exc)
                 self._refused()

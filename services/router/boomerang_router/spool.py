@@ -44,6 +44,10 @@ SPOOL_FULL = Gauge(
     "boomerang_router_audit_spool_full",
     "1 while the on-disk audit spool is full and turn_plans rows are being dropped",
 )
+SET_ASIDE = Counter(
+    "boomerang_router_audit_spool_segments_set_aside",
+    "Spool segments Postgres refused (not an outage), renamed *.refused for an operator",
+)
 SUFFIX = ".jsonl"
 _DATETIME_COLUMNS = frozenset(c.name for c in turn_plans.columns if type(c.type).__name__ == "DateTime")
 
@@ -177,6 +181,16 @@ class AuditSpool:
             if segment is not None:
                 return segment
         return None
+
+    def set_aside(self, segment: Segment) -> Path:
+        """Rename a segment Postgres refuses out of the replay (kept, for an operator)."""
+        target = segment.path.with_suffix(".refused")
+        size = segment.path.stat().st_size if segment.path.exists() else 0
+        segment.path.rename(target)
+        with self._mutex:
+            self.bytes = max(0, self.bytes - size)
+            SPOOL_BYTES.set(self.bytes)
+        return target
 
     def done(self, segment: Segment, written: bool) -> None:
         """Delete a replayed segment (`written`), or just let it go for a later try."""
