@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -40,7 +41,13 @@ class Done:
 
 class FakeRegistry:
     """SyncRegistryClient's surface. `script` maps a method to a queue of errors (or None
-    for success) consumed one per call; `hold` blocks RegisterRetainedBlocks while set."""
+    for success) consumed one per call; `hold` blocks RegisterRetainedBlocks while set.
+
+    RegisterRetainedBlocksBatch answers each registration as RegisterRetainedBlocks would, in
+    one result each (a scripted RegisterRetainedBlocks error becomes that registration's
+    result); its own script fails the whole call. `batch_unimplemented` makes it answer as a
+    registry older than the batched RPC (reason UNIMPLEMENTED). `registrations` records every
+    registration sent, singly or in a batch."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -50,7 +57,9 @@ class FakeRegistry:
         self.generation: int | None = None
         self.hold = threading.Event()
         self.closed = False
-        self.events: list[str] = []  # "issue" / "result" of RegisterRetainedBlocks futures
+        self.events: list[str] = []  # "issue" / "result" of RegisterRetainedBlocks(Batch) futures
+        self.registrations: list[rpb.RegisterRetainedBlocksRequest] = []
+        self.batch_unimplemented = False
 
     def fail(self, method: str, *errors: Exception | None) -> None:
         """Make the next calls of `method` fail with these errors (None means succeed)."""
@@ -81,23 +90,58 @@ class FakeRegistry:
         self._next("Heartbeat", req)
         return rpb.HeartbeatResponse(engine=tpb.Engine(engine_id=req.engine_id))
 
-    def register_retained_blocks_future(self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None) -> Done:
-        self.events.append("issue")
+    def _hold(self) -> None:
         deadline = time.monotonic() + 10
         while self.hold.is_set() and time.monotonic() < deadline:
             time.sleep(0.005)
-        try:
-            self._next("RegisterRetainedBlocks", req)
-        except BoomerangClientError as err:
-            return Done(error=err, log=self.events)
+
+    def _register(self, req: rpb.RegisterRetainedBlocksRequest) -> rpb.RegisterRetainedBlocksResponse:
+        with self.lock:
+            self.registrations.append(req)
+            queue = self.script.get("RegisterRetainedBlocks")
+            error = queue.popleft() if queue else None
+        if error is not None:
+            raise error
         if self.generation is not None and req.engine_generation != self.generation:
             reason = "STALE_GENERATION" if req.engine_generation < self.generation else "GENERATION_NOT_REGISTERED"
-            return Done(error=client_error("RegisterRetainedBlocks", "FAILED_PRECONDITION", reason), log=self.events)
+            raise client_error("RegisterRetainedBlocks", "FAILED_PRECONDITION", reason)
         key = (req.engine_id, req.engine_generation, req.remote_request_id)
         created = key not in self.leases
         self.leases.setdefault(key, req)
-        resp = rpb.RegisterRetainedBlocksResponse(lease=tpb.Lease(remote_request_id=req.remote_request_id), created=created)
-        return Done(resp, log=self.events)
+        return rpb.RegisterRetainedBlocksResponse(lease=tpb.Lease(remote_request_id=req.remote_request_id), created=created)
+
+    def register_retained_blocks_future(self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None) -> Done:
+        self.events.append("issue")
+        self._hold()
+        with self.lock:
+            self.calls.append(("RegisterRetainedBlocks", req))
+        try:
+            return Done(self._register(req), log=self.events)
+        except BoomerangClientError as err:
+            return Done(error=err, log=self.events)
+
+    def register_retained_blocks_batch_future(
+        self, req: rpb.RegisterRetainedBlocksBatchRequest, timeout: float | None = None
+    ) -> Done:
+        self.events.append("issue")
+        self._hold()
+        if self.batch_unimplemented:
+            with self.lock:
+                self.calls.append(("RegisterRetainedBlocksBatch", req))
+            return Done(error=client_error("RegisterRetainedBlocksBatch", "INTERNAL", "UNIMPLEMENTED"), log=self.events)
+        try:
+            self._next("RegisterRetainedBlocksBatch", req)
+        except BoomerangClientError as err:
+            return Done(error=err, log=self.events)
+        results = []
+        for item in req.registrations:
+            try:
+                results.append(rpb.RegisterRetainedBlocksBatchResult(response=self._register(item)))
+            except BoomerangClientError as err:
+                results.append(rpb.RegisterRetainedBlocksBatchResult(
+                    error_code=grpc.StatusCode[err.code].value[0], error_reason=err.reason, error_message=str(err)
+                ))
+        return Done(rpb.RegisterRetainedBlocksBatchResponse(results=results), log=self.events)
 
     def close(self) -> None:
         self.closed = True

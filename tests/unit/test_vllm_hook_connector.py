@@ -201,7 +201,8 @@ def test_decode_registers_what_it_holds(connector: Any, fakes: Fakes) -> None:
     delay_free, params = conn.request_finished_all_groups(req, block_ids_for(95, 16, start=40))
     assert delay_free and params["do_remote_decode"] is True and "boomerang" not in params
     assert wait_for(lambda: conn.boomerang.sender.registered == 1, 5)
-    sent = next(r for name, r in fakes.registry.calls if name == "RegisterRetainedBlocks")
+    assert [name for name, _ in fakes.registry.calls if name.startswith("RegisterRetained")] == ["RegisterRetainedBlocksBatch"]
+    (sent,) = fakes.registry.registrations
     # D holds KV for every token but the last one sampled (vLLM's remote_num_tokens is the
     # request's num_computed_tokens), and the lease covers exactly that.
     chain = build_chain((prompt + output)[:94], 16)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
+import grpc
 import pytest
+from boomerang.auth import TlsFiles
+from boomerang.clients.sync import SyncRegistryClient
 from boomerang.tokenchain import build_chain
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.vllm_hook.presence import EngineFacts
 from boomerang.vllm_hook.requestview import RetainedHandle, TurnContext
 from boomerang.vllm_hook.sender import Registration, RegistrationSender, idempotency_key
@@ -53,12 +59,12 @@ def test_engine_first_then_the_lease(fake: FakeRegistry, make: Any) -> None:
     sender.start()
     assert sender.flush(5)
     assert wait_for(lambda: sender.registered == 1, 5)
-    assert fake.names()[:3] == ["InvalidateEngine", "RegisterEngine", "RegisterRetainedBlocks"]
+    assert fake.names()[:3] == ["InvalidateEngine", "RegisterEngine", "RegisterRetainedBlocksBatch"]
     inval = fake.calls[0][1]
     assert inval.engine_id == "d-1" and inval.reason == "ENGINE_RESTARTED" and inval.below_generation == 0
     eng = fake.calls[1][1].engine
     assert (eng.engine_id, eng.registration_generation, eng.block_size, eng.kv_blocks_ttl_seconds) == ("d-1", 1, 16, 480)
-    req = fake.calls[2][1]
+    (req,) = fake.calls[2][1].registrations
     chain = build_chain(list(range(100, 140)), 16)
     assert (req.tenant, req.conversation_id, req.engine_id, req.engine_generation) == ("acme", "c", "d-1", 1)
     assert req.num_tokens == 40 and req.token_chain.block_hashes == chain.block_hashes
@@ -69,13 +75,134 @@ def test_engine_first_then_the_lease(fake: FakeRegistry, make: Any) -> None:
     assert idempotency_key("d-1", 2, "r1") != req.request_id
 
 
-def test_batches_keep_many_calls_in_flight(fake: FakeRegistry, make: Any) -> None:
+def batch_calls(fake: FakeRegistry) -> list[list[str]]:
+    """The remote request ids of each RegisterRetainedBlocksBatch call, in order."""
+    return [[r.remote_request_id for r in req.registrations] for name, req in fake.calls if name == "RegisterRetainedBlocksBatch"]
+
+
+def test_a_batch_goes_as_one_call(fake: FakeRegistry, make: Any) -> None:
     sender = make(batch_size=8)
     for i in range(8):
         sender.submit(registration(f"r{i}"), far())
     sender.start()
     assert wait_for(lambda: sender.registered == 8, 5)
-    assert fake.events[:9] == ["issue"] * 8 + ["result"]
+    assert batch_calls(fake) == [[f"r{i}" for i in range(8)]]
+    assert "RegisterRetainedBlocks" not in fake.names()
+    assert fake.events == ["issue", "result"]
+    snap = sender.snapshot()
+    assert (snap["batched"], snap["batch_calls"], snap["single_calls"]) == (True, 1, 0)
+
+
+def test_a_batch_past_the_registry_limit_goes_as_calls_in_flight_at_once(fake: FakeRegistry, make: Any) -> None:
+    sender = make(batch_size=300)
+    for i in range(300):
+        sender.submit(registration(f"r{i}"), far())
+    sender.start()
+    assert wait_for(lambda: sender.registered == 300, 5)
+    assert [len(call) for call in batch_calls(fake)] == [256, 44]
+    assert fake.events[:3] == ["issue", "issue", "result"]
+
+
+def test_each_registration_of_a_batch_is_answered_alone(fake: FakeRegistry, make: Any) -> None:
+    fake.fail(
+        "RegisterRetainedBlocks",
+        None,
+        client_error("RegisterRetainedBlocks", "UNAVAILABLE"),
+        client_error("RegisterRetainedBlocks", "INVALID_ARGUMENT", "TOKEN_CHAIN_INVALID"),
+        None,
+    )
+    sender = make()
+    for i in range(4):
+        sender.submit(registration(f"r{i}"), far())
+    sender.start()
+    assert wait_for(lambda: sender.registered == 3, 5)
+    assert sender.snapshot()["rejected"] == {"TOKEN_CHAIN_INVALID": 1}
+    assert batch_calls(fake) == [["r0", "r1", "r2", "r3"], ["r1"]]  # only the transient one again
+    assert {k[2] for k in fake.leases} == {"r0", "r1", "r3"}
+
+
+def test_a_batch_failing_whole_and_transiently_is_retried_whole(fake: FakeRegistry, make: Any) -> None:
+    fake.fail("RegisterRetainedBlocksBatch", client_error("RegisterRetainedBlocksBatch", "UNAVAILABLE"))
+    sender = make()
+    for i in range(3):
+        sender.submit(registration(f"r{i}"), far())
+    sender.start()
+    assert wait_for(lambda: sender.registered == 3, 5)
+    assert batch_calls(fake) == [["r0", "r1", "r2"]] * 2
+    assert sender.snapshot()["transient_failures"] == 3 and len(fake.registrations) == 3
+
+
+def test_a_batch_refused_whole_is_sent_singly(fake: FakeRegistry, make: Any) -> None:
+    fake.fail("RegisterRetainedBlocksBatch", client_error("RegisterRetainedBlocksBatch", "PERMISSION_DENIED"))
+    sender = make()
+    for i in range(2):
+        sender.submit(registration(f"r{i}"), far())
+    sender.start()
+    assert wait_for(lambda: sender.registered == 2, 5)
+    assert fake.names().count("RegisterRetainedBlocks") == 2
+    assert sender.batched  # a refusal is not a registry without the batched RPC
+    sender.submit(registration("r2"), far())
+    assert wait_for(lambda: sender.registered == 3, 5)
+    assert batch_calls(fake)[-1] == ["r2"]
+
+
+def test_an_older_registry_gets_single_calls_from_then_on(fake: FakeRegistry, make: Any) -> None:
+    fake.batch_unimplemented = True
+    sender = make(batch_size=8)
+    for i in range(8):
+        sender.submit(registration(f"r{i}"), far())
+    sender.start()
+    assert wait_for(lambda: sender.registered == 8, 5)
+    sender.submit(registration("r8"), far())
+    assert wait_for(lambda: sender.registered == 9, 5)
+    assert fake.names().count("RegisterRetainedBlocksBatch") == 1
+    assert fake.names().count("RegisterRetainedBlocks") == 9
+    # The single calls of a round are in flight at once, as before.
+    assert fake.events[:10] == ["issue", "result"] + ["issue"] * 8
+    snap = sender.snapshot()
+    assert (snap["batched"], snap["batch_calls"], snap["single_calls"], snap["transient_failures"]) == (False, 1, 9, 0)
+
+
+class OldRegistry(rgrpc.BlockRegistryServiceServicer):  # type: ignore[misc]  # generated, unannotated
+    """A real gRPC registry from before RegisterRetainedBlocksBatch (the generated base
+    answers it UNIMPLEMENTED)."""
+
+    def __init__(self) -> None:
+        self.registered: list[str] = []
+
+    def InvalidateEngine(self, request: Any, context: Any) -> rpb.InvalidateEngineResponse:
+        return rpb.InvalidateEngineResponse()
+
+    def RegisterEngine(self, request: Any, context: Any) -> rpb.RegisterEngineResponse:
+        return rpb.RegisterEngineResponse(engine=request.engine)
+
+    def Heartbeat(self, request: Any, context: Any) -> rpb.HeartbeatResponse:
+        return rpb.HeartbeatResponse()
+
+    def RegisterRetainedBlocks(self, request: Any, context: Any) -> rpb.RegisterRetainedBlocksResponse:
+        self.registered.append(request.remote_request_id)
+        return rpb.RegisterRetainedBlocksResponse(created=True)
+
+
+def test_an_older_registry_over_grpc() -> None:
+    old = OldRegistry()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    rgrpc.add_BlockRegistryServiceServicer_to_server(old, server)  # type: ignore[no-untyped-call]  # generated, unannotated
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = SyncRegistryClient(f"127.0.0.1:{port}", auth_token="", tls=TlsFiles())
+    sender = RegistrationSender(client, FACTS, heartbeat_interval=30.0)
+    try:
+        for i in range(3):
+            sender.submit(registration(f"r{i}"), far())
+        sender.start()
+        assert wait_for(lambda: sender.registered == 3, 10)
+        snap = sender.snapshot()
+        assert (snap["batched"], snap["batch_calls"], snap["transient_failures"], snap["rejected"]) == (False, 1, 0, {})
+        assert sorted(old.registered) == ["r0", "r1", "r2"]
+    finally:
+        sender.close(1.0)
+        server.stop(0)
 
 
 def test_transient_failures_are_retried_once_acknowledged(fake: FakeRegistry, make: Any) -> None:
@@ -122,7 +249,7 @@ def test_permanent_refusals_are_dropped_and_counted(fake: FakeRegistry, make: An
     sender.start()
     assert wait_for(lambda: sender.registered == 1, 5)
     assert sender.snapshot()["rejected"] == {"REQUEST_ALREADY_REGISTERED": 1}
-    assert fake.names().count("RegisterRetainedBlocks") == 2
+    assert len(fake.registrations) == 2 and batch_calls(fake) == [["r1", "r2"]]  # not retried
 
 
 def test_repeat_of_a_landed_registration_counts_as_duplicate(fake: FakeRegistry, make: Any) -> None:
@@ -198,7 +325,7 @@ def test_superseded_engine_registers_nothing(fake: FakeRegistry, make: Any) -> N
     sender.submit(registration("r1"), far())
     sender.start()
     assert wait_for(lambda: sender.snapshot()["rejected"].get("ENGINE_SUPERSEDED") == 1, 5)
-    assert "RegisterRetainedBlocks" not in fake.names()
+    assert not fake.registrations and "RegisterRetainedBlocksBatch" not in fake.names()
 
 
 def test_bad_tokens_are_rejected_not_retried(fake: FakeRegistry, make: Any) -> None:

@@ -115,6 +115,13 @@ class SyncRegistryClient(SyncClient):
         """RegisterRetainedBlocks without waiting; read it with `result("RegisterRetainedBlocks", f)`."""
         return self._future(self.stub.RegisterRetainedBlocks, req, timeout)
 
+    def register_retained_blocks_batch_future(
+        self, req: rpb.RegisterRetainedBlocksBatchRequest, timeout: float | None = None
+    ) -> grpc.Future[rpb.RegisterRetainedBlocksBatchResponse]:
+        """RegisterRetainedBlocksBatch without waiting; read it with `result(...)` as above. A
+        registry older than the batched RPC fails it with reason `UNIMPLEMENTED`."""
+        return self._future(self.stub.RegisterRetainedBlocksBatch, req, timeout)
+
     def claim_reuse(self, req: rpb.ClaimReuseRequest, timeout: float | None = None) -> rpb.ClaimReuseResponse:
         """ClaimReuse."""
         return self._call("ClaimReuse", self.stub.ClaimReuse, req, timeout)

@@ -150,8 +150,12 @@ def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]])
 
 def from_rpc_error(err: grpc.RpcError) -> BoomerangError:
     """The domain error a client received (code, reason and field violations)."""
-    code = _FROM_GRPC.get(err.code(), Code.INTERNAL) if hasattr(err, "code") else Code.INTERNAL
-    reason, violations = code.value, []
+    grpc_code = err.code() if hasattr(err, "code") else None
+    code = _FROM_GRPC.get(grpc_code, Code.INTERNAL)
+    # A code Boomerang never answers (UNIMPLEMENTED from an older server, UNKNOWN, ...) keeps
+    # its own name as the reason, so a caller can tell it from the server's INTERNAL.
+    unmapped = grpc_code is not None and grpc_code not in _FROM_GRPC
+    reason, violations = (str(getattr(grpc_code, "name", code.value)) if unmapped else code.value), []
     status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
     if status is not None:
         for detail in status.details:

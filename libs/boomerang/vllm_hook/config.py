@@ -96,7 +96,13 @@ class BoomerangHookConfig(BaseModel):
         default="drop_oldest",
         description="What a full queue gives up: the oldest entry (closest to expiry) or the new one.",
     )
-    batch_size: int = Field(default=64, ge=1, le=10_000, description="Registrations kept in flight at once.")
+    batch_size: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="Registrations sent together in one RegisterRetainedBlocksBatch call "
+        "(single calls in flight at once against an older registry).",
+    )
     rpc_timeout_seconds: float = Field(
         default=2.0, gt=0, le=60, description="Deadline of background calls (registrations, heartbeats, reports)."
     )

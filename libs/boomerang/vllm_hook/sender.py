@@ -2,8 +2,9 @@
 
 `submit` is all the scheduler thread does (a deque append under a lock). One daemon thread
 keeps the engine registered and heartbeating (`EnginePresence`) and drains the queue in
-batches: it builds each turn's token chain, keeps up to `batch_size` RegisterRetainedBlocks
-calls in flight at once (the registry group-commits them), and sorts the answers:
+batches: it builds each turn's token chain, sends up to `batch_size` of them as one
+RegisterRetainedBlocksBatch call (in calls of at most 256, the registry's limit; the registry
+group-commits them), and sorts the answers, which come one per registration:
 
 * acknowledged (new, or a repeat of a registration that already landed) — done;
 * transient (UNAVAILABLE, DEADLINE_EXCEEDED, …) — back to the front of the queue, then a
@@ -16,6 +17,11 @@ Retries are safe because a registration is idempotent on (engine id, generation,
 remote_request_id) in the registry, and its `request_id` is derived from the same triple.
 A turn is abandoned only at its deadline: D's own expiry of the blocks (its
 `remote_blocks_expiry_time`), after which a lease would be useless anyway.
+
+A registry older than the batched RPC answers it UNIMPLEMENTED: from then on the sender keeps
+up to `batch_size` single RegisterRetainedBlocks calls in flight at once instead. A batch the
+registry refuses whole for another reason (a bad batch, a permission) is sent again as single
+calls in the same round, so each registration gets its own answer.
 """
 
 from __future__ import annotations
@@ -29,9 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import grpc
+
 from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRegistryClient, result
+from boomerang.errors import BoomerangError, Code
 from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -43,6 +52,9 @@ from boomerang.vllm_hook.requestview import RetainedHandle, TurnContext
 log = logging.getLogger(__name__)
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("b0e7a1f2-5c3d-4e8f-9a6b-7c2d1e0f3a4b")
+MAX_CALL = 256  # RegisterRetainedBlocksBatch's limit in the registry
+_STATUS_NAMES = {status.value[0]: status.name for status in grpc.StatusCode}
+_Answer = rpb.RegisterRetainedBlocksResponse | BoomerangClientError
 
 
 def idempotency_key(engine_id: str, generation: int, remote_request_id: str) -> str:
@@ -91,6 +103,9 @@ class RegistrationSender:
         self.stale = 0
         self.rejected: Counter[str] = Counter()
         self.transient_failures = 0
+        self.batched = True  # until the registry answers the batched RPC UNIMPLEMENTED
+        self.batch_calls = 0
+        self.single_calls = 0
         self._in_flight = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"boomerang-sender-{facts.engine_id}", daemon=True)
@@ -135,6 +150,9 @@ class RegistrationSender:
             "stale": self.stale,
             "rejected": dict(self.rejected),
             "transient_failures": self.transient_failures,
+            "batched": self.batched,
+            "batch_calls": self.batch_calls,
+            "single_calls": self.single_calls,
             "retried": s.retried,
             "expired": s.expired,
             "dropped_full": s.dropped_full,
@@ -218,13 +236,12 @@ class RegistrationSender:
         if not self.presence.registered:
             self.outbox.retry(ready)  # the engine registers at the new generation first
             return True
-        calls = [(e, self.client.register_retained_blocks_future(e.prepared, timeout=self.rpc_timeout)) for e in ready]
+        answers = self._send_batched(ready) if self.batched and ready else self._send_singly(ready)
         again: list[Entry[Registration]] = []
         transient = False
-        for entry, future in calls:
-            try:
-                resp: rpb.RegisterRetainedBlocksResponse = result("RegisterRetainedBlocks", future)
-            except BoomerangClientError as err:
+        for entry, resp in answers:
+            if isinstance(resp, BoomerangClientError):
+                err = resp
                 if err.code in TRANSIENT_CODES:
                     transient = True
                     self.transient_failures += 1
@@ -243,3 +260,68 @@ class RegistrationSender:
         if again:
             self.outbox.retry(again)
         return not transient
+
+    def _send_singly(self, entries: list[Entry[Registration]]) -> list[tuple[Entry[Registration], _Answer]]:
+        """One RegisterRetainedBlocks call per registration, all in flight at once."""
+        calls = [(e, self.client.register_retained_blocks_future(e.prepared, timeout=self.rpc_timeout)) for e in entries]
+        self.single_calls += len(calls)
+        answers: list[tuple[Entry[Registration], _Answer]] = []
+        for entry, future in calls:
+            try:
+                answers.append((entry, result("RegisterRetainedBlocks", future)))
+            except BoomerangClientError as err:
+                answers.append((entry, err))
+        return answers
+
+    def _send_batched(self, entries: list[Entry[Registration]]) -> list[tuple[Entry[Registration], _Answer]]:
+        """RegisterRetainedBlocksBatch calls of at most MAX_CALL registrations, all in flight at once."""
+        chunks = [entries[n : n + MAX_CALL] for n in range(0, len(entries), MAX_CALL)]
+        calls = [
+            (
+                chunk,
+                self.client.register_retained_blocks_batch_future(
+                    rpb.RegisterRetainedBlocksBatchRequest(registrations=[e.prepared for e in chunk]),
+                    timeout=self.rpc_timeout,
+                ),
+            )
+            for chunk in chunks
+        ]
+        self.batch_calls += len(calls)
+        answers: list[tuple[Entry[Registration], _Answer]] = []
+        singly: list[Entry[Registration]] = []
+        for chunk, future in calls:
+            try:
+                resp: rpb.RegisterRetainedBlocksBatchResponse = result("RegisterRetainedBlocksBatch", future)
+            except BoomerangClientError as err:
+                if err.reason == "UNIMPLEMENTED":
+                    if self.batched:
+                        log.info("boomerang: the registry has no RegisterRetainedBlocksBatch; sending single calls")
+                    self.batched = False
+                    singly.extend(chunk)
+                elif err.code in TRANSIENT_CODES or err.reason in REREGISTER_REASONS:
+                    answers.extend((entry, err) for entry in chunk)  # as each call alone would have failed
+                else:
+                    log.warning("boomerang: registry refused a batch of %d (%s); sending them singly", len(chunk), err)
+                    singly.extend(chunk)
+                continue
+            if len(resp.results) != len(chunk):
+                bad = BoomerangClientError(
+                    "RegisterRetainedBlocksBatch",
+                    BoomerangError(Code.INTERNAL, "INTERNAL", f"{len(resp.results)} results for {len(chunk)} registrations"),
+                )
+                answers.extend((entry, bad) for entry in chunk)
+                continue
+            for entry, item in zip(chunk, resp.results, strict=True):
+                answers.append((entry, item.response if not item.error_code else _item_error(item)))
+        if singly:
+            answers.extend(self._send_singly(singly))
+        return answers
+
+
+def _item_error(item: rpb.RegisterRetainedBlocksBatchResult) -> BoomerangClientError:
+    """One failed registration of a batch, as its own RegisterRetainedBlocks call would have raised it."""
+    name = _STATUS_NAMES.get(item.error_code, "INTERNAL")
+    code = Code(name) if name in Code.__members__ else Code.INTERNAL
+    return BoomerangClientError(
+        "RegisterRetainedBlocks", BoomerangError(code, item.error_reason or name, item.error_message)
+    )
