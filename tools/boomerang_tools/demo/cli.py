@@ -33,6 +33,7 @@ from boomerang_tools.stack.postgres import PostgresError
 from boomerang_tools.stack.stack import SimSpec, Stack, StackConfig
 
 CLAIM_DEADLINE_MS = 1000
+WIDE = 8  # conversations sharing P beyond which a level runs on the first profile only
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,12 +61,17 @@ STAT_KEYS = ("pulls", "pulled_tokens", "corrupt_pulls", "expired_or_freed_reads"
 
 
 def _rotations(args: argparse.Namespace, profiles: list[str], mode: Mode) -> list[tuple[str, int, tuple[int, ...]]]:
-    """(profile, conversations, contexts) for each level above one a mode is measured at:
-    AWS's end points and a middle one (--quick: the longest context)."""
+    """(profile, conversations, contexts) for each level above one a mode is measured at.
+
+    A level costs its conversations times their turns, so each measures only where P's cache
+    turns from holding them to evicting them: up to `WIDE` conversations at AWS's two
+    published contexts, every profile; more on the first profile only, at 2k and 8k (past
+    8k they are evicted all the more). --quick: the longest context."""
     levels = [n for n in (mode.quick_levels if args.quick else mode.levels) if n > 1]
     if args.quick:
         return [(p, n, QUICK_POINTS[p][-1:]) for p in profiles for n in levels]
-    return [(p, n, QUICK_POINTS[p]) for p in profiles for n in levels]
+    return [(p, n, (QUICK_POINTS[p][0], QUICK_POINTS[p][-1]) if n <= WIDE else QUICK_POINTS[p][:2])
+            for p in profiles for n in levels if n <= WIDE or p == profiles[0]]
 
 
 def _sim_stats(urls: list[str]) -> tuple[dict[str, int], list[float]]:
