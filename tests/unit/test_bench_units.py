@@ -87,7 +87,8 @@ def test_targets_are_judged_against_the_issue_s_goals() -> None:
     met = {k: v["met"] for k, v in _targets(report).items()}
     assert met == {"plan_p50_ms_at_1000": True, "plan_p99_ms_at_1000": False, "max_rps_p99_5ms": True,
                    "register_rps": False, "register_batched_rps": False, "expiry_lag_p99_s": True,
-                   "gateway_overhead_ratio": False, "plan_pull_at_1000": False, "plan_cpu_ratio": False, "turn_cpu_ms": False,
+                   "gateway_overhead_ratio": False, "hook_overhead_ratio": False, "plan_pull_at_1000": False,
+                   "plan_cpu_ratio": False, "turn_cpu_ms": False, "hook_turn_cpu_ms": False,
                    "agents_pull_share": False, "agents_failed": False}
 
 
@@ -106,3 +107,20 @@ def test_issue_13_targets_side_by_side() -> None:
     assert targets["agents_failed"]["met"] and not targets["turn_cpu_ms"]["met"]
     report["control_plane"]["agents_failed"] = 1
     assert not _targets(report)["agents_failed"]["met"]
+
+
+def test_hook_mode_targets_beside_the_gateway_only_ones() -> None:
+    report = {
+        "plan": {"rates": [], "max_rps_p99_5ms": 0}, "register_rps": 100.0, "expiry_lag_p99_s": 0.1,
+        "gateway_overhead": {"ratio": 1.6, "hook_ratio": 1.05},
+        "control_plane": {"cpu_ms_per_turn_total": 5.0},
+        "control_plane_hook": {"cpu_ms_per_turn_total": 3.2},
+    }
+    targets = _targets(report)
+    assert not targets["gateway_overhead_ratio"]["met"] and targets["hook_overhead_ratio"]["met"]
+    assert targets["turn_cpu_ms"]["met"] and not targets["hook_turn_cpu_ms"]["met"]
+    assert (targets["hook_overhead_ratio"]["target"], targets["hook_turn_cpu_ms"]["target"]) == ("≤ 1.1", "≤ 3")
+    report["gateway_overhead"]["hook_ratio"] = 1.2
+    report["control_plane_hook"]["cpu_ms_per_turn_total"] = 2.9
+    targets = _targets(report)
+    assert not targets["hook_overhead_ratio"]["met"] and targets["hook_turn_cpu_ms"]["met"]

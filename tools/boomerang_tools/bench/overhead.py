@@ -1,4 +1,6 @@
-"""Gateway overhead: the gateway and the naive proxy side by side over the same engines."""
+"""Gateway overhead: the gateway and the naive proxy side by side over the same engines, and
+hook mode beside them: a gateway with `--engine-hook` in front of engines that run the vLLM
+hook (`sim --hook`), which plan with the router and register with the registry themselves."""
 
 from __future__ import annotations
 
@@ -16,15 +18,18 @@ from boomerang_tools.bench.stats import floats, summarize
 from boomerang_tools.bench.turns import PATHS
 
 SIM_MODEL = "Qwen/Qwen3-32B"
+# The hooked engines serve the same profile under a name of their own, so each gateway's
+# turns reach only its own pair of engines.
+HOOK_MODEL = "bench-hook/Qwen3-32B"
 
 
-async def _wait_engines(gateway: str, router: str, timeout: float = 30.0) -> None:
+async def _wait_engines(gateway: str, router: str, timeout: float = 30.0, model: str = SIM_MODEL) -> None:
     """Until the router's pool and the gateway both see the simulated engines."""
     deadline = time.monotonic() + timeout
     async with RouterClient(router, timeout=2.0) as client, httpx.AsyncClient(timeout=2.0) as http:
         while time.monotonic() < deadline:
             try:
-                listed = await client.list_engines(rtpb.RouterServiceListEnginesRequest(model=SIM_MODEL))
+                listed = await client.list_engines(rtpb.RouterServiceListEnginesRequest(model=model))
                 health = (await http.get(gateway + "/health")).json()
                 if sum(1 for e in listed.engines if e.available) >= 2 and int(health.get("models", 0)) >= 1:
                     return
@@ -35,7 +40,8 @@ async def _wait_engines(gateway: str, router: str, timeout: float = 30.0) -> Non
 
 
 def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 3) if b > 0 else None
+    """a / b; None when either added time is below zero (under this run's noise: no ratio)."""
+    return round(a / b, 3) if b > 0 and a >= 0 else None
 
 
 async def gateway_overhead(b: Bench) -> dict[str, Any]:
@@ -51,16 +57,33 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     s.start("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", b.router_address, "--registry",
                         b.registry_address, "--allow-anonymous"])
     s.start("naive-proxy", ["bench", "--serve-naive-proxy", "127.0.0.1:0", "--prefill", prefill, "--decode", decode])
-    gateway, naive = (f"http://{a}" for a in await s.ready("gateway", "naive-proxy"))
+    # Hook mode: the engines plan (PlanTurn from P's own token ids) and register (D's sender,
+    # RegisterRetainedBlocksBatch) themselves; the gateway only routes. The planning budget is
+    # `boomerang up --hook`'s (250 ms), not the hook's 20 ms default for real hosts.
+    hook_args = ["--hook", "--router", b.router_address, "--plan-deadline-ms", "250", "--served-model-name", HOOK_MODEL]
+    s.start("sim-prefill-hook", ["sim", "--role", "prefill", "--engine-id", f"bench-sim-hp-{run}", *common, *hook_args])
+    s.start("sim-decode-hook", ["sim", "--role", "decode", "--engine-id", f"bench-sim-hd-{run}", *common, *hook_args])
+    await s.ready("sim-prefill-hook", "sim-decode-hook")
+    s.start("gateway-hook", ["gateway", "--listen", "127.0.0.1:0", "--router", b.router_address, "--registry",
+                             b.registry_address, "--allow-anonymous", "--engine-hook"])
+    prefill_hook, decode_hook = (f"http://{a}" for a in [s.children[n].address for n in HOOKED_ENGINES])
+    s.start("naive-proxy-hook", ["bench", "--serve-naive-proxy", "127.0.0.1:0", "--prefill", prefill_hook,
+                                 "--decode", decode_hook])
+    gateway, naive, hook, naive_hook = (f"http://{a}" for a in await s.ready("gateway", "naive-proxy", "gateway-hook",
+                                                                             "naive-proxy-hook"))
     await _wait_engines(gateway, b.router_address)
-    b.progress.update(task, description=f"gateway overhead: turns on 3 paths for {cfg.gateway_seconds:g}s")
+    await _wait_engines(hook, b.router_address, model=HOOK_MODEL)
+    b.progress.update(task, description=f"gateway overhead: turns on 6 paths for {cfg.gateway_seconds:g}s")
     job = {"kind": "turns", "gateway": gateway, "naive": naive, "prefill": prefill, "decode": decode,
+           "hook": hook, "hook_model": HOOK_MODEL, "naive_hook": naive_hook, "prefill_hook": prefill_hook,
+           "decode_hook": decode_hook,
            "model": SIM_MODEL, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5,
            "slots": cfg.gateway_slots, "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
            "think_seconds": 0.02}
     running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
     await asyncio.sleep(0.5)
-    sampler = b.sampler("turns", ("gateway", "naive-proxy", "router", "registry"), cfg.gateway_seconds)
+    sampler = b.sampler("turns", ("gateway", "naive-proxy", "router", "registry", "gateway-hook", "sim-prefill-hook"),
+                        cfg.gateway_seconds)
     (result,) = await running
     await b.collect("turns", sampler)
     b.progress.remove_task(task)
@@ -69,6 +92,9 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     stages = {k: summarize(floats(v)) for k, v in result["stages_ms"].items()}
     direct = paths["direct"]
     add = {p: {q: round(paths[p][f"{q}_ms"] - direct[f"{q}_ms"], 3) for q in ("p50", "p99")} for p in ("naive", "boomerang")}
+    # Hook mode against its own pair of engines' direct path and naive proxy.
+    add |= {p: {q: round(paths[p][f"{q}_ms"] - paths["direct-hook"][f"{q}_ms"], 3) for q in ("p50", "p99")}
+            for p in ("naive-hook", "hook")}
     # A turn's end: finishing chunk to the end of the stream. The gateway holds `[DONE]`
     # until ReportTurn is answered; what that adds is its end less the direct path's.
     ends = {p: summarize(floats(result.get("ends_ms", {}).get(p, b""))) for p in PATHS}
@@ -81,6 +107,17 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
         "boomerang_p99_ms": add["boomerang"]["p99"],
         "naive_p99_ms": add["naive"]["p99"],
         "ratio_p99": _ratio(add["boomerang"]["p99"], add["naive"]["p99"]),
+        # Hook mode: the hook gateway's turns less the direct path's over the same hooked
+        # engines (no conversation id there: the hook does nothing): all that Boomerang adds,
+        # the engines' own PlanTurn and registration included; against the naive proxy's over
+        # those engines.
+        "hook_p50_ms": add["hook"]["p50"],
+        "naive_hook_p50_ms": add["naive-hook"]["p50"],
+        "hook_ratio": _ratio(add["hook"]["p50"], add["naive-hook"]["p50"]),
+        "hook_p99_ms": add["hook"]["p99"],
+        "naive_hook_p99_ms": add["naive-hook"]["p99"],
+        "hook_ratio_p99": _ratio(add["hook"]["p99"], add["naive-hook"]["p99"]),
+        "hook_plans": result.get("hook_plans", {}),
         "turn_ms": paths,
         "end_of_turn_ms": ends,
         "end_of_turn_added_p50_ms": end_added["p50"],
@@ -94,6 +131,71 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
 
 
 CONTROL_PLANE = ("gateway", "router", "registry", "reaper")
+CONTROL_PLANE_HOOK = ("gateway-hook", "router", "registry", "reaper")
+HOOKED_ENGINES = ("sim-prefill-hook", "sim-decode-hook")
+
+
+async def _sequential_cpu(b: Bench, names: tuple[str, ...], base: dict[str, Any], path: str,
+                          extra: tuple[str, ...] = ()) -> tuple[dict[str, float], dict[str, float], int, dict[str, Any]]:
+    """Sequential conversations (one slot) on `path`: CPU ms per turn of `names` (and `extra`,
+    reported apart), idle use taken out; the turns answered and the job's result."""
+    idle_seconds = 2.0
+    meter = (await b.cpu_meter(*names, *extra)).start()
+    await asyncio.sleep(idle_seconds)
+    idle = {k: v / idle_seconds for k, v in meter.stop().items()}
+    job = {**base, "duration": b.cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": 1}
+    running = asyncio.ensure_future(b.workers.run([job], timeout=b.cfg.gateway_seconds + 120))
+    await asyncio.sleep(0.5)
+    meter = (await b.cpu_meter(*names, *extra)).start()
+    started = time.perf_counter()
+    (sequential,) = await running
+    cpu = meter.stop()
+    seconds = time.perf_counter() - started
+    turns = int(sequential["turns"].get(path, 0))
+    per_turn = {k: round(1000 * max(0.0, v - idle.get(k, 0.0) * seconds) / max(turns, 1), 3)
+                for k, v in cpu.items() if k != "clients"}
+    return per_turn, {k: round(1000 * v, 2) for k, v in idle.items()}, turns, sequential
+
+
+async def control_plane_hook(b: Bench) -> dict[str, Any]:
+    """The whole control plane per turn in hook mode, on the engines `gateway_overhead`
+    started: sequential conversations through the `--engine-hook` gateway; the CPU of that
+    gateway, the router, registry, reaper and this database's Postgres backends (idle use
+    taken out) per turn answered. The hooked engines' own CPU (simulator and hook together:
+    the hook's PlanTurn, chain building and registration sender run inside the engine, as in
+    vLLM) is reported beside it, not in the total."""
+    task = b.progress.add_task(f"control plane, hook mode: CPU per turn, sequential, {b.cfg.gateway_seconds:g}s",
+                               total=None)
+    hook = f"http://{b.services.children['gateway-hook'].address}"
+    base = {"kind": "turns", "gateway": "", "naive": "", "prefill": "", "decode": "", "model": SIM_MODEL,
+            "hook": hook, "hook_model": HOOK_MODEL, "paths": ["hook"], "turns_per_conversation": 6, "words": 40,
+            "max_tokens": 16, "think_seconds": 0.02}
+    per_turn, idle, turns, sequential = await _sequential_cpu(b, CONTROL_PLANE_HOOK, base, "hook", HOOKED_ENGINES)
+    # For scale: the naive proxy's CPU per turn over the same engines (what routing a turn's
+    # two requests in Python costs with no control plane at all).
+    naive_base = {**base, "naive_hook": f"http://{b.services.children['naive-proxy-hook'].address}",
+                  "prefill_hook": "", "decode_hook": "", "paths": ["naive-hook"]}
+    naive_cpu, _, _, _ = await _sequential_cpu(b, ("naive-proxy-hook",), naive_base, "naive-hook")
+    b.progress.remove_task(task)
+    async with httpx.AsyncClient(timeout=5.0) as http:  # what the prefill engine's hook planned, the whole phase
+        stats = (await http.get(f"http://{b.services.children['sim-prefill-hook'].address}/sim/stats")).json()
+    hook_stats = stats.get("hook", {})
+    engines = {k: per_turn.pop(k) for k in HOOKED_ENGINES if k in per_turn}
+    return {
+        "cpu_ms_per_turn": per_turn,
+        "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
+        "engines_cpu_ms_per_turn": engines,
+        "naive_proxy_cpu_ms_per_turn": naive_cpu.get("naive-proxy-hook"),
+        "turns": turns,
+        "idle_cpu_ms_per_s": idle,
+        "sequential_plans": sequential.get("hook_plans", {}),
+        "engine_plans": {k.removeprefix("plan_"): v for k, v in hook_stats.items()
+                         if k.startswith("plan_") and not k.startswith("plan_ms") and isinstance(v, int)},
+        "engine_plan_ms_p50": hook_stats.get("plan_ms_p50"),
+        "engine_pulls": stats.get("pulls"),
+        "sequential_errors": sequential["errors"],
+        "mode": "hook mode (the engines run the vLLM hook, plan and register; the gateway only routes)",
+    }
 
 
 async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:

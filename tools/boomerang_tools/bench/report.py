@@ -19,10 +19,13 @@ TARGETS = {
     "register_batched_rps": ("committed registrations/s, 64 per RegisterRetainedBlocksBatch", "≥", 5000),
     "expiry_lag_p99_s": ("expiry lag p99, s", "≤", 1.0),
     "gateway_overhead_ratio": ("gateway overhead / naive proxy's (p50)", "≤", 1.5),
+    "hook_overhead_ratio": ("hook mode: added time / naive proxy's (p50)", "≤", 1.1),
     # Issue 13: Boomerang's own cost against what it delivers.
     "plan_pull_at_1000": ("plans that PULL at 1,000/s, 100k leases", "≥", 0.99),
     "plan_cpu_ratio": ("plan CPU (router + registry + Postgres) / one empty gRPC round trip's", "≤", 1.5),
     "turn_cpu_ms": ("control-plane CPU per turn through the gateway (gateway-only), ms", "≤", 6.0),
+    "hook_turn_cpu_ms": ("control-plane CPU per turn, hook mode (gateway, router, registry, reaper, Postgres), ms",
+                         "≤", 3.0),
     "agents_pull_share": ("64 agents through the gateway: later turns that PULL", "≥", 0.95),
     "agents_failed": ("64 agents through the gateway: failed turns", "≤", 0),
 }
@@ -39,6 +42,7 @@ def _plan_cpu_ratio(plan: dict[str, Any]) -> float | None:
 def _targets(report: dict[str, Any]) -> dict[str, Any]:
     at_1000: dict[str, Any] = next((r for r in report["plan"]["rates"] if r["rate"] == 1000), {})
     control: dict[str, Any] = report.get("control_plane") or {}
+    control_hook: dict[str, Any] = report.get("control_plane_hook") or {}
     values = {
         "plan_p50_ms_at_1000": at_1000.get("p50_ms"),
         "plan_p99_ms_at_1000": at_1000.get("p99_ms"),
@@ -47,9 +51,11 @@ def _targets(report: dict[str, Any]) -> dict[str, Any]:
         "register_batched_rps": (report.get("register") or {}).get("batched", {}).get("register_rps"),
         "expiry_lag_p99_s": report["expiry_lag_p99_s"],
         "gateway_overhead_ratio": report["gateway_overhead"]["ratio"],
+        "hook_overhead_ratio": report["gateway_overhead"].get("hook_ratio"),
         "plan_pull_at_1000": at_1000.get("pull_fraction"),
         "plan_cpu_ratio": _plan_cpu_ratio(report["plan"]),
         "turn_cpu_ms": control.get("cpu_ms_per_turn_total"),
+        "hook_turn_cpu_ms": control_hook.get("cpu_ms_per_turn_total"),
         "agents_pull_share": control.get("agents_pull_share"),
         "agents_failed": control.get("agents_failed"),
     }
@@ -75,6 +81,7 @@ def build_report(
         "gateway_overhead": results.get("gateway_overhead") or {"boomerang_p50_ms": None, "naive_p50_ms": None,
                                                                 "ratio": None},
         "control_plane": results.get("control_plane"),
+        "control_plane_hook": results.get("control_plane_hook"),
         "scale": results["scale"],
         "memory_mb": {name: m["peak_rss_mb"] for name, m in sorted(memory.items())},
         "register": register,
@@ -96,7 +103,9 @@ def build_report(
                              "counted when acknowledged (after commit)",
             "expiry": "lag_seconds the registry records in each TTL_EXPIRED event (database clock)",
             "gateway_overhead": "turn time (send to last streamed byte) less the direct path's, same run, "
-                                "interleaved; ratio = Boomerang's added time / the naive proxy's",
+                                "interleaved; ratio = Boomerang's added time / the naive proxy's; hook mode: "
+                                "the --engine-hook gateway over a second pair of engines running the vLLM hook "
+                                "(sim --hook), less the direct path to that pair, against the naive proxy over it",
         },
     }
     report["targets"] = _targets(report)
@@ -192,6 +201,12 @@ def markdown(report: dict[str, Any]) -> str:
                      f"p50 **{_ms(gw['boomerang_p50_ms'])} ms** vs the naive proxy's {_ms(gw['naive_p50_ms'])} ms "
                      f"(ratio **{gw['ratio']}**); p99 {_ms(gw['boomerang_p99_ms'])} ms vs {_ms(gw['naive_p99_ms'])} ms "
                      f"(ratio {gw['ratio_p99']}); {sum(x['count'] for x in turn.values()):,} turns.")
+    if gw.get("hook_p50_ms") is not None:
+        lines.append(f"- Hook mode (`--engine-hook` gateway over engines running the vLLM hook) over the direct path "
+                     f"to those engines (turn p50 {_ms(turn['direct-hook']['p50_ms'])} ms): p50 "
+                     f"**{_ms(gw['hook_p50_ms'])} ms** vs the naive proxy's {_ms(gw['naive_hook_p50_ms'])} ms over them "
+                     f"(ratio **{gw['hook_ratio']}**); p99 {_ms(gw['hook_p99_ms'])} ms vs "
+                     f"{_ms(gw['naive_hook_p99_ms'])} ms (ratio {gw['hook_ratio_p99']}).")
     if gw.get("end_of_turn_added_p50_ms") is not None:
         ends = gw["end_of_turn_ms"]["boomerang"]
         lines.append(f"- End of a turn through the gateway (finishing chunk to `[DONE]`, which waits for ReportTurn's "
@@ -203,6 +218,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"- Whole control plane through the gateway ({cp['mode']}), sequential conversations, idle use "
                      f"taken out: **{cp['cpu_ms_per_turn_total']:.2f} ms** CPU per turn ({_cpu(cp['cpu_ms_per_turn'])}; "
                      f"{cp['turns']:,} turns).")
+    cph = report.get("control_plane_hook") or {}
+    if cph.get("cpu_ms_per_turn_total") is not None:
+        lines.append(f"- Whole control plane in {cph['mode']}, sequential conversations, idle use taken out: "
+                     f"**{cph['cpu_ms_per_turn_total']:.2f} ms** CPU per turn ({_cpu(cph['cpu_ms_per_turn'])}; "
+                     f"{cph['turns']:,} turns; the hooked engines, simulator and hook together: "
+                     f"{_cpu(cph.get('engines_cpu_ms_per_turn'))}; engine plans {cph.get('engine_plans')}; for scale, "
+                     f"the naive proxy over those engines: {_ms(cph.get('naive_proxy_cpu_ms_per_turn'))} ms per turn).")
     if cp.get("agents_later_turns"):
         lines.append(f"- {cp['agents']} agents at once through the gateway: {cp['agents_turns']:,} turns "
                      f"({cp['agents_turns_per_s']:,.0f}/s), of the {cp['agents_later_turns']:,} later turns "

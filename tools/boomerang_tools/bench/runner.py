@@ -70,7 +70,9 @@ async def measure(b: Bench) -> dict[str, Any]:
     if want("gateway"):
         results["gateway_overhead"] = await overhead.gateway_overhead(b)
         results["control_plane"] = await overhead.control_plane(b)
-        b.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode")
+        results["control_plane_hook"] = await overhead.control_plane_hook(b)
+        b.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode", "gateway-hook", "naive-proxy-hook",
+                        *overhead.HOOKED_ENGINES)
         lap("gateway")
     for tier in big_tiers:
         results["scale"].append(await phases.scale_point(b, tier, None))

@@ -1,5 +1,10 @@
 """Chat turns three ways, interleaved in one run: through the gateway, through the naive
-proxy, and straight to the simulated engines (the client does the P→D hand-off itself).
+proxy, and straight to the simulated engines (the client does the P→D hand-off itself);
+with `hook` in the job, the same three over a second pair of engines that run the vLLM
+hook (`sim --hook`, model `hook_model`): `hook` through a gateway in `--engine-hook` mode
+(the engines plan and register themselves), `naive-hook` and `direct-hook` with no
+conversation id (the hook is installed but does nothing), so each pair of engines carries
+the same load and hook mode is judged against its own direct path and naive proxy.
 
 Every path runs the same multi-turn conversations (the assistant's reply appended, a new
 user message each turn) at the same concurrency in the same seconds, so the machine's
@@ -27,7 +32,8 @@ import httpx
 from boomerang_tools.bench.naive_proxy import FIRST_TURN
 
 WORDS = ["the", "decode", "node", "keeps", "every", "block", "of", "the", "finished", "turn", "so", "that", "the", "prefill", "node", "of", "the", "next", "turn", "can", "read", "them", "back", "instead", "of", "computing", "the", "whole", "history", "again"]
-PATHS = ("direct", "naive", "boomerang")
+PATHS = ("direct", "naive", "boomerang", "direct-hook", "naive-hook", "hook")
+HOOK_PATHS = ("direct-hook", "naive-hook", "hook")
 
 
 def user_message(rng: random.Random, words: int) -> str:
@@ -92,11 +98,15 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
     http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0),
                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
     direct = DirectClient(http, job["prefill"], job["decode"])
-    urls = {"naive": job["naive"] + "/v1/chat/completions", "boomerang": job["gateway"] + "/v1/chat/completions"}
+    direct_hook = DirectClient(http, job.get("prefill_hook", ""), job.get("decode_hook", ""))
+    urls = {"naive": job["naive"] + "/v1/chat/completions", "boomerang": job["gateway"] + "/v1/chat/completions",
+            "hook": job.get("hook", "") + "/v1/chat/completions",
+            "naive-hook": job.get("naive_hook", "") + "/v1/chat/completions"}
     times: dict[str, list[float]] = {p: [] for p in PATHS}
     ends: dict[str, list[float]] = {p: [] for p in PATHS}
     stages: dict[str, list[float]] = {}
     plans: Counter[str] = Counter()
+    hook_plans: Counter[str] = Counter()  # the hook path's X-Boomerang-Plan (ENGINE: the engine planned)
     reused: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     done: Counter[str] = Counter()  # every answered turn, first turns too
@@ -111,13 +121,13 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
                 if time.perf_counter() >= end:
                     return
                 messages.append({"role": "user", "content": user_message(rng, job["words"])})
-                body = {"model": job["model"], "messages": list(messages), "max_tokens": job["max_tokens"],
-                        "stream": True}
+                model = job["hook_model"] if path in HOOK_PATHS else job["model"]
+                body = {"model": model, "messages": list(messages), "max_tokens": job["max_tokens"], "stream": True}
                 t0 = time.perf_counter()
                 end_ms: list[float] = []
                 try:
-                    if path == "direct":
-                        text, headers, had = await direct.turn(cid, body, end_ms)
+                    if path in ("direct", "direct-hook"):
+                        text, headers, had = await (direct if path == "direct" else direct_hook).turn(cid, body, end_ms)
                         reused[path] += had
                     else:
                         text, _, headers = await _stream(http, urls[path], dict(body, conversation_id=cid), end_ms)
@@ -129,6 +139,8 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
                 if turn >= 1:  # first turns are cold everywhere; compare the reuse turns
                     times[path].append(elapsed)
                     ends[path].extend(end_ms)
+                    if path == "hook":
+                        hook_plans[headers.get("x-boomerang-plan", "?")] += 1
                     if path == "boomerang":
                         plans[headers.get("x-boomerang-plan", "?")] += 1
                         for part in headers.get("server-timing", "").split(","):
@@ -145,7 +157,7 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
         await asyncio.sleep(delay)
     end = time.perf_counter() + job["duration"]
     try:
-        paths = job.get("paths") or PATHS
+        paths = job.get("paths") or [p for p in PATHS if p not in HOOK_PATHS or job.get("hook")]
         await asyncio.gather(*(conversation_loop(p, s) for p in paths for s in range(job["slots"])))
     finally:
         await http.aclose()
@@ -154,6 +166,7 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
         "ends_ms": {p: array("d", v).tobytes() for p, v in ends.items()},
         "stages_ms": {k: array("d", v).tobytes() for k, v in stages.items()},
         "plans": dict(plans),
+        "hook_plans": dict(hook_plans),
         "reused": dict(reused),
         "errors": dict(errors),
         "turns": dict(done),
