@@ -44,6 +44,20 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b > 0 and a >= 0 else None
 
 
+def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Turn jobs that ran different paths, as one result."""
+    out: dict[str, Any] = {"times_ms": {}, "ends_ms": {}, "stages_ms": {}, "plans": {}, "hook_plans": {},
+                           "reused": {}, "errors": {}, "turns": {}}
+    for r in results:
+        for key in ("times_ms", "ends_ms", "stages_ms"):
+            for name, data in r[key].items():
+                out[key][name] = out[key].get(name, b"") + data
+        for key in ("plans", "hook_plans", "reused", "errors", "turns"):
+            for name, n in r.get(key, {}).items():
+                out[key][name] = out[key].get(name, 0) + n
+    return out
+
+
 async def gateway_overhead(b: Bench) -> dict[str, Any]:
     """Turns through the gateway, the naive proxy and directly, interleaved; what each adds."""
     cfg = b.cfg
@@ -80,11 +94,15 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
            "model": SIM_MODEL, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5,
            "slots": cfg.gateway_slots, "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
            "think_seconds": 0.02}
-    running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
+    # Each engine pair's three paths from a load-generator process of its own, as many
+    # conversations per process as before hook mode was measured: the direct path does
+    # the P→D hand-off in the client, so a client process short of CPU slows it most.
+    jobs = [{**job, "paths": ["direct", "naive", "boomerang"]}, {**job, "paths": ["direct-hook", "naive-hook", "hook"]}]
+    running = asyncio.ensure_future(b.workers.run(jobs, timeout=cfg.gateway_seconds + 120))
     await asyncio.sleep(0.5)
     sampler = b.sampler("turns", ("gateway", "naive-proxy", "router", "registry", "gateway-hook", "sim-prefill-hook"),
                         cfg.gateway_seconds)
-    (result,) = await running
+    result = _merge(await running)
     await b.collect("turns", sampler)
     b.progress.remove_task(task)
     b.sample_memory()
