@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,9 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
 
 
 def _run(args: argparse.Namespace) -> int:
-    console = Console()
+    # The tables are wide (a column per mode); piped into a log, rich would fold them to 80
+    # columns and cut every figure, so a console that is not a terminal gets room for them.
+    console = Console() if sys.stdout.isatty() else Console(width=170)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
     unknown = [p for p in profiles if p not in POINTS]
