@@ -19,7 +19,7 @@ from boomerang_registry import convert, metrics, requests
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.reaper_api import ReaperFacingServicer
-from boomerang_registry.repository import RegistryRepository, decode_page_token
+from boomerang_registry.repository import RegistryRepository, Row, decode_page_token
 from boomerang_registry.settings import RegistrySettings
 
 _OUTCOME = {
@@ -41,6 +41,27 @@ _ENGINE_SCOPED: dict[str, Callable[[Any], str]] = {
     "Heartbeat": lambda r: r.engine_id,
     "RegisterRetainedBlocks": lambda r: r.engine_id,
 }
+
+
+def _claim_response(outcome: ClaimOutcome, row: Row | None, tokens: int, remaining: float) -> rpb.ClaimReuseResponse:
+    """A claim's answer (ClaimReuse, or one ClaimReuseBatch result), counted in the claim metrics."""
+    metrics.CLAIMS.labels(outcome.value).inc()
+    if outcome is ClaimOutcome.CLAIMED:
+        metrics.CLAIMED_TOKENS.inc(tokens)
+    return rpb.ClaimReuseResponse(
+        outcome=_OUTCOME[outcome],
+        lease=convert.lease(row) if row is not None else None,
+        reusable_tokens=tokens,
+        remaining_seconds=remaining,
+    )
+
+
+def _set_error(result: rpb.ClaimReuseBatchResult | rpb.RegisterRetainedBlocksBatchResult, exc: BaseException) -> None:
+    """One batch item's failure, as @rpc would answer it alone."""
+    err = error_for_exception(exc)
+    result.error_code = grpc.StatusCode[err.code.value].value[0]
+    result.error_reason = err.reason
+    result.error_message = err.message
 
 
 class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServicer):
@@ -116,12 +137,6 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         requests.registration_batch_size(request)
         results = [rpb.RegisterRetainedBlocksBatchResult() for _ in request.registrations]
 
-        def failed(n: int, exc: BaseException) -> None:
-            err = error_for_exception(exc)  # as @rpc would answer it alone
-            results[n].error_code = grpc.StatusCode[err.code.value].value[0]
-            results[n].error_reason = err.reason
-            results[n].error_message = err.message
-
         valid = []
         for n, item in enumerate(request.registrations):
             try:
@@ -130,13 +145,13 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
                 )))
             except BoomerangError as err:
                 metrics.REGISTRATIONS.labels("rejected").inc()
-                failed(n, err)
+                _set_error(results[n], err)
         # Queued together, they go through the group commit together (one statement).
         outcomes = await asyncio.gather(*(self.batcher.register(b) for _, b in valid), return_exceptions=True)
         for (n, _), outcome in zip(valid, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 metrics.REGISTRATIONS.labels("rejected").inc()
-                failed(n, outcome)
+                _set_error(results[n], outcome)
                 continue
             row, created, superseded = outcome
             metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
@@ -153,15 +168,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         started = time.perf_counter()
         outcome, row, tokens, remaining = await self.repo.claim(query)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
-        metrics.CLAIMS.labels(outcome.value).inc()
-        if outcome is ClaimOutcome.CLAIMED:
-            metrics.CLAIMED_TOKENS.inc(tokens)
-        return rpb.ClaimReuseResponse(
-            outcome=_OUTCOME[outcome],
-            lease=convert.lease(row) if row is not None else None,
-            reusable_tokens=tokens,
-            remaining_seconds=remaining,
-        )
+        return _claim_response(outcome, row, tokens, remaining)
 
     @rpc
     async def ClaimReuseBatch(
@@ -176,25 +183,13 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
                 queries.append(requests.claim(item))
                 valid.append(n)
             except BoomerangError as err:
-                results[n].error_code = grpc.StatusCode[err.code.value].value[0]
-                results[n].error_reason = err.reason
-                results[n].error_message = err.message
+                _set_error(results[n], err)
         started = time.perf_counter()
         answers = await self.repo.claim_batch(queries) if queries else []
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         metrics.CLAIM_BATCH_SIZE.observe(len(queries))
         for n, (outcome, row, tokens, remaining) in zip(valid, answers, strict=True):
-            metrics.CLAIMS.labels(outcome.value).inc()
-            if outcome is ClaimOutcome.CLAIMED:
-                metrics.CLAIMED_TOKENS.inc(tokens)
-            results[n].response.CopyFrom(
-                rpb.ClaimReuseResponse(
-                    outcome=_OUTCOME[outcome],
-                    lease=convert.lease(row) if row is not None else None,
-                    reusable_tokens=tokens,
-                    remaining_seconds=remaining,
-                )
-            )
+            results[n].response.CopyFrom(_claim_response(outcome, row, tokens, remaining))
         return rpb.ClaimReuseBatchResponse(results=results)
 
     @rpc
