@@ -37,6 +37,7 @@ _GRPC_CODES = {
     Code.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 _FROM_GRPC = {v: k for k, v in _GRPC_CODES.items()}
+_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
 
 
 def to_status(err: BoomerangError) -> grpc.Status:
@@ -146,6 +147,16 @@ def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]])
             raise AssertionError("unreachable: abort_with_status raises")  # pragma: no cover
 
     return wrapper
+
+
+def from_code_number(number: int, reason: str, message: str) -> BoomerangError:
+    """The domain error of one failed item of a batch answer (its numeric gRPC code, reason and
+    message), as the same call alone would have raised it: an unmapped code is INTERNAL and
+    keeps its own name, and an empty reason is the code's name."""
+    grpc_code = _BY_NUMBER.get(number)
+    code = _FROM_GRPC.get(grpc_code, Code.INTERNAL) if grpc_code is not None else Code.INTERNAL
+    name = grpc_code.name if grpc_code is not None else Code.INTERNAL.value
+    return BoomerangError(code, reason or name, message)
 
 
 def from_rpc_error(err: grpc.RpcError) -> BoomerangError:

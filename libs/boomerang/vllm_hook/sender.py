@@ -35,12 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import grpc
-
 from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRegistryClient, result
 from boomerang.errors import BoomerangError, Code
+from boomerang.grpcutil.status import from_code_number
 from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -53,7 +52,6 @@ log = logging.getLogger(__name__)
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("b0e7a1f2-5c3d-4e8f-9a6b-7c2d1e0f3a4b")
 MAX_CALL = 256  # RegisterRetainedBlocksBatch's limit in the registry
-_STATUS_NAMES = {status.value[0]: status.name for status in grpc.StatusCode}
 _Answer = rpb.RegisterRetainedBlocksResponse | BoomerangClientError
 
 
@@ -320,8 +318,6 @@ class RegistrationSender:
 
 def _item_error(item: rpb.RegisterRetainedBlocksBatchResult) -> BoomerangClientError:
     """One failed registration of a batch, as its own RegisterRetainedBlocks call would have raised it."""
-    name = _STATUS_NAMES.get(item.error_code, "INTERNAL")
-    code = Code(name) if name in Code.__members__ else Code.INTERNAL
     return BoomerangClientError(
-        "RegisterRetainedBlocks", BoomerangError(code, item.error_reason or name, item.error_message)
+        "RegisterRetainedBlocks", from_code_number(item.error_code, item.error_reason, item.error_message)
     )
