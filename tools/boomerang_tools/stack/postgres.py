@@ -364,12 +364,15 @@ class EmbeddedPostgres:
             proc.send_signal(signal.SIGQUIT)
             proc.wait(10)
 
-    def _ensure_database(self) -> None:
+    async def _connect_admin(self) -> asyncpg.Connection:
+        """The superuser's connection to this cluster's `postgres` database."""
         password = (self.root / "pg-password").read_text().strip()
+        return await asyncpg.connect(host="127.0.0.1", port=self.port, user=USER, password=password,
+                                     database="postgres", timeout=10)
 
+    def _ensure_database(self) -> None:
         async def create() -> None:
-            conn = await asyncpg.connect(host="127.0.0.1", port=self.port, user=USER, password=password,
-                                         database="postgres", timeout=10)
+            conn = await self._connect_admin()
             try:
                 if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE):
                     await conn.execute(f'CREATE DATABASE "{DATABASE}"')
@@ -382,11 +385,9 @@ class EmbeddedPostgres:
         """Write every dirty page now (CHECKPOINT), so a stop soon after has little to write."""
         if not (self.owner and self.port):
             return
-        password = (self.root / "pg-password").read_text().strip()
 
         async def run() -> None:
-            conn = await asyncpg.connect(host="127.0.0.1", port=self.port, user=USER, password=password,
-                                         database="postgres", timeout=10)
+            conn = await self._connect_admin()
             try:
                 await conn.execute("CHECKPOINT")
             finally:
