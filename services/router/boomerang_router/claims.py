@@ -263,8 +263,6 @@ class ClaimBatcher:
         finally:
             self.sending -= 1
         for item, result in zip(batch, results, strict=True):
-            if item.timer is not None:
-                item.timer.cancel()
             if item.future.done():
                 continue
             if isinstance(result, BaseException):
