@@ -77,23 +77,25 @@ def _run(args: argparse.Namespace) -> int:
 # -- from the APIs -----------------------------------------------------------------------------
 
 
+def _name(enum: Any, value: int, prefix: str) -> str:
+    """An enum value's name without its prefix; "" for the unspecified zero."""
+    return "" if value == 0 else enum.Name(value).removeprefix(prefix)
+
+
 def plan_dict(p: Any) -> dict[str, Any]:
     """A router `TurnPlan` as the report's plan dict."""
-    def name(enum: Any, value: int, prefix: str) -> str:
-        return "" if value == 0 else enum.Name(value).removeprefix(prefix)
-
     return {
         "plan_id": p.plan_id, "tenant": p.tenant, "created_at": iso(p.create_time),
-        "decision": name(rtpb.PlanDecision, p.decision, "PLAN_DECISION_"),
-        "reason": name(rtpb.PlanReason, p.reason, "PLAN_REASON_"),
+        "decision": _name(rtpb.PlanDecision, p.decision, "PLAN_DECISION_"),
+        "reason": _name(rtpb.PlanReason, p.reason, "PLAN_REASON_"),
         "prompt_tokens": p.prompt_tokens, "reused_tokens": p.reusable_tokens, "recomputed_tokens": p.recompute_tokens,
         "verified_tokens": p.verified_prefix_tokens,
         "prefill_engine_id": p.prefill_engine.engine_id, "decode_engine_id": p.decode_engine.engine_id,
         "source_engine_id": p.source_engine_id, "lease_id": p.lease_id, "claim_id": p.claim_id,
         "reported_at": iso(p.report_time),
-        "handle_use": name(rtpb.HandleUse, p.handle_use, "HANDLE_USE_"),
-        "claimed_lease_state": name(tpb.LeaseState, p.claimed_lease_state, "LEASE_STATE_"),
-        "retention": name(rtpb.RetentionOutcome, p.retention, "RETENTION_OUTCOME_"),
+        "handle_use": _name(rtpb.HandleUse, p.handle_use, "HANDLE_USE_"),
+        "claimed_lease_state": _name(tpb.LeaseState, p.claimed_lease_state, "LEASE_STATE_"),
+        "retention": _name(rtpb.RetentionOutcome, p.retention, "RETENTION_OUTCOME_"),
         "new_lease_id": p.new_lease_id, "outcome": p.outcome, "outcome_detail": p.outcome_detail,
     }
 
@@ -101,7 +103,7 @@ def plan_dict(p: Any) -> dict[str, Any]:
 async def gather_api(registry: str, router: str, conversation: str, tenant: str, timeout: float) -> dict[str, Any]:
     """The report from the registry's GetConversation and the router's GetTurnPlan."""
     def state(value: int) -> str:
-        return "" if value == 0 else tpb.LeaseState.Name(value).removeprefix("LEASE_STATE_")
+        return _name(tpb.LeaseState, value, "LEASE_STATE_")
 
     async with RegistryClient(registry, timeout=timeout) as reg:
         conv = await reg.get_conversation(
