@@ -61,7 +61,6 @@ class RegistryRefresher:
 
     def __init__(self, pool: EnginePool, registry: RegistryClient, timeout: float = 2.0):
         self.pool = pool
-        self.registry = registry
         self.api = RouterRegistry(registry)
         self.timeout = timeout
         self.failures = 0
