@@ -77,9 +77,14 @@ def _run(args: argparse.Namespace) -> int:
 # -- figures from the APIs (pure functions over protos, unit-tested) ---------------------------
 
 
+def _epoch(ts: Any) -> float:
+    """A protobuf `Timestamp` in epoch seconds."""
+    return float(ts.seconds + ts.nanos / 1e9)
+
+
 def engine_row(e: Any, now: float) -> dict[str, Any]:
     """One registry `Engine` as the report shows it."""
-    heartbeat = e.heartbeat_time.seconds + e.heartbeat_time.nanos / 1e9 if e.HasField("heartbeat_time") else None
+    heartbeat = _epoch(e.heartbeat_time) if e.HasField("heartbeat_time") else None
     return {
         "engine_id": e.engine_id,
         "role": tpb.EngineRole.Name(e.role).removeprefix("ENGINE_ROLE_"),
@@ -103,16 +108,13 @@ def window_from_leases(leases: Iterable[Any], since: float) -> dict[str, Any]:
     previous turn's lease (so CONSUMED leases updated in the window count pulls, and their
     tokens bound the tokens reused from above).
     """
-    def epoch(ts: Any) -> float:
-        return float(ts.seconds + ts.nanos / 1e9)
-
     created = pulled = reused = 0
     ended: dict[str, int] = {s: 0 for s in ENDED_STATES}
     for lease in leases:
         state = tpb.LeaseState.Name(lease.state).removeprefix("LEASE_STATE_")
-        if epoch(lease.create_time) >= since:
+        if _epoch(lease.create_time) >= since:
             created += 1
-        if state in ended and epoch(lease.update_time) >= since:
+        if state in ended and _epoch(lease.update_time) >= since:
             ended[state] += 1
             if state == "CONSUMED":
                 pulled += 1
