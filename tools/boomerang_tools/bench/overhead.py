@@ -227,27 +227,12 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
     the turns that failed.
     """
     cfg = b.cfg
-    task = b.progress.add_task("control plane: idle CPU", total=None)
+    task = b.progress.add_task(f"control plane: CPU per turn, sequential, {cfg.gateway_seconds:g}s", total=None)
     gateway = f"http://{b.services.children['gateway'].address}"
-    idle_seconds = 2.0
-    meter = (await b.cpu_meter(*CONTROL_PLANE)).start()
-    await asyncio.sleep(idle_seconds)
-    idle = {k: v / idle_seconds for k, v in meter.stop().items()}
     base = {"kind": "turns", "gateway": gateway, "naive": "", "prefill": "", "decode": "", "model": SIM_MODEL,
             "paths": ["boomerang"], "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
             "think_seconds": 0.02}
-    b.progress.update(task, description=f"control plane: CPU per turn, sequential, {cfg.gateway_seconds:g}s")
-    job = {**base, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": 1}
-    running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
-    await asyncio.sleep(0.5)
-    meter = (await b.cpu_meter(*CONTROL_PLANE)).start()
-    started = time.perf_counter()
-    (sequential,) = await running
-    cpu = meter.stop()
-    seconds = time.perf_counter() - started
-    turns = int(sequential["turns"].get("boomerang", 0))
-    per_turn = {k: round(1000 * max(0.0, v - idle.get(k, 0.0) * seconds) / max(turns, 1), 3)
-                for k, v in cpu.items() if k != "clients"}
+    per_turn, idle, turns, sequential = await _sequential_cpu(b, CONTROL_PLANE, base, "boomerang")
     b.progress.update(task, description=f"control plane: {agents} agents at once, {cfg.gateway_seconds:g}s")
     job = {**base, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": agents}
     running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
@@ -262,7 +247,7 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
         "cpu_ms_per_turn": per_turn,
         "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
         "turns": turns,
-        "idle_cpu_ms_per_s": {k: round(1000 * v, 2) for k, v in idle.items()},
+        "idle_cpu_ms_per_s": idle,
         "sequential_plans": sequential["plans"],
         "sequential_errors": sequential["errors"],
         "agents": agents,
