@@ -89,6 +89,22 @@ _REGISTER_BATCH_ARRAYS = (
 )
 
 
+def _claim_params(q: ClaimQuery) -> dict[str, Any]:
+    """CLAIM_SQL's parameters of one claim but `actor` (CLAIM_BATCH_SQL takes each as an array)."""
+    return {
+        "tenant": q.tenant,
+        "conversation_id": q.conversation_id,
+        "claim_id": q.claim_id,
+        "block_size": q.chain.block_size,
+        "chain": q.chain.block_hashes,
+        "tail_hash": q.chain.tail_hash,
+        "num_tokens": q.chain.num_tokens,
+        "model": q.model,
+        "min_tokens": q.min_reusable_tokens,
+        "min_remaining": q.min_remaining_seconds,
+    }
+
+
 def claim_result(q: ClaimQuery, rows: Sequence[Row]) -> tuple[ClaimOutcome, Row | None, int, float]:
     """A claim statement's rows for `q` as (outcome, lease, tokens, remaining)."""
     by_kind: dict[str, list[Row]] = {}
@@ -402,19 +418,7 @@ class RegistryRepository:
 
     async def claim(self, q: ClaimQuery) -> tuple[ClaimOutcome, Row | None, int, float]:
         """Claim the best live lease in one statement; returns (outcome, lease, tokens, remaining)."""
-        params = {
-            "tenant": q.tenant,
-            "conversation_id": q.conversation_id,
-            "claim_id": q.claim_id,
-            "block_size": q.chain.block_size,
-            "chain": q.chain.block_hashes,
-            "tail_hash": q.chain.tail_hash,
-            "num_tokens": q.chain.num_tokens,
-            "model": q.model,
-            "min_tokens": q.min_reusable_tokens,
-            "min_remaining": q.min_remaining_seconds,
-            "actor": self.actor,
-        }
+        params = {**_claim_params(q), "actor": self.actor}
         rows: Sequence[Row]
         if self.raw is not None:
             rows = await self.raw.fetch_as(q.tenant, CLAIM_SQL, params, "ClaimReuse")
@@ -433,20 +437,9 @@ class RegistryRepository:
         results: list[tuple[ClaimOutcome, Row | None, int, float] | None] = [None] * len(queries)
         for members in _rounds([(q.tenant, q.conversation_id) for q in queries]):
             batch = [queries[n] for n in members]
-            params = {
-                "i": list(range(len(batch))),
-                "tenant": [q.tenant for q in batch],
-                "conversation_id": [q.conversation_id for q in batch],
-                "claim_id": [q.claim_id for q in batch],
-                "block_size": [q.chain.block_size for q in batch],
-                "chain": [q.chain.block_hashes for q in batch],
-                "tail_hash": [q.chain.tail_hash for q in batch],
-                "num_tokens": [q.chain.num_tokens for q in batch],
-                "model": [q.model for q in batch],
-                "min_tokens": [q.min_reusable_tokens for q in batch],
-                "min_remaining": [q.min_remaining_seconds for q in batch],
-                "actor": self.actor,
-            }
+            each = [_claim_params(q) for q in batch]
+            params: dict[str, Any] = {k: [p[k] for p in each] for k in each[0]}  # a round is never empty
+            params.update(i=list(range(len(batch))), actor=self.actor)
             tenants = sorted({q.tenant for q in batch})
             rows: Sequence[Row]
             if self.raw is not None:
