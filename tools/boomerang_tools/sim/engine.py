@@ -274,11 +274,16 @@ class Engine:
         p, prompt, remote = self.config.profile, adm.req.prompt_ids, adm.remote
         n = len(prompt)
         event = {"request_id": adm.request_id, "kind": "load", "remote_request_id": remote.request_id if remote else None}
-        if remote is None or not remote.complete:
+
+        def compute(outcome: str) -> _Context:
+            # vLLM's kv_load_failure_policy "recompute": the decode node computes the prompt.
             self.stats.load_failures += 1
             self.stats.computed_tokens += n
-            self._note(**event, outcome="incomplete_params")
+            self._note(**event, outcome=outcome)
             return _Context(list(prompt), p.decode_first_ms(0) + p.compute_ms(n))
+
+        if remote is None or not remote.complete:
+            return compute("incomplete_params")
         assert remote.host is not None and remote.port is not None and remote.request_id
         count = min(n, len(remote.block_ids) * self.config.block_size)
         try:
@@ -288,12 +293,8 @@ class Engine:
             if outcome == "corrupt":
                 self.stats.corrupt_loads += 1
         except Unreachable as exc:
-            # vLLM's kv_load_failure_policy "recompute": the decode node computes the prompt.
             log.warning("load %s failed: %s", adm.request_id, exc)
-            self.stats.load_failures += 1
-            self.stats.computed_tokens += n
-            self._note(**event, outcome="load_failed")
-            return _Context(list(prompt), p.decode_first_ms(0) + p.compute_ms(n))
+            return compute("load_failed")
         except Gone as exc:
             self.stats.expired_or_freed_loads += 1
             loaded, outcome = [0] * count, f"garbage_{exc.reason.lower()}"
