@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import xxhash
@@ -48,13 +49,13 @@ class PrefixCache:
         """Whether the engine caches prefixes at all (capacity 0: off, as in AWS's tests)."""
         return self.capacity_blocks > 0
 
-    def _hashes(self, tokens: list[int], limit: int) -> list[bytes]:
-        """The chained hashes of the first `limit` full blocks of `tokens`."""
-        out, parent, bs = [], b"", self.block_size
+    def _hashes(self, tokens: list[int], limit: int) -> Iterator[bytes]:
+        """The chained hashes of the first `limit` full blocks of `tokens`, one at a time (a
+        lookup stops hashing at its first miss)."""
+        parent, bs = b"", self.block_size
         for i in range(min(limit, len(tokens) // bs)):
             parent = xxhash.xxh3_128_digest(parent + array("I", tokens[i * bs : (i + 1) * bs]).tobytes())
-            out.append(parent)
-        return out
+            yield parent
 
     def lookup(self, prompt: list[int]) -> Hit:
         """The longest cached prefix of `prompt`, in whole blocks, leaving at least the last
@@ -76,7 +77,7 @@ class PrefixCache:
         if not self.enabled:
             return 0
         bs = self.block_size
-        keys = self._hashes(prompt, len(prompt) // bs)
+        keys = list(self._hashes(prompt, len(prompt) // bs))
         for i in reversed(range(len(keys))):
             self.blocks[keys[i]] = list(kv[i * bs : (i + 1) * bs])
             self.blocks.move_to_end(keys[i])
