@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import grpc
 import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
+from boomerang.leases import ClaimOutcome
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_router.claims import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher
 from boomerang_router.domain import ClaimResult
-from boomerang_router.registry_api import claim_result
+from boomerang_router.registry_api import RouterRegistry, claim_result
 
 
 def answer(n: int) -> ClaimResult:
@@ -138,3 +140,22 @@ async def test_a_call_carries_its_most_urgent_claim_s_deadline() -> None:
     assert api.calls == [["c0"], ["c1", "c2"]]
     # The second call left ~50 ms after the urgent claim queued: its deadline is what that claim had left.
     assert 0.1 < api.timeouts[1] < 0.2
+
+
+async def test_a_batch_answer_s_failed_item_is_the_error_its_claim_alone_would_raise() -> None:
+    class Client:
+        async def claim_reuse_batch(self, request: rpb.ClaimReuseBatchRequest, timeout: float) -> rpb.ClaimReuseBatchResponse:
+            return rpb.ClaimReuseBatchResponse(results=[
+                rpb.ClaimReuseBatchResult(response=rpb.ClaimReuseResponse(outcome=rpb.CLAIM_OUTCOME_NO_LEASE)),
+                rpb.ClaimReuseBatchResult(error_code=grpc.StatusCode.FAILED_PRECONDITION.value[0],
+                                          error_reason="ENGINE_NOT_REGISTERED", error_message="no such engine"),
+                rpb.ClaimReuseBatchResult(error_code=grpc.StatusCode.UNAVAILABLE.value[0],
+                                          error_reason="DATABASE_UNAVAILABLE", error_message="retry later"),
+            ])
+
+    api = RouterRegistry(Client())  # type: ignore[arg-type]
+    ok, refused, down = await api.claim_batch([req(0), req(1), req(2)], 1.0)
+    assert isinstance(ok, ClaimResult) and ok.status is ClaimOutcome.NO_LEASE
+    assert isinstance(refused, BoomerangClientError) and isinstance(down, BoomerangClientError)
+    assert (refused.code, refused.reason, refused.error.message) == ("FAILED_PRECONDITION", "ENGINE_NOT_REGISTERED", "no such engine")
+    assert (down.code, down.reason) == ("UNAVAILABLE", "DATABASE_UNAVAILABLE")

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import TypeAlias
 
-import grpc
 from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
+from boomerang.grpcutil.status import from_code_number
 from boomerang.leases import ClaimOutcome
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -38,8 +38,6 @@ _CLAIM_STATUS = {
     rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome.ALREADY_CLAIMED,
     rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome.BLOCK_SIZE_MISMATCH,
 }
-# A batch result's numeric gRPC status code as the library's Code.
-_CODE_OF = {grpc.StatusCode[c.value].value[0]: c for c in Code}
 _LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
 _ROLE = {tpb.ENGINE_ROLE_PREFILL: Role.PREFILL, tpb.ENGINE_ROLE_DECODE: Role.DECODE}
 
@@ -188,8 +186,7 @@ class RouterRegistry:
         out: list[ClaimResult | BoomerangClientError] = []
         for r in resp.results:
             if r.error_code:
-                code = _CODE_OF.get(r.error_code, Code.INTERNAL)
-                out.append(BoomerangClientError("ClaimReuse", BoomerangError(code, r.error_reason, r.error_message)))
+                out.append(BoomerangClientError("ClaimReuse", from_code_number(r.error_code, r.error_reason, r.error_message)))
             else:
                 out.append(claim_result(r.response))
         return out
