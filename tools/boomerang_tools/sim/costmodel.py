@@ -118,8 +118,8 @@ class Profile:
         return self.alpha_ms + self.compute_ms(prompt_tokens - cached_tokens)
 
 
-PROFILES: dict[str, Profile] = {
-    "qwen3-32b": Profile(
+PROFILES: dict[str, Profile] = {p.name: p for p in (
+    Profile(
         name="qwen3-32b",
         served_model_name="Qwen/Qwen3-32B",
         max_model_len=40960,
@@ -133,7 +133,7 @@ PROFILES: dict[str, Profile] = {
         bytes_per_token=64 * 8 * 128 * 2 * 2,
         published=Published((2000, 24000), (158, 778), (122, 460), (30, 130), 1.6),
     ),
-    "glm-5-fp8": Profile(
+    Profile(
         name="glm-5-fp8",
         served_model_name="zai-org/GLM-5-FP8",
         max_model_len=131072,
@@ -146,7 +146,7 @@ PROFILES: dict[str, Profile] = {
         bytes_per_token=0,
         published=Published((2000, 20000), (500, 2334), (358, 702), (29, 110), 3.3),
     ),
-}
+)}
 
 
 def profile(name: str) -> Profile:
