@@ -30,7 +30,7 @@ from boomerang_registry.domain import (
     RetainedBlocks,
     explain_no_claim,
 )
-from boomerang_registry.rawsql import SET_TENANT_LOCAL, SET_TENANTS_LOCAL, TenantPool, db_span
+from boomerang_registry.rawsql import SET_TENANTS_LOCAL, TenantPool, db_span
 from boomerang_registry.statements import (
     CLAIM_BATCH_SQL,
     CLAIM_SQL,
@@ -301,27 +301,13 @@ class RegistryRepository:
             return lease, True, int(lease["superseded"])
         return await self._explain_register_conflict(req), False, 0
 
-    async def register_blocks_raw(
-        self, conn: asyncpg.Connection, req: RetainedBlocks, tenant_set: str
-    ) -> tuple[Row, bool, int]:
-        """`register_blocks_in` on a raw connection of `self.raw` in the caller's transaction;
-        `tenant_set` is the tenant the transaction is already scoped to ('' for none)."""
-        assert self.raw is not None
-        if req.tenant != tenant_set:
-            await conn.execute(SET_TENANT_LOCAL, req.tenant)
-        query, args = self.raw.args(REGISTER_SQL, self._register_params(req))
-        with db_span("RegisterRetainedBlocks"):
-            row = await conn.fetchrow(query, *args)
-        if row is not None:
-            return row, True, int(row["superseded"])
-        return await self._explain_register_conflict(req), False, 0
-
     async def register_blocks_batch_raw(
         self, conn: asyncpg.Connection, reqs: Sequence[RetainedBlocks]
     ) -> list[tuple[Row, bool, int] | BoomerangError]:
-        """Many `register_blocks_raw` in the caller's transaction, one REGISTER_BATCH_SQL per
-        round (a round holds at most one registration per conversation; later ones on the
-        same conversation go in later rounds, so they supersede the earlier, in order)."""
+        """Many `register_blocks_in` on a raw connection of `self.raw` in the caller's
+        transaction, one REGISTER_BATCH_SQL per round (a round holds at most one registration
+        per conversation; later ones on the same conversation go in later rounds, so they
+        supersede the earlier, in order)."""
         assert self.raw is not None
         out: list[tuple[Row, bool, int] | BoomerangError | None] = [None] * len(reqs)
         set_tenants = self.raw.compile(SET_TENANTS_LOCAL)[0]
