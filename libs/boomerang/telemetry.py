@@ -265,6 +265,39 @@ def _span(name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
         yield current
 
 
+def trace_carrier() -> dict[str, str]:
+    """The current span's W3C trace context (`traceparent`, `tracestate`) for a message that
+    crosses a process on its own, as one item of a long-lived stream does ({} when tracing is off)."""
+    if not _enabled:
+        return {}
+    # deferred: OpenTelemetry loads only once tracing is on
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def served_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager[Any]:
+    """A server span `name` continuing the trace in `carrier` (from `trace_carrier`), as the
+    server interceptor makes for a unary call (a no-op context when tracing is off)."""
+    if not _enabled:
+        return nullcontext()
+    return _served_span(name, carrier)
+
+
+@contextmanager
+def _served_span(name: str, carrier: Mapping[str, str]) -> Iterator[Any]:
+    # deferred: OpenTelemetry loads only once tracing is on
+    from opentelemetry import propagate, trace
+
+    tracer = trace.get_tracer("boomerang")
+    with tracer.start_as_current_span(
+        name, context=propagate.extract(dict(carrier)), kind=trace.SpanKind.SERVER
+    ) as current:
+        yield current
+
+
 __all__: Sequence[str] = (
     "annotate",
     "asgi_app",
@@ -272,8 +305,10 @@ __all__: Sequence[str] = (
     "grpc_client_interceptors",
     "grpc_server_interceptors",
     "instrument_engine",
+    "served_span",
     "setup_tracing",
     "shutdown_tracing",
     "span",
+    "trace_carrier",
     "tracing_requested",
 )

@@ -65,6 +65,11 @@ class CommonSettings(BaseSettings):
     migrate_on_start: bool = Field(
         default=True, description="Apply database migrations when the service starts."
     )
+    grpc_streams: bool = Field(
+        default=True,
+        description="Send the hot path's calls (PlanTurn, ClaimReuseBatch) as messages on long-lived "
+        "streams (PlanTurnStream, ClaimReuseStream); false: one unary call each.",
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -17,7 +17,9 @@ from boomerang.telemetry import grpc_client_interceptors
 
 # grpc ships no type information: its interceptor bases are Any to mypy.
 class _BearerToken(
-    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor  # type: ignore[misc]
+    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.aio.StreamStreamClientInterceptor,  # type: ignore[misc]
 ):
     """Adds `authorization: Bearer <token>` to every call."""
 
@@ -36,6 +38,9 @@ class _BearerToken(
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         return await continuation(self._with_token(client_call_details), request)
+
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(client_call_details), request_iterator)
 
 
 def aio_channel(target: str, services: list[str], max_message_bytes: int = 16 * 1024 * 1024) -> grpc.aio.Channel:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
@@ -122,6 +122,18 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
+async def authorized_call(
+    servicer: Any, method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]], request: Req,
+    context: grpc.aio.ServicerContext,
+) -> Resp:
+    """`method` (a servicer method, unwrapped) on `request`, after the servicer's `authorize`
+    when it has one; its errors raised as they are (`@rpc` and the stream items translate them)."""
+    authorize = getattr(servicer, "authorize", None)
+    if authorize is not None:
+        await authorize(method.__name__, request, context)
+    return await method(servicer, request, context)
+
+
 def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]) -> Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
     """Wrap a servicer method so every failure leaves as a proper status.
 
@@ -132,10 +144,7 @@ def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]])
     @functools.wraps(method)
     async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
         try:
-            authorize = getattr(self, "authorize", None)
-            if authorize is not None:
-                await authorize(method.__name__, request, context)
-            return await method(self, request, context)
+            return await authorized_call(self, method, request, context)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001 - this is the translation boundary
@@ -149,14 +158,32 @@ def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]])
     return wrapper
 
 
-def from_code_number(number: int, reason: str, message: str) -> BoomerangError:
-    """The domain error of one failed item of a batch answer (its numeric gRPC code, reason and
-    message), as the same call alone would have raised it: an unmapped code is INTERNAL and
-    keeps its own name, and an empty reason is the code's name."""
+def code_number(err: BoomerangError) -> int:
+    """The numeric gRPC code of a domain error, for a failed item of a batch or stream answer
+    (what `from_code_number` reads back)."""
+    return int(_GRPC_CODES[err.code].value[0])
+
+
+def write_item_error(item: Any, exc: BaseException) -> None:
+    """Set an answer item's `error_code`, `error_reason` and `error_message` (a batch result
+    or a stream response) to the failure `@rpc` would have answered the call alone with."""
+    err = error_for_exception(exc)
+    item.error_code = code_number(err)
+    item.error_reason = err.reason
+    item.error_message = err.message
+    if err.violations and hasattr(item, "error_fields"):
+        for v in err.violations:
+            item.error_fields.add(field=v.field, description=v.description)
+
+
+def from_code_number(number: int, reason: str, message: str, fields: Iterable[Any] = ()) -> BoomerangError:
+    """The domain error of one failed item of a batch or stream answer (its numeric gRPC code,
+    reason, message and any `FieldViolation`s), as the same call alone would have raised it:
+    an unmapped code is INTERNAL and keeps its own name, and an empty reason is the code's name."""
     grpc_code = _BY_NUMBER.get(number)
     code = _FROM_GRPC.get(grpc_code, Code.INTERNAL) if grpc_code is not None else Code.INTERNAL
     name = grpc_code.name if grpc_code is not None else Code.INTERNAL.value
-    return BoomerangError(code, reason or name, message)
+    return BoomerangError(code, reason or name, message, [FieldViolation(f.field, f.description) for f in fields])
 
 
 def from_rpc_error(err: grpc.RpcError) -> BoomerangError:

@@ -184,6 +184,41 @@ class ClaimReuseBatchResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[ClaimReuseBatchResult]
     def __init__(self, results: _Optional[_Iterable[_Union[ClaimReuseBatchResult, _Mapping]]] = ...) -> None: ...
 
+class ClaimReuseStreamRequest(_message.Message):
+    __slots__ = ("id", "timeout_seconds", "request", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout_seconds: float
+    request: ClaimReuseBatchRequest
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., request: _Optional[_Union[ClaimReuseBatchRequest, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ClaimReuseStreamResponse(_message.Message):
+    __slots__ = ("id", "response", "error_code", "error_reason", "error_message", "error_fields")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: ClaimReuseBatchResponse
+    error_code: int
+    error_reason: str
+    error_message: str
+    error_fields: _containers.RepeatedCompositeFieldContainer[_types_pb2.FieldViolation]
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[ClaimReuseBatchResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_reason: _Optional[str] = ..., error_message: _Optional[str] = ..., error_fields: _Optional[_Iterable[_Union[_types_pb2.FieldViolation, _Mapping]]] = ...) -> None: ...
+
 class ReleaseClaimRequest(_message.Message):
     __slots__ = ("tenant", "lease_id", "claim_id", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -67,6 +67,11 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.FromString,
                 _registered_method=True)
+        self.ClaimReuseStream = channel.stream_stream(
+                '/boomerang.v1.BlockRegistryService/ClaimReuseStream',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamResponse.FromString,
+                _registered_method=True)
         self.ReleaseClaim = channel.unary_unary(
                 '/boomerang.v1.BlockRegistryService/ReleaseClaim',
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseClaimRequest.SerializeToString,
@@ -172,6 +177,16 @@ class BlockRegistryServiceServicer:
         """Several claims in one call, each answered exactly as ClaimReuse would answer it (at most
         once per lease, per tenant, verified prefix). Claims for different conversations run as
         one SQL statement; a claim that is invalid gets its own error, the others still run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimReuseStream(self, request_iterator, context):
+        """ClaimReuseBatch over one long-lived stream: each request message carries one batch with
+        an id of the caller's choosing and its own deadline, and is answered exactly as
+        ClaimReuseBatch would answer it (authentication per message) by one response message
+        with the same id, in any order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -295,6 +310,11 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.ClaimReuseBatch,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.SerializeToString,
+            ),
+            'ClaimReuseStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ClaimReuseStream,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamResponse.SerializeToString,
             ),
             'ReleaseClaim': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseClaim,
@@ -512,6 +532,33 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/ClaimReuseBatch',
             boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimReuseStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/boomerang.v1.BlockRegistryService/ClaimReuseStream',
+            boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

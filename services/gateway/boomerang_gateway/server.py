@@ -106,7 +106,10 @@ async def run(settings: GatewaySettings) -> None:
     static = bool(settings.prefill_urls or settings.decode_urls)
     registry = (lambda: RegistryClient(settings.registry_address)) if not static and settings.registry_address else None
     def new_router() -> RouterClient:
-        return RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
+        return RouterClient(
+            settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds,
+            streams=settings.grpc_streams,
+        )
 
     # With the engines' hook planning, the gateway never calls the router.
     router = new_router() if settings.router_address and not settings.engine_hook else None

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from boomerang.credentials import CredentialStore
 from boomerang.errors import BoomerangError, Code, Violations
-from boomerang.grpcutil.status import error_for_exception, rpc
+from boomerang.grpcutil.status import rpc, write_item_error
+from boomerang.grpcutil.streams import serve_items
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
@@ -54,14 +55,6 @@ def _claim_response(outcome: ClaimOutcome, row: Row | None, tokens: int, remaini
         reusable_tokens=tokens,
         remaining_seconds=remaining,
     )
-
-
-def _set_error(result: rpb.ClaimReuseBatchResult | rpb.RegisterRetainedBlocksBatchResult, exc: BaseException) -> None:
-    """One batch item's failure, as @rpc would answer it alone."""
-    err = error_for_exception(exc)
-    result.error_code = grpc.StatusCode[err.code.value].value[0]
-    result.error_reason = err.reason
-    result.error_message = err.message
 
 
 class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServicer):
@@ -145,13 +138,13 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
                 )))
             except BoomerangError as err:
                 metrics.REGISTRATIONS.labels("rejected").inc()
-                _set_error(results[n], err)
+                write_item_error(results[n], err)
         # Queued together, they go through the group commit together (one statement).
         outcomes = await asyncio.gather(*(self.batcher.register(b) for _, b in valid), return_exceptions=True)
         for (n, _), outcome in zip(valid, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 metrics.REGISTRATIONS.labels("rejected").inc()
-                _set_error(results[n], outcome)
+                write_item_error(results[n], outcome)
                 continue
             row, created, superseded = outcome
             metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
@@ -183,7 +176,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
                 queries.append(requests.claim(item))
                 valid.append(n)
             except BoomerangError as err:
-                _set_error(results[n], err)
+                write_item_error(results[n], err)
         started = time.perf_counter()
         answers = await self.repo.claim_batch(queries) if queries else []
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
@@ -191,6 +184,12 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         for n, (outcome, row, tokens, remaining) in zip(valid, answers, strict=True):
             results[n].response.CopyFrom(_claim_response(outcome, row, tokens, remaining))
         return rpb.ClaimReuseBatchResponse(results=results)
+
+    async def ClaimReuseStream(
+        self, request_iterator: AsyncIterator[rpb.ClaimReuseStreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rpb.ClaimReuseStreamResponse]:
+        async for answer in serve_items(self, self.ClaimReuseBatch, request_iterator, context, rpb.ClaimReuseStreamResponse):
+            yield answer
 
     @rpc
     async def ReleaseClaim(self, request: rpb.ReleaseClaimRequest, context: grpc.aio.ServicerContext) -> rpb.ReleaseClaimResponse:

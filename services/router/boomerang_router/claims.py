@@ -251,7 +251,7 @@ class ClaimBatcher:
         timeout = max(earliest - now, 0.001)
         try:
             results: list[ClaimResult | BoomerangClientError]
-            if len(batch) == 1:
+            if len(batch) == 1 and not self.api.streaming:
                 results = [await self.api.claim(batch[0].req, timeout)]
             else:
                 results = await self.api.claim_batch([item.req for item in batch], timeout)

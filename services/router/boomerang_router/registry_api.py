@@ -169,6 +169,12 @@ class RouterRegistry:
     def __init__(self, client: RegistryClient):
         self.client = client
 
+    @property
+    def streaming(self) -> bool:
+        """Whether claims go on the registry's ClaimReuseStream (a batch of one costs no more
+        than ClaimReuse there)."""
+        return self.client.claims is not None and self.client.claims.streaming
+
     async def claim(self, req: ClaimRequest, timeout: float) -> ClaimResult:
         """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
         return claim_result(await self.client.claim_reuse(req, timeout=timeout))
