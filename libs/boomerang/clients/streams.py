@@ -24,6 +24,11 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class StreamBroken(Exception):
     """The stream ended before a message's answer arrived."""
 
@@ -101,6 +106,7 @@ class StreamCaller(Generic[Req, Resp]):
         call = self._stream()
         key = next(self._ids)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        answer.add_done_callback(_retrieved)  # a broken stream's error may find its caller gone
         self._pending[key] = answer
         try:
             env = self._envelope(id=key, timeout_seconds=timeout, request=request, trace_context=telemetry.trace_carrier())

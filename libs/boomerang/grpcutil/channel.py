@@ -16,12 +16,12 @@ from boomerang.telemetry import grpc_client_interceptors
 
 
 # grpc ships no type information: its interceptor bases are Any to mypy.
-class _BearerToken(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
-    grpc.aio.StreamStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds `authorization: Bearer <token>` to every call."""
+class _BearerToken:
+    """Adds `authorization: Bearer <token>` to every call of one kind.
+
+    One object per kind of call: grpc.aio files an interceptor under the first kind it
+    implements only, so one object implementing several would leave streams without the token.
+    """
 
     def __init__(self, token: str):
         self.metadata = ("authorization", f"Bearer {token}")
@@ -33,12 +33,18 @@ class _BearerToken(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
 
+
+class _UnaryUnaryToken(_BearerToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         return await continuation(self._with_token(client_call_details), request)
 
+
+class _UnaryStreamToken(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         return await continuation(self._with_token(client_call_details), request)
 
+
+class _StreamStreamToken(_BearerToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
         return await continuation(self._with_token(client_call_details), request_iterator)
 
@@ -57,7 +63,7 @@ def aio_channel(target: str, services: list[str], max_message_bytes: int = 16 * 
     interceptors: list[Any] = list(grpc_client_interceptors())
     token = client_token()
     if token:
-        interceptors.append(_BearerToken(token))
+        interceptors += [_UnaryUnaryToken(token), _UnaryStreamToken(token), _StreamStreamToken(token)]
     tls = TlsFiles.from_env()
     if tls.enabled:
         return grpc.aio.secure_channel(target, tls.channel_credentials(), options=options, interceptors=interceptors)
