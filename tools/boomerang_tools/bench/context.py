@@ -78,6 +78,7 @@ class Bench:
         self.workers: Workers
         self.registry_address = ""
         self.router_address = ""
+        self.router_unary_address = ""  # `router-unary`: the same router with BOOMERANG_GRPC_STREAMS=false
         self.margin_seconds = TTL_MARGIN_SECONDS
         self.preloaded = 0
         self.copy_rows_per_second = 10_000.0
@@ -114,7 +115,12 @@ class Bench:
             self.profiles[label] = await asyncio.to_thread(sampler.finish)
 
     async def start(self) -> None:
-        """Database, migrations, registry, router, reaper, engines, client processes."""
+        """Database, migrations, registry, routers, reaper, engines, client processes.
+
+        Two routers share the registry: `router` with the hot path on long-lived streams (the
+        default, measured by every plan step) and `router-unary` with BOOMERANG_GRPC_STREAMS=false
+        (ClaimReuseBatch as unary calls), for the same-run A/B of `phases.plan_paths`.
+        """
         for noisy in ("alembic", "httpx"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
         url = await self.db.start()
@@ -127,20 +133,23 @@ class Bench:
         s.start("registry", ["registry", "--listen", "127.0.0.1:0"])
         (self.registry_address,) = await s.ready("registry")
         s.start("router", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address])
+        s.start("router-unary", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address],
+                env={"BOOMERANG_GRPC_STREAMS": "false"})
         s.start("reaper", ["reaper", "--listen", "127.0.0.1:0", "--registry", self.registry_address])
         self.registry = RegistryClient(self.registry_address, timeout=10.0)
         self.engines = BenchEngines(self.registry)
         await self.engines.register(self.cfg.decode_engines, self.cfg.prefill_engines)
-        self.router_address, _ = await s.ready("router", "reaper")
-        self.workers = await asyncio.to_thread(Workers, self.cfg.clients, self.router_address, self.registry_address)
+        self.router_address, self.router_unary_address, _ = await s.ready("router", "router-unary", "reaper")
+        self.workers = await asyncio.to_thread(Workers, self.cfg.clients, self.router_address, self.registry_address,
+                                               self.router_unary_address)
         self.pg = await asyncpg.connect(url)
-        await self._wait_pool()
+        await asyncio.gather(self._wait_pool(self.router_address), self._wait_pool(self.router_unary_address))
 
-    async def _wait_pool(self, timeout: float = 30.0) -> None:
-        """Until the router's pool holds the benchmark's engines (it polls the registry)."""
+    async def _wait_pool(self, address: str, timeout: float = 30.0) -> None:
+        """Until the router at `address` holds the benchmark's engines in its pool (it polls the registry)."""
         want = self.cfg.decode_engines + self.cfg.prefill_engines
         deadline = time.monotonic() + timeout
-        async with RouterClient(self.router_address, timeout=2.0) as router:
+        async with RouterClient(address, timeout=2.0) as router:
             while time.monotonic() < deadline:
                 try:
                     listed = await router.list_engines(rtpb.RouterServiceListEnginesRequest(model=MODEL))
@@ -149,7 +158,7 @@ class Bench:
                 except Exception:  # noqa: BLE001 - not yet
                     pass
                 await asyncio.sleep(0.2)
-        raise RuntimeError("the router did not see the benchmark's engines in time")
+        raise RuntimeError(f"the router at {address} did not see the benchmark's engines in time")
 
     async def stop(self) -> None:
         """Stop what started, in reverse."""

@@ -80,6 +80,7 @@ def build_report(
         "expiry_lag_p99_s": expiry["lag_p99_s"],
         "gateway_overhead": results.get("gateway_overhead") or {"boomerang_p50_ms": None, "naive_p50_ms": None,
                                                                 "ratio": None},
+        "plan_paths": results.get("plan_paths"),
         "control_plane": results.get("control_plane"),
         "control_plane_hook": results.get("control_plane_hook"),
         "scale": results["scale"],
@@ -101,6 +102,11 @@ def build_report(
                      "are given back between steps so every step claims afresh",
             "registrations": "closed loop, each call the next turn of a conversation (superseding its lease), "
                              "counted when acknowledged (after commit)",
+            "plan_paths": "the plans' open loop at each rate twice, same run, one step after the other, the order "
+                          "alternating per rate: unary calls (client → router-unary, a second router on the same "
+                          "registry with BOOMERANG_GRPC_STREAMS=false: PlanTurn and ClaimReuseBatch unary) and "
+                          "long-lived streams (client → router: PlanTurnStream and ClaimReuseStream); CPU per "
+                          "plan of the router that served the step, the registry, Postgres and the clients",
             "expiry": "lag_seconds the registry records in each TTL_EXPIRED event (database clock)",
             "gateway_overhead": "turn time (send to last streamed byte) less the direct path's, same run, "
                                 "interleaved; ratio = Boomerang's added time / the naive proxy's; hook mode: "
@@ -122,6 +128,36 @@ def _count(value: Any) -> str:
 
 def _cpu(per: dict[str, float] | None) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in (per or {}).items()) or "—"
+
+
+PATH_NAMES = {"unary": "unary calls", "stream": "streams"}
+PATH_CPU = ("router", "registry", "postgres", "clients")
+
+
+def plan_paths_lines(paths: dict[str, Any]) -> list[str]:
+    """The same-run A/B of PlanTurn's transport: a row per rate and path, unary first."""
+    lines = ["", "## PlanTurn: unary calls → long-lived streams (same run, interleaved)", "",
+             (f"{paths['leases']:,} live leases, {paths['clients']} client processes, open loop, "
+              f"{paths['step_seconds']:g} s per step; at each rate one step per path, one after the other, the "
+              "order alternating per rate (column “ran”). Unary: client → router-unary → registry "
+              "(PlanTurn, ClaimReuseBatch); streams: client → router → registry (PlanTurnStream, "
+              "ClaimReuseStream). CPU ms per plan: the router that served the step, the registry, Postgres, "
+              "the clients."),
+             "", "| rate/s | path | ran | achieved/s | p50 ms | p99 ms | PULL | degraded | "
+             + " | ".join(f"CPU {k}" for k in PATH_CPU) + " | CPU total |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * (len(PATH_CPU) + 1)]
+    for entry in paths["rates"]:
+        for path, name in PATH_NAMES.items():
+            r = entry[path]
+            degraded = r["reasons"].get("CONTROL_PLANE_DEGRADED", 0) + sum(r["errors"].values())
+            cpu = r["cpu_ms_per_plan"]
+            ran = "first" if entry["order"][0] == path else "second"
+            lines.append(f"| {entry['rate']:,} | {name} | {ran} | {r['achieved_rps']:,.0f} | "
+                         f"{_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {r['pull_fraction']:.0%} | "
+                         f"{degraded / max(r['plans'], 1):.0%} | "
+                         + " | ".join(_ms(cpu.get(k)) for k in PATH_CPU)
+                         + f" | {_ms(entry['cpu_ms_per_plan_total'][path])} |")
+    return lines
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -170,6 +206,8 @@ def markdown(report: dict[str, Any]) -> str:
                            f"costs {floor['server_cpu_ms_per_call']:.2f} ms of server CPU and "
                            f"{floor['client_cpu_ms_per_call']:.2f} ms of client CPU here; a plan crosses two hops "
                            f"(client → router → registry), {hops:.2f} ms before any work.")]
+    if (report.get("plan_paths") or {}).get("rates"):
+        lines += plan_paths_lines(report["plan_paths"])
     if report["scale"]:
         lines += ["", "## Scale", "",
                   "| live leases | p50 ms | p99 ms | p99.9 ms | database MB | leases MB | lease indexes MB | audit MB |",

@@ -57,6 +57,8 @@ async def measure(b: Bench) -> dict[str, Any]:
     if want("plans"):
         results["plan"] = await phases.plan_rates(b)
         lap("plans")
+        results["plan_paths"] = await phases.plan_paths(b)
+        lap("plan_paths")
     if want("scale"):
         at_rate = next((r for r in results.get("plan", {}).get("rates", []) if r["rate"] == cfg.scale_rate), None)
         results["scale"].append(await phases.scale_point(b, cfg.leases, at_rate))
