@@ -283,24 +283,52 @@ def served_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager
     server interceptor makes for a unary call (a no-op context when tracing is off)."""
     if not _enabled:
         return nullcontext()
-    return _served_span(name, carrier)
+    return _kind_span(name, "SERVER", carrier)
+
+
+def client_span(name: str) -> AbstractContextManager[Any]:
+    """A client span `name` under the current one, as the client interceptor makes for a
+    unary call; for one message of a long-lived stream (a no-op context when tracing is off)."""
+    if not _enabled:
+        return nullcontext()
+    return _kind_span(name, "CLIENT", None)
+
+
+def detached() -> AbstractContextManager[Any]:
+    """Run outside any trace: what starts here (a long-lived stream, say) belongs to no request."""
+    if not _enabled:
+        return nullcontext()
+    return _detached()
 
 
 @contextmanager
-def _served_span(name: str, carrier: Mapping[str, str]) -> Iterator[Any]:
+def _kind_span(name: str, kind: str, carrier: Mapping[str, str] | None) -> Iterator[Any]:
     # deferred: OpenTelemetry loads only once tracing is on
     from opentelemetry import propagate, trace
 
     tracer = trace.get_tracer("boomerang")
-    with tracer.start_as_current_span(
-        name, context=propagate.extract(dict(carrier)), kind=trace.SpanKind.SERVER
-    ) as current:
+    parent = propagate.extract(dict(carrier)) if carrier is not None else None
+    with tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind[kind]) as current:
         yield current
+
+
+@contextmanager
+def _detached() -> Iterator[None]:
+    # deferred: OpenTelemetry loads only once tracing is on
+    from opentelemetry import context
+
+    token = context.attach(context.Context())
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 __all__: Sequence[str] = (
     "annotate",
     "asgi_app",
+    "client_span",
+    "detached",
     "enabled",
     "grpc_client_interceptors",
     "grpc_server_interceptors",

@@ -94,7 +94,8 @@ def test_one_turn_is_one_trace_across_every_service(traced: Traced) -> None:
     assert ("boomerang-gateway", "POST /tokenize") in names
     assert ("boomerang-sim-prefill", "POST /tokenize") in names
     assert ("boomerang-router", "/boomerang.v1.RouterService/PlanTurn") in names
-    assert ("boomerang-registry", "/boomerang.v1.BlockRegistryService/ClaimReuse") in names
+    # The router's claims go in batches on its ClaimReuseStream; each message is its own span.
+    assert ("boomerang-registry", "/boomerang.v1.BlockRegistryService/ClaimReuseBatch") in names
     assert any(s.service == "boomerang-registry" and s.attributes.get("db.system") == "postgresql" for s in spans), (
         "no Postgres span from the registry"
     )

@@ -28,10 +28,12 @@ def number(req: rpb.ClaimReuseRequest) -> int:
 class FakeRegistry:
     """Answers each claim NO_LEASE after `delay`, recording every call's claims."""
 
-    def __init__(self, delay: float = 0.0, fail_conversation: str = ""):
+    def __init__(self, delay: float = 0.0, fail_conversation: str = "", streaming: bool = False):
         self.delay = delay
         self.fail_conversation = fail_conversation
+        self.streaming = streaming  # on a ClaimReuseStream, a lone claim goes as a batch of one
         self.calls: list[list[str]] = []
+        self.methods: list[str] = []
         self.timeouts: list[float] = []
 
     async def wait(self, timeout: float) -> None:
@@ -44,6 +46,7 @@ class FakeRegistry:
 
     async def claim(self, req: rpb.ClaimReuseRequest, timeout: float) -> ClaimResult:
         self.calls.append([req.conversation_id])
+        self.methods.append("ClaimReuse")
         await self.wait(timeout)
         return answer(number(req))
 
@@ -51,6 +54,7 @@ class FakeRegistry:
         self, reqs: Sequence[rpb.ClaimReuseRequest], timeout: float
     ) -> list[ClaimResult | BoomerangClientError]:
         self.calls.append([r.conversation_id for r in reqs])
+        self.methods.append("ClaimReuseBatch")
         await self.wait(timeout)
         return [
             BoomerangClientError("ClaimReuse", BoomerangError(Code.INVALID_ARGUMENT, "INVALID_REQUEST", "bad"))
@@ -70,6 +74,15 @@ async def test_claims_arriving_while_one_call_is_out_leave_together() -> None:
     results = await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(11)))
     assert [r.verified_tokens for r in results] == list(range(11))  # each its own answer
     assert api.calls == [["c0"], [f"c{n}" for n in range(1, 11)]]
+
+
+async def test_on_a_stream_a_lone_claim_goes_as_a_batch_of_one() -> None:
+    unary, streamed = FakeRegistry(), FakeRegistry(streaming=True)
+    for api in (unary, streamed):
+        batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
+        assert (await batcher.claim(req(3), 1.0)).verified_tokens == 3
+    assert (unary.methods, streamed.methods) == (["ClaimReuse"], ["ClaimReuseBatch"])
+    assert unary.calls == streamed.calls == [["c3"]]
 
 
 async def test_batches_are_capped_and_calls_in_flight_bounded() -> None:

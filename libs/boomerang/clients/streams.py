@@ -16,7 +16,7 @@ from boomerang import telemetry
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
 from boomerang.grpcutil.status import from_code_number, from_rpc_error
-from boomerang.grpcutil.streams import deadline_error
+from boomerang.grpcutil.streams import deadline_error, service_name
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class StreamCaller(Generic[Req, Resp]):
         clock: Callable[[], float] = time.monotonic,
     ):
         self.method = method
+        self.span_name = f"/{service_name(envelope, method)}/{method}"  # the unary call's span name
         self._open = open_stream
         self._envelope = envelope
         self._unary = unary
@@ -109,18 +110,21 @@ class StreamCaller(Generic[Req, Resp]):
         answer.add_done_callback(_retrieved)  # a broken stream's error may find its caller gone
         self._pending[key] = answer
         try:
-            env = self._envelope(id=key, timeout_seconds=timeout, request=request, trace_context=telemetry.trace_carrier())
             written = False
             try:
                 async with asyncio.timeout(timeout):
-                    try:
-                        async with self._write_lock:
-                            await call.write(env)
-                        written = True
-                    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
-                        if not answer.done():
-                            answer.set_exception(StreamBroken(self._broken(call, err)))
-                    return await answer
+                    with telemetry.client_span(self.span_name):
+                        env = self._envelope(
+                            id=key, timeout_seconds=timeout, request=request, trace_context=telemetry.trace_carrier()
+                        )
+                        try:
+                            async with self._write_lock:
+                                await call.write(env)
+                            written = True
+                        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
+                            if not answer.done():
+                                answer.set_exception(StreamBroken(self._broken(call, err)))
+                        return await answer
             except TimeoutError:
                 if not written:  # a write cut short leaves the stream unusable: start a new one
                     self._abandon(call)
@@ -135,7 +139,8 @@ class StreamCaller(Generic[Req, Resp]):
 
     def _stream(self) -> Any:
         if self._call is None:
-            self._call = self._open()
+            with telemetry.detached():  # the stream outlives the request that opened it
+                self._call = self._open()
             self.streams_opened += 1
             self._reader = asyncio.create_task(self._read(self._call))
         return self._call

@@ -64,6 +64,14 @@ def deadline_error(method: str, timeout: float) -> BoomerangError:
     )
 
 
+def service_name(envelope: Any, method: str) -> str:
+    """The full name of the service in `envelope`'s proto file that has `method`."""
+    for service in envelope.DESCRIPTOR.file.services_by_name.values():
+        if method in service.methods_by_name:
+            return str(service.full_name)
+    raise ValueError(f"no service in {envelope.DESCRIPTOR.file.name} has a method {method}")
+
+
 async def serve_items(
     servicer: Any,
     method: Callable[..., Awaitable[Any]],
@@ -77,7 +85,7 @@ async def serve_items(
     method of `servicer`; its unwrapped body runs, after the servicer's `authorize`), each
     answer as a `response_type` envelope with the request's id."""
     body = getattr(method, "__wrapped__", method)
-    name = f"{type(servicer).__name__}/{body.__name__}"
+    name = f"/{service_name(response_type, body.__name__)}/{body.__name__}"  # the unary call's span name
     answers: asyncio.Queue[Any] = asyncio.Queue()
     room = asyncio.Semaphore(max_in_flight)
     running: set[asyncio.Task[None]] = set()
