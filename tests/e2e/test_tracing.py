@@ -140,3 +140,14 @@ def test_background_work_and_health_checks_start_no_trace(traced: Traced) -> Non
         ("boomerang-registry", "/boomerang.v1.BlockRegistryService/GetConversation"),
     }, sorted({(r.service, r.name) for r in roots})
     assert stray(spans) == [], "spans of traces no request started"
+
+
+def test_streams_work_with_tracing_on(traced: Traced) -> None:
+    """The OpenTelemetry server interceptor iterates a streaming handler's result: the reaper's
+    deadline watch and the plan and claim streams must be async generators, or every one of
+    them fails with tracing on (the watch then falls back to polling, plans to recompute)."""
+    logs = {name: "\n".join(proc.lines) for name, proc in traced.stack.procs.items()}
+    assert "deadline watch opened" in logs["registry"]
+    assert "deadline watch ended" not in logs["reaper"]
+    assert "Unexpected [TypeError]" not in logs["registry"] + logs["router"]
+    assert "PlanTurn failed" not in logs["gateway"]

@@ -5,6 +5,7 @@ audit retention. A mixin of BlockRegistryServicer: validate, delegate to `expiry
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -71,7 +72,10 @@ class ReaperFacingServicer:
 
     async def WatchLeaseDeadlines(
         self, request: rpb.WatchLeaseDeadlinesRequest, context: grpc.aio.ServicerContext
-    ) -> None:
+    ) -> AsyncIterator[rpb.WatchLeaseDeadlinesResponse]:
+        # An async generator, not a coroutine writing to `context`: the OpenTelemetry server
+        # interceptor iterates a streaming handler's result, so with tracing on a coroutine
+        # handler failed every watch and the reaper fell back to polling.
         v = Violations()
         requests.check_id(v, "watcher", request.watcher, required=False)
         sub = None
@@ -84,19 +88,15 @@ class ReaperFacingServicer:
             sub = await self.deadline_hub.subscribe()
             log.info("deadline watch opened by %r", request.watcher or context.peer())
             earliest, live, db_now = await self.expiry.snapshot()
-            await context.write(
-                rpb.WatchLeaseDeadlinesResponse(
-                    snapshot=True,
-                    earliest_expire_time=convert.ts(earliest),
-                    live_leases=live,
-                    database_time=convert.ts(db_now),
-                )
+            yield rpb.WatchLeaseDeadlinesResponse(
+                snapshot=True,
+                earliest_expire_time=convert.ts(earliest),
+                live_leases=live,
+                database_time=convert.ts(db_now),
             )
             while True:
                 deadline = await sub.next()
-                await context.write(
-                    rpb.WatchLeaseDeadlinesResponse(earliest_expire_time=convert.ts(_ts_from_epoch(deadline)))
-                )
+                yield rpb.WatchLeaseDeadlinesResponse(earliest_expire_time=convert.ts(_ts_from_epoch(deadline)))
         except Exception as exc:  # noqa: BLE001 - the stream's translation boundary (like @rpc)
             await context.abort_with_status(to_status(error_for_exception(exc)))
         finally:
