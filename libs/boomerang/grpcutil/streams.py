@@ -125,6 +125,8 @@ async def serve_items(
             answers.put_nowait(None)
 
     reader = asyncio.create_task(read())
+    # A cancelled stream closes its request iterator under the reader; that error is moot.
+    reader.add_done_callback(lambda task: task.cancelled() or task.exception())
     try:
         while (answer := await answers.get()) is not None:
             yield answer
