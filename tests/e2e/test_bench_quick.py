@@ -63,7 +63,7 @@ async def test_quick_bench_writes_the_report(tmp_path: Path) -> None:
     # Both paths reached the registry and pulled (the unary router is a working router).
     for path in ("unary", "stream"):
         assert sum(e[path]["reasons"].get("VERIFIED_PREFIX", 0) for e in paths["rates"]) > 0, paths
-    assert "router-unary" in report["memory_mb"]
+    assert "router-stream" in report["memory_mb"]
     assert _number(report["register_rps"]) and report["register_rps"] > 0
     assert report["register"]["outcomes"].get("created", 0) > 0
     assert _number(report["expiry_lag_p99_s"])

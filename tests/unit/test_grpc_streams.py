@@ -83,7 +83,7 @@ async def test_answers_match_their_requests_out_of_order(token: None) -> None:
     planner = Planner()
     server, port = await start(planner)
     try:
-        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0) as client:
+        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0, streams=True) as client:
             planner.delays = {"slow": 0.3, "mid": 0.1}
             answers = await asyncio.gather(*(client.plan_turn(plan(c)) for c in ("slow", "mid", "fast")))
             assert [a.plan_id for a in answers] == ["plan-slow", "plan-mid", "plan-fast"]
@@ -101,7 +101,7 @@ async def test_a_bad_message_fails_alone_naming_its_field(token: None) -> None:
     planner = Planner()
     server, port = await start(planner)
     try:
-        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0) as client:
+        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0, streams=True) as client:
             with pytest.raises(BoomerangClientError) as err:
                 await client.plan_turn(plan("a", model=""))
             assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", "INVALID_REQUEST")
@@ -117,7 +117,7 @@ async def test_unauthenticated_messages_are_refused_one_by_one(monkeypatch: pyte
     planner = Planner()
     server, port = await start(planner)
     try:
-        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0) as client:
+        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0, streams=True) as client:
             for _ in range(2):
                 with pytest.raises(BoomerangClientError) as err:
                     await client.plan_turn(plan("a"))
@@ -132,7 +132,7 @@ async def test_a_message_past_its_deadline_is_cancelled_and_says_so(token: None)
     planner.delays = {"slow": 2.0}
     server, port = await start(planner)
     try:
-        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0) as client:
+        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0, streams=True) as client:
             with pytest.raises(BoomerangClientError) as err:
                 await client.plan_turn(plan("slow"), timeout=0.2)
             assert err.value.code == "DEADLINE_EXCEEDED"
@@ -155,7 +155,7 @@ async def test_a_stream_holds_at_most_max_in_flight_unanswered(token: None) -> N
     planner.delays = {f"c{i}": 0.1 for i in range(12)}
     server, port = await start(planner)
     try:
-        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0) as client:
+        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0, streams=True) as client:
             answers = await asyncio.gather(*(client.plan_turn(plan(f"c{i}")) for i in range(12)))
             assert sorted(a.plan_id for a in answers) == sorted(f"plan-c{i}" for i in range(12))
             assert planner.most_in_flight == 4
@@ -166,7 +166,7 @@ async def test_a_stream_holds_at_most_max_in_flight_unanswered(token: None) -> N
 async def test_a_restarted_server_gets_a_new_stream(token: None) -> None:
     planner = Planner()
     server, port = await start(planner)
-    async with RouterClient(f"127.0.0.1:{port}", plan_timeout=2.0) as client:
+    async with RouterClient(f"127.0.0.1:{port}", plan_timeout=2.0, streams=True) as client:
         assert (await client.plan_turn(plan("a"))).plan_id == "plan-a"
         planner.delays = {"cut": 1.0}
         cut = asyncio.ensure_future(client.plan_turn(plan("cut")))
@@ -186,7 +186,7 @@ async def test_a_server_without_the_stream_is_called_unary(token: None) -> None:
     planner = Planner(streams=False)
     server, port = await start(planner)
     try:
-        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0) as client:
+        async with RouterClient(f"127.0.0.1:{port}", plan_timeout=5.0, streams=True) as client:
             assert (await client.plan_turn(plan("a"))).plan_id == "plan-a"
             assert client.plans is not None and not client.plans.streaming
             assert (await client.plan_turn(plan("b"))).plan_id == "plan-b"

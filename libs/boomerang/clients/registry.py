@@ -17,12 +17,12 @@ class RegistryClient:
     """BlockRegistryService with per-call deadlines (seconds) and one error type.
 
     Every registry RPC is idempotent (by natural key or request id), so the channel retries
-    UNAVAILABLE transparently. With `streams` (the default), claim batches go as messages on
+    UNAVAILABLE transparently. With `streams`, claim batches go as messages on
     one long-lived ClaimReuseStream (`boomerang.clients.streams`), unary to a registry
     without it.
     """
 
-    def __init__(self, target: str, timeout: float = 5.0, *, streams: bool = True):
+    def __init__(self, target: str, timeout: float = 5.0, *, streams: bool = False):
         self.target = target
         self.timeout = timeout
         self.channel = aio_channel(target, [SERVICE])

@@ -20,12 +20,12 @@ class RouterClient:
     costs a reuse), ReportTurn per `plan_id`, and the rest have no side effects, so the
     channel retries UNAVAILABLE transparently. Give PlanTurn a short deadline: past it the
     caller should recompute rather than wait (the router itself answers within its claim
-    deadline even when the registry is down). With `streams` (the default), plans go as
+    deadline even when the registry is down). With `streams`, plans go as
     messages on one long-lived PlanTurnStream (`boomerang.clients.streams`), unary to a
     router without it.
     """
 
-    def __init__(self, target: str, timeout: float = 5.0, plan_timeout: float = 0.25, *, streams: bool = True):
+    def __init__(self, target: str, timeout: float = 5.0, plan_timeout: float = 0.25, *, streams: bool = False):
         self.target = target
         self.timeout = timeout
         self.plan_timeout = plan_timeout

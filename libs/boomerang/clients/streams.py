@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+
+
+async def _drain(outbox: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+    """The request messages of one stream, as callers put them in its outbox (None ends it)."""
+    while (message := await outbox.get()) is not None:
+        yield message
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
@@ -40,15 +46,15 @@ class StreamBroken(Exception):
 class StreamCaller(Generic[Req, Resp]):
     """Calls of one unary RPC as messages on a long-lived stream of its `*Stream` twin.
 
-    `open_stream()` opens the twin (a stub's stream-stream method, called without a request
-    iterator); `envelope(id=, timeout_seconds=, request=, trace_context=)` builds a request
+    `open_stream(requests)` opens the twin (a stub's stream-stream method) on an async
+    iterator of request messages; `envelope(id=, timeout_seconds=, request=, trace_context=)` builds a request
     message; `unary(request, timeout)` is the plain call, for servers without the twin.
     """
 
     def __init__(
         self,
         method: str,
-        open_stream: Callable[[], Any],
+        open_stream: Callable[[AsyncIterator[Any]], Any],
         envelope: Callable[..., Any],
         unary: Callable[[Req, float], Awaitable[Resp]],
         *,
@@ -65,7 +71,7 @@ class StreamCaller(Generic[Req, Resp]):
         self._ids = itertools.count(1)
         self._call: Any = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._write_lock = asyncio.Lock()
+        self._outbox: asyncio.Queue[Any] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._unary_until = 0.0
         self.streams_opened = 0
@@ -104,53 +110,35 @@ class StreamCaller(Generic[Req, Resp]):
         timeout = deadline - self._clock()
         if timeout <= 0:
             raise BoomerangClientError(self.method, deadline_error(self.method, 0.0))
-        call = self._stream()
+        outbox = self._stream()
         key = next(self._ids)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         answer.add_done_callback(_retrieved)  # a broken stream's error may find its caller gone
         self._pending[key] = answer
         try:
-            written = False
             try:
                 async with asyncio.timeout(timeout):
                     with telemetry.client_span(self.span_name):
-                        env = self._envelope(
+                        outbox.put_nowait(self._envelope(
                             id=key, timeout_seconds=timeout, request=request, trace_context=telemetry.trace_carrier()
-                        )
-                        try:
-                            async with self._write_lock:
-                                await call.write(env)
-                            written = True
-                        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
-                            if not answer.done():
-                                answer.set_exception(StreamBroken(self._broken(call, err)))
+                        ))
                         return await answer
             except TimeoutError:
-                if not written:  # a write cut short leaves the stream unusable: start a new one
-                    self._abandon(call)
                 raise BoomerangClientError(self.method, deadline_error(self.method, timeout)) from None
         finally:
             self._pending.pop(key, None)
 
-    def _abandon(self, call: Any) -> None:
-        if self._call is call:
-            self._call = None
-        call.cancel()
-
-    def _stream(self) -> Any:
-        if self._call is None:
+    def _stream(self) -> asyncio.Queue[Any]:
+        """The open stream's outbox (gRPC sends what is put there, in order, without the
+        callers waiting for each write), opening the stream first if need be."""
+        if self._call is None or self._outbox is None:
+            outbox: asyncio.Queue[Any] = asyncio.Queue()
             with telemetry.detached():  # the stream outlives the request that opened it
-                self._call = self._open()
+                self._call = self._open(_drain(outbox))
+            self._outbox = outbox
             self.streams_opened += 1
             self._reader = asyncio.create_task(self._read(self._call))
-        return self._call
-
-    def _broken(self, call: Any, err: BaseException) -> BoomerangError:
-        if self._call is call:
-            self._call = None
-        if isinstance(err, grpc.aio.AioRpcError):
-            return from_rpc_error(err)
-        return BoomerangError(Code.UNAVAILABLE, "STREAM_CLOSED", f"the {self.method} stream closed: {err}")
+        return self._outbox
 
     async def _read(self, call: Any) -> None:
         error: BoomerangError | None = None
@@ -169,7 +157,7 @@ class StreamCaller(Generic[Req, Resp]):
             error = from_rpc_error(err)
         finally:
             if self._call is call:
-                self._call = None
+                self._call, self._outbox = None, None
             error = error or BoomerangError(Code.UNAVAILABLE, "STREAM_CLOSED", f"the server ended the {self.method} stream")
             for waiting in self._pending.values():
                 if not waiting.done():
@@ -178,6 +166,9 @@ class StreamCaller(Generic[Req, Resp]):
     async def close(self) -> None:
         """End the stream (calls still waiting fail as CANCELLED)."""
         call, self._call = self._call, None
+        if self._outbox is not None:
+            self._outbox.put_nowait(None)  # ends the request stream
+            self._outbox = None
         if call is not None:
             call.cancel()
         if self._reader is not None:

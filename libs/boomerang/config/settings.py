@@ -66,9 +66,9 @@ class CommonSettings(BaseSettings):
         default=True, description="Apply database migrations when the service starts."
     )
     grpc_streams: bool = Field(
-        default=True,
+        default=False,
         description="Send the hot path's calls (PlanTurn, ClaimReuseBatch) as messages on long-lived "
-        "streams (PlanTurnStream, ClaimReuseStream); false: one unary call each.",
+        "streams (PlanTurnStream, ClaimReuseStream) instead of one unary call each.",
     )
 
     @field_validator("database_url")

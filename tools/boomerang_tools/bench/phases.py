@@ -20,7 +20,7 @@ from boomerang_tools.bench.workload import Conversation, conversation, planned_i
 DEGRADED = "CONTROL_PLANE_DEGRADED"
 EXPIRY_TENANT = "bench-expiry"
 # The router each PlanTurn path goes to (context.py starts both on the same registry).
-ROUTERS = {"stream": "router", "unary": "router-unary"}
+ROUTERS = {"unary": "router", "stream": "router-stream"}
 
 
 async def preload_to(b: Bench, target: int) -> dict[str, Any]:
@@ -41,13 +41,14 @@ async def preload_to(b: Bench, target: int) -> dict[str, Any]:
 
 
 async def plan_step(
-    b: Bench, rate: int, seconds: float, label: str, profile: str = "", path: str = "stream"
+    b: Bench, rate: int, seconds: float, label: str, profile: str = "", path: str = "unary"
 ) -> dict[str, Any]:
     """PlanTurn at `rate`/s open loop for `seconds`, from every client process.
 
-    `path` "stream": to `router`, PlanTurn on a long-lived stream (and the router's claims on
-    ClaimReuseStream); "unary": to `router-unary`, unary PlanTurn calls (and unary
-    ClaimReuseBatch). The CPU meter takes the router that served them, reported as "router".
+    `path` "unary": to `router`, unary PlanTurn calls (and unary ClaimReuseBatch), as deployed
+    by default; "stream": to `router-stream`, PlanTurn on a long-lived stream (and the
+    router's claims on ClaimReuseStream). The CPU meter takes the router that served them,
+    reported as "router".
     """
     cfg = b.cfg
     router = ROUTERS[path]
@@ -132,12 +133,13 @@ async def plan_rates(b: Bench) -> dict[str, Any]:
 
 
 async def plan_paths(b: Bench) -> dict[str, Any]:
-    """PlanTurn both ways in the same run, interleaved: unary calls (client → `router-unary`,
-    PlanTurn and ClaimReuseBatch unary) and long-lived streams (client → `router`, PlanTurnStream
-    and ClaimReuseStream), one step per path at each rate, the order alternating per rate."""
+    """PlanTurn both ways in the same run, interleaved: unary calls (client → `router`,
+    PlanTurn and ClaimReuseBatch unary) and long-lived streams (client → `router-stream`,
+    PlanTurnStream and ClaimReuseStream), one step per path at each rate, the order
+    alternating per rate."""
     cfg = b.cfg
     seconds = cfg.path_seconds
-    await plan_step(b, 300, min(1.0, seconds), "warm-up (unary calls)", path="unary")  # its first channels
+    await plan_step(b, 300, min(1.0, seconds), "warm-up (streams)", path="stream")  # its first stream
     rates = []
     for i, rate in enumerate(cfg.path_rates):
         order = ("unary", "stream") if i % 2 == 0 else ("stream", "unary")

@@ -103,9 +103,10 @@ def build_report(
             "registrations": "closed loop, each call the next turn of a conversation (superseding its lease), "
                              "counted when acknowledged (after commit)",
             "plan_paths": "the plans' open loop at each rate twice, same run, one step after the other, the order "
-                          "alternating per rate: unary calls (client → router-unary, a second router on the same "
-                          "registry with BOOMERANG_GRPC_STREAMS=false: PlanTurn and ClaimReuseBatch unary) and "
-                          "long-lived streams (client → router: PlanTurnStream and ClaimReuseStream); CPU per "
+                          "alternating per rate: unary calls (client → router, as deployed by default: PlanTurn and "
+                          "ClaimReuseBatch unary) and long-lived streams (client → router-stream, a second router "
+                          "on the same registry with BOOMERANG_GRPC_STREAMS=true: PlanTurnStream and "
+                          "ClaimReuseStream); CPU per "
                           "plan of the router that served the step, the registry, Postgres and the clients",
             "expiry": "lag_seconds the registry records in each TTL_EXPIRED event (database clock)",
             "gateway_overhead": "turn time (send to last streamed byte) less the direct path's, same run, "
@@ -139,8 +140,8 @@ def plan_paths_lines(paths: dict[str, Any]) -> list[str]:
     lines = ["", "## PlanTurn: unary calls → long-lived streams (same run, interleaved)", "",
              (f"{paths['leases']:,} live leases, {paths['clients']} client processes, open loop, "
               f"{paths['step_seconds']:g} s per step; at each rate one step per path, one after the other, the "
-              "order alternating per rate (column “ran”). Unary: client → router-unary → registry "
-              "(PlanTurn, ClaimReuseBatch); streams: client → router → registry (PlanTurnStream, "
+              "order alternating per rate (column “ran”). Unary: client → router → registry "
+              "(PlanTurn, ClaimReuseBatch); streams: client → router-stream → registry (PlanTurnStream, "
               "ClaimReuseStream). CPU ms per plan: the router that served the step, the registry, Postgres, "
               "the clients."),
              "", "| rate/s | path | ran | achieved/s | p50 ms | p99 ms | PULL | degraded | "
