@@ -294,3 +294,18 @@ async def test_claim_statement_uses_the_live_conversation_index(repo: RegistryRe
         await conn.rollback()
     assert "ix_leases_live_conversation" in plan
     assert "Seq Scan on leases" not in plan
+
+
+async def test_concurrent_consumes_of_one_claim_move_it_once(
+    repo: RegistryRepository, pg: asyncpg.Connection, unique: str
+) -> None:
+    """MarkConsumed is one locked statement: two at once both answer CONSUMED, one event."""
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    held = turn(300)
+    lease, _, _ = await register(repo, "t", unique, eid, held)
+    await claim(repo, "t", unique, held + [1], claim_id="c1")
+    first, second = await asyncio.gather(*(repo.mark_consumed("t", lease["lease_id"], "c1") for _ in range(2)))
+    assert first["state"] == second["state"] == "CONSUMED"
+    assert first["version"] == second["version"]
+    assert [e for e in await events(pg, lease["lease_id"]) if e[1] == "CONSUMED"] == [("CLAIMED", "CONSUMED", "PREFILL_READ")]

@@ -114,7 +114,7 @@ def violations(sql: str, scan_keys: tuple[str, ...] = KEYS, sweep: bool = False)
     return found
 
 
-def consume_sql() -> str:
+def release_sql() -> str:
     return statements.TRANSITION_SQL.format(where=statements.CLAIMED_LEASE_WHERE, extra_set="")
 
 
@@ -123,7 +123,8 @@ HOT = {
     "registry claim batch": (statements.CLAIM_BATCH_SQL, KEYS, False),
     "registry registration": (statements.REGISTER_SQL, KEYS, False),
     "registry registration batch": (statements.REGISTER_BATCH_SQL, KEYS, False),
-    "registry consume and release": (consume_sql(), ("tenant", "lease_id"), False),
+    "registry consume": (statements.CONSUME_SQL, ("tenant", "lease_id"), False),
+    "registry release": (release_sql(), ("tenant", "lease_id"), False),
     "registry expiry": (expiry.EXPIRE_SQL, KEYS, True),
     "router turn_plans upsert": (router_repository.UPSERT_SQL, KEYS, False),
 }

@@ -35,6 +35,7 @@ from boomerang_registry.statements import (
     CLAIM_BATCH_SQL,
     CLAIM_SQL,
     CLAIMED_LEASE_WHERE,
+    CONSUME_SQL,
     ENGINE_COLUMNS,
     LEASE_COLUMNS,
     LIVE_LEASE_FILTER,
@@ -474,30 +475,25 @@ class RegistryRepository:
             return row
 
     async def mark_consumed(self, tenant: str, lease_id: str, claim_id: str) -> Row:
-        """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops)."""
-        async with self.tenant_transaction(tenant) as conn:
-            lease = await self._locked_lease(conn, tenant, lease_id)
-            if lease["claim_id"] != claim_id:
-                raise failed_precondition(
-                    "CLAIM_MISMATCH", f"lease {lease_id} is not held by claim {claim_id!r}"
-                )
-            if lease["state"] == "CONSUMED":
-                return lease
-            if lease["state"] != "CLAIMED":
-                raise failed_precondition(
-                    f"LEASE_{lease['state']}", f"lease {lease_id} is {lease['state']}, not claimed"
-                )
-            await self._transition(
-                conn,
-                CLAIMED_LEASE_WHERE,
-                {"id": lease_id, "tenant": tenant},
-                LeaseState.CONSUMED,
-                "PREFILL_READ",
-                claim_id,
-            )
-            row = await self._lease(conn, lease_id)
-            assert row is not None
-            return row
+        """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops): one statement
+        (CONSUME_SQL) on the raw pool, as a claim is, else in a transaction."""
+        params = {"tenant": tenant, "id": lease_id, "claim_id": claim_id, "actor": self.actor}
+        rows: Sequence[Row]
+        if self.raw is not None:
+            rows = await self.raw.fetch_as(tenant, CONSUME_SQL, params, "MarkConsumed")
+        else:
+            async with self.tenant_transaction(tenant) as conn:
+                rows = [r._mapping for r in await conn.execute(text(CONSUME_SQL), params)]
+        if not rows:
+            raise not_found("LEASE_NOT_FOUND", f"lease {lease_id} does not exist for this tenant")
+        lease = rows[0]
+        if lease["moved"]:
+            return lease
+        if lease["claim_id"] != claim_id:
+            raise failed_precondition("CLAIM_MISMATCH", f"lease {lease_id} is not held by claim {claim_id!r}")
+        if lease["state"] == "CONSUMED":
+            return lease
+        raise failed_precondition(f"LEASE_{lease['state']}", f"lease {lease_id} is {lease['state']}, not claimed")
 
     async def _locked_lease(self, conn: AsyncConnection, tenant: str, lease_id: str) -> Row:
         row = (
