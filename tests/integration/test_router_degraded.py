@@ -259,6 +259,26 @@ async def test_registry_down_answers_degraded_and_the_breaker_stops_asking(datab
         await close(router)
 
 
+async def test_the_breaker_counts_failed_calls_not_the_claims_in_them(database_url: str, unique: str) -> None:
+    """Eight claims at once leave in two calls (one alone, then a batch of seven); both fail.
+    That is two failures in a row, not eight: the breaker (three) stays closed, and opens
+    only when a third call fails."""
+    router = make_router(database_url, f"127.0.0.1:{free_port()}", claim_deadline_ms=200, breaker_failures=3,
+                         breaker_cooldown_seconds=60, claim_batches_in_flight=1)
+    router.audit.start()
+    static_engines(router, "m")
+    try:
+        records = await asyncio.gather(*(plan(router, "acme", f"c-{unique}-{i}", "m", list(range(100))) for i in range(8)))
+        assert {(r.decision, r.reason) for r, _ in records} == {(PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED)}
+        failed = {k: v for k, v in router.stats.items() if k.startswith("claims_failed_")}
+        assert sum(failed.values()) == 8, failed  # UNAVAILABLE, then DEADLINE_EXCEEDED while the channel backs off
+        assert not router.breaker.is_open
+        await plan(router, "acme", f"c-{unique}-x", "m", list(range(100)))
+        assert router.breaker.is_open
+    finally:
+        await close(router)
+
+
 async def test_audit_failures_never_fail_a_plan(database_url: str, registry_proc: ServiceProcess, unique: str) -> None:
     dead_db = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
     router = make_router(database_url, registry_proc.address, audit_url=dead_db)

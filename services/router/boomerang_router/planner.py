@@ -112,6 +112,7 @@ class Router:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.claim_deadline = settings.claim_deadline_ms / 1000
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown_seconds)
+        self._counted: BoomerangClientError | None = None  # the last failed call the breaker counted
         self.store = PlanStore(
             settings.plan_memory_seconds, settings.plan_memory_max, max_bytes=int(settings.plan_memory_mb * 2**20)
         )
@@ -249,7 +250,11 @@ class Router:
             # A claim shed by the router's own queue says the router is busy, not that the registry failed;
             # one cut short by its caller's deadline says nothing about the registry either.
             cut_short = err.code == "DEADLINE_EXCEEDED" and wait < self.claim_deadline
-            if transient and err.reason not in (QUEUE_FULL, QUEUE_TIMEOUT) and not cut_short:
+            # The breaker counts failed registry calls, not claims: every claim of a batch that
+            # failed gets that call's one error, and one slow batch of eight is not eight failures
+            # in a row (under load it opened the breaker, and a second of plans lost their reuse).
+            if transient and err.reason not in (QUEUE_FULL, QUEUE_TIMEOUT) and not cut_short and err is not self._counted:
+                self._counted = err
                 self.breaker.record_failure()
             self.stats[f"claims_failed_{err.code.lower()}"] += 1
             if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"):
