@@ -50,15 +50,16 @@ SELECT lease_id::text AS lease_id FROM moved
 
 # MarkConsumed in one statement: the lease, locked; moved CLAIMED → CONSUMED (one event, as
 # TRANSITION_SQL writes it) when `claim_id` holds it. Its row after the move, marked `moved`;
-# otherwise its row as it was (the caller explains why nothing moved), or no row at all.
+# otherwise its row as locked (after any concurrent consume committed: the statement's own
+# snapshot would still read CLAIMED), for the caller to explain why nothing moved; or no row.
 CONSUME_SQL = f"""
 WITH old AS (
-    SELECT lease_id, tenant, conversation_id, state, claim_id FROM leases
-    WHERE tenant = :tenant AND lease_id = CAST(:id AS uuid) FOR UPDATE
+    SELECT {LEASE_COLUMNS} FROM leases l
+    WHERE l.tenant = :tenant AND l.lease_id = CAST(:id AS uuid) FOR UPDATE
 ), moved AS (
     UPDATE leases l SET state = 'CONSUMED', version = l.version + 1, updated_at = now()
     FROM old WHERE l.tenant = old.tenant AND l.conversation_id = old.conversation_id
-      AND l.lease_id = old.lease_id AND old.state = 'CLAIMED' AND old.claim_id = :claim_id
+      AND l.lease_id = CAST(old.lease_id AS uuid) AND old.state = 'CLAIMED' AND old.claim_id = :claim_id
     RETURNING {LEASE_COLUMNS}, true AS moved
 ), ev AS (
     INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state,
@@ -69,8 +70,7 @@ WITH old AS (
 )
 SELECT * FROM moved
 UNION ALL
-SELECT {LEASE_COLUMNS}, false AS moved FROM leases l
-WHERE l.tenant = :tenant AND l.lease_id = CAST(:id AS uuid) AND NOT EXISTS (SELECT 1 FROM moved)
+SELECT *, false AS moved FROM old WHERE NOT EXISTS (SELECT 1 FROM moved)
 """
 
 # Returns the new lease's row (and how many it superseded), or no row when the request was
