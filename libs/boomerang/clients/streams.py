@@ -16,7 +16,7 @@ from boomerang import telemetry
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
 from boomerang.grpcutil.status import from_code_number, from_rpc_error
-from boomerang.grpcutil.streams import deadline_error, service_name
+from boomerang.grpcutil.streams import deadline_error, retrieve_exception, service_name
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +28,6 @@ async def _drain(outbox: asyncio.Queue[Any]) -> AsyncIterator[Any]:
     """The request messages of one stream, as callers put them in its outbox (None ends it)."""
     while (message := await outbox.get()) is not None:
         yield message
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 class StreamBroken(Exception):
@@ -113,7 +108,7 @@ class StreamCaller(Generic[Req, Resp]):
         outbox = self._stream()
         key = next(self._ids)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        answer.add_done_callback(_retrieved)  # a broken stream's error may find its caller gone
+        answer.add_done_callback(retrieve_exception)  # a broken stream's error may find its caller gone
         self._pending[key] = answer
         try:
             try:
@@ -131,7 +126,7 @@ class StreamCaller(Generic[Req, Resp]):
     def _stream(self) -> asyncio.Queue[Any]:
         """The open stream's outbox (gRPC sends what is put there, in order, without the
         callers waiting for each write), opening the stream first if need be."""
-        if self._call is None or self._outbox is None:
+        if self._outbox is None:  # set and cleared with `_call`
             outbox: asyncio.Queue[Any] = asyncio.Queue()
             with telemetry.detached():  # the stream outlives the request that opened it
                 self._call = self._open(_drain(outbox))

@@ -57,6 +57,13 @@ class _ItemContext:
         return str(self._stream.peer())
 
 
+def retrieve_exception(done: asyncio.Future[Any]) -> None:
+    """A done-callback that marks a task's or future's error as read: on a stream that broke,
+    the error may find no one left to await it, and asyncio would log it as lost."""
+    if not done.cancelled():
+        done.exception()
+
+
 def deadline_error(method: str, timeout: float) -> BoomerangError:
     """The error of a call or message that ran past its deadline."""
     return BoomerangError(
@@ -126,7 +133,7 @@ async def serve_items(
 
     reader = asyncio.create_task(read())
     # A cancelled stream closes its request iterator under the reader; that error is moot.
-    reader.add_done_callback(lambda task: task.cancelled() or task.exception())
+    reader.add_done_callback(retrieve_exception)
     try:
         while (answer := await answers.get()) is not None:
             yield answer
