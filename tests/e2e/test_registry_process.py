@@ -268,9 +268,11 @@ async def test_metrics_endpoint_reports_claims_and_leases(database_url: str, uni
             await client.claim_reuse(claim_request("m", unique + "x", tokens))
         async with httpx.AsyncClient() as http:
             body = ""
-            for _ in range(40):  # gauges refresh every 5 s
+            # Gauges refresh every 5 s, and a refresh between RegisterEngine and the
+            # registration shows the engine holding nothing: wait for the figure itself.
+            for _ in range(60):
                 body = (await http.get(metrics_url)).text
-                if f'boomerang_retained_blocks{{engine_id="{eid}"}}' in body:
+                if f'boomerang_retained_bytes{{engine_id="{eid}"}} {32 * 4096}.0' in body:
                     break
                 await asyncio.sleep(0.25)
         assert 'boomerang_registry_claims_total{outcome="CLAIMED"} 1.0' in body

@@ -15,23 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from boomerang_reaper.domain import ClockOffset, leadership_valid_until
 from boomerang_reaper.repository import LeaderRow, ReaperRepository
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LeaderView:
-    """Who leads, as this replica last saw it."""
-
-    holder: str
-    term: int
-    expires_epoch: float
-    unexpired: bool
 
 
 class LeaderElection:
@@ -54,7 +43,6 @@ class LeaderElection:
         self.stats = stats
         self.term = 0  # the term this replica holds (0: none)
         self.valid_until = 0.0  # local monotonic
-        self.view: LeaderView | None = None
         self.changed = asyncio.Event()  # set on every gain or loss of leadership
         self._kick = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -124,7 +112,6 @@ class LeaderElection:
         received = self._loop.time()
         if row is not None:
             self.clock.observe(row.db_now, sent, received)
-            self.view = LeaderView(row.holder, row.term, row.expires_epoch, row.unexpired)
         if won and row is not None:
             self.valid_until = leadership_valid_until(sent, self.lease_seconds)
             if row.term != self.term:

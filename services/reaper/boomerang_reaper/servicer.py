@@ -90,9 +90,13 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
         v.raise_if_any()
         try:
             result = await self.reaper.reap_now(request.sweep_engines, request.enforce_retention, request.request_id)
-        except NotLeader as exc:
-            err = failed_precondition("NOT_LEADER", str(exc))
-            err.metadata["leader"] = exc.leader
+        except NotLeader:
+            # Named from the row as it stands, not this replica's last look at it: a standby
+            # that has just started may not have looked yet.
+            row = await self.repo.current(self.settings.election)
+            leader = row.holder if row is not None and row.unexpired else ""
+            err = failed_precondition("NOT_LEADER", f"this replica is not the leader (leader: {leader or 'none'})")
+            err.metadata["leader"] = leader
             raise err from None
         except BoomerangClientError as exc:
             raise exc.error from None  # the registry's own status (FENCED, UNAVAILABLE, ...)

@@ -37,11 +37,7 @@ def epoch(ts: Timestamp) -> float:
 
 
 class NotLeader(Exception):
-    """This replica does not lead; `leader` names who does (empty when nobody)."""
-
-    def __init__(self, leader: str):
-        super().__init__(f"this replica is not the leader (leader: {leader or 'none'})")
-        self.leader = leader
+    """This replica does not lead (the servicer names who does, from the election row)."""
 
 
 @dataclass
@@ -255,8 +251,7 @@ class Reaper:
         """Do the leader's work now (ReapNow); NotLeader on a standby."""
         term = self.election.term
         if not self.election.holds(term):
-            view = self.election.view
-            raise NotLeader(view.holder if view is not None and view.unexpired else "")
+            raise NotLeader()
         try:
             result = ReapResult(term, lags=await self.expire_due(term, request_id))
             if sweep:
