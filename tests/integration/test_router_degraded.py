@@ -33,6 +33,7 @@ from boomerang_router.pool import EngineInfo, Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool
 from boomerang_router.settings import RouterSettings
+from prometheus_client import REGISTRY
 
 from tests.support.procs import ServiceProcess
 
@@ -259,6 +260,12 @@ async def test_registry_down_answers_degraded_and_the_breaker_stops_asking(datab
         await close(router)
 
 
+def unanswered() -> dict[str, float]:
+    """boomerang_router_claims_unanswered_total by `why`, from this process's registry."""
+    return {s.labels["why"]: s.value for m in REGISTRY.collect() if m.name == "boomerang_router_claims_unanswered"
+            for s in m.samples if s.name.endswith("_total")}
+
+
 async def test_the_breaker_counts_failed_calls_not_the_claims_in_them(database_url: str, unique: str) -> None:
     """Eight claims at once leave in two calls (one alone, then a batch of seven); both fail.
     That is two failures in a row, not eight: the breaker (three) stays closed, and opens
@@ -267,6 +274,7 @@ async def test_the_breaker_counts_failed_calls_not_the_claims_in_them(database_u
                          breaker_cooldown_seconds=60, claim_batches_in_flight=1)
     router.audit.start()
     static_engines(router, "m")
+    before = unanswered()
     try:
         records = await asyncio.gather(*(plan(router, "acme", f"c-{unique}-{i}", "m", list(range(100))) for i in range(8)))
         assert {(r.decision, r.reason) for r, _ in records} == {(PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED)}
@@ -275,6 +283,11 @@ async def test_the_breaker_counts_failed_calls_not_the_claims_in_them(database_u
         assert not router.breaker.is_open
         await plan(router, "acme", f"c-{unique}-x", "m", list(range(100)))
         assert router.breaker.is_open
+        await plan(router, "acme", f"c-{unique}-y", "m", list(range(100)))
+        # The metric operators see says the same, and names the breaker for the plan it skipped.
+        counted = {k: v - before.get(k, 0) for k, v in unanswered().items() if v > before.get(k, 0)}
+        assert counted == {**{k.removeprefix("claims_failed_"): v for k, v in router.stats.items()
+                              if k.startswith("claims_failed_")}, "breaker_open": 1}, counted
     finally:
         await close(router)
 

@@ -70,6 +70,14 @@ PLAN_SECONDS = Histogram(
     "Time to plan a turn, claim included",
     buckets=LATENCY_BUCKETS,
 )
+CLAIMS_UNANSWERED = Counter(
+    "boomerang_router_claims_unanswered",
+    "Plans that went without the registry's claim answer (so CONTROL_PLANE_DEGRADED), by why: "
+    "breaker_open, caller_deadline (no time left for a claim), or the failed claim's gRPC code "
+    "(deadline_exceeded, unavailable, ...) or the router's own queue's claim_queue_full / claim_queue_timeout.",
+    ["why"],
+)
+
 
 @dataclass
 class ReportResult:
@@ -229,9 +237,11 @@ class Router:
         wait = self.claim_deadline if answer_by is None else min(self.claim_deadline, answer_by - time.monotonic())
         if wait <= MIN_CLAIM_SECONDS:
             self.stats["claims_skipped_caller_deadline"] += 1
+            CLAIMS_UNANSWERED.labels("caller_deadline").inc()
             return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="no time left in the caller's deadline for a claim")
         if not self.breaker.allow():
             self.stats["claims_skipped_breaker_open"] += 1
+            CLAIMS_UNANSWERED.labels("breaker_open").inc()
             return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="registry circuit open")
         chain = p.chain if p.chain is not None else build_chain(p.token_ids or [], block_size)
         req = claim_request(
@@ -257,6 +267,7 @@ class Router:
                 self._counted = err
                 self.breaker.record_failure()
             self.stats[f"claims_failed_{err.code.lower()}"] += 1
+            CLAIMS_UNANSWERED.labels((err.reason if err.reason in (QUEUE_FULL, QUEUE_TIMEOUT) else err.code).lower()).inc()
             if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"):
                 self.claims.probe_orphan(req)
             log.log(logging.INFO if transient else logging.ERROR, "claim failed, planning without reuse: %s", err)

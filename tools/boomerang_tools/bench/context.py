@@ -132,7 +132,8 @@ class Bench:
         s = self.services
         s.start("registry", ["registry", "--listen", "127.0.0.1:0"])
         (self.registry_address,) = await s.ready("registry")
-        s.start("router", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address])
+        s.start("router", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address,
+                           "--metrics-listen", "127.0.0.1:0"])
         s.start("router-stream", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address],
                 env={"BOOMERANG_GRPC_STREAMS": "true"})
         s.start("reaper", ["reaper", "--listen", "127.0.0.1:0", "--registry", self.registry_address])

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from boomerang.clients.router import RouterClient
 from boomerang.v1 import router_service_pb2 as rtpb
+from prometheus_client.parser import text_string_to_metric_families
 
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.stats import floats, summarize
@@ -21,6 +22,26 @@ SIM_MODEL = "Qwen/Qwen3-32B"
 # The hooked engines serve the same profile under a name of their own, so each gateway's
 # turns reach only its own pair of engines.
 HOOK_MODEL = "bench-hook/Qwen3-32B"
+
+
+# Why turns of the agents phase went without reuse, from the services' own counters.
+DEGRADE_COUNTERS = {
+    "gateway": ("boomerang_gateway_fallbacks", "cause"),  # the gateway did not get a plan
+    "router": ("boomerang_router_claims_unanswered", "why"),  # the router planned without the claim
+}
+
+
+async def _counters(http: httpx.AsyncClient, urls: dict[str, str]) -> dict[str, float]:
+    """DEGRADE_COUNTERS as `service:label` → value, read from each service's /metrics."""
+    out: dict[str, float] = {}
+    for service, url in urls.items():
+        name, label = DEGRADE_COUNTERS[service]
+        for family in text_string_to_metric_families((await http.get(url)).text):
+            if family.name == name:
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        out[f"{service}:{sample.labels[label]}"] = sample.value
+    return out
 
 
 async def _wait_engines(gateway: str, router: str, timeout: float = 30.0, model: str = SIM_MODEL) -> None:
@@ -235,10 +256,15 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
     per_turn, idle, turns, sequential = await _sequential_cpu(b, CONTROL_PLANE, base, "boomerang")
     b.progress.update(task, description=f"control plane: {agents} agents at once, {cfg.gateway_seconds:g}s")
     job = {**base, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": agents}
-    running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
-    sampler = b.sampler("agents", CONTROL_PLANE, cfg.gateway_seconds)
-    (crowd,) = await running
-    await b.collect("agents", sampler)
+    metrics = {"gateway": f"{gateway}/metrics", "router": f"http://{b.services.children['router'].metrics_address}/metrics"}
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        before = await _counters(http, metrics)
+        running = asyncio.ensure_future(b.workers.run([job], timeout=cfg.gateway_seconds + 120))
+        sampler = b.sampler("agents", CONTROL_PLANE, cfg.gateway_seconds)
+        (crowd,) = await running
+        await b.collect("agents", sampler)
+        after = await _counters(http, metrics)
+    degraded = {k: int(v - before.get(k, 0.0)) for k, v in sorted(after.items()) if v > before.get(k, 0.0)}
     b.progress.remove_task(task)
     b.sample_memory()
     later = sum(crowd["plans"].values())
@@ -257,6 +283,7 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
         "agents_pull_share": round(crowd["plans"].get("PULL", 0) / later, 4) if later else None,
         "agents_failed": failed,
         "agents_errors": crowd["errors"],
+        "agents_degraded_by": degraded,
         "agents_turns_per_s": round(int(crowd["turns"].get("boomerang", 0)) / max(cfg.gateway_seconds, 1e-3), 1),
         "mode": "gateway-only (the engines have no hook; the gateway plans and reports each turn)",
     }

@@ -269,6 +269,10 @@ def markdown(report: dict[str, Any]) -> str:
                      f"({cp['agents_turns_per_s']:,.0f}/s), of the {cp['agents_later_turns']:,} later turns "
                      f"**{cp['agents_pull_share']:.1%}** PULL ({', '.join(f'{k} {v}' for k, v in cp['agents_plans'].items())}); "
                      f"**{cp['agents_failed']}** failed.")
+        if cp.get("agents_degraded_by"):
+            lines.append("  Without reuse, by the services' counters (gateway: no plan, by cause; router: planned "
+                         "without the claim's answer, by why): "
+                         + ", ".join(f"{k} {v}" for k, v in cp["agents_degraded_by"].items()) + ".")
     if report["memory_mb"]:
         lines += ["", "## Memory (peak RSS, MB)", "", ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items())]
     return "\n".join(lines) + "\n"

@@ -51,6 +51,7 @@ class Child:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
+        self.metrics_address = ""  # from its BOOMERANG_METRICS line, when it serves metrics
         self._ready: queue.Queue[str] = queue.Queue()
         self._log: IO[str] | None = None
         self._pump: threading.Thread | None = None
@@ -79,6 +80,8 @@ class Child:
             self._log.write(line)
             if line.startswith("BOOMERANG_READY"):
                 self._ready.put(line.split()[-1])
+            elif line.startswith("BOOMERANG_METRICS"):
+                self.metrics_address = line.split()[-1]
             elif self.stopped_line and line.rstrip().endswith(self.stopped_line):
                 self._quiet.set()
         self._quiet.set()
