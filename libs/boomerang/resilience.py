@@ -93,6 +93,12 @@ class CircuitBreaker:
             self.cooldown = min(self.cooldown * self.growth, self.max_cooldown)
         self.open_until = self.clock() + self.cooldown
 
+    def trip(self) -> None:
+        """A failure that says the peer is down (not slow): open now, whatever the count."""
+        if self.threshold > 0:
+            self.consecutive = max(self.consecutive, self.threshold - 1)
+            self.record_failure()
+
 
 class Backoff:
     """Exponential pause between failed attempts (doubling from `first` up to `most`), reset by

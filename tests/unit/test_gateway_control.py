@@ -6,8 +6,11 @@ import asyncio
 import socket
 import time
 
+from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
-from boomerang_gateway.control import ControlPlane, Report
+from boomerang.errors import BoomerangError, Code
+from boomerang.v1 import router_service_pb2 as rtpb
+from boomerang_gateway.control import SLOW_PLANS_TO_BACK_OFF, ControlPlane, Report
 
 
 def closed_port() -> int:
@@ -34,6 +37,56 @@ async def test_dead_router_degrades_within_the_deadline_then_backs_off() -> None
         assert outcomes == ["FAILED"] and control.pending_reports == 0
     finally:
         await router.close()
+
+
+class _ScriptedRouter:
+    """Answers each PlanTurn with the next of `answers`: a gRPC code to fail with, or "" to plan."""
+
+    def __init__(self, answers: list[str]):
+        self.answers, self.calls = list(answers), 0
+
+    async def plan_turn(self, req: object, timeout: float) -> rtpb.PlanTurnResponse:
+        self.calls += 1
+        code = self.answers.pop(0)
+        if code:
+            raise BoomerangClientError("PlanTurn", BoomerangError(Code(code), code, "scripted"))
+        return rtpb.PlanTurnResponse(decision=rtpb.PLAN_DECISION_COLD, kv_transfer_params_json="{}")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_late_plans_back_off_only_when_late_in_a_row() -> None:
+    """Under load one late plan must not take reuse from every turn: a late answer counts, an
+    answer in between resets the count, and only SLOW_PLANS_TO_BACK_OFF in a row back off."""
+    late = "DEADLINE_EXCEEDED"
+    script = [late] * (SLOW_PLANS_TO_BACK_OFF - 1) + [""] + [late] * SLOW_PLANS_TO_BACK_OFF
+    router = _ScriptedRouter(script)
+    control = ControlPlane(router, plan_timeout=0.2, report_timeout=0.2, backoff=30.0)  # type: ignore[arg-type]
+    for _ in range(SLOW_PLANS_TO_BACK_OFF - 1):
+        assert await control.plan("t", "c", "m", [1]) is None
+        assert control.available()
+    assert await control.plan("t", "c", "m", [1]) is not None  # answered: the count starts over
+    for _ in range(SLOW_PLANS_TO_BACK_OFF - 1):
+        assert await control.plan("t", "c", "m", [1]) is None
+        assert control.available()
+    assert await control.plan("t", "c", "m", [1]) is None
+    assert not control.available() and router.calls == len(script)
+
+
+async def test_an_error_about_one_request_never_backs_off() -> None:
+    router = _ScriptedRouter(["INVALID_ARGUMENT", "PERMISSION_DENIED", "FAILED_PRECONDITION"] * SLOW_PLANS_TO_BACK_OFF)
+    control = ControlPlane(router, plan_timeout=0.2, report_timeout=0.2, backoff=30.0)  # type: ignore[arg-type]
+    for _ in range(3 * SLOW_PLANS_TO_BACK_OFF):
+        assert await control.plan("t", "c", "m", [1]) is None
+        assert control.available()
+
+
+async def test_an_unreachable_router_backs_off_at_once() -> None:
+    router = _ScriptedRouter(["UNAVAILABLE"])
+    control = ControlPlane(router, plan_timeout=0.2, report_timeout=0.2, backoff=30.0)  # type: ignore[arg-type]
+    assert await control.plan("t", "c", "m", [1]) is None
+    assert not control.available()
 
 
 async def test_no_router_and_no_plan_id_send_nothing() -> None:

@@ -81,17 +81,27 @@ def test_growing_cooldown_doubles_to_its_cap_and_resets_on_success() -> None:
 
 
 def test_without_one_trial_every_caller_goes_once_the_pause_is_over() -> None:
-    """The gateway's use: one failure pauses every turn's router call for the back-off."""
+    """The gateway's use: a tripped breaker pauses every turn's router call for the back-off."""
     clock = Clock()
-    b = CircuitBreaker(1, 5.0, one_trial=False, clock=clock)
+    b = CircuitBreaker(3, 5.0, one_trial=False, clock=clock)
     assert b.allow()
-    b.record_failure()
+    b.trip()  # unreachable: open now, not after three
+    assert b.is_open and b.opened == 1
     clock.now = 4.9
     assert not b.allow()
     clock.now = 5.0
     assert b.allow() and b.allow() and b.allow()
     b.record_failure()  # a failure after the pause starts a new one
     assert not b.allow()
+
+
+def test_trip_opens_at_once_and_a_disabled_breaker_ignores_it() -> None:
+    b = CircuitBreaker(5, 10.0)
+    b.trip()
+    assert not b.allow() and b.consecutive == 5
+    off = CircuitBreaker(0, 10.0)
+    off.trip()
+    assert off.allow() and not off.is_open
 
 
 def test_zero_cooldown_never_refuses() -> None:

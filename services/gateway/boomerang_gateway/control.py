@@ -30,7 +30,7 @@ from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
-from boomerang.resilience import CircuitBreaker
+from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
 from boomerang.v1 import router_service_pb2 as rtpb
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ FIRST_TURN: dict[str, Any] = {
     "remote_host": None,
     "remote_port": None,
 }
+
+SLOW_PLANS_TO_BACK_OFF = 3
 
 _DECISIONS = {
     rtpb.PLAN_DECISION_PULL: "PULL",
@@ -130,8 +132,12 @@ class ControlPlane:
         self.plan_timeout = plan_timeout
         self.report_timeout = report_timeout
         self.backoff = backoff
-        # One failure pauses every turn's router call for `backoff` seconds; then all ask again.
-        self.breaker = CircuitBreaker(1, backoff, one_trial=False)
+        # A router that cannot be reached pauses every turn's router call for `backoff` seconds
+        # at once; one that is slow, after SLOW_PLANS_TO_BACK_OFF late answers in a row (under
+        # load a single late plan is no reason to take reuse from every turn for a second);
+        # then all ask again. An error about one request (a bad field, a refused tenant) is
+        # that turn's alone.
+        self.breaker = CircuitBreaker(SLOW_PLANS_TO_BACK_OFF, backoff, one_trial=False)
         self._reports: set[asyncio.Task[str]] = set()
         # (tenant, conversation) → its report in flight, awaited by the next plan.
         self._pending: dict[tuple[str, str], asyncio.Task[str]] = {}
@@ -140,9 +146,13 @@ class ControlPlane:
         """Whether to ask the router now (configured, and not backing off after a failure)."""
         return self.router is not None and self.breaker.allow()
 
-    def _failed(self) -> None:
-        self.breaker.record_failure()
-        self._stale = self.reconnect is not None
+    def _failed(self, code: str) -> None:
+        if code == "UNAVAILABLE":
+            self.breaker.trip()
+            self._stale = self.reconnect is not None
+        elif code in TRANSIENT_CODES:
+            self.breaker.record_failure()
+            self._stale = self.reconnect is not None and self.breaker.is_open
 
     def _fresh_channel(self) -> None:
         """Swap in a new client after a failure; the old one closes once reports still using
@@ -192,12 +202,13 @@ class ControlPlane:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)
         except (TimeoutError, BoomerangClientError) as exc:
             log.warning("PlanTurn failed, recomputing: %s", exc)
-            self._failed()
+            self._failed(exc.code if isinstance(exc, BoomerangClientError) else "DEADLINE_EXCEEDED")
             return None
         except Exception:
             log.warning("PlanTurn failed, recomputing", exc_info=True)
-            self._failed()
+            self._failed("UNKNOWN")
             return None
+        self.breaker.record_success()
         decision = _DECISIONS.get(resp.decision)
         try:
             params = json.loads(resp.kv_transfer_params_json) if resp.kv_transfer_params_json else None

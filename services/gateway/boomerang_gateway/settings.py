@@ -57,7 +57,8 @@ class GatewaySettings(EnginePoolSettings):
         default=1.0,
         ge=0,
         le=300,
-        description="After a router failure, seconds to go straight to plain prefill→decode.",
+        description="Once the router is unreachable (or late three plans in a row), seconds to go "
+        "straight to plain prefill→decode.",
     )
     engine_connect_timeout_seconds: float = Field(
         default=5.0, gt=0, le=120, description="Connect timeout to engines."
