@@ -13,10 +13,14 @@ key=$(sha256sum "$lock" | cut -c1-16)
 cache=${BOOMERANG_VLLM_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/boomerang}
 venv="$cache/vllm-venv-$key"
 quiet=(--quiet --disable-pip-version-check)
+mkdir -p "$cache"
+# One build at a time per lock: CI starts one early in the background, and `make test-vllm`
+# waits here for it instead of starting another.
+exec 9>"$cache/vllm-venv-$key.lock"
+flock 9
 if [ ! -f "$venv/.complete" ]; then
     echo "vllm-suite: building $venv (vLLM 0.33.0, torch 2.13.0 CPU build; once per lock)" >&2
     rm -rf "$venv"
-    mkdir -p "$cache"
     "$PYTHON" -m venv "$venv"
     # Exactly the lock, nothing resolved: vLLM's own metadata asks for torch 2.14.0 and CUDA
     # packages that this CPU-only suite neither needs nor can use.
