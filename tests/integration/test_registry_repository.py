@@ -117,6 +117,49 @@ async def test_claim_retry_with_same_claim_id_returns_the_same_claim(repo: Regis
     assert first[1]["lease_id"] == retry[1]["lease_id"] and first[2] == retry[2]
 
 
+@pytest.mark.parametrize("path", ["single", "batch"])
+async def test_a_retry_racing_its_own_claim_gets_that_claim(
+    repo: RegistryRepository, pg: asyncpg.Connection, database_url: str, unique: str, path: str
+) -> None:
+    """A caller retries a claim (same claim id) while the first attempt still runs. Both
+    statements looked before either committed, so the one that loses the row lock saw no
+    prior claim; it must look again and find its own claim, not answer ALREADY_CLAIMED
+    (which left the lease claimed by nobody until an orphan probe gave it back)."""
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    held = turn(300)
+    lease, _, _ = await register(repo, "t", unique, eid, held)
+    query = requests.claim(claim_request("t", unique, held + [1], claim_id=f"c-{unique}"))
+
+    async def attempt() -> tuple[ClaimOutcome, str]:
+        if path == "single":
+            outcome, row, _, _ = await repo.claim(query)
+        else:
+            ((outcome, row, _, _),) = await repo.claim_batch([query])
+        return outcome, row["lease_id"] if row is not None else ""
+
+    blocker = await asyncpg.connect(database_url)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease["lease_id"]))
+        attempts = [asyncio.ensure_future(attempt()) for _ in range(2)]
+        for _ in range(200):  # both statements wait on the row lock, their snapshots taken
+            waiting = await pg.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            if waiting >= 2:
+                break
+            await asyncio.sleep(0.02)
+        assert waiting >= 2
+        await tx.commit()
+        answers = await asyncio.gather(*attempts)
+    finally:
+        await blocker.close()
+    assert answers == [(ClaimOutcome.CLAIMED, lease["lease_id"])] * 2
+    assert [e for e in await events(pg, lease["lease_id"]) if e[1] == "CLAIMED"] == [("RETAINED", "CLAIMED", "CLAIMED")]
+
+
 async def test_fifty_concurrent_claimers_exactly_one_wins(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
     await register_engine(repo, f"d-{unique}")
     t1 = turn(1000)

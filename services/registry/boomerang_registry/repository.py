@@ -132,6 +132,18 @@ def claim_result(q: ClaimQuery, rows: Sequence[Row]) -> tuple[ClaimOutcome, Row 
     return outcome, lease, best.common_tokens, best.remaining_seconds
 
 
+def lost_the_row_lock(result: tuple[ClaimOutcome, Row | None, int, float]) -> bool:
+    """Whether a claim found its lease free but lost the row lock to a concurrent claimer.
+
+    The statement's snapshot predates the winner's commit, so it cannot tell whose claim won.
+    When the winner is the same claim id (a caller's retry racing its first attempt), a
+    fresh statement finds it as `prior` and answers it; otherwise it reads ALREADY_CLAIMED
+    on a lease that is CLAIMED, which is not asked again.
+    """
+    outcome, lease, _, _ = result
+    return outcome is ClaimOutcome.ALREADY_CLAIMED and lease is not None and lease["state"] == "RETAINED"
+
+
 class RegistryRepository:
     """Postgres access for the registry; one transaction per method."""
 
@@ -404,7 +416,14 @@ class RegistryRepository:
         )
 
     async def claim(self, q: ClaimQuery) -> tuple[ClaimOutcome, Row | None, int, float]:
-        """Claim the best live lease in one statement; returns (outcome, lease, tokens, remaining)."""
+        """Claim the best live lease in one statement; returns (outcome, lease, tokens, remaining).
+
+        A claim that lost its lease's row lock looks once more (see `lost_the_row_lock`).
+        """
+        result = await self._claim(q)
+        return await self._claim(q) if lost_the_row_lock(result) else result
+
+    async def _claim(self, q: ClaimQuery) -> tuple[ClaimOutcome, Row | None, int, float]:
         params = {**_claim_params(q), "actor": self.actor}
         rows: Sequence[Row]
         if self.raw is not None:
@@ -419,8 +438,17 @@ class RegistryRepository:
 
         A round holds at most one claim per conversation (CLAIM_BATCH_SQL's rule); a second
         claim on the same conversation goes in the next round, which runs after the first
-        committed and so sees its claim (as two calls in a row would).
+        committed and so sees its claim (as two calls in a row would). Claims that lost a
+        row lock look once more, together.
         """
+        results = await self._claim_batch(queries)
+        again = [n for n, result in enumerate(results) if lost_the_row_lock(result)]
+        if again:
+            for n, result in zip(again, await self._claim_batch([queries[n] for n in again]), strict=True):
+                results[n] = result
+        return results
+
+    async def _claim_batch(self, queries: Sequence[ClaimQuery]) -> list[tuple[ClaimOutcome, Row | None, int, float]]:
         results: list[tuple[ClaimOutcome, Row | None, int, float] | None] = [None] * len(queries)
         for members in _rounds([(q.tenant, q.conversation_id) for q in queries]):
             batch = [queries[n] for n in members]

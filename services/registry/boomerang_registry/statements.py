@@ -124,7 +124,8 @@ SELECT (SELECT count(*) FROM sup) AS superseded, ins.* FROM ins
 
 # One statement, one round trip: find the conversation's live leases on the live-lease
 # index, verify each one's prefix against the prompt, claim the best under its row lock
-# (a concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing),
+# (a concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
+# the repository then asks once more, since the winner may be its own claim id),
 # append the CLAIMED event, and return the claimed lease, or a retried claim's lease, or
 # every candidate with why it did not qualify.
 CLAIM_SQL = f"""
