@@ -170,6 +170,30 @@ async def test_a_plan_answers_within_its_callers_deadline_when_the_claim_hangs(
         await close(router)
 
 
+async def test_the_vllm_hooks_default_deadline_leaves_time_for_the_claim(
+    database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str
+) -> None:
+    """The prefill hook plans with 20 ms (`plan_deadline_ms`'s default). A fixed 20 ms reply
+    margin left no time for the claim, so every plan of a default hook degraded; a short
+    deadline now keeps half of it for the reply and gives the claim the rest."""
+    from boomerang.vllm_hook.config import BoomerangHookConfig
+
+    hook_deadline = BoomerangHookConfig.model_fields["plan_deadline_ms"].default / 1000
+    model, conv, history, lease_id = await retained_lease(registry, unique)
+    router = make_router(database_url, registry_proc.address)
+    router.audit.start()
+    await RegistryRefresher(router.pool, router.registry).refresh()
+    try:
+        req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=history + [1] * 40)
+        start = time.perf_counter()
+        record = await router.plan(requests.plan_turn(req, 10**6), caller_seconds=hook_deadline)
+        took = time.perf_counter() - start
+        assert (record.decision, record.lease_id) == (PlanDecision.PULL, lease_id), (record.reason, record.outcome_detail)
+        assert took < hook_deadline, took
+    finally:
+        await close(router)
+
+
 async def test_orphan_probe_releases_a_claim_whose_answer_was_lost(
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

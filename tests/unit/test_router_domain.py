@@ -16,6 +16,7 @@ from boomerang_router.domain import (
     reusable_tokens,
     turn_outcome,
 )
+from boomerang_router.planner import reply_budget
 
 BS = 16
 
@@ -145,3 +146,18 @@ def test_turn_outcomes() -> None:
     assert turn_outcome(PlanDecision.PULL, HandleUse.NOT_READ, "RETAINED") == "RELEASED"
     assert turn_outcome(PlanDecision.PULL, HandleUse.READ, "EXPIRED") == "LEASE_ENDED"
     assert HandleUse.UNKNOWN.consumed and HandleUse.READ.consumed and not HandleUse.NOT_READ.consumed
+
+
+@pytest.mark.parametrize(
+    ("caller", "budget"),
+    [
+        (1.0, 0.8),  # a fifth kept for the reply
+        (0.25, 0.2),  # the gateway's PlanTurn deadline
+        (0.05, 0.03),  # at least 20 ms kept
+        (0.04, 0.02),
+        (0.02, 0.01),  # the vLLM hook's default: never more than half kept
+        (0.0, 0.0),
+    ],
+)
+def test_a_plan_keeps_a_reply_margin_of_its_callers_deadline(caller: float, budget: float) -> None:
+    assert reply_budget(caller) == pytest.approx(budget)

@@ -90,14 +90,16 @@ class ReportResult:
     detail: str
 
 
-# What a plan keeps of its caller's deadline to answer in: decide, record, reply.
+# What a plan keeps of its caller's deadline to answer in (decide, record, reply): a fifth,
+# at least 20 ms, but never more than half, so a short deadline (the vLLM hook's 20 ms)
+# still leaves the claim time to run.
 REPLY_MARGIN_SECONDS = 0.02
 MIN_CLAIM_SECONDS = 0.001
 
 
 def reply_budget(caller_seconds: float) -> float:
     """Seconds of a caller's remaining deadline a plan may spend before answering."""
-    return caller_seconds - max(REPLY_MARGIN_SECONDS, caller_seconds * 0.2)
+    return caller_seconds - max(caller_seconds * 0.2, min(REPLY_MARGIN_SECONDS, caller_seconds * 0.5))
 
 
 class Router:
