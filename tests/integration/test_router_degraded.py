@@ -194,6 +194,37 @@ async def test_the_vllm_hooks_default_deadline_leaves_time_for_the_claim(
         await close(router)
 
 
+@pytest.mark.parametrize(("tokens", "outcome"), [(320, PlanDecision.COLD), (40_000, PlanDecision.PULL)])
+async def test_a_slow_claim_degrades_a_short_prompt_and_serves_a_long_one(
+    database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, pg: asyncpg.Connection,
+    unique: str, tokens: int, outcome: PlanDecision, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The registry answers the claim 80 ms late (its lease row locked). A short prompt's
+    plan gives up at the 50 ms claim deadline and recomputes; a 40k-token prompt's claim may
+    wait a quarter of the ~824 ms of prefill it could save, within the caller's 0.25 s less
+    the reply margin (200 ms), so it gets the lease."""
+    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.3,))
+    model, conv, history, lease_id = await retained_lease(registry, unique, n=tokens)
+    router = make_router(database_url, registry_proc.address, claim_deadline_ms=50)
+    router.audit.start()
+    await RegistryRefresher(router.pool, router.registry).refresh()
+    req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=history + [1] * 40)
+    try:
+        async with pg.transaction():
+            await pg.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease_id))
+            planned = asyncio.ensure_future(router.plan(requests.plan_turn(req, 10**6), caller_seconds=0.25))
+            await asyncio.sleep(0.08)
+        record = await planned
+        assert record.decision is outcome, (record.reason, record.outcome_detail)
+        if outcome is PlanDecision.PULL:
+            assert record.lease_id == lease_id
+        else:
+            assert record.reason is PlanReason.CONTROL_PLANE_DEGRADED
+        await router.drain(5.0)
+    finally:
+        await close(router)
+
+
 async def test_orphan_probe_releases_a_claim_whose_answer_was_lost(
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

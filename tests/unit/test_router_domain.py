@@ -16,7 +16,7 @@ from boomerang_router.domain import (
     reusable_tokens,
     turn_outcome,
 )
-from boomerang_router.planner import reply_budget
+from boomerang_router.planner import MAX_SHARE_WAIT_SECONDS, claim_wait, reply_budget
 
 BS = 16
 
@@ -161,3 +161,20 @@ def test_turn_outcomes() -> None:
 )
 def test_a_plan_keeps_a_reply_margin_of_its_callers_deadline(caller: float, budget: float) -> None:
     assert reply_budget(caller) == pytest.approx(budget)
+
+
+QWEN_SECONDS_PER_TOKEN = 0.02061 / 1000  # BOOMERANG_PREFILL_MS_PER_TOKEN's default
+
+
+@pytest.mark.parametrize(
+    ("tokens", "wait"),
+    [
+        (300, 0.05),  # a short prompt: the claim deadline
+        (2_000, 0.05),  # 41 ms of prefill: a quarter is less than the deadline
+        (20_000, 0.25 * 20_000 * QWEN_SECONDS_PER_TOKEN),  # 412 ms of prefill: a quarter, 103 ms
+        (10**6, MAX_SHARE_WAIT_SECONDS),
+    ],
+)
+def test_a_long_prompt_claim_waits_a_share_of_what_it_could_save(tokens: int, wait: float) -> None:
+    assert claim_wait(0.05, 0.25, tokens, QWEN_SECONDS_PER_TOKEN) == pytest.approx(wait)
+    assert claim_wait(0.05, 0.0, tokens, QWEN_SECONDS_PER_TOKEN) == 0.05  # share 0: the deadline alone

@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="a static prefill engine (repeatable); without any, engines come from the registry")
     parser.add_argument("--decode", action="append", metavar="[NAME=]URL",
                         help="a static decode engine (repeatable); without any, engines come from the registry")
-    parser.add_argument("--claim-deadline-ms", type=float, help="wait this long for a claim before degrading (default 50)")
+    parser.add_argument("--claim-deadline-ms", type=float, help="wait this long for a claim before degrading (default 50; longer for "
+                        "long prompts, BOOMERANG_CLAIM_WAIT_SHARE)")
     parser.add_argument("--min-remaining-seconds", type=float, help="a claimed lease must live this much longer (default 10)")
     parser.add_argument("--block-size", type=int, help="tokens per KV block when engines do not say (default 16)")
     parser.add_argument("--kv-recompute-threshold", type=int, help="fewest tokens worth a pull when P does not say (default 64)")

@@ -95,11 +95,24 @@ class ReportResult:
 # still leaves the claim time to run.
 REPLY_MARGIN_SECONDS = 0.02
 MIN_CLAIM_SECONDS = 0.001
+# The longest a claim waits on account of its prompt's length (claim_wait_share).
+MAX_SHARE_WAIT_SECONDS = 1.0
 
 
 def reply_budget(caller_seconds: float) -> float:
     """Seconds of a caller's remaining deadline a plan may spend before answering."""
     return caller_seconds - max(caller_seconds * 0.2, min(REPLY_MARGIN_SECONDS, caller_seconds * 0.5))
+
+
+def claim_wait(deadline: float, share: float, prompt_tokens: int, seconds_per_token: float) -> float:
+    """Seconds a claim may wait for the registry.
+
+    Under load a claim queues rather than give up, for as long as the reuse it may bring is
+    worth: at least the claim deadline, and for a long prompt `share` of the prefill time it
+    could save, up to MAX_SHARE_WAIT_SECONDS (recomputing 20k tokens costs far more GPU time
+    than a claim that waits a hundred milliseconds).
+    """
+    return max(deadline, min(share * prompt_tokens * seconds_per_token, MAX_SHARE_WAIT_SECONDS))
 
 
 class Router:
@@ -236,7 +249,8 @@ class Router:
     ) -> ClaimResult:
         if not p.conversation_id:
             return ClaimResult(ClaimOutcome.NOT_ASKED)
-        wait = self.claim_deadline if answer_by is None else min(self.claim_deadline, answer_by - time.monotonic())
+        allowed = self.claim_wait(p.prompt_tokens)
+        wait = allowed if answer_by is None else min(allowed, answer_by - time.monotonic())
         if wait <= MIN_CLAIM_SECONDS:
             self.stats["claims_skipped_caller_deadline"] += 1
             CLAIMS_UNANSWERED.labels("caller_deadline").inc()
@@ -261,7 +275,7 @@ class Router:
             transient = err.code in TRANSIENT_CODES
             # A claim shed by the router's own queue says the router is busy, not that the registry failed;
             # one cut short by its caller's deadline says nothing about the registry either.
-            cut_short = err.code == "DEADLINE_EXCEEDED" and wait < self.claim_deadline
+            cut_short = err.code == "DEADLINE_EXCEEDED" and wait < allowed
             # The breaker counts failed registry calls, not claims: every claim of a batch that
             # failed gets that call's one error, and one slow batch of eight is not eight failures
             # in a row (under load it opened the breaker, and a second of plans lost their reuse).
@@ -276,6 +290,11 @@ class Router:
             return ClaimResult(ClaimOutcome.UNAVAILABLE, detail=f"ClaimReuse {err.code} {err.reason}")
         self.breaker.record_success()
         return claim
+
+    def claim_wait(self, prompt_tokens: int) -> float:
+        """Seconds a plan's claim may wait, before its caller's deadline (`claim_wait`)."""
+        return claim_wait(self.claim_deadline, self.settings.claim_wait_share, prompt_tokens,
+                          metrics.prefill_seconds_per_token())
 
     def _remember(self, record: PlanRecord) -> None:
         record.counted = True

@@ -26,7 +26,15 @@ class RouterSettings(EnginePoolSettings):
         gt=0,
         le=60_000,
         description="Milliseconds a plan waits for the registry's claim before answering "
-        "CONTROL_PLANE_DEGRADED.",
+        "CONTROL_PLANE_DEGRADED (longer for long prompts: claim_wait_share).",
+    )
+    claim_wait_share: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="A claim may also wait this share of the prefill time its prompt could save "
+        "(prompt tokens × BOOMERANG_PREFILL_MS_PER_TOKEN, at most 1 s) when that is longer than "
+        "claim_deadline_ms; always within the caller's deadline. 0: claim_deadline_ms alone.",
     )
     claim_batch_max: int = Field(
         default=64,
