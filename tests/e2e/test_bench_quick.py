@@ -79,6 +79,11 @@ async def test_quick_bench_writes_the_report(tmp_path: Path) -> None:
     assert hook["engine_plans"].get("pull", 0) > 0 and hook["sequential_errors"] == {}, hook
     assert hook["cpu_ms_per_turn_total"] > 0 and {"gateway-hook", "router", "registry", "postgres"} <= set(hook["cpu_ms_per_turn"])
     assert gw["errors"] == {}
+    # The agents phase read the services' own counters of plans made without reuse (a dict of
+    # `service:cause` → count, empty when every plan had its claim answered).
+    degraded = report["control_plane"]["agents_degraded_by"]
+    assert isinstance(degraded, dict) and all(k.split(":")[0] in ("gateway", "router") and v > 0
+                                              for k, v in degraded.items()), degraded
     assert [s["leases"] for s in report["scale"]] == [200, 2000]
     assert all(_number(s["db_size_mb"]) and _number(s["p99_ms"]) for s in report["scale"])
     assert {"registry", "router", "reaper", "gateway", "naive-proxy"} <= set(report["memory_mb"])
