@@ -146,7 +146,9 @@ async def test_a_retry_racing_its_own_claim_gets_that_claim(
         attempts = [asyncio.ensure_future(attempt()) for _ in range(2)]
         for _ in range(200):  # both statements wait on the row lock, their snapshots taken
             waiting = await pg.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() "
+                # the claim statements (their openings: the text is cut at 1 kB), not another test's
+                "AND (query LIKE '%WITH prior AS%' OR query LIKE '%WITH q AS%')"
             )
             if waiting >= 2:
                 break

@@ -47,9 +47,9 @@ class _ScriptedRouter:
 
     async def plan_turn(self, req: object, timeout: float) -> rtpb.PlanTurnResponse:
         self.calls += 1
-        code = self.answers.pop(0)
+        code, _, reason = self.answers.pop(0).partition(":")
         if code:
-            raise BoomerangClientError("PlanTurn", BoomerangError(Code(code), code, "scripted"))
+            raise BoomerangClientError("PlanTurn", BoomerangError(Code(code), reason or code, "scripted"))
         return rtpb.PlanTurnResponse(decision=rtpb.PLAN_DECISION_COLD, kv_transfer_params_json="{}")
 
     async def close(self) -> None:
@@ -80,6 +80,32 @@ async def test_an_error_about_one_request_never_backs_off() -> None:
     for _ in range(3 * SLOW_PLANS_TO_BACK_OFF):
         assert await control.plan("t", "c", "m", [1]) is None
         assert control.available()
+
+
+async def test_a_model_without_engines_at_the_router_backs_nothing_off() -> None:
+    router = _ScriptedRouter(["UNAVAILABLE:NO_PREFILL_ENGINE", "UNAVAILABLE:NO_DECODE_ENGINE"] * SLOW_PLANS_TO_BACK_OFF)
+    control = ControlPlane(router, plan_timeout=0.2, report_timeout=0.2, backoff=30.0)  # type: ignore[arg-type]
+    for _ in range(2 * SLOW_PLANS_TO_BACK_OFF):
+        assert await control.plan("t", "c", "m", [1]) is None
+        assert control.available()
+
+
+async def test_three_late_plans_back_off_and_the_next_ask_gets_a_fresh_channel() -> None:
+    made: list[_ScriptedRouter] = []
+
+    def factory() -> _ScriptedRouter:
+        made.append(_ScriptedRouter(["DEADLINE_EXCEEDED"] * SLOW_PLANS_TO_BACK_OFF + [""]))
+        return made[-1]
+
+    control = ControlPlane(factory(), plan_timeout=0.2, report_timeout=0.2, backoff=0.0,  # type: ignore[arg-type]
+                           reconnect=factory)  # type: ignore[arg-type]
+    for _ in range(SLOW_PLANS_TO_BACK_OFF - 1):
+        assert await control.plan("t", "c", "m", [1]) is None
+    assert len(made) == 1  # late answers alone keep the channel
+    assert await control.plan("t", "c", "m", [1]) is None  # the third: back off, channel stale
+    assert await control.plan("t", "c", "m", [1]) is None  # asked on a new channel (which is late too)
+    assert len(made) == 2 and control.router is made[1] and made[1].calls == 1
+    await control.drain(1.0)
 
 
 async def test_an_unreachable_router_backs_off_at_once() -> None:

@@ -47,6 +47,8 @@ FIRST_TURN: dict[str, Any] = {
 }
 
 SLOW_PLANS_TO_BACK_OFF = 3
+# UNAVAILABLE answers about one model, not the router: they back nothing off.
+ONE_MODELS_REASONS = frozenset({"NO_PREFILL_ENGINE", "NO_DECODE_ENGINE"})
 
 _DECISIONS = {
     rtpb.PLAN_DECISION_PULL: "PULL",
@@ -133,10 +135,10 @@ class ControlPlane:
         self.report_timeout = report_timeout
         self.backoff = backoff
         # A router that cannot be reached pauses every turn's router call for `backoff` seconds
-        # at once; one that is slow, after SLOW_PLANS_TO_BACK_OFF late answers in a row (under
-        # load a single late plan is no reason to take reuse from every turn for a second);
-        # then all ask again. An error about one request (a bad field, a refused tenant) is
-        # that turn's alone.
+        # at once; one that is slow or failing, after SLOW_PLANS_TO_BACK_OFF late or failed
+        # (transient) answers in a row (under load a single late plan is no reason to take
+        # reuse from every turn for a second); then all ask again. An error about one request
+        # (a bad field, a refused tenant, a model without engines) is that turn's alone.
         self.breaker = CircuitBreaker(SLOW_PLANS_TO_BACK_OFF, backoff, one_trial=False)
         self._reports: set[asyncio.Task[str]] = set()
         # (tenant, conversation) → its report in flight, awaited by the next plan.
@@ -146,13 +148,15 @@ class ControlPlane:
         """Whether to ask the router now (configured, and not backing off after a failure)."""
         return self.router is not None and self.breaker.allow()
 
-    def _failed(self, code: str) -> None:
+    def _failed(self, code: str, reason: str = "") -> None:
+        if reason in ONE_MODELS_REASONS:
+            return  # the router is fine; this model has no engine there
         if code == "UNAVAILABLE":
             self.breaker.trip()
             self._stale = self.reconnect is not None
         elif code in TRANSIENT_CODES:
             self.breaker.record_failure()
-            self._stale = self.reconnect is not None and self.breaker.is_open
+            self._stale = self._stale or (self.reconnect is not None and self.breaker.is_open)
 
     def _fresh_channel(self) -> None:
         """Swap in a new client after a failure; the old one closes once reports still using
@@ -202,7 +206,10 @@ class ControlPlane:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)
         except (TimeoutError, BoomerangClientError) as exc:
             log.warning("PlanTurn failed, recomputing: %s", exc)
-            self._failed(exc.code if isinstance(exc, BoomerangClientError) else "DEADLINE_EXCEEDED")
+            if isinstance(exc, BoomerangClientError):
+                self._failed(exc.code, exc.reason)
+            else:
+                self._failed("DEADLINE_EXCEEDED")
             return None
         except Exception:
             log.warning("PlanTurn failed, recomputing", exc_info=True)

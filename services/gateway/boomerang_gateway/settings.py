@@ -57,7 +57,7 @@ class GatewaySettings(EnginePoolSettings):
         default=1.0,
         ge=0,
         le=300,
-        description="Once the router is unreachable (or late three plans in a row), seconds to go "
+        description="Once the router is unreachable (or late or failing three plans in a row), seconds to go "
         "straight to plain prefill→decode.",
     )
     engine_connect_timeout_seconds: float = Field(

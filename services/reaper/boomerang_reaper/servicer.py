@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -21,6 +22,7 @@ from boomerang_reaper.repository import ReaperRepository
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_reaper.worker import NotLeader, Reaper
 
+log = logging.getLogger(__name__)
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
@@ -93,8 +95,13 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
         except NotLeader:
             # Named from the row as it stands, not this replica's last look at it: a standby
             # that has just started may not have looked yet.
-            row = await self.repo.current(self.settings.election)
-            leader = row.holder if row is not None and row.unexpired else ""
+            try:
+                row = await self.repo.current(self.settings.election)
+            except Exception:  # the answer is NOT_LEADER either way
+                log.warning("cannot read the election row to name the leader", exc_info=True)
+                row = None
+            # The row may still name this replica for a moment after its own lease lapsed.
+            leader = row.holder if row is not None and row.unexpired and row.holder != self.election.replica_id else ""
             err = failed_precondition("NOT_LEADER", f"this replica is not the leader (leader: {leader or 'none'})")
             err.metadata["leader"] = leader
             raise err from None

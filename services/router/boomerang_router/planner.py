@@ -275,7 +275,9 @@ class Router:
             transient = err.code in TRANSIENT_CODES
             # A claim shed by the router's own queue says the router is busy, not that the registry failed;
             # one cut short by its caller's deadline says nothing about the registry either.
-            cut_short = err.code == "DEADLINE_EXCEEDED" and wait < allowed
+            # (A long prompt's wait past the claim deadline is its own allowance: a registry
+            # slower than the claim deadline still counts.)
+            cut_short = err.code == "DEADLINE_EXCEEDED" and wait < self.claim_deadline
             # The breaker counts failed registry calls, not claims: every claim of a batch that
             # failed gets that call's one error, and one slow batch of eight is not eight failures
             # in a row (under load it opened the breaker, and a second of plans lost their reuse).
