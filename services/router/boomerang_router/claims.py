@@ -162,6 +162,9 @@ CLAIMS_SHED = Counted(
 )
 QUEUE_FULL = "CLAIM_QUEUE_FULL"
 QUEUE_TIMEOUT = "CLAIM_QUEUE_TIMEOUT"
+# A call carries its most urgent claim's deadline, so claims whose deadlines lie further apart
+# than this leave in separate calls: a long prompt's longer wait is not cut to a short one's.
+DEADLINE_SPREAD_SECONDS = 0.025
 
 
 @dataclass(eq=False)
@@ -178,7 +181,8 @@ class ClaimBatcher:
 
     At most `claim_batches_in_flight` calls are on the wire; claims that arrive meanwhile
     wait in a queue and leave together, up to `claim_batch_max` in one ClaimReuseBatch (the
-    registry runs them as one statement). A lone claim goes as ClaimReuse. So a busy
+    registry runs them as one statement), with those whose deadlines are near the first's
+    (DEADLINE_SPREAD_SECONDS). A lone claim goes as ClaimReuse. So a busy
     registry is asked less often with more in each call instead of being asked more often,
     and a claim waits only while the calls ahead of it run.
 
@@ -224,10 +228,19 @@ class ClaimBatcher:
     def _pump(self) -> None:
         while self.sending < self.in_flight and self.queue:
             batch: list[_Waiting] = []
+            later: list[_Waiting] = []  # queued claims whose deadline is far from this batch's
+            first = None
             while self.queue and len(batch) < self.max_batch:
                 item = self.queue.popleft()
-                if not item.future.done():  # expired while queued
+                if item.future.done():  # expired while queued
+                    continue
+                when = item.timer.when() if item.timer is not None else float("inf")
+                first = when if first is None else first
+                if abs(when - first) > DEADLINE_SPREAD_SECONDS:
+                    later.append(item)
+                else:
                     batch.append(item)
+            self.queue.extendleft(reversed(later))  # first in line for the next call
             CLAIM_QUEUE_DEPTH.set(len(self.queue))
             if not batch:
                 return
