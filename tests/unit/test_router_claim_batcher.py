@@ -141,10 +141,7 @@ async def test_a_failed_call_fails_every_claim_in_it() -> None:
     assert all(isinstance(r, BoomerangClientError) and r.code == "UNAVAILABLE" for r in results[1:])
 
 
-async def test_a_call_carries_its_most_urgent_claim_s_deadline_and_far_deadlines_go_apart() -> None:
-    """Claims with deadlines within DEADLINE_SPREAD_SECONDS share a call, which carries the most
-    urgent one's; a claim allowed far longer (a long prompt's) goes in a call of its own, so its
-    wait is not cut to theirs."""
+async def test_a_call_carries_its_most_urgent_claim_s_deadline() -> None:
     api = FakeRegistry(delay=0.05)
     batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
     first = asyncio.ensure_future(batcher.claim(req(0), 1.0))
@@ -152,12 +149,26 @@ async def test_a_call_carries_its_most_urgent_claim_s_deadline_and_far_deadlines
     urgent = asyncio.ensure_future(batcher.claim(req(1), 0.2))
     await asyncio.sleep(0.01)
     relaxed = asyncio.ensure_future(batcher.claim(req(2), 5.0))
-    near = asyncio.ensure_future(batcher.claim(req(3), 0.2))  # due ~10 ms after the urgent one
-    await asyncio.gather(first, urgent, relaxed, near)
-    assert api.calls == [["c0"], ["c1", "c3"], ["c2"]]
+    await asyncio.gather(first, urgent, relaxed)
+    assert api.calls == [["c0"], ["c1", "c2"]]
     # The second call left ~50 ms after the urgent claim queued: its deadline is what that claim had left.
     assert 0.1 < api.timeouts[1] < 0.2
-    assert api.timeouts[2] > 4.5  # the relaxed claim kept its own
+
+
+async def test_a_patient_claim_leaves_with_patient_claims_only() -> None:
+    """A long prompt's claim may wait longer than the claim deadline (patient); sent with
+    short claims its call would carry their deadline, so it goes with its own kind, first in
+    line for the next call, and keeps its own deadline."""
+    api = FakeRegistry(delay=0.05)
+    batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(batcher.claim(req(0), 1.0))
+    await asyncio.sleep(0)
+    short = [asyncio.ensure_future(batcher.claim(req(n), 0.2)) for n in (1, 2)]
+    patient = [asyncio.ensure_future(batcher.claim(req(n), 5.0, patient=True)) for n in (3, 4)]
+    short.append(asyncio.ensure_future(batcher.claim(req(5), 0.2)))
+    await asyncio.gather(first, *short, *patient)
+    assert api.calls == [["c0"], ["c1", "c2", "c5"], ["c3", "c4"]]
+    assert api.timeouts[1] < 0.2 and api.timeouts[2] > 4.5
 
 
 async def test_a_batch_answer_s_failed_item_is_the_error_its_claim_alone_would_raise() -> None:

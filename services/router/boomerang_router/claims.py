@@ -162,9 +162,6 @@ CLAIMS_SHED = Counted(
 )
 QUEUE_FULL = "CLAIM_QUEUE_FULL"
 QUEUE_TIMEOUT = "CLAIM_QUEUE_TIMEOUT"
-# A call carries its most urgent claim's deadline, so claims whose deadlines lie further apart
-# than this leave in separate calls: a long prompt's longer wait is not cut to a short one's.
-DEADLINE_SPREAD_SECONDS = 0.025
 
 
 @dataclass(eq=False)
@@ -174,6 +171,7 @@ class _Waiting:
     future: asyncio.Future[ClaimResult]
     timer: asyncio.TimerHandle | None = None
     sent: bool = False
+    patient: bool = False
 
 
 class ClaimBatcher:
@@ -181,8 +179,7 @@ class ClaimBatcher:
 
     At most `claim_batches_in_flight` calls are on the wire; claims that arrive meanwhile
     wait in a queue and leave together, up to `claim_batch_max` in one ClaimReuseBatch (the
-    registry runs them as one statement), with those whose deadlines are near the first's
-    (DEADLINE_SPREAD_SECONDS). A lone claim goes as ClaimReuse. So a busy
+    registry runs them as one statement). A lone claim goes as ClaimReuse. So a busy
     registry is asked less often with more in each call instead of being asked more often,
     and a claim waits only while the calls ahead of it run.
 
@@ -203,13 +200,18 @@ class ClaimBatcher:
         self.sending = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def claim(self, req: ClaimRequest, timeout: float) -> ClaimResult:
-        """The claim's result within `timeout` seconds, or BoomerangClientError."""
+    async def claim(self, req: ClaimRequest, timeout: float, patient: bool = False) -> ClaimResult:
+        """The claim's result within `timeout` seconds, or BoomerangClientError.
+
+        A call carries its most urgent claim's deadline, so a `patient` claim (one allowed to
+        wait longer than the claim deadline, for a long prompt) leaves only with other
+        patient claims: its longer wait is not cut to a short claim's.
+        """
         if len(self.queue) >= self.queue_max:
             CLAIMS_SHED.labels("queue_full").inc()
             raise _shed(QUEUE_FULL, f"{len(self.queue)} claims already wait for the registry")
         loop = asyncio.get_running_loop()
-        item = _Waiting(req, loop.time(), loop.create_future())
+        item = _Waiting(req, loop.time(), loop.create_future(), patient=patient)
         item.timer = loop.call_later(timeout, self._expire, item, timeout)
         self.queue.append(item)
         self._pump()
@@ -228,15 +230,12 @@ class ClaimBatcher:
     def _pump(self) -> None:
         while self.sending < self.in_flight and self.queue:
             batch: list[_Waiting] = []
-            later: list[_Waiting] = []  # queued claims whose deadline is far from this batch's
-            first = None
+            later: list[_Waiting] = []  # queued claims of the other kind than this batch's
             while self.queue and len(batch) < self.max_batch:
                 item = self.queue.popleft()
                 if item.future.done():  # expired while queued
                     continue
-                when = item.timer.when() if item.timer is not None else float("inf")
-                first = when if first is None else first
-                if abs(when - first) > DEADLINE_SPREAD_SECONDS:
+                if batch and item.patient is not batch[0].patient:
                     later.append(item)
                 else:
                     batch.append(item)

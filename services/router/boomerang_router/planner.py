@@ -270,7 +270,7 @@ class Router:
             p.model,
         )
         try:
-            claim = await self.batcher.claim(req, wait)
+            claim = await self.batcher.claim(req, wait, patient=wait > self.claim_deadline)
         except BoomerangClientError as err:
             transient = err.code in TRANSIENT_CODES
             # A claim shed by the router's own queue says the router is busy, not that the registry failed;
