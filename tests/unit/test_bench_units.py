@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
+import pytest
 from boomerang.tokenchain import HASH_BYTES, build_chain, common_tokens
 from boomerang_tools.bench.config import BenchConfig
 from boomerang_tools.bench.loadgen import schedule
@@ -150,3 +153,35 @@ def test_plan_paths_table_has_a_row_per_rate_and_path_unary_first() -> None:
     ]
     header = next(line for line in lines if line.startswith("| rate/s"))
     assert header.count("|") == rows[0].count("|")
+
+
+async def test_a_child_that_exits_before_it_is_ready_is_started_once_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first start dies at once (as a simulated engine once did between fork and exec);
+    the second is ready. A child that dies every time still fails the run."""
+    from boomerang_tools.bench.services import Services
+    from boomerang_tools.stack import children
+    from boomerang_tools.stack.children import ChildFailed
+
+    marker = tmp_path / "started-once"
+    script = ("import pathlib, sys, time\n"
+              f"m = pathlib.Path({str(marker)!r})\n"
+              "if sys.argv[1] == 'flaky' and not m.exists():\n"
+              "    m.touch(); sys.exit(3)\n"
+              "if sys.argv[1] == 'broken':\n"
+              "    sys.exit(4)\n"
+              "print('BOOMERANG_READY x 127.0.0.1:1', flush=True)\n"
+              "time.sleep(30)\n")
+    monkeypatch.setattr(children, "BOOMERANG", [sys.executable, "-c", script])
+    services = Services(tmp_path / "logs", {})
+    try:
+        services.start("flaky", ["flaky"])
+        assert await services.ready("flaky", timeout=20) == ["127.0.0.1:1"]
+        assert services.restarted == ["flaky"] and services.children["flaky"].alive()
+        services.start("broken", ["broken"])
+        with pytest.raises(ChildFailed):
+            await services.ready("broken", timeout=20)
+        assert services.restarted == ["flaky", "broken"]
+    finally:
+        services.stop()

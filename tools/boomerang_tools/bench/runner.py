@@ -104,6 +104,8 @@ async def run_bench(
     report = build_report(cfg, results, bench.memory, host, bench.db.notes, started, time.time())
     if bench.profiles:
         report["profiles"] = bench.profiles
+    # Children that exited before they were ready and were started once more (Services._ready).
+    report["children_restarted"] = bench.services.restarted
     json_path, md_path = write_report(report, out_dir)
     console.print(md_path.read_text())
     console.print(f"wrote {json_path} and {md_path}")

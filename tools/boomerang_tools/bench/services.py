@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -16,7 +17,9 @@ from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_tools.bench.preload import EngineRow
 from boomerang_tools.bench.workload import BLOCK_SIZE, MODEL
-from boomerang_tools.stack.children import Child, stop_all
+from boomerang_tools.stack.children import Child, ChildFailed, stop_all
+
+log = logging.getLogger(__name__)
 
 ENGINE_TTL_SECONDS = 3600  # long enough that nothing preloaded expires during a run
 
@@ -78,6 +81,7 @@ class Services:
     log_dir: Path
     env: dict[str, str]
     children: dict[str, Child] = field(default_factory=dict)
+    restarted: list[str] = field(default_factory=list)  # children started twice (see `_ready`)
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         """Start `boomerang <args>` (does not wait)."""
@@ -88,7 +92,29 @@ class Services:
 
     async def ready(self, *names: str, timeout: float = 60.0) -> list[str]:
         """Wait until the named children listen; their addresses."""
-        return list(await asyncio.gather(*(asyncio.to_thread(self.children[n].wait_ready, timeout) for n in names)))
+        return list(await asyncio.gather(*(self._ready(n, timeout) for n in names)))
+
+    async def _ready(self, name: str, timeout: float) -> str:
+        """One child's address; a child that exited before it was ready is started once more.
+
+        Rarely (once in the runs we kept) a simulated engine died between fork and exec with
+        only a gRPC poller error in its log, never having run: started from a process full
+        of gRPC threads, the forked child runs Python (the parent-death signal's preexec_fn)
+        before it execs. A second start of the same command is the same measurement; a
+        child that fails twice, or does not start in time, fails the run.
+        """
+        child = self.children[name]
+        try:
+            return await asyncio.to_thread(child.wait_ready, timeout)
+        except ChildFailed as exc:
+            if child.alive():
+                raise
+            child.finish(5)
+            log.warning("%s exited before it was ready (exit code %s); starting it once more:\n%s",
+                        name, child.proc.returncode if child.proc else None, exc)
+            self.restarted.append(name)
+            again = self.start(name, child.args, child.env)
+            return await asyncio.to_thread(again.wait_ready, timeout)
 
     def memory(self) -> dict[str, dict[str, float]]:
         """Memory of every running child."""
