@@ -134,6 +134,7 @@ class Router:
         self.repo = repo
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.claim_deadline = settings.claim_deadline_ms / 1000
+        self.seconds_per_token = metrics.prefill_seconds_per_token()  # for claim_wait
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown_seconds)
         self._counted: BoomerangClientError | None = None  # the last failed call the breaker counted
         self.store = PlanStore(
@@ -252,12 +253,10 @@ class Router:
         allowed = self.claim_wait(p.prompt_tokens)
         wait = allowed if answer_by is None else min(allowed, answer_by - time.monotonic())
         if wait <= MIN_CLAIM_SECONDS:
-            self.stats["claims_skipped_caller_deadline"] += 1
-            CLAIMS_UNANSWERED.labels("caller_deadline").inc()
+            self._unanswered("claims_skipped_caller_deadline", "caller_deadline")
             return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="no time left in the caller's deadline for a claim")
         if not self.breaker.allow():
-            self.stats["claims_skipped_breaker_open"] += 1
-            CLAIMS_UNANSWERED.labels("breaker_open").inc()
+            self._unanswered("claims_skipped_breaker_open", "breaker_open")
             return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="registry circuit open")
         chain = p.chain if p.chain is not None else build_chain(p.token_ids or [], block_size)
         req = claim_request(
@@ -273,6 +272,7 @@ class Router:
             claim = await self.batcher.claim(req, wait, patient=wait > self.claim_deadline)
         except BoomerangClientError as err:
             transient = err.code in TRANSIENT_CODES
+            shed = err.reason in (QUEUE_FULL, QUEUE_TIMEOUT)
             # A claim shed by the router's own queue says the router is busy, not that the registry failed;
             # one cut short by its caller's deadline says nothing about the registry either.
             # (A long prompt's wait past the claim deadline is its own allowance: a registry
@@ -281,11 +281,10 @@ class Router:
             # The breaker counts failed registry calls, not claims: every claim of a batch that
             # failed gets that call's one error, and one slow batch of eight is not eight failures
             # in a row (under load it opened the breaker, and a second of plans lost their reuse).
-            if transient and err.reason not in (QUEUE_FULL, QUEUE_TIMEOUT) and not cut_short and err is not self._counted:
+            if transient and not shed and not cut_short and err is not self._counted:
                 self._counted = err
                 self.breaker.record_failure()
-            self.stats[f"claims_failed_{err.code.lower()}"] += 1
-            CLAIMS_UNANSWERED.labels((err.reason if err.reason in (QUEUE_FULL, QUEUE_TIMEOUT) else err.code).lower()).inc()
+            self._unanswered(f"claims_failed_{err.code.lower()}", (err.reason if shed else err.code).lower())
             if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"):
                 self.claims.probe_orphan(req)
             log.log(logging.INFO if transient else logging.ERROR, "claim failed, planning without reuse: %s", err)
@@ -295,8 +294,12 @@ class Router:
 
     def claim_wait(self, prompt_tokens: int) -> float:
         """Seconds a plan's claim may wait, before its caller's deadline (`claim_wait`)."""
-        return claim_wait(self.claim_deadline, self.settings.claim_wait_share, prompt_tokens,
-                          metrics.prefill_seconds_per_token())
+        return claim_wait(self.claim_deadline, self.settings.claim_wait_share, prompt_tokens, self.seconds_per_token)
+
+    def _unanswered(self, stat: str, why: str) -> None:
+        """Count a plan made without the claim's answer, in the stats and the metric."""
+        self.stats[stat] += 1
+        CLAIMS_UNANSWERED.labels(why).inc()
 
     def _remember(self, record: PlanRecord) -> None:
         record.counted = True
