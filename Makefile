@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/boomerang/v1/*.proto)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup proto lint check test test-fast test-vllm demo bench up migrate clean
+.PHONY: help setup proto docs lint check test test-fast test-vllm demo bench up migrate clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,9 +24,13 @@ setup: $(STAMP) ## Create .venv and install Boomerang with pinned dependencies (
 proto: setup ## Regenerate the Python stubs in libs/boomerang/v1 from proto/
 	$(BIN)/python -m boomerang.protogen libs
 
-lint: setup ## Lint the protos (buf, STANDARD rules) and check the stubs match proto/
+docs: setup ## Regenerate docs/configuration.md's settings tables from the settings classes
+	$(BIN)/python -m boomerang_tools.configdoc
+
+lint: setup ## Lint the protos (buf, STANDARD rules), check the stubs match proto/ and the settings docs are current
 	$(BIN)/buf lint
 	$(BIN)/python -m boomerang.protogen --check libs
+	$(BIN)/python -m boomerang_tools.configdoc --check
 
 check: setup ## Lint (ruff) and type-check (strict mypy) the Python sources
 	$(BIN)/ruff check libs services tools tests
