@@ -1,5 +1,7 @@
 """The project's documents stand on their own: nothing points outside the repository, every
-relative link resolves, and README.md's Layout section names every folder and package."""
+relative link resolves, README.md stays short and its Layout section names every folder and
+package, every page under docs/ is in the index, the configuration reference is what the
+settings generate, and every `BOOMERANG_*` variable a document names exists in the code."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from boomerang_tools import configdoc
 
 ROOT = Path(__file__).resolve().parents[2]
 # Written in pieces so this file does not name them itself.
@@ -67,6 +70,32 @@ def test_relative_links_resolve_to_files_in_the_repository(doc: str) -> None:
     assert broken == []
 
 
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (outside code blocks)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", text, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_anchor_parser() -> None:
+    md = "# Today (2026-12-02)\n## Settings (`kv_extra`)\n### The skeptic's question: why not P?\n```\n# not one\n```"
+    assert anchors(md) == {"today-2026-12-02", "settings-kv_extra", "the-skeptics-question-why-not-p"}
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))])
+def test_every_anchor_names_a_heading(doc: str) -> None:
+    path = ROOT / doc
+    broken = []
+    for target in links(path.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or "#" not in target:
+            continue
+        file, fragment = target.split("#", 1)
+        page = (path.parent / file).resolve() if file else path
+        if page.suffix == ".md" and page.exists() and fragment not in anchors(page.read_text()):
+            broken.append(target)
+    assert broken == []
+
+
 def layout_block() -> str:
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
@@ -87,3 +116,53 @@ def test_the_layout_names_every_top_level_folder_and_package() -> None:
     # ...and names nothing that is not there.
     named = set(re.findall(r"^([\w.][\w./-]*/)", block, re.MULTILINE))
     assert sorted(n for n in named if not (ROOT / n).is_dir()) == []
+
+
+README_MAX_LINES = 300  # a newcomer's ten minutes; the rest belongs under docs/
+
+
+def test_the_readme_stays_short_and_starts_with_the_two_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, "README.md is long: move the detail to a page under docs/"
+    first_block = text.split("```", 2)[1]
+    assert "make demo" in first_block and "make test" in first_block
+
+
+def test_every_page_under_docs_is_in_the_index() -> None:
+    index = links((ROOT / "docs" / "README.md").read_text())
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert [p for p in pages if not any(t.split("#", 1)[0] == p for t in index)] == []
+
+
+def test_the_configuration_reference_is_what_the_settings_generate() -> None:
+    text = configdoc.DOC.read_text()
+    assert configdoc.render(text) == text, f"docs/configuration.md is stale: run `{configdoc.COMMAND}`"
+
+
+def test_the_generator_rewrites_a_stale_table_and_refuses_a_missing_one() -> None:
+    text = configdoc.DOC.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `BOOMERANG_CLAIM_DEADLINE_MS`"))
+    stale = text.replace(row + "\n", "").replace("<!-- settings: reaper -->\n", "<!-- settings: reaper -->\n| old |\n")
+    assert stale != text and configdoc.render(stale) == text
+    with pytest.raises(ValueError, match="settings: gateway"):
+        configdoc.render(text.replace("<!-- settings: gateway -->", ""))
+    with pytest.raises(ValueError, match="unknown settings table 'nope'"):
+        configdoc.render(text + "<!-- settings: nope -->\n<!-- end settings -->\n")
+
+
+VARIABLE = re.compile(r"BOOMERANG_[A-Z0-9_]*[A-Z0-9](?:_\*)?")  # `BOOMERANG_TLS_*` names a family
+
+
+def test_every_variable_a_document_names_exists_in_the_code() -> None:
+    """A setting renamed in the code and not in the prose fails here (the prose is not generated)."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = {v for doc in docs for v in VARIABLE.findall(doc.read_text())}
+    code = "\n".join(
+        p.read_text(errors="replace") for p in tracked_files() if p.is_file() and p.suffix != ".md" and p.stat().st_size < 1_000_000
+    )
+    settings = {f"BOOMERANG_{f.upper()}" for classes in configdoc.TABLES.values() for c in classes for f in c.model_fields}
+    def exists(name: str) -> bool:
+        stem = name.removesuffix("*")
+        return stem in code or any(s.startswith(stem) if stem != name else s == name for s in settings)
+
+    assert sorted(v for v in named if not exists(v)) == []

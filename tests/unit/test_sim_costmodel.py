@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from boomerang_tools.sim.costmodel import NEW_TOKENS_PER_TURN, PROFILES, Profile, published_errors
 
-# Largest |relative error| allowed per profile (documented in costmodel.py and README.md).
+# Largest |relative error| allowed per profile (documented in costmodel.py).
 BOUNDS = {"qwen3-32b": 0.11, "glm-5-fp8": 0.01}
 
 
