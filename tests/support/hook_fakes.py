@@ -6,6 +6,7 @@ They answer like the real services do at the client boundary (responses, or
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections import deque
@@ -170,6 +171,22 @@ class FakeRouter:
         if self.errors:
             raise self.errors.popleft()
         return self.planner(req)
+
+    def plan_turn_future(self, req: opb.PlanTurnRequest, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        """PlanTurn as gRPC's future: answered at once, or (with `delay`) on a thread of its own."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def answer() -> None:
+            try:
+                future.set_result(self.plan_turn(req, timeout))
+            except Exception as exc:  # noqa: BLE001 - handed to the future, as gRPC does
+                future.set_exception(exc)
+
+        if self.delay:
+            threading.Thread(target=answer, daemon=True).start()
+        else:
+            answer()
+        return future
 
     def report_turn(self, req: opb.ReportTurnRequest, timeout: float | None = None) -> opb.ReportTurnResponse:
         if self.report_errors:

@@ -73,7 +73,8 @@ def vllm_config(
         kv_transfer_config=SimpleNamespace(
             kv_connector="BoomerangConnector",
             kv_connector_module_path="boomerang.vllm_hook.connector",
-            kv_role="kv_both",
+            kv_role={"prefill": "kv_producer", "decode": "kv_consumer"}.get(
+                str((extra.get("boomerang") or {}).get("role")), "kv_producer"),
             engine_id=engine_id,
             kv_connector_extra_config=extra,
         ),

@@ -4,6 +4,7 @@ scripted registry and router clients: what reaches vLLM, the registry and the ro
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,8 +31,9 @@ FIRST_TURN = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engi
 
 
 def extra(role: str, **more: Any) -> dict[str, Any]:
+    # These engines value a token's prefill at 1 ms, so a 100-token prompt is worth waiting 25 ms for.
     b: dict[str, Any] = {"role": role, "registry": "127.0.0.1:1", "router": "127.0.0.1:1", "tenant": "acme",
-                         "heartbeat_interval_seconds": 30}
+                         "heartbeat_interval_seconds": 30, "prefill_ms_per_token": 1.0}
     b.update(more)
     return {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 480, "kv_recompute_threshold": 64, "boomerang": b}
 
@@ -69,6 +71,17 @@ def connector(fakes: Fakes) -> Iterator[Any]:
         conn.shutdown()
 
 
+def matched(conn: Any, req: Request, num_computed_tokens: int, timeout: float = 5.0) -> tuple[int | None, bool]:
+    """`get_num_new_matched_tokens` as vLLM's scheduler asks it: again at each step while the
+    answer is "ask again later" (None)."""
+    end = time.monotonic() + timeout
+    while True:
+        got = conn.get_num_new_matched_tokens(req, num_computed_tokens)
+        if got[0] is not None or time.monotonic() > end:
+            return got  # type: ignore[no-any-return]
+        time.sleep(0.001)
+
+
 def pull_plan(reusable: int, source: str = "d-1", rid: str = "d-req-1") -> opb.PlanTurnResponse:
     params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_block_ids": [[0, 1, 2]],
               "remote_engine_id": source, "remote_request_id": rid, "remote_host": "127.0.0.1",
@@ -98,12 +111,12 @@ def test_prefill_pull_turn(connector: Any, fakes: Fakes) -> None:
     conn = connector("p-1", extra("prefill"))
     req = prefill_request()
     # 96 verified tokens, 16 of them already in P's own prefix cache.
-    assert conn.get_num_new_matched_tokens(req, 16) == (80, True)
+    assert matched(conn, req, 16) == (80, True)
     params = req.kv_transfer_params
     assert params["remote_engine_id"] == "d-1" and params["remote_num_tokens"] == 96
     assert params["boomerang"] == {"conversation_id": "c-1"}  # the request's own keys stay
     # vLLM asks again while the request waits for blocks: no second plan.
-    assert conn.get_num_new_matched_tokens(req, 16) == (80, True)
+    assert matched(conn, req, 16) == (80, True)
     assert len(fakes.router.plans) == 1
     conn.update_state_after_alloc(req, None, 80)
     assert conn.pulls == [("p-req-1", "d-req-1", 80)]
@@ -124,7 +137,7 @@ def test_pull_never_allocated_is_reported_unknown(connector: Any, fakes: Fakes) 
     fakes.router.planner = lambda req: pull_plan(96)
     conn = connector("p-1", extra("prefill"))
     req = prefill_request()
-    conn.get_num_new_matched_tokens(req, 0)
+    matched(conn, req, 0)
     req.status = "FINISHED_ABORTED"
     assert conn.request_finished_all_groups(req, block_ids_for(100, 16)) == (False, None)
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
@@ -138,7 +151,7 @@ def test_unusable_pull_params_give_the_claim_back(connector: Any, fakes: Fakes) 
     conn = connector("p-1", extra("prefill"))
     req = prefill_request()
     before = dict(req.kv_transfer_params or {})
-    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert matched(conn, req, 0) == (0, False)
     assert req.kv_transfer_params == before
     conn.update_state_after_alloc(req, None, 0)
     req.status = "FINISHED_STOPPED"
@@ -152,7 +165,7 @@ def test_cold_plan_leaves_the_request_alone(connector: Any, fakes: Fakes) -> Non
     conn = connector("p-1", extra("prefill"))
     req = prefill_request()
     before = dict(req.kv_transfer_params or {})
-    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert matched(conn, req, 0) == (0, False)
     assert req.kv_transfer_params == before
     req.status = "FINISHED_STOPPED"
     conn.request_finished_all_groups(req, block_ids_for(100, 16))
@@ -166,7 +179,7 @@ def test_requests_the_hook_leaves_to_vllm(connector: Any, fakes: Fakes) -> None:
     given = {**json.loads(pull_plan(96).kv_transfer_params_json), "boomerang": {"conversation_id": "c-1"}}
     assert conn.get_num_new_matched_tokens(Request("b", list(range(100)), given), 0) == (96, True)
     foreign = Request("c", list(range(100)), {"boomerang": {"conversation_id": "c", "tenant": "other"}})
-    conn.get_num_new_matched_tokens(foreign, 0)
+    matched(conn, foreign, 0)
     assert fakes.router.plans == []
     stats = conn.boomerang.stats()
     assert (stats["no_conversation"], stats["handle_given"], stats["foreign_tenant"]) == (1, 1, 1)
@@ -176,7 +189,7 @@ def test_router_failure_computes_locally(connector: Any, fakes: Fakes) -> None:
     fakes.router.errors.append(client_error("PlanTurn", "UNAVAILABLE"))
     conn = connector("p-1", extra("prefill"))
     req = prefill_request()
-    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert matched(conn, req, 0) == (0, False)
     assert "remote_engine_id" in req.kv_transfer_params and req.kv_transfer_params["remote_engine_id"] is None
     assert conn.boomerang.stats()["fallback_unavailable"] == 1
 
@@ -186,7 +199,7 @@ def test_timed_out_plan_is_found_and_given_back(connector: Any, fakes: Fakes) ->
     fakes.background.planner = lambda req: pull_plan(96)  # ... but the router did claim a lease
     conn = connector("p-1", extra("prefill", plan_deadline_ms=10))
     req = prefill_request()
-    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert matched(conn, req, 0) == (0, False)
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
     assert fakes.background.plans[0].request_id == fakes.router.plans[0].request_id
     report = fakes.background.reports[0]
@@ -235,7 +248,7 @@ def test_hook_errors_never_reach_vllm(connector: Any, fakes: Fakes, monkeypatch:
     monkeypatch.setattr(conn.boomerang, "before_match", boom)
     monkeypatch.setattr(conn.boomerang, "on_finished", boom)
     req = prefill_request()
-    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert matched(conn, req, 0) == (0, False)
     req.status = "FINISHED_STOPPED"
     assert conn.request_finished_all_groups(req, block_ids_for(100, 16))[1]["do_remote_prefill"] is True
     assert conn.boomerang.counters["hook_errors"] == 2
@@ -244,7 +257,70 @@ def test_hook_errors_never_reach_vllm(connector: Any, fakes: Fakes, monkeypatch:
 def test_load_for_heartbeats(connector: Any) -> None:
     conn = connector("p-1", extra("prefill"))
     a, b = prefill_request("a", tokens=100), prefill_request("b", tokens=40)
-    conn.get_num_new_matched_tokens(a, 0)
-    conn.get_num_new_matched_tokens(b, 0)
+    matched(conn, a, 0)
+    matched(conn, b, 0)
     conn.update_state_after_alloc(a, None, 0)
     assert conn.boomerang.load() == (2, 40)
+
+
+def test_a_slow_plan_never_holds_the_scheduler(connector: Any, fakes: Fakes) -> None:
+    fakes.router.planner = lambda req: pull_plan(96)
+    fakes.router.delay = 0.2  # the router answers in 200 ms
+    conn = connector("p-1", extra("prefill", plan_deadline_ms=1000, prefill_ms_per_token=100.0))
+    req = prefill_request()
+    calls, answer = [], None
+    while answer is None:
+        started = time.perf_counter()
+        answer = conn.get_num_new_matched_tokens(req, 0)[0]
+        calls.append(time.perf_counter() - started)
+        time.sleep(0.005)
+    # Every call came back at once; the ones while the plan was in flight said "ask again later".
+    assert len(calls) > 10 and max(calls) < 0.05, (len(calls), max(calls))
+    assert answer == 96 and req.kv_transfer_params["remote_engine_id"] == "d-1"
+    assert conn.boomerang.stats()["plan_waits"] >= 10 and len(fakes.router.plans) == 1
+
+
+def test_a_request_that_ends_with_its_plan_in_flight_gives_the_claim_back(connector: Any, fakes: Fakes) -> None:
+    fakes.router.planner = lambda req: pull_plan(96)
+    fakes.router.delay = 0.2
+    conn = connector("p-1", extra("prefill", plan_deadline_ms=1000, prefill_ms_per_token=100.0))
+    req = prefill_request()
+    assert conn.get_num_new_matched_tokens(req, 0) == (None, False)
+    assert wait_for(lambda: len(fakes.router.plans) == 1, 5)  # the router is claiming
+    req.status = "FINISHED_ABORTED"  # the client went away while the plan was in flight
+    assert conn.request_finished_all_groups(req, block_ids_for(100, 16)) == (False, None)
+    assert conn.boomerang.load() == (0, 0)  # nothing of the request is kept
+    assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
+    report = fakes.background.reports[0]
+    assert (report.plan_id, report.handle_use) == ("plan-1", opb.HANDLE_USE_NOT_READ)  # vLLM never saw it
+    assert wait_for(lambda: conn.boomerang.stats().get("late_given_back") == 1, 5)
+    assert conn.boomerang.stats()["plans_in_flight"] == 0
+
+
+def test_a_plan_that_comes_after_the_wait_gives_the_claim_back(connector: Any, fakes: Fakes) -> None:
+    fakes.router.planner = lambda req: pull_plan(96)
+    fakes.router.delay = 0.15
+    fakes.background.planner = lambda req: pull_plan(96)  # asked again, the router names its claim
+    # 100 tokens at 1 ms with a quarter share: the request waits 25 ms, then computes locally.
+    conn = connector("p-1", extra("prefill", plan_deadline_ms=1000))
+    req = prefill_request()
+    started = time.monotonic()
+    assert matched(conn, req, 0) == (0, False)
+    assert 0.02 <= time.monotonic() - started < 0.15
+    stats = conn.boomerang.stats()
+    # Given up by the scheduler, or by gRPC at the same deadline: either way, computed locally.
+    assert stats.get("fallback_wait_over", 0) + stats.get("fallback_deadline_exceeded", 0) == 1, stats
+    assert "remote_engine_id" not in req.kv_transfer_params or req.kv_transfer_params["remote_engine_id"] is None
+    assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
+    assert fakes.background.reports[0].handle_use == opb.HANDLE_USE_NOT_READ
+
+
+def test_requests_that_cannot_gain_are_never_held_back(connector: Any, fakes: Fakes) -> None:
+    conn = connector("p-1", extra("prefill", prefill_ms_per_token=0.001))
+    # 100 tokens at 1 µs each could save 0.1 ms: not worth one round trip.
+    assert conn.get_num_new_matched_tokens(prefill_request("a"), 0) == (0, False)
+    conn = connector("p-2", extra("prefill"))
+    # 80 tokens, 32 of them in P's own cache: 48 to compute, below the recompute threshold (64).
+    assert conn.get_num_new_matched_tokens(prefill_request("b", tokens=80), 32) == (0, False)
+    assert fakes.router.plans == []
+    assert conn.boomerang.stats()["no_plan_below_threshold"] == 1

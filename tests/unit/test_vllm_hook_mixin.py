@@ -17,13 +17,11 @@ def test_connector_module_imports_without_vllm() -> None:
 
 
 def test_mixin_signatures_follow_vllm() -> None:
-    names = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
-             "request_finished", "request_finished_all_groups", "shutdown")
+    names = ("get_num_new_matched_tokens", "update_state_after_alloc", "request_finished", "request_finished_all_groups", "shutdown")
     params = {name: list(inspect.signature(getattr(BoomerangConnectorMixin, name)).parameters) for name in names}
     assert params == {
         "get_num_new_matched_tokens": ["self", "request", "num_computed_tokens"],
         "update_state_after_alloc": ["self", "request", "blocks", "num_external_tokens"],
-        "build_connector_meta": ["self", "scheduler_output"],
         "request_finished": ["self", "request", "block_ids"],
         "request_finished_all_groups": ["self", "request", "block_ids"],
         "shutdown": ["self"],

@@ -1,14 +1,16 @@
-"""The prefill side's plan call: deadline, breaker, request shape, and the PULL params."""
+"""The prefill side's background plans: never blocking, deadline, breaker, request shape, PULL params."""
 
 from __future__ import annotations
 
 import json
 import time
 
+import pytest
 from boomerang.resilience import CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.planner import (
+    PlanAttempt,
     PrefillPlanner,
     decision_name,
     plan_breaker,
@@ -18,6 +20,7 @@ from boomerang.vllm_hook.planner import (
 from boomerang.vllm_hook.requestview import TurnContext
 
 from tests.support.hook_fakes import FakeRouter, client_error
+from tests.support.procs import wait_for
 
 CTX = TurnContext("acme", "c-1")
 PROMPT = list(range(1000, 1100))
@@ -31,8 +34,9 @@ class Clock:
         return self.now
 
 
-def planner(router: FakeRouter, deadline: float = 0.02, plan_with: str = "chain", breaker: CircuitBreaker | None = None) -> PrefillPlanner:
-    return PrefillPlanner(
+def planner(router: FakeRouter, deadline: float = 0.02, plan_with: str = "chain", breaker: CircuitBreaker | None = None,
+            max_in_flight: int = 4096) -> PrefillPlanner:
+    made = PrefillPlanner(
         router,  # type: ignore[arg-type]
         engine_id="p-1",
         model="qwen3-32b",
@@ -40,7 +44,20 @@ def planner(router: FakeRouter, deadline: float = 0.02, plan_with: str = "chain"
         plan_with=plan_with,  # type: ignore[arg-type]
         chain_block_size=16,
         breaker=breaker or plan_breaker(3, 1.0),
+        max_in_flight=max_in_flight,
     )
+    made.start()
+    return made
+
+
+def plan(p: PrefillPlanner, prompt: list[int] = PROMPT, rid: str = "req-1", wait: float = 1.0) -> PlanAttempt:
+    """Start a plan and wait (here, in the test) for its answer."""
+    pending = p.begin(CTX, prompt, rid, wait, lambda *_: None)
+    assert pending is not None
+    assert wait_for(lambda: pending.take() is not None, 5)
+    attempt = pending.take()
+    assert attempt is not None
+    return attempt
 
 
 def test_breaker_opens_tries_once_per_cooldown_and_closes() -> None:
@@ -63,7 +80,7 @@ def test_breaker_opens_tries_once_per_cooldown_and_closes() -> None:
 
 def test_plan_request_carries_the_prompt_chain() -> None:
     router = FakeRouter()
-    attempt = planner(router).plan(CTX, PROMPT, "req-1")
+    attempt = plan(planner(router))
     assert attempt.response is not None and attempt.error == ""
     req = router.plans[0]
     chain = build_chain(PROMPT, 16)
@@ -77,19 +94,52 @@ def test_plan_request_carries_the_prompt_chain() -> None:
 
 def test_plan_with_token_ids() -> None:
     router = FakeRouter()
-    planner(router, plan_with="tokens").plan(CTX, PROMPT, "req-1")
+    plan(planner(router, plan_with="tokens"))
     assert list(router.plans[0].prompt_token_ids) == PROMPT and not router.plans[0].HasField("prompt_chain")
 
 
-def test_slow_router_falls_back_within_the_deadline() -> None:
+def test_slow_router_never_blocks_and_fails_at_the_deadline() -> None:
     router = FakeRouter()
     router.delay = 1.0
+    p = planner(router, deadline=0.02)
     start = time.perf_counter()
-    attempt = planner(router, deadline=0.02).plan(CTX, PROMPT, "req-1")
-    elapsed = time.perf_counter() - start
-    assert attempt.response is None and attempt.error == "DEADLINE_EXCEEDED"
-    assert elapsed < 0.035, elapsed
+    pending = p.begin(CTX, PROMPT, "req-1", 1.0, lambda *_: None)
+    assert time.perf_counter() - start < 0.005  # a deque append, not a call
+    assert pending is not None and pending.wait_until - pending.started == pytest.approx(0.02)  # the wait is capped by the deadline
+    assert wait_for(lambda: pending.take() is not None, 5)
+    attempt = pending.take()
+    assert attempt is not None and attempt.response is None and attempt.error == "DEADLINE_EXCEEDED"
     assert attempt.request is not None  # kept so the reporter can find a claim made meanwhile
+    assert router.plans[0].request_id == attempt.request.request_id
+
+
+def test_an_answer_after_the_scheduler_gave_up_goes_to_on_late_once() -> None:
+    router = FakeRouter()
+    router.delay = 0.05
+    p = planner(router, deadline=1.0)
+    late: list[PlanAttempt] = []
+    pending = p.begin(CTX, PROMPT, "req-1", 1.0, lambda _, attempt: late.append(attempt))
+    assert pending is not None
+    assert wait_for(lambda: len(router.plans) == 1, 5)
+    assert pending.abandon() is None  # gave up before the answer
+    assert wait_for(lambda: len(late) == 1, 5)
+    assert late[0].response is not None and pending.take() is late[0]
+    # An answer already in when the scheduler gives up is the scheduler's, not on_late's.
+    router.delay = 0.0
+    pending = p.begin(CTX, PROMPT, "req-2", 1.0, lambda _, attempt: late.append(attempt))
+    assert pending is not None
+    assert wait_for(lambda: pending.take() is not None, 5)
+    assert pending.abandon() is not None and len(late) == 1
+
+
+def test_too_many_in_flight_refuses_without_blocking() -> None:
+    router = FakeRouter()
+    router.delay = 0.5
+    p = planner(router, deadline=1.0, max_in_flight=2)
+    assert p.begin(CTX, PROMPT, "a", 1.0, lambda *_: None) is not None
+    assert p.begin(CTX, PROMPT, "b", 1.0, lambda *_: None) is not None
+    assert p.begin(CTX, PROMPT, "c", 1.0, lambda *_: None) is None and p.dropped_full == 1
+    assert wait_for(lambda: p.in_flight == 0, 5)
 
 
 def test_failures_open_the_breaker_and_bad_requests_do_not() -> None:
@@ -97,18 +147,16 @@ def test_failures_open_the_breaker_and_bad_requests_do_not() -> None:
     p = planner(router, breaker=plan_breaker(2, 60.0))
     router.errors.extend([client_error("PlanTurn", "INVALID_ARGUMENT")] * 3)
     for _ in range(3):
-        assert p.plan(CTX, PROMPT, "r").error == "INVALID_ARGUMENT"
-    assert p.breaker.consecutive == 0
+        assert plan(p).error == "INVALID_ARGUMENT"
+    assert p.breaker.consecutive == 0 and p.allow()
     router.errors.extend([client_error("PlanTurn", "UNAVAILABLE")] * 2)
-    assert p.plan(CTX, PROMPT, "r").error == "UNAVAILABLE"
-    assert p.plan(CTX, PROMPT, "r").error == "UNAVAILABLE"
-    calls = len(router.plans)
-    assert p.plan(CTX, PROMPT, "r").error == "BREAKER_OPEN"
-    assert len(router.plans) == calls  # no call while open
+    assert plan(p).error == "UNAVAILABLE"
+    assert plan(p).error == "UNAVAILABLE"
+    assert not p.allow()  # open: the hook starts no plan
 
 
 def test_out_of_range_tokens_do_not_raise() -> None:
-    assert planner(FakeRouter()).plan(CTX, [2**32], "r").error == "BAD_TOKENS"
+    assert plan(planner(FakeRouter()), [2**32]).error == "BAD_TOKENS"
 
 
 def test_pull_params_only_for_pull() -> None:

@@ -58,12 +58,26 @@ def tiny_model(directory: Path) -> Path:
     return directory
 
 
+# The roles vLLM 0.33.0 asks for (it deprecates `kv_both` for the NixlConnector); the pull
+# connector's bidirectional transfer does not depend on them, which the suite shows.
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
 def kv_transfer_config(engine_id: str, boomerang: dict[str, Any]) -> dict[str, Any]:
-    """The README's `--kv-transfer-config`, with this engine's id and Boomerang settings."""
+    """The README's `--kv-transfer-config`, with this engine's id and Boomerang settings
+    (with `{"role": ...}` alone: vLLM's own NixlConnector, Boomerang absent)."""
+    if set(boomerang) == {"role"}:
+        return {
+            "kv_connector": "NixlConnector",
+            "kv_role": KV_ROLES[boomerang["role"]],
+            "engine_id": engine_id,
+            "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 480,
+                                          "kv_recompute_threshold": 64},
+        }
     return {
         "kv_connector": "BoomerangConnector",
         "kv_connector_module_path": "boomerang.vllm_hook.connector",
-        "kv_role": "kv_both",
+        "kv_role": KV_ROLES[boomerang["role"]],
         "engine_id": engine_id,
         "kv_connector_extra_config": {
             "bidirectional_kv_xfer": True,
@@ -104,6 +118,7 @@ class Engine:
     receives: dict[str, Any] = field(default_factory=dict)  # request id -> ReqMeta (NIXL recv queued)
     step_seconds: list[float] = field(default_factory=list)
     new_per_step: list[set[str]] = field(default_factory=list)  # requests first scheduled, per step
+    scheduled: list[int] = field(default_factory=list)  # requests scheduled, per step
     _pending_recv: set[str] = field(default_factory=set)
     _outputs: dict[str, list[int]] = field(default_factory=dict)
 
@@ -114,8 +129,8 @@ class Engine:
 
     @property
     def hook(self) -> Any:
-        """Boomerang's hook inside the connector."""
-        return self.connector.boomerang
+        """Boomerang's hook inside the connector (None without Boomerang)."""
+        return getattr(self.connector, "boomerang", None)
 
     def spy(self) -> None:
         """Record every `get_num_new_matched_tokens` call the scheduler makes (calls through)."""
@@ -150,6 +165,7 @@ class Engine:
         out = self.scheduler.schedule()
         self.step_seconds.append(time.perf_counter() - started)
         self.new_per_step.append({r.req_id for r in out.scheduled_new_reqs})
+        self.scheduled.append(len(out.num_scheduled_tokens))
         meta = out.kv_connector_metadata
         for rid, req_meta in getattr(meta, "reqs_to_recv", {}).items():
             self.receives[rid] = req_meta
@@ -176,15 +192,20 @@ class Engine:
                     done.append(Finished(o.request_id, str(o.finish_reason), self._outputs.pop(o.request_id), o.kv_transfer_params))
         return done
 
-    def run(self, request_ids: Iterable[str], max_steps: int = 200) -> dict[str, Finished]:
-        """Step until every named request finished."""
+    def run(self, request_ids: Iterable[str], timeout: float = 20.0, pause: float = 0.001) -> dict[str, Finished]:
+        """Step, as vLLM's engine loop does, until every named request finished. A step
+        that schedules nothing (the requests wait for their plans) is followed by a short
+        pause, as an idle engine loop turns again."""
         wanted, got = set(request_ids), {}
-        for _ in range(max_steps):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
             for f in self.step():
                 got[f.request_id] = f
             if wanted <= set(got):
                 return got
-        raise AssertionError(f"{sorted(wanted - set(got))} did not finish in {max_steps} steps")
+            if not self.scheduled[-1]:
+                time.sleep(pause)
+        raise AssertionError(f"{sorted(wanted - set(got))} did not finish in {timeout} s")
 
     def shutdown(self) -> None:
         """vLLM's own shutdown path for the connector (flushes the hook's senders)."""

@@ -81,14 +81,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Pair:
     """One P and one D engine serving one tenant, and the turns a proxy drives through them."""
 
-    def __init__(self, model_dir: Path, registry: ServiceProcess, router: ServiceProcess, tag: str, **prefill: Any):
+    def __init__(self, model_dir: Path, registry: ServiceProcess, router: ServiceProcess | str, tag: str, **prefill: Any):
         self.tenant = f"t-{tag}"
         self.registry = registry
         common = {"tenant": self.tenant, "registry": registry.address, "heartbeat_interval_seconds": 0.5}
         self.d = build_engine(model_dir, f"d-{tag}", {"role": "decode", "http_base_url": "http://127.0.0.1:8200", **common})
+        # A prefill token is valued at 10 ms, so a few hundred tokens are worth the whole
+        # `plan_deadline_ms` of waiting: these tests are about what the plans do, not their worth.
         self.p = build_engine(model_dir, f"p-{tag}", {
-            "role": "prefill", "router": router.address, "http_base_url": "http://127.0.0.1:8100",
-            "plan_deadline_ms": 1000, **common, **prefill,
+            "role": "prefill", "router": router if isinstance(router, str) else router.address, "http_base_url": "http://127.0.0.1:8100",
+            "plan_deadline_ms": 1000, "prefill_ms_per_token": 10.0, **common, **prefill,
         })
         self.turns = 0
 
@@ -165,6 +167,9 @@ def test_multi_turn_decode_registers_every_turn_and_prefill_pulls(pair: Pair, un
         history = history + d_done.output_token_ids + list(range(5000 + turn * 100, 5000 + turn * 100 + 37))
     every = leases(pair.registry, pair.tenant, conversation)
     assert len(every) == 4
+    # All of it with the roles vLLM 0.33.0 asks for (it deprecates kv_both for the NixlConnector).
+    assert pair.p.scheduler.vllm_config.kv_transfer_config.kv_role == "kv_producer"
+    assert pair.d.scheduler.vllm_config.kv_transfer_config.kv_role == "kv_consumer"
     # Every pulled lease was consumed once P reported the read; none is handed out again.
     assert wait_for(lambda: sum(ls.state == tpb.LEASE_STATE_CONSUMED
                                 for ls in leases(pair.registry, pair.tenant, conversation)) == 3, 10)
@@ -227,8 +232,9 @@ def test_many_requests_in_one_scheduler_step(pair: Pair, unique: str) -> None:
         recv = pair.p.receives[f"p2-{c}"]
         assert recv.remote.request_id == f"d1-{c}"
         assert recv.remote.num_tokens == whole_blocks(len(prompts[c]) + 30 - 1)
-    # vLLM scheduled all 24 in one step: 24 plans inside one schedule(), each its own lease.
-    assert {f"p2-{c}" for c in conversations} in pair.p.new_per_step[steps_before:], pair.p.new_per_step[steps_before:]
+    # The first step started all 24 plans and scheduled none of them: the plans are in the
+    # background, and each request was scheduled once its own plan was in.
+    assert pair.p.scheduled[steps_before] == 0 and pair.p.hook.counters["plans_started"] >= 24
     assert pair.p.hook.load() == (0, 0) and pair.d.hook.load() == (0, 0)
 
 
@@ -282,7 +288,8 @@ def test_control_plane_stopped_hanging_and_restarted(model_dir: Path, database_u
                                                       reaper: ServiceProcess, unique: str) -> None:
     router = ServiceProcess(["router", "--listen", "127.0.0.1:0", "--registry", registry.address,
                              "--engine-refresh-seconds", "0.2"], {"BOOMERANG_DATABASE_URL": database_url, **ROUTER_ENV}).start()
-    deadline_ms, margin_ms = 50, 150
+    # A plan call that blocked would cost a step the whole deadline; no step may come close.
+    deadline_ms, step_budget_ms = 200, 100
     pair = Pair(model_dir, registry, router, unique, plan_deadline_ms=deadline_ms, breaker_failures=3,
                 breaker_cooldown_seconds=0.5)
     try:
@@ -293,21 +300,26 @@ def test_control_plane_stopped_hanging_and_restarted(model_dir: Path, database_u
         history = history + d_done.output_token_ids + [11] * 20
         assert wait_for(lambda: len(retained(registry, pair.tenant, conversation)) == 1, 10)
 
-        # Hanging: the router stops answering (SIGSTOP). Many requests arrive in one step;
-        # the step costs one plan deadline, not one per request, and nothing raises.
+        # Hanging: the router stops answering (SIGSTOP). Many requests arrive at once; each
+        # waits its plan's budget while the steps go on, then computes locally.
         os.killpg(router.proc.pid, signal.SIGSTOP)
         try:
             for i in range(8):
                 pair.p.submit(f"hang{i}-{unique}", list(range(7000 + i, 7300 + i)), 1, first_turn(f"h{i}-{unique}"))
             before = len(pair.p.step_seconds)
+            started = time.monotonic()
             pair.p.run([f"hang{i}-{unique}" for i in range(8)])
+            assert time.monotonic() - started >= deadline_ms / 1000  # they did wait for their plans ...
             worst = max(pair.p.step_seconds[before:]) * 1000
-            assert worst < deadline_ms + margin_ms, worst
-            assert pair.p.hook.counters["fallback_deadline_exceeded"] >= 1
-            assert pair.p.hook.counters["fallback_step_failed"] >= 1
-            for i in range(4):  # later steps: the breaker opens and planning stops costing time
+            assert worst < step_budget_ms, worst  # ... but no step did
+            stats = pair.p.hook.stats()
+            assert stats.get("fallback_wait_over", 0) + stats.get("fallback_deadline_exceeded", 0) == 8, stats
+            # The failed plans opened the breaker: later requests start no plan and wait for nothing.
+            assert wait_for(lambda: not pair.p.hook.planner.allow(), 5)
+            for i in range(4):
                 worst = _plan_free_step(pair.p, f"hang-next{i}-{unique}", f"hn{i}-{unique}", list(range(300))) * 1000
-                assert worst < deadline_ms + margin_ms, worst
+                assert worst < step_budget_ms, worst
+            assert pair.p.hook.counters["fallback_breaker_open"] >= 1
         finally:
             os.killpg(router.proc.pid, signal.SIGCONT)
 
@@ -316,7 +328,7 @@ def test_control_plane_stopped_hanging_and_restarted(model_dir: Path, database_u
         router.kill()
         for i in range(4):
             worst = _plan_free_step(pair.p, f"down{i}-{unique}", f"d{i}-{unique}", list(range(300))) * 1000
-            assert worst < deadline_ms + margin_ms, worst
+            assert worst < step_budget_ms, worst
         assert pair.p.hook.counters["hook_errors"] == 0
 
         # Restarted: a new router process on the same address; after the breaker's pause,

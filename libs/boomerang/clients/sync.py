@@ -168,6 +168,10 @@ class SyncRouterClient(SyncClient):
         """PlanTurn."""
         return self._call("PlanTurn", self.stub.PlanTurn, req, timeout)
 
+    def plan_turn_future(self, req: opb.PlanTurnRequest, timeout: float | None = None) -> grpc.Future[opb.PlanTurnResponse]:
+        """PlanTurn without waiting; read it with `result("PlanTurn", f)`."""
+        return self._future(self.stub.PlanTurn, req, timeout)
+
     def report_turn(self, req: opb.ReportTurnRequest, timeout: float | None = None) -> opb.ReportTurnResponse:
         """ReportTurn."""
         return self._call("ReportTurn", self.stub.ReportTurn, req, timeout)

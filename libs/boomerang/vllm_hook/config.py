@@ -74,7 +74,26 @@ class BoomerangHookConfig(BaseModel):
         default=None, ge=0, description="The generation to register at start when vLLM does not expose one."
     )
     plan_deadline_ms: float = Field(
-        default=20.0, gt=0, le=1000, description="Milliseconds a prefill engine waits for a plan. Defaults to 20."
+        default=20.0,
+        gt=0,
+        le=1000,
+        description="The longest a prefill request is held back while its plan is in flight, in "
+        "milliseconds (vLLM schedules the engine's other requests meanwhile). Defaults to 20.",
+    )
+    plan_wait_share: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="A request waits for its plan at most this share of the prefill time a pull "
+        "could save it (tokens not in P's own cache × `prefill_ms_per_token`), within "
+        "`plan_deadline_ms`; the router's claim waits by the same rule. 0: never wait (no plans).",
+    )
+    prefill_ms_per_token: float = Field(
+        default=0.02061,
+        gt=0,
+        le=1000,
+        description="Milliseconds of this engine's prefill per prompt token, to value a pull "
+        "(default: a Qwen3-32B fit to AWS's published figures).",
     )
     plan_with: Literal["chain", "tokens"] = Field(
         default="chain",

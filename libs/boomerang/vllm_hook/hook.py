@@ -3,8 +3,11 @@
 `BoomerangHook` sees each call after (or, for planning, before) the NixlConnector's own:
 
 * `before_match(request, num_computed_tokens)` — prefill engines: a request that names a
-  conversation but carries no handle gets a plan; a PULL plan's `kv_transfer_params` are
-  merged into `request.kv_transfer_params` so the NixlConnector pulls D's blocks.
+  conversation, carries no handle and could gain from a pull gets a plan, started in the
+  background (`planner.py`); until it is in, or its worth-bounded wait is over, the answer
+  is "ask again later" and vLLM schedules the other requests. A PULL plan's
+  `kv_transfer_params` are then merged into `request.kv_transfer_params` so the
+  NixlConnector pulls D's blocks.
 * `after_alloc(request, num_external_tokens)` — notes that vLLM scheduled the request with
   its handle (from then on the handle counts as read).
 * `on_finished(request, (delay_free, kv_transfer_params))` — decode engines: a bidirectional
@@ -14,14 +17,17 @@
   per-request state is released there; a preempted request is not ended (vLLM re-queues
   it), it only counts as waiting for allocation again.
 
-None of it raises into vLLM and none of it blocks on the network except the one bounded
-PlanTurn call.
+None of it raises into vLLM and none of it waits on the network: plans, registrations,
+heartbeats and reports all leave through background threads, and a full queue drops and
+counts. A plan whose answer arrives after its request stopped waiting for it (gave up,
+ended, was aborted) gives back what it claimed.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
@@ -30,7 +36,15 @@ from typing import Any
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.config import HookConfig
-from boomerang.vllm_hook.planner import PrefillPlanner, decision_name, plan_breaker, pull_params
+from boomerang.vllm_hook.planner import (
+    MIN_WAIT_SECONDS,
+    PendingPlan,
+    PlanAttempt,
+    PrefillPlanner,
+    decision_name,
+    plan_breaker,
+    pull_params,
+)
 from boomerang.vllm_hook.presence import EngineFacts
 from boomerang.vllm_hook.reporter import Report, TurnReporter
 from boomerang.vllm_hook.requestview import (
@@ -43,11 +57,10 @@ from boomerang.vllm_hook.requestview import (
     turn_context,
 )
 from boomerang.vllm_hook.sender import Registration, RegistrationSender
+from boomerang.worth import worth_waiting
 
 log = logging.getLogger(__name__)
 MAX_TRACKED = 100_000
-# Plan failures that say the router refused this request, not that it is slow or away.
-REFUSALS = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "FAILED_PRECONDITION", "BAD_TOKENS"})
 
 
 @dataclass
@@ -66,6 +79,7 @@ class TurnState:
     # NixlConnector loads (`num_external_tokens`). Reported as the delivered reuse.
     local_cached: int = 0
     external_cached: int | None = None
+    pending: PendingPlan | None = None  # its plan, while in flight and still awaited
 
 
 class BoomerangHook:
@@ -88,10 +102,9 @@ class BoomerangHook:
         self.counters: Counter[str] = Counter()
         self.plan_seconds: deque[float] = deque(maxlen=4096)
         self._turns: OrderedDict[str, TurnState] = OrderedDict()
-        # Set when a plan failed for want of a router during this scheduler step: vLLM asks
-        # for every waiting request in one `schedule()`, so without it a hanging router
-        # would cost one deadline per request in the step, not one per step.
-        self._step_failed = False
+        # Answers that came after their request stopped waiting, counted on other threads.
+        self.late: Counter[str] = Counter()
+        self._late_lock = threading.Lock()
         creds: dict[str, Any] = {"auth_token": b.token(), "tls": b.tls()}
         self.sender: RegistrationSender | None = None
         if b.registry:
@@ -109,7 +122,7 @@ class BoomerangHook:
         self.reporter: TurnReporter | None = None
         if b.role == "prefill":
             self.planner = PrefillPlanner(
-                # No channel-level retries: inside a 20 ms budget a retry only eats the deadline.
+                # No channel-level retries: inside a plan's wait a retry only eats the deadline.
                 router or SyncRouterClient(b.router, b.plan_deadline_ms / 1000, retries=False, **creds),
                 engine_id=facts.engine_id,
                 model=facts.model,
@@ -130,7 +143,7 @@ class BoomerangHook:
 
     def start(self) -> None:
         """Start the background threads (engine registration happens there)."""
-        for worker in (self.sender, self.reporter):
+        for worker in (self.sender, self.reporter, self.planner):
             if worker is not None:
                 worker.start()
 
@@ -140,7 +153,7 @@ class BoomerangHook:
             if worker is not None:
                 worker.close(timeout)
         if self.planner is not None:
-            self.planner.client.close()
+            self.planner.close()
 
     def load(self) -> tuple[int, int]:
         """(requests in flight, prompt tokens waiting for allocation), for heartbeats."""
@@ -153,6 +166,10 @@ class BoomerangHook:
     def stats(self) -> dict[str, Any]:
         """Counters of the hook and its background workers."""
         out: dict[str, Any] = dict(self.counters)
+        with self._late_lock:
+            out.update(self.late)
+        if self.planner is not None:
+            out["plans_in_flight"] = self.planner.in_flight
         if self.plan_seconds:
             ordered = sorted(self.plan_seconds)
             out["plan_ms_p50"] = ordered[len(ordered) // 2] * 1000
@@ -176,42 +193,77 @@ class BoomerangHook:
         b = self.config.boomerang
         return turn_context(request, b.tenant, b.trust_request_tenant)
 
-    def before_match(self, request: Any, num_computed_tokens: int) -> None:
-        """Plan a prefill request that names a conversation and carries no handle (once)."""
+    def before_match(self, request: Any, num_computed_tokens: int) -> bool:
+        """Whether vLLM may go on with this request now. False means "ask again later": its
+        plan is in flight and still worth waiting for. The first call starts the plan."""
         rid = str(request.request_id)
-        known = self._turns.get(rid)
-        if known is not None:
-            known.local_cached = max(0, int(num_computed_tokens))
+        state = self._turns.get(rid)
+        if state is None:
+            state = self._admit(request, rid, num_computed_tokens)
+        else:
+            state.local_cached = max(0, int(num_computed_tokens))
             # vLLM asks again each step until it can schedule the request, and again after
             # a preemption (which freed its blocks: it waits for allocation once more).
             preemptions = int(getattr(request, "num_preemptions", 0) or 0)
-            if preemptions > known.preemptions:
-                known.preemptions, known.allocated = preemptions, False
-            return
+            if preemptions > state.preemptions:
+                state.preemptions, state.allocated = preemptions, False
+        if state.pending is None:
+            return True
+        attempt = state.pending.take()
+        if attempt is None:
+            if self.planner is not None and self.planner.clock() < state.pending.wait_until:
+                self.counters["plan_waits"] += 1
+                return False
+            attempt = state.pending.abandon()
+            if attempt is None:  # the answer, when it comes, is given back (`_late`)
+                state.pending = None
+                self.counters["fallback_wait_over"] += 1
+                return True
+        state.pending = None
+        self._apply(request, state, attempt)
+        return True
+
+    def _admit(self, request: Any, rid: str, num_computed_tokens: int) -> TurnState:
+        """Track a new request and start its plan when a plan could gain something."""
         prompt = token_ids(request, "prompt_token_ids")
         found = self._context(request)
-        state = self._track(rid, TurnState(None if isinstance(found, Skip) else found, len(prompt),
-                                           local_cached=max(0, int(num_computed_tokens))))
+        local = max(0, int(num_computed_tokens))
+        state = self._track(rid, TurnState(None if isinstance(found, Skip) else found, len(prompt), local_cached=local))
         if self.planner is None:
-            return
+            return state
         if isinstance(found, Skip):
             self.counters[found.value] += 1
-            return
+            return state
         if has_pull_handle(getattr(request, "kv_transfer_params", None)):
             self.counters["handle_given"] += 1  # a gateway planned this turn already
-            return
-        if self._step_failed:
-            self.counters["fallback_step_failed"] += 1
-            return
-        attempt = self.planner.plan(found, prompt, rid)
+            return state
+        # Tokens a pull could spare P: what its own prefix cache does not hold. Below vLLM's
+        # recompute threshold the NixlConnector would recompute them anyway.
+        gain = len(prompt) - local
+        if gain < self.config.kv_recompute_threshold:
+            self.counters["no_plan_below_threshold"] += 1
+            return state
+        b = self.config.boomerang
+        wait = worth_waiting(gain, b.prefill_ms_per_token / 1000, b.plan_wait_share, b.plan_deadline_ms / 1000)
+        if wait < MIN_WAIT_SECONDS:
+            self.counters["no_plan_not_worth_waiting"] += 1
+            return state
+        if not self.planner.allow():
+            self.counters["fallback_breaker_open"] += 1
+            return state
+        state.pending = self.planner.begin(found, prompt, rid, wait, self._late)
+        self.counters["plans_started" if state.pending is not None else "fallback_planner_full"] += 1
+        return state
+
+    def _apply(self, request: Any, state: TurnState, attempt: PlanAttempt) -> None:
+        """Act on a plan that came in while vLLM still waited: merge a PULL's params, or
+        compute locally."""
         self.plan_seconds.append(attempt.elapsed)
         if attempt.response is None:
             self.counters[f"fallback_{attempt.error.lower()}"] += 1
-            if attempt.error not in REFUSALS and attempt.error != "BREAKER_OPEN":
-                self._step_failed = True
             if attempt.error == "DEADLINE_EXCEEDED" and attempt.request is not None and self.reporter is not None:
                 # The router may have claimed a lease for an answer that never arrived.
-                self.reporter.submit(Report(found.tenant, replan=attempt.request))
+                self.reporter.submit(Report(state.context.tenant if state.context else "", replan=attempt.request))
             return
         resp = attempt.response
         state.plan_id, state.decision = resp.plan_id, decision_name(resp)
@@ -231,9 +283,21 @@ class BoomerangHook:
             request.kv_transfer_params = merged
             self.counters["reused_tokens"] += int(resp.reusable_tokens)
 
-    def end_step(self) -> None:
-        """vLLM finished one `schedule()`: the next step may plan again."""
-        self._step_failed = False
+    def _late(self, pending: PendingPlan, attempt: PlanAttempt) -> None:
+        """An answer nobody waits for any more (any thread): give back what it claimed. vLLM
+        never saw its handle, so the lease goes back to the conversation unread."""
+        report: Report | None = None
+        if attempt.response is not None:
+            pulled = attempt.response.decision == opb.PLAN_DECISION_PULL
+            use = opb.HANDLE_USE_NOT_READ if pulled else opb.HANDLE_USE_UNSPECIFIED
+            report = Report(pending.tenant, attempt.response.plan_id, use)
+        elif attempt.error == "DEADLINE_EXCEEDED" and attempt.request is not None:
+            report = Report(pending.tenant, replan=attempt.request)
+        with self._late_lock:
+            self.late["late_answers"] += 1
+            if report is not None and self.reporter is not None:
+                queued = self.reporter.submit(report)
+                self.late["late_given_back" if queued else "late_report_rejected_full"] += 1
 
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
         """vLLM allocated the request: with a PULL plan, the handle is now in use."""
@@ -246,6 +310,12 @@ class BoomerangHook:
         """Register D's retained blocks, or report P's plan; returns vLLM's result (P's params
         gain the conversation, so it reaches D)."""
         state = self._turns.pop(str(request.request_id), None)
+        if state is not None and state.pending is not None:
+            # It ended (aborted, say) with its plan in flight: whatever that plan claimed goes back.
+            attempt = state.pending.abandon()
+            if attempt is not None:
+                self._late(state.pending, attempt)
+            state.pending = None
         delay_free, params = result
         role = self.config.boomerang.role
         if role == "decode":

@@ -128,9 +128,15 @@ class BoomerangConnectorMixin:
             return None
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
-        """Plan the turn (prefill engines), then let the NixlConnector count what to load."""
+        """Plan the turn (prefill engines), then let the NixlConnector count what to load.
+
+        While the plan is in flight and worth waiting for, the answer is vLLM's "ask again
+        later", `(None, False)`: the scheduler skips the request this step and goes on with
+        the others, so it never waits on the network."""
         if self._boomerang is not None:
-            self._guard("planning", self._boomerang.before_match, request, num_computed_tokens)
+            ready = self._guard("planning", self._boomerang.before_match, request, num_computed_tokens)
+            if ready is False:
+                return None, False
         return super().get_num_new_matched_tokens(request, num_computed_tokens)  # type: ignore[misc, no-any-return]
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -138,13 +144,6 @@ class BoomerangConnectorMixin:
         super().update_state_after_alloc(request, blocks, num_external_tokens)  # type: ignore[misc]
         if self._boomerang is not None:
             self._guard("after_alloc", self._boomerang.after_alloc, request, num_external_tokens)
-
-    def build_connector_meta(self, scheduler_output: Any) -> Any:
-        """The NixlConnector's metadata for this step; the step is over for the hook too."""
-        meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
-        if self._boomerang is not None:
-            self._guard("end_step", self._boomerang.end_step)
-        return meta
 
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         """The end of a request on an HMA connector (the NixlConnector): the NixlConnector's

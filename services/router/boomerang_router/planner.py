@@ -40,6 +40,7 @@ from boomerang.metrics import LATENCY_BUCKETS
 from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import types_pb2 as tpb
+from boomerang.worth import worth_waiting
 from prometheus_client import Counter, Histogram
 
 from boomerang_router import kvparams, metrics
@@ -108,11 +109,12 @@ def claim_wait(deadline: float, share: float, prompt_tokens: int, seconds_per_to
     """Seconds a claim may wait for the registry.
 
     Under load a claim queues rather than give up, for as long as the reuse it may bring is
-    worth: at least the claim deadline, and for a long prompt `share` of the prefill time it
-    could save, up to MAX_SHARE_WAIT_SECONDS (recomputing 20k tokens costs far more GPU time
-    than a claim that waits a hundred milliseconds).
+    worth (`boomerang.worth`, the rule the vLLM hook's plan wait follows too): at least the
+    claim deadline, and for a long prompt `share` of the prefill time it could save, up to
+    MAX_SHARE_WAIT_SECONDS (recomputing 20k tokens costs far more GPU time than a claim that
+    waits a hundred milliseconds).
     """
-    return max(deadline, min(share * prompt_tokens * seconds_per_token, MAX_SHARE_WAIT_SECONDS))
+    return max(deadline, worth_waiting(prompt_tokens, seconds_per_token, share, MAX_SHARE_WAIT_SECONDS))
 
 
 class Router:

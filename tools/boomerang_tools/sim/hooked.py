@@ -6,17 +6,19 @@ The hook is built exactly as `BoomerangConnector` builds it inside vLLM — `par
 (`boomerang.vllm_hook`) — and it is called where vLLM's scheduler calls the connector:
 
 * before the engine reads a request's `kv_transfer_params`: `before_match` (a prefill
-  engine plans from its own token ids; a PULL plan's params are merged into the request);
-* once the request holds its blocks: `after_alloc`, then `end_step` (one request per
-  simulated scheduler step);
+  engine starts a plan from its own token ids in the background; while it is in flight the
+  hook answers "ask again later", and the simulated scheduler asks again a step later, as
+  vLLM does; a PULL plan's params are then merged into the request);
+* once the request holds its blocks: `after_alloc`;
 * when it ends, however it ends: `on_finished` with what the NixlConnector would return (a
   decode engine queues the registration of its retained blocks; a prefill engine reports
   its plan and adds the conversation to the params it returns for D).
 
-Every call runs on one thread of its own, the simulated scheduler thread, so the blocking
-`PlanTurn` (bounded by `plan_deadline_ms`) never stalls the event loop, and the hook sees its
-calls one at a time, as it does in vLLM. The hook's own sender registers the engine and
-heartbeats (the simulator's `--registry` loop does not run in this mode).
+Every call runs on one thread of its own, the simulated scheduler thread, so the hook sees
+its calls one at a time, as it does in vLLM. The time those calls hold that thread is what
+the engine's scheduler loop spends on Boomerang (`scheduler_ms_total`, `scheduler_ms_max` in
+the stats): a step's CPU, never a wait on the network. The hook's own sender registers the
+engine and heartbeats (the simulator's `--registry` loop does not run in this mode).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -36,6 +39,9 @@ from boomerang.vllm_hook.mixin import engine_facts
 from boomerang_tools.sim.state import GenRequest, SimConfig
 
 log = logging.getLogger(__name__)
+# How long the simulated scheduler takes to ask again about a request whose plan is in
+# flight: vLLM's next step (an idle engine loops at once; a busy one after a forward pass).
+ASK_AGAIN_SECONDS = 0.002
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,8 @@ class SimHook:
         self.hook = BoomerangHook(hook_config, engine_facts(vllm_config, hook_config, scheduler))
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sim-scheduler")
         self._requests: dict[str, SimRequest] = {}
+        self.scheduler_seconds = 0.0  # time hook calls held the scheduler thread
+        self.scheduler_max = 0.0
 
     def start(self) -> None:
         """Start the hook's background workers (engine registration, heartbeats, reports)."""
@@ -130,19 +138,25 @@ class SimHook:
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         # As the connector's overrides do: nothing the hook does may fail a request.
+        started = time.perf_counter()
         try:
             return fn(*args)
         except Exception:
             log.exception("boomerang hook: %s failed; the request continues without Boomerang", fn.__name__)
             self.hook.counters["hook_errors"] += 1
             return None
+        finally:
+            took = time.perf_counter() - started
+            self.scheduler_seconds += took
+            self.scheduler_max = max(self.scheduler_max, took)
 
     async def before_admit(self, req: GenRequest, request_id: str) -> GenRequest:
         """`get_num_new_matched_tokens`: the hook may plan; the request as the engine then reads it."""
         params = req.kv_transfer_params
         request = SimRequest(request_id, list(req.prompt_ids), dict(params) if isinstance(params, dict) else params)
         self._requests[request_id] = request
-        await self._call(self.hook.before_match, request, 0)
+        while await self._call(self.hook.before_match, request, 0) is False:
+            await asyncio.sleep(ASK_AGAIN_SECONDS)  # skipped this step; the others go on
         return dataclasses.replace(req, kv_transfer_params=request.kv_transfer_params)
 
     async def allocated(self, request_id: str, num_external_tokens: int) -> None:
@@ -153,7 +167,6 @@ class SimHook:
 
     def _allocated(self, request: SimRequest, num_external_tokens: int) -> None:
         self.hook.after_alloc(request, num_external_tokens)
-        self.hook.end_step()
 
     async def finished(self, request_id: str, output_ids: list[int], params: dict[str, Any] | None) -> dict[str, Any] | None:
         """`request_finished_all_groups`: the params the engine returns (P's gain the conversation)."""
@@ -172,7 +185,6 @@ class SimHook:
 
     def _finished(self, request: SimRequest, params: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
         result: tuple[bool, dict[str, Any] | None] = self.hook.on_finished(request, (params is not None, params))
-        self.hook.end_step()
         return result
 
     def aborted(self, request_id: str) -> None:
@@ -184,4 +196,6 @@ class SimHook:
     def stats(self) -> dict[str, Any]:
         """The hook's counters (plans by decision, fallbacks, the sender's and reporter's queues)."""
         stats: dict[str, Any] = self.hook.stats()
+        stats["scheduler_ms_total"] = round(self.scheduler_seconds * 1000, 3)
+        stats["scheduler_ms_max"] = round(self.scheduler_max * 1000, 3)
         return stats
