@@ -28,6 +28,7 @@ from boomerang_registry.repository import RegistryRepository
 
 from tests.conftest import ADMIN_URL
 from tests.support.registry_data import blocks_request, claim_request, engine_request
+from tests.support.registry_repo import open_repository
 
 pytestmark = pytest.mark.integration
 ELECTION = "ttl-reaper"
@@ -67,9 +68,10 @@ async def db(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     await conn.close()
 
 
-@pytest.fixture
-def registry(engine) -> RegistryRepository:  # type: ignore[no-untyped-def]
-    return RegistryRepository(engine, ttl_margin_seconds=0.0)
+@pytest.fixture(scope="module")
+async def registry(db_url: str) -> AsyncIterator[RegistryRepository]:
+    async with open_repository(db_url, ttl_margin_seconds=0.0) as repo:
+        yield repo
 
 
 @pytest.fixture
@@ -86,7 +88,7 @@ async def fence(db: asyncpg.Connection) -> Fence:
 
 async def new_engine(registry: RegistryRepository, ttl: int = 480, generation: int = 1) -> str:
     engine_id = f"d-{uuid.uuid4().hex[:8]}"
-    await registry.register_engine(requests.engine_spec(engine_request(engine_id, generation, ttl), 480), "r")
+    await registry.engines.register(requests.engine_spec(engine_request(engine_id, generation, ttl), 480), "r")
     return engine_id
 
 
@@ -94,7 +96,7 @@ async def new_lease(registry: RegistryRepository, engine_id: str, ago: float = 0
     """A lease whose decode request finished `ago` seconds ago (its deadline is that much earlier)."""
     finish = datetime.now(UTC).timestamp() - ago
     req = blocks_request("acme", uuid.uuid4().hex, engine_id, list(range(48)), generation=generation, finish_time_unix=finish)
-    row, _, _ = await registry.register_blocks(requests.retained_blocks(req, 10**6, 10**7))
+    row, _, _ = await registry.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
     return str(row["lease_id"])
 
 
@@ -354,9 +356,9 @@ async def test_history_feeds_the_advice(engine, registry, db) -> None:  # type: 
     tokens = list(range(64))
     for k in range(2):
         req = blocks_request(tenant, conv, eid, tokens[: 32 + 16 * k])
-        await registry.register_blocks(requests.retained_blocks(req, 10**6, 10**7))
+        await registry.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
         if k == 0:
-            outcome, *_ = await registry.claim(requests.claim(claim_request(tenant, conv, tokens, min_tokens=16)))
+            outcome, *_ = await registry.claims.claim(requests.claim(claim_request(tenant, conv, tokens, min_tokens=16)))
             assert outcome.value == "CLAIMED"
     records, since, until = await ReaperRepository(engine).history(tenant, 1.0)
     assert since < until and len(records) == 2

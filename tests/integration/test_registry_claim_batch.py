@@ -1,7 +1,6 @@
 """ClaimReuseBatch's statement against the real Postgres: many claims, one statement, same rules.
 
-Each test runs twice: through the raw asyncpg pool (as the service runs) and through
-SQLAlchemy's tenant engine. A batched claim must answer exactly as ClaimReuse would: at
+A batched claim must answer exactly as ClaimReuse would: at
 most one claim per lease (across batches and single claims racing each other), never a
 lease of another tenant, only a verified prefix, and a retried claim id returns its claim.
 """
@@ -17,26 +16,21 @@ import pytest
 from boomerang.db.engine import make_engine
 from boomerang_registry import requests
 from boomerang_registry.domain import ClaimOutcome, ClaimQuery
-from boomerang_registry.rawsql import SET_TENANT_LOCAL, SET_TENANTS_LOCAL, TenantPool
+from boomerang_registry.rawsql import SET_TENANTS_LOCAL, TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import CLAIM_BATCH_SQL
 
 from tests.integration.test_registry_repository import register, register_engine, turn
 from tests.support.registry_data import claim_request
+from tests.support.registry_repo import open_repository
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=["raw", "sqlalchemy"])
-async def repo(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[RegistryRepository]:
-    engine = make_engine(database_url, pool_size=20)
-    tenant_engine = make_engine(database_url, pool_size=20, role="boomerang_service")
-    raw = await TenantPool.open(database_url, 20, "boomerang_service") if request.param == "raw" else None
-    yield RegistryRepository(engine, ttl_margin_seconds=10.0, tenant_engine=tenant_engine, raw=raw)
-    if raw is not None:
-        await raw.close()
-    await tenant_engine.dispose()
-    await engine.dispose()
+@pytest.fixture(scope="module")
+async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
+    async with open_repository(database_url, size=20) as opened:
+        yield opened
 
 
 def query(tenant: str, conv: str, tokens: list[int], **kw) -> ClaimQuery:  # type: ignore[no-untyped-def]
@@ -67,9 +61,9 @@ async def test_fifty_concurrent_claimers_in_several_batches_exactly_one_wins(
         [query("t", f"hot-{unique}", hot + [7]) for _ in range(4)] + [query("t", f"other{k}-{unique}", others[k] + [1])]
         for k in range(10)
     ]
-    singles = [repo.claim(query("t", f"hot-{unique}", hot + [7])) for _ in range(10)]
+    singles = [repo.claims.claim(query("t", f"hot-{unique}", hot + [7])) for _ in range(10)]
     batch_results, single_results = await asyncio.gather(
-        asyncio.gather(*(repo.claim_batch(b) for b in batches)), asyncio.gather(*singles)
+        asyncio.gather(*(repo.claims.claim_batch(b) for b in batches)), asyncio.gather(*singles)
     )
     hot_results = [r for res in batch_results for r in res[:4]] + list(single_results)
     assert len(hot_results) == 50
@@ -92,7 +86,7 @@ async def test_a_batch_never_crosses_tenants(repo: RegistryRepository, pg: async
     alpha, _, _ = await register(repo, f"alpha-{unique}", conv, eid, tokens)
     beta, _, _ = await register(repo, f"beta-{unique}", conv, eid, tokens)
     # Same conversation id, same prompt, three tenants in one statement; gamma has nothing.
-    results = await repo.claim_batch([
+    results = await repo.claims.claim_batch([
         query(f"gamma-{unique}", conv, tokens + [1]),
         query(f"alpha-{unique}", conv, tokens + [1]),
         query(f"beta-{unique}", conv, tokens + [1]),
@@ -115,9 +109,9 @@ async def test_batched_claims_answer_as_single_claims(repo: RegistryRepository, 
     t1 = turn(300, seed=1)
     for name in ("retry", "edited", "short", "fresh"):
         await register(repo, "t", f"{name}-{unique}", eid, t1)
-    first = await repo.claim(query("t", f"retry-{unique}", t1 + [5], claim_id="c-1"))
+    first = await repo.claims.claim(query("t", f"retry-{unique}", t1 + [5], claim_id="c-1"))
     edited = [t1[0] + 1] + t1[1:]
-    results = await repo.claim_batch([
+    results = await repo.claims.claim_batch([
         query("t", f"retry-{unique}", t1 + [5], claim_id="c-1"),        # a retry: the same claim
         query("t", f"edited-{unique}", edited),                          # history edited at the start
         query("t", f"short-{unique}", t1 + [5], min_tokens=10_000),     # below the caller's floor
@@ -139,23 +133,18 @@ async def test_two_claims_on_one_conversation_in_one_batch_take_one_lease(
     await register_engine(repo, eid)
     tokens = turn(500)
     lease, _, _ = await register(repo, "t", unique, eid, tokens)
-    results = await repo.claim_batch([query("t", unique, tokens + [1]) for _ in range(3)])
+    results = await repo.claims.claim_batch([query("t", unique, tokens + [1]) for _ in range(3)])
     assert [r[0] for r in results] == [ClaimOutcome.CLAIMED, ClaimOutcome.ALREADY_CLAIMED, ClaimOutcome.ALREADY_CLAIMED]
     assert await claimed_events(pg, lease["lease_id"]) == 1
 
 
-async def test_batch_tenants_setting_admits_only_the_named_tenants(database_url: str, unique: str) -> None:
-    engine = make_engine(database_url, pool_size=2)
-    tenant_engine = make_engine(database_url, pool_size=2, role="boomerang_service")
-    repo = RegistryRepository(engine, 10.0, tenant_engine=tenant_engine)
-    try:
-        eid = f"d-{unique}"
-        await register_engine(repo, eid)
-        for tenant in ("a", "b", "c"):
-            await register(repo, f"{tenant}-{unique}", "conv", eid, turn(64))
-    finally:
-        await engine.dispose()
-        await tenant_engine.dispose()
+async def test_batch_tenants_setting_admits_only_the_named_tenants(
+    repo: RegistryRepository, database_url: str, unique: str
+) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    for tenant in ("a", "b", "c"):
+        await register(repo, f"{tenant}-{unique}", "conv", eid, turn(64))
     conn = await asyncpg.connect(database_url, server_settings={"role": "boomerang_service"})
     try:
         async with conn.transaction():
@@ -182,7 +171,7 @@ async def test_batch_statement_uses_the_live_conversation_index(repo: RegistryRe
         "block_size": [16, 16], "chain": [b"", b""], "tail_hash": [b"", b""], "num_tokens": [0, 0],
         "model": ["", ""], "min_tokens": [1, 1], "min_remaining": [5.0, 5.0], "actor": "test",
     }
-    async with repo.engine.connect() as conn:
+    async with repo.owner.connect() as conn:
         await conn.execute(text("SET LOCAL enable_seqscan = off"))
         plan = "\n".join(r[0] for r in await conn.execute(text("EXPLAIN " + CLAIM_BATCH_SQL), params))
         await conn.rollback()
@@ -193,21 +182,23 @@ async def test_batch_statement_uses_the_live_conversation_index(repo: RegistryRe
 async def test_a_batch_leaves_no_tenant_list_on_its_pooled_connection(database_url: str, unique: str) -> None:
     engine = make_engine(database_url, pool_size=2)
     raw = await TenantPool.open(database_url, 1, "boomerang_service")  # one connection: every use shares it
-    repo = RegistryRepository(engine, 10.0, raw=raw)
+    repo = RegistryRepository(engine, raw, 10.0)
     try:
         eid = f"d-{unique}"
         await register_engine(repo, eid)
         tokens = turn(64)
         for tenant in ("a", "b", "c"):
             await register(repo, f"{tenant}-{unique}", "conv", eid, tokens)
-        got = await repo.claim_batch([query(f"a-{unique}", "conv", tokens + [1]), query(f"b-{unique}", "conv", tokens + [1])])
+        got = await repo.claims.claim_batch([query(f"a-{unique}", "conv", tokens + [1]), query(f"b-{unique}", "conv", tokens + [1])])
         assert [r[0] for r in got] == [ClaimOutcome.CLAIMED, ClaimOutcome.CLAIMED]
         sql = "SELECT DISTINCT tenant FROM leases WHERE engine_id = :e"
         seen = {r["tenant"] for r in await raw.fetch_as(f"c-{unique}", sql, {"e": eid}, "test")}
         assert seen == {f"c-{unique}"}
-        async with raw.transaction() as conn:
-            await conn.execute(SET_TENANT_LOCAL, f"c-{unique}")  # as the group commit sets it
-            assert {r["tenant"] for r in await conn.fetch(raw.compile(sql)[0], eid)} == {f"c-{unique}"}
+        async with raw.transaction(f"c-{unique}") as tx:  # as a release sets it
+            assert {r["tenant"] for r in await tx.fetch(sql, {"e": eid})} == {f"c-{unique}"}
+        async with raw.transaction() as tx:
+            await tx.as_tenants([f"c-{unique}"])  # as the group commit sets it
+            assert {r["tenant"] for r in await tx.fetch(sql, {"e": eid})} == {f"c-{unique}"}
     finally:
         await raw.close()
         await engine.dispose()
@@ -237,7 +228,7 @@ async def test_one_statement_registers_a_batch_and_each_supersedes_its_own_conve
 
     engine = make_engine(database_url, pool_size=2)
     raw = await TenantPool.open(database_url, 2, "boomerang_service")
-    repo = RegistryRepository(engine, 10.0, raw=raw)
+    repo = RegistryRepository(engine, raw, 10.0)
     try:
         eid = f"d-{unique}"
         await register_engine(repo, eid)
@@ -255,11 +246,8 @@ async def test_one_statement_registers_a_batch_and_each_supersedes_its_own_conve
             blocks("a", "conv", 96, now - 1),            # the same conversation again: next round, supersedes the first
             blocks("a", "other", 80, now - 2, generation=7),  # refused: the engine is at generation 1
         ]
-        async with raw.transaction() as conn:
-            out = await repo.register_blocks_batch_raw(conn, batch)
-        again_tx = raw.transaction()
-        async with again_tx as conn:
-            repeat = await repo.register_blocks_batch_raw(conn, [batch[1]])
+        out = await repo.registrations.register_batch(batch)
+        repeat = await repo.registrations.register_batch([batch[1]])
     finally:
         await raw.close()
         await engine.dispose()

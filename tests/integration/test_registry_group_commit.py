@@ -6,33 +6,28 @@ import asyncio
 
 import asyncpg
 import pytest
-from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError
 from boomerang_registry import requests
 from boomerang_registry.batching import RegistrationBatcher
-from boomerang_registry.repository import RegistryRepository
 
 from tests.support.registry_data import blocks_request, engine_request
+from tests.support.registry_repo import open_repository
 
 pytestmark = pytest.mark.integration
 
 
 async def test_concurrent_registrations_commit_in_batches(database_url: str, pg: asyncpg.Connection, unique: str) -> None:
-    engine = make_engine(database_url, pool_size=4)
-    tenant_engine = make_engine(database_url, pool_size=4, role="boomerang_service")
-    repo = RegistryRepository(engine, ttl_margin_seconds=10.0, tenant_engine=tenant_engine)
-    batcher = RegistrationBatcher(repo, max_batch=64, workers=1)
-    batcher.start()
-    try:
-        eid = f"d-{unique}"
-        await repo.register_engine(requests.engine_spec(engine_request(eid, generation=2), 480), "r")
-        good = [requests.retained_blocks(blocks_request("gc", f"{unique}-{i}", eid, list(range(80)), generation=2), 10**6, 10**7) for i in range(200)]
-        stale = requests.retained_blocks(blocks_request("gc", f"{unique}-stale", eid, list(range(80)), generation=1), 10**6, 10**7)
-        results = await asyncio.gather(*(batcher.register(r) for r in [*good[:100], stale, *good[100:]]), return_exceptions=True)
-    finally:
-        await batcher.stop()
-        await engine.dispose()
-        await tenant_engine.dispose()
+    async with open_repository(database_url) as repo:
+        batcher = RegistrationBatcher(repo.registrations, max_batch=64, workers=1)
+        batcher.start()
+        try:
+            eid = f"d-{unique}"
+            await repo.engines.register(requests.engine_spec(engine_request(eid, generation=2), 480), "r")
+            good = [requests.retained_blocks(blocks_request("gc", f"{unique}-{i}", eid, list(range(80)), generation=2), 10**6, 10**7) for i in range(200)]
+            stale = requests.retained_blocks(blocks_request("gc", f"{unique}-stale", eid, list(range(80)), generation=1), 10**6, 10**7)
+            results = await asyncio.gather(*(batcher.register(r) for r in [*good[:100], stale, *good[100:]]), return_exceptions=True)
+        finally:
+            await batcher.stop()
     errors = [r for r in results if isinstance(r, BaseException)]
     assert len(errors) == 1 and isinstance(errors[0], BoomerangError) and errors[0].reason == "STALE_GENERATION"
     assert max(batcher.batch_sizes) > 1, batcher.batch_sizes

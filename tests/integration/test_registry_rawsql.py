@@ -1,46 +1,33 @@
-"""The registry's hot path on raw asyncpg (rawsql.py) behaves exactly as through SQLAlchemy.
+"""The registry's asyncpg pool (rawsql.py): named parameters, and the group commit on it.
 
-Every test of test_registry_repository.py runs again here with a repository whose claims
-go through the raw pool (as the service runs), plus the group commit on that pool.
+The repository's own tests (test_registry_repository.py) already run every hot statement
+on this pool, as the service does; there is no second path to compare it with.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError
 from boomerang_registry import requests
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
-from boomerang_registry.rawsql import TenantPool, positional
+from boomerang_registry.rawsql import positional
 from boomerang_registry.repository import RegistryRepository
 
-from tests.integration import test_registry_repository as base
 from tests.support.registry_data import blocks_request, claim_request, engine_request
+from tests.support.registry_repo import open_repository
 
 pytestmark = pytest.mark.integration
-
-# The repository tests that use a repository, collected again in this module, get this
-# module's `repo` fixture.
-for _name, _test in vars(base).items():
-    if _name.startswith("test_") and "repo" in inspect.signature(_test).parameters:
-        globals()[_name] = _test
 
 
 @pytest.fixture(scope="module")
 async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
-    engine = make_engine(database_url, pool_size=20)
-    tenant_engine = make_engine(database_url, pool_size=20, role="boomerang_service")
-    raw = await TenantPool.open(database_url, 20, "boomerang_service")
-    yield RegistryRepository(engine, ttl_margin_seconds=10.0, tenant_engine=tenant_engine, raw=raw)
-    await raw.close()
-    await tenant_engine.dispose()
-    await engine.dispose()
+    async with open_repository(database_url, size=20) as opened:
+        yield opened
 
 
 def test_named_parameters_become_positional_and_casts_stay() -> None:
@@ -50,11 +37,11 @@ def test_named_parameters_become_positional_and_casts_stay() -> None:
 
 
 async def test_group_commit_on_the_raw_pool(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
-    batcher = RegistrationBatcher(repo, max_batch=64, workers=1)
+    batcher = RegistrationBatcher(repo.registrations, max_batch=64, workers=1)
     batcher.start()
     eid = f"raw-{unique}"
     try:
-        await repo.register_engine(requests.engine_spec(engine_request(eid, generation=2), 480), "r")
+        await repo.engines.register(requests.engine_spec(engine_request(eid, generation=2), 480), "r")
         tokens = list(range(80))
         good = [requests.retained_blocks(blocks_request(f"t{i % 3}-{unique}", f"c{i}", eid, tokens, generation=2),
                                          10**6, 10**7) for i in range(60)]
@@ -81,7 +68,7 @@ async def test_group_commit_on_the_raw_pool(repo: RegistryRepository, pg: asyncp
     # Each lease landed in its own tenant, and a claim as another tenant finds nothing.
     lease_tenant = await pg.fetchval("SELECT tenant FROM leases WHERE lease_id = $1::uuid", created[1][0]["lease_id"])
     assert lease_tenant == f"t1-{unique}"
-    outcome, _, _, _ = await repo.claim(requests.claim(claim_request(f"t2-{unique}", "c1", tokens + [1, 2, 3])))
+    outcome, _, _, _ = await repo.claims.claim(requests.claim(claim_request(f"t2-{unique}", "c1", tokens + [1, 2, 3])))
     assert outcome is ClaimOutcome.NO_LEASE
-    outcome, lease, reusable, _ = await repo.claim(requests.claim(claim_request(f"t1-{unique}", "c1", tokens + [1, 2, 3])))
+    outcome, lease, reusable, _ = await repo.claims.claim(requests.claim(claim_request(f"t1-{unique}", "c1", tokens + [1, 2, 3])))
     assert outcome is ClaimOutcome.CLAIMED and lease is not None and reusable == 80

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
 from boomerang.tokenchain import build_chain, common_tokens
 from boomerang_registry import requests
@@ -18,6 +17,7 @@ from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
+from tests.support.registry_repo import open_repository
 
 pytestmark = pytest.mark.integration
 SETTINGS = RegistrySettings()
@@ -25,24 +25,21 @@ SETTINGS = RegistrySettings()
 
 @pytest.fixture(scope="module")
 async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
-    engine = make_engine(database_url, pool_size=20)
-    tenant_engine = make_engine(database_url, pool_size=20, role="boomerang_service")
-    yield RegistryRepository(engine, ttl_margin_seconds=10.0, tenant_engine=tenant_engine)
-    await tenant_engine.dispose()
-    await engine.dispose()
+    async with open_repository(database_url, size=20) as opened:
+        yield opened
 
 
 async def register_engine(repo: RegistryRepository, engine_id: str, generation: int = 1, ttl: int = 480) -> None:
-    await repo.register_engine(requests.engine_spec(engine_request(engine_id, generation, ttl), 480), "req")
+    await repo.engines.register(requests.engine_spec(engine_request(engine_id, generation, ttl), 480), "req")
 
 
 async def register(repo: RegistryRepository, tenant: str, conv: str, engine_id: str, tokens: list[int], **kw):  # type: ignore[no-untyped-def]
     req = blocks_request(tenant, conv, engine_id, tokens, **kw)
-    return await repo.register_blocks(requests.retained_blocks(req, 10**6, 10**7))
+    return await repo.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
 
 
 async def claim(repo: RegistryRepository, tenant: str, conv: str, tokens: list[int], **kw):  # type: ignore[no-untyped-def]
-    return await repo.claim(requests.claim(claim_request(tenant, conv, tokens, **kw)))
+    return await repo.claims.claim(requests.claim(claim_request(tenant, conv, tokens, **kw)))
 
 
 async def events(pg: asyncpg.Connection, lease_id: str) -> list[tuple[str | None, str, str]]:
@@ -133,9 +130,9 @@ async def test_a_retry_racing_its_own_claim_gets_that_claim(
 
     async def attempt() -> tuple[ClaimOutcome, str]:
         if path == "single":
-            outcome, row, _, _ = await repo.claim(query)
+            outcome, row, _, _ = await repo.claims.claim(query)
         else:
-            ((outcome, row, _, _),) = await repo.claim_batch([query])
+            ((outcome, row, _, _),) = await repo.claims.claim_batch([query])
         return outcome, row["lease_id"] if row is not None else ""
 
     blocker = await asyncpg.connect(database_url)
@@ -227,7 +224,7 @@ async def test_generation_bump_invalidates_and_stale_generation_is_refused(repo:
     await register_engine(repo, eid, generation=1)
     held = turn(300)
     lease, _, _ = await register(repo, "t", unique, eid, held)
-    _, invalidated = await repo.register_engine(requests.engine_spec(engine_request(eid, 2), 480), "bump")
+    _, invalidated = await repo.engines.register(requests.engine_spec(engine_request(eid, 2), 480), "bump")
     assert invalidated == 1
     assert await events(pg, lease["lease_id"]) == [(None, "RETAINED", "REGISTERED"), ("RETAINED", "INVALIDATED", "GENERATION_ADVANCED")]
     assert (await claim(repo, "t", unique, held + [1]))[0] is ClaimOutcome.NO_LEASE
@@ -235,7 +232,7 @@ async def test_generation_bump_invalidates_and_stale_generation_is_refused(repo:
         await register(repo, "t", unique, eid, held, generation=1)
     assert err.value.code is Code.FAILED_PRECONDITION and err.value.reason == "STALE_GENERATION"
     with pytest.raises(BoomerangError) as err:
-        await repo.register_engine(requests.engine_spec(engine_request(eid, 1), 480), "old")
+        await repo.engines.register(requests.engine_spec(engine_request(eid, 1), 480), "old")
     assert err.value.reason == "STALE_GENERATION"
 
 
@@ -244,7 +241,7 @@ async def test_dead_engine_leases_are_invalidated(repo: RegistryRepository, uniq
     await register_engine(repo, eid)
     held = turn(300)
     await register(repo, "t", unique, eid, held)
-    assert await repo.invalidate_engine(eid, 0, "HEARTBEAT_TIMEOUT", "r") == 1
+    assert await repo.engines.invalidate(eid, 0, "HEARTBEAT_TIMEOUT", "r") == 1
     assert (await claim(repo, "t", unique, held + [1]))[0] is ClaimOutcome.NO_LEASE
     with pytest.raises(BoomerangError) as err:
         await register(repo, "t", unique, eid, held)
@@ -258,18 +255,18 @@ async def test_release_and_consume_follow_the_state_machine(repo: RegistryReposi
     lease, _, _ = await register(repo, "t", unique, eid, held)
     lid = lease["lease_id"]
     _, _claimed, _, _ = await claim(repo, "t", unique, held + [1], claim_id="c1")
-    released = await repo.release_claim("t", lid, "c1", "PREFILL_DID_NOT_READ")
+    released = await repo.claims.release("t", lid, "c1", "PREFILL_DID_NOT_READ")
     assert released["state"] == "RETAINED" and released["claim_id"] is None
-    assert (await repo.release_claim("t", lid, "c1", "PREFILL_DID_NOT_READ"))["state"] == "RETAINED"
+    assert (await repo.claims.release("t", lid, "c1", "PREFILL_DID_NOT_READ"))["state"] == "RETAINED"
     with pytest.raises(BoomerangError) as err:
-        await repo.mark_consumed("t", lid, "c1")
+        await repo.claims.consume("t", lid, "c1")
     assert err.value.reason == "CLAIM_MISMATCH"
     await claim(repo, "t", unique, held + [1], claim_id="c2")
-    consumed = await repo.mark_consumed("t", lid, "c2")
+    consumed = await repo.claims.consume("t", lid, "c2")
     assert consumed["state"] == "CONSUMED"
-    assert (await repo.mark_consumed("t", lid, "c2"))["state"] == "CONSUMED"
+    assert (await repo.claims.consume("t", lid, "c2"))["state"] == "CONSUMED"
     with pytest.raises(BoomerangError) as err:
-        await repo.mark_consumed("other-tenant", lid, "c2")
+        await repo.claims.consume("other-tenant", lid, "c2")
     assert err.value.code is Code.NOT_FOUND
     assert await events(pg, lid) == [
         (None, "RETAINED", "REGISTERED"),
@@ -289,7 +286,7 @@ async def test_release_after_a_newer_turn_supersedes_instead(repo: RegistryRepos
     lease, _, _ = await register(repo, "t", unique, eid, held)
     await claim(repo, "t", unique, held + [1], claim_id="c1")
     await register(repo, "t", unique, eid, held + turn(50, 9))
-    released = await repo.release_claim("t", lease["lease_id"], "c1", "PREFILL_DID_NOT_READ")
+    released = await repo.claims.release("t", lease["lease_id"], "c1", "PREFILL_DID_NOT_READ")
     assert released["state"] == "SUPERSEDED"
 
 
@@ -325,14 +322,14 @@ async def test_sql_prefix_function_matches_the_python_one(pg: asyncpg.Connection
 
 
 async def test_claim_statement_uses_the_live_conversation_index(repo: RegistryRepository) -> None:
-    from boomerang_registry.repository import CLAIM_SQL
+    from boomerang_registry.statements import CLAIM_SQL
     from sqlalchemy import text
 
     params = {
         "tenant": "t", "conversation_id": "c", "claim_id": "x", "block_size": 16, "chain": b"",
         "tail_hash": b"", "num_tokens": 0, "model": "", "min_tokens": 1, "min_remaining": 5.0, "actor": "test",
     }
-    async with repo.engine.connect() as conn:
+    async with repo.owner.connect() as conn:
         # Plan as Postgres would with many rows: the claim must never scan the leases table.
         await conn.execute(text("SET LOCAL enable_seqscan = off"))
         plan = "\n".join(r[0] for r in await conn.execute(text("EXPLAIN " + CLAIM_SQL), params))
@@ -351,6 +348,6 @@ async def test_concurrent_consumes_of_one_claim_move_it_once(
     held = turn(300)
     lease, _, _ = await register(repo, "t", unique, eid, held)
     await claim(repo, "t", unique, held + [1], claim_id="c1")
-    answers = await asyncio.gather(*(repo.mark_consumed("t", lease["lease_id"], "c1") for _ in range(4)))
+    answers = await asyncio.gather(*(repo.claims.consume("t", lease["lease_id"], "c1") for _ in range(4)))
     assert {(a["state"], a["version"]) for a in answers} == {("CONSUMED", answers[0]["version"])}
     assert [e for e in await events(pg, lease["lease_id"]) if e[1] == "CONSUMED"] == [("CLAIMED", "CONSUMED", "PREFILL_READ")]

@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from boomerang.db.engine import make_engine
 from boomerang_registry import requests
-from boomerang_registry.repository import RegistryRepository
 
 from tests.support.registry_data import blocks_request, engine_request
+from tests.support.registry_repo import open_repository
 
 pytestmark = pytest.mark.integration
 
 
 async def test_tenant_role_sees_and_changes_only_its_tenant(database_url: str, unique: str) -> None:
-    engine = make_engine(database_url, pool_size=2)
-    tenant_engine = make_engine(database_url, pool_size=2, role="boomerang_service")
-    repo = RegistryRepository(engine, 10.0, tenant_engine=tenant_engine)
-    try:
+    async with open_repository(database_url, size=2) as repo:
         eid = f"d-{unique}"
-        await repo.register_engine(requests.engine_spec(engine_request(eid), 480), "r")
+        await repo.engines.register(requests.engine_spec(engine_request(eid), 480), "r")
         for tenant in ("alpha", "beta"):
-            await repo.register_blocks(
+            await repo.registrations.register(
                 requests.retained_blocks(blocks_request(f"{tenant}-{unique}", "same-conversation", eid, list(range(64))), 10**6, 10**7)
             )
-    finally:
-        await engine.dispose()
-        await tenant_engine.dispose()
 
     conn = await asyncpg.connect(database_url, server_settings={"role": "boomerang_service"})
     try:

@@ -114,17 +114,13 @@ def violations(sql: str, scan_keys: tuple[str, ...] = KEYS, sweep: bool = False)
     return found
 
 
-def release_sql() -> str:
-    return statements.TRANSITION_SQL.format(where=statements.CLAIMED_LEASE_WHERE, extra_set="")
-
-
 HOT = {
     "registry claim": (statements.CLAIM_SQL, KEYS, False),
     "registry claim batch": (statements.CLAIM_BATCH_SQL, KEYS, False),
-    "registry registration": (statements.REGISTER_SQL, KEYS, False),
-    "registry registration batch": (statements.REGISTER_BATCH_SQL, KEYS, False),
+    "registry registration": (statements.REGISTER_BATCH_SQL, KEYS, False),
     "registry consume": (statements.CONSUME_SQL, ("tenant", "lease_id"), False),
-    "registry release": (release_sql(), ("tenant", "lease_id"), False),
+    "registry release": (statements.RELEASE_SQL, ("tenant", "lease_id"), False),
+    "registry release, ended": (statements.RELEASE_ENDED_SQL, ("tenant", "lease_id"), False),
     "registry expiry": (expiry.EXPIRE_SQL, KEYS, True),
     "router turn_plans upsert": (router_repository.UPSERT_SQL, KEYS, False),
 }

@@ -20,10 +20,10 @@ from boomerang.errors import BoomerangError
 
 from boomerang_registry.domain import RetainedBlocks
 from boomerang_registry.metrics import BATCH_SIZE
-from boomerang_registry.repository import RegistryRepository, Row
+from boomerang_registry.registrations import Registered, RegistrationStore
 
 log = logging.getLogger(__name__)
-Result = tuple[Row, bool, int]
+Result = Registered
 
 
 @dataclass
@@ -33,10 +33,10 @@ class _Pending:
 
 
 class RegistrationBatcher:
-    """Batches `RegistryRepository.register_blocks_in` calls into shared transactions."""
+    """Batches `RegistrationStore.register` calls into shared transactions."""
 
-    def __init__(self, repo: RegistryRepository, max_batch: int = 256, workers: int = 2):
-        self.repo = repo
+    def __init__(self, registrations: RegistrationStore, max_batch: int = 256, workers: int = 2):
+        self.registrations = registrations
         self.max_batch = max_batch
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self.workers = workers
@@ -74,20 +74,10 @@ class RegistrationBatcher:
     async def _commit(self, batch: list[_Pending]) -> None:
         self.batch_sizes = (self.batch_sizes + [len(batch)])[-1000:]
         BATCH_SIZE.observe(len(batch))
-        outcomes: list[Result | BoomerangError] = []
         try:
-            if self.repo.raw is not None:
-                # One multi-row statement for the batch (more only where one conversation
-                # registers twice in it), then the one commit.
-                async with self.repo.raw.transaction() as raw:
-                    outcomes = await self.repo.register_blocks_batch_raw(raw, [item.request for item in batch])
-            else:
-                async with self.repo.tenant_engine.begin() as conn:
-                    for item in batch:
-                        try:
-                            outcomes.append(await self.repo.register_blocks_in(conn, item.request))
-                        except BoomerangError as err:
-                            outcomes.append(err)  # a refusal writes nothing; the rest go on
+            # One multi-row statement for the batch (more only where one conversation
+            # registers twice in it), then the one commit.
+            outcomes = await self.registrations.register_batch([item.request for item in batch])
         except Exception:
             log.warning("group commit of %d registrations failed; retrying one by one", len(batch), exc_info=True)
             await asyncio.gather(*(self._alone(item) for item in batch))
@@ -97,7 +87,7 @@ class RegistrationBatcher:
 
     async def _alone(self, item: _Pending) -> None:
         try:
-            _settle(item.future, await self.repo.register_blocks(item.request))
+            _settle(item.future, await self.registrations.register(item.request))
         except Exception as exc:  # noqa: BLE001 - handed to the waiting RPC to translate
             if not item.future.done():
                 item.future.set_exception(exc)

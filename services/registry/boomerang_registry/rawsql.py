@@ -1,17 +1,19 @@
-"""The hot path's own connection pool: the claim and the group commit on raw asyncpg.
+"""The registry's pool for every tenant-scoped and hot statement: plain asyncpg.
 
 `boomerang bench --profile` showed a claim through SQLAlchemy costing several round trips
 besides the statement itself (the pool's pre-ping, BEGIN, `set_config`, COMMIT) and
 SQLAlchemy's per-execute work in the registry's event loop. Here a claim is `set_config` of
 the tenant for the session, then the claim as one autocommit statement (one statement is
 one transaction, so it stays atomic): two short round trips, no BEGIN/COMMIT. Connections
-run as the row-level-security role like the tenant engine's, with generic plans forced so
-the long claim statement is planned once per connection rather than on each call.
+run as the row-level-security role (migration 0006), with generic plans forced so the long
+claim statement is planned once per connection rather than on each call.
 
-Every use sets `boomerang.tenant` and `boomerang.tenants` (a batched claim's tenants)
-before its statement on a connection it holds exclusively, so a session-level setting left
-on a pooled connection is never relied on;
-that is also why a connection goes back to the pool without asyncpg's reset query.
+Every use that reads or changes leases or events sets `boomerang.tenant` and
+`boomerang.tenants` (a batch's tenants) before its statement on a connection it holds
+exclusively, so a session-level setting left on a pooled connection is never relied on;
+that is also why a connection goes back to the pool without asyncpg's reset query. The one
+use that sets no tenant (`fetch_global`) touches only `engines`, which has no row-level
+security.
 """
 
 from __future__ import annotations
@@ -156,8 +158,47 @@ class TenantPool:
                 await conn.execute(SET_TENANTS_SESSION, " ".join(tenants))
                 return await conn.fetch(query, *args)  # type: ignore[no-any-return]
 
+    async def fetch_global(self, sql: str, params: Mapping[str, Any], operation: str) -> Sequence[asyncpg.Record]:
+        """Run one statement (its own transaction) on `engines` only: no tenant is set, and
+        none left on the connection matters, since `engines` has no row-level security."""
+        query, args = self.args(sql, params)
+        with db_span(operation):
+            async with self.pool.acquire() as conn:
+                return await conn.fetch(query, *args)  # type: ignore[no-any-return]
+
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
-        """One connection in a transaction (the group commit's)."""
+    async def transaction(self, tenant: str | None = None) -> AsyncIterator[Transaction]:
+        """One connection in a transaction, as `tenant` when given (for this transaction only);
+        otherwise the caller sets the tenants before each statement (`Transaction.as_tenants`)."""
         async with self.pool.acquire() as conn, conn.transaction():
-            yield conn
+            tx = Transaction(self, conn)
+            if tenant is not None:
+                await conn.execute(SET_TENANT_LOCAL, tenant)
+            yield tx
+
+
+class Transaction:
+    """Named-parameter statements on one connection of a `TenantPool`, inside its transaction."""
+
+    def __init__(self, pool: TenantPool, conn: asyncpg.Connection):
+        self.pool = pool
+        self.conn = conn
+
+    async def as_tenants(self, tenants: Sequence[str]) -> None:
+        """Scope the rest of the transaction to `tenants` (a batch's), and to no single tenant."""
+        await self.conn.execute(self.pool.compile(SET_TENANTS_LOCAL)[0], " ".join(tenants))
+
+    async def fetch(self, sql: str, params: Mapping[str, Any]) -> list[asyncpg.Record]:
+        """The statement's rows."""
+        query, args = self.pool.args(sql, params)
+        return await self.conn.fetch(query, *args)  # type: ignore[no-any-return]
+
+    async def fetchrow(self, sql: str, params: Mapping[str, Any]) -> asyncpg.Record | None:
+        """The statement's first row, if any."""
+        query, args = self.pool.args(sql, params)
+        return await self.conn.fetchrow(query, *args)
+
+    async def fetchval(self, sql: str, params: Mapping[str, Any]) -> Any:
+        """The first column of the statement's first row."""
+        query, args = self.pool.args(sql, params)
+        return await self.conn.fetchval(query, *args)

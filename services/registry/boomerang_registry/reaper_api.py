@@ -55,7 +55,7 @@ class ReaperFacingServicer:
     def expiry(self) -> ExpiryRepository:
         """The SQL edge for these RPCs (shares the registry's engine)."""
         if self._expiry_repo is None:
-            self._expiry_repo = ExpiryRepository(self.repo.engine)
+            self._expiry_repo = ExpiryRepository(self.repo.owner)
         return self._expiry_repo
 
     @property

@@ -55,15 +55,12 @@ async def run(settings: RegistrySettings) -> None:
     await warm_pool(engine, min(4, settings.db_pool_size))
     async with engine.begin() as conn:
         await conn.execute(text("SELECT boomerang_ensure_event_partitions(1, 7)"))
-    tenant_engine = engine
-    if settings.db_tenant_role:
-        tenant_engine = make_engine(url, settings.db_pool_size, "boomerang-registry", role=settings.db_tenant_role)
-        no_jit(tenant_engine)
-        instrument_engine(tenant_engine)
-        await warm_pool(tenant_engine, min(4, settings.db_pool_size))
+    # Every tenant-scoped statement runs on this pool, as the row-level-security role.
     raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role, warm=WARM_UP)
-    repo = RegistryRepository(engine, settings.ttl_margin_seconds, tenant_engine=tenant_engine, raw=raw)
-    batcher = RegistrationBatcher(repo, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4))
+    repo = RegistryRepository(engine, raw, settings.ttl_margin_seconds)
+    batcher = RegistrationBatcher(
+        repo.registrations, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4)
+    )
     batcher.start()
     servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore.for_listener(engine, "registry", settings.listen, settings))
     serve_metrics(settings.metrics_listen)
@@ -74,8 +71,6 @@ async def run(settings: RegistrySettings) -> None:
         await batcher.stop()
         await raw.close()
         await engine.dispose()
-        if tenant_engine is not engine:
-            await tenant_engine.dispose()
 
     options = ServerOptions(
         name="registry",

@@ -19,9 +19,11 @@ from boomerang.v1 import types_pb2 as tpb
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry.events import decode_page_token
 from boomerang_registry.reaper_api import ReaperFacingServicer
-from boomerang_registry.repository import RegistryRepository, Row, decode_page_token
+from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
+from boomerang_registry.store import Row
 
 _OUTCOME = {
     ClaimOutcome.CLAIMED: rpb.CLAIM_OUTCOME_CLAIMED,
@@ -97,13 +99,13 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
     @rpc
     async def RegisterEngine(self, request: rpb.RegisterEngineRequest, context: grpc.aio.ServicerContext) -> rpb.RegisterEngineResponse:
         spec = requests.engine_spec(request, self.settings.default_kv_ttl_seconds)
-        row, invalidated = await self.repo.register_engine(spec, request.request_id)
+        row, invalidated = await self.repo.engines.register(spec, request.request_id)
         return rpb.RegisterEngineResponse(engine=convert.engine(row), invalidated_leases=invalidated)
 
     @rpc
     async def Heartbeat(self, request: rpb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> rpb.HeartbeatResponse:
         requests.heartbeat(request)
-        row = await self.repo.heartbeat(
+        row = await self.repo.engines.heartbeat(
             request.engine_id, request.registration_generation, request.in_flight_requests, request.queued_prompt_tokens
         )
         return rpb.HeartbeatResponse(engine=convert.engine(row))
@@ -159,7 +161,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
     async def ClaimReuse(self, request: rpb.ClaimReuseRequest, context: grpc.aio.ServicerContext) -> rpb.ClaimReuseResponse:
         query = requests.claim(request)
         started = time.perf_counter()
-        outcome, row, tokens, remaining = await self.repo.claim(query)
+        outcome, row, tokens, remaining = await self.repo.claims.claim(query)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         return _claim_response(outcome, row, tokens, remaining)
 
@@ -178,7 +180,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
             except BoomerangError as err:
                 write_item_error(results[n], err)
         started = time.perf_counter()
-        answers = await self.repo.claim_batch(queries) if queries else []
+        answers = await self.repo.claims.claim_batch(queries) if queries else []
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         metrics.CLAIM_BATCH_SIZE.observe(len(queries))
         for n, (outcome, row, tokens, remaining) in zip(valid, answers, strict=True):
@@ -197,7 +199,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         v = Violations()
         requests.check_text(v, "reason", request.reason, 128)
         v.raise_if_any()
-        row = await self.repo.release_claim(
+        row = await self.repo.claims.release(
             request.tenant, request.lease_id, request.claim_id, request.reason or "PREFILL_DID_NOT_READ"
         )
         return rpb.ReleaseClaimResponse(lease=convert.lease(row))
@@ -205,7 +207,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
     @rpc
     async def MarkConsumed(self, request: rpb.MarkConsumedRequest, context: grpc.aio.ServicerContext) -> rpb.MarkConsumedResponse:
         requests.lease_ref(request.tenant, request.lease_id, request.claim_id)
-        row = await self.repo.mark_consumed(request.tenant, request.lease_id, request.claim_id)
+        row = await self.repo.claims.consume(request.tenant, request.lease_id, request.claim_id)
         return rpb.MarkConsumedResponse(lease=convert.lease(row))
 
     @rpc
@@ -218,7 +220,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         requests.check_id(v, "reason", request.reason)
         requests.check_id(v, "request_id", request.request_id, required=False)
         v.raise_if_any()
-        count = await self.repo.invalidate_engine(
+        count = await self.repo.engines.invalidate(
             request.engine_id, request.below_generation, request.reason, request.request_id
         )
         return rpb.InvalidateEngineResponse(invalidated_leases=count)
@@ -231,7 +233,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         requests.check_id(v, "tenant", request.tenant)
         requests.check_conversation(v, "conversation_id", request.conversation_id)
         v.raise_if_any()
-        leases, events = await self.repo.get_conversation(request.tenant, request.conversation_id, request.include_events)
+        leases, events = await self.repo.events.conversation(request.tenant, request.conversation_id, request.include_events)
         return rpb.GetConversationResponse(
             leases=[convert.lease(r) for r in leases], events=[convert.event(r) for r in events]
         )
@@ -255,7 +257,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
             except ValueError as exc:
                 v.add("page_token", str(exc))
         v.raise_if_any()
-        rows, token = await self.repo.list_leases(
+        rows, token = await self.repo.events.list_leases(
             request.tenant, request.engine_id, states, request.page_size or 100, request.page_token
         )
         return rpb.ListLeasesResponse(leases=[convert.lease(r) for r in rows], next_page_token=token)
@@ -266,5 +268,5 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         requests.check_text(v, "model", request.model)
         v.require(request.role in (0, tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE), "role", "is not an EngineRole")
         v.raise_if_any()
-        rows = await self.repo.list_engines(request.model, _ROLE_NAME.get(request.role, ""))
+        rows = await self.repo.engines.listing(request.model, _ROLE_NAME.get(request.role, ""))
         return rpb.ListEnginesResponse(engines=[convert.engine(r) for r in rows])

@@ -1,7 +1,8 @@
-"""The registry's SQL statements, written deliberately for the hot path (see repository.py).
+"""The registry's hot statements, each the one production runs (on rawsql.py's pool).
 
 Every lease state change appends its `lease_events` row in the same statement; the claim
-is one statement on the `(tenant, conversation_id)` live-lease index.
+is one statement on the `(tenant, conversation_id)` live-lease index. Tests run these same
+constants; nothing else holds a second copy of them.
 """
 
 from __future__ import annotations
@@ -73,59 +74,10 @@ UNION ALL
 SELECT *, false AS moved FROM old WHERE NOT EXISTS (SELECT 1 FROM moved)
 """
 
-# Returns the new lease's row (and how many it superseded), or no row when the request was
-# already registered or the engine refuses it (the caller then explains why).
-REGISTER_SQL = f"""
-WITH eng AS (
-    SELECT * FROM engines WHERE engine_id = :engine_id FOR SHARE
-), ins AS (
-    INSERT INTO leases AS l (lease_id, tenant, conversation_id, model, engine_id, engine_generation,
-                        remote_request_id, block_ids, num_blocks, num_tokens, block_size, chain,
-                        tail_hash, remote_host, remote_port, tp_size, dcp_size, pp_size, state,
-                        finished_at, expires_at)
-    SELECT CAST(:lease_id AS uuid), :tenant, :conversation_id,
-           COALESCE(NULLIF(:model, ''), eng.model), eng.engine_id, :generation,
-           :remote_request_id, CAST(:block_ids AS jsonb), :num_blocks, :num_tokens,
-           :block_size, :chain, :tail_hash,
-           COALESCE(NULLIF(:remote_host, ''), eng.side_channel_host),
-           COALESCE(NULLIF(:remote_port, 0), eng.side_channel_port),
-           eng.tp_size, eng.dcp_size, eng.pp_size, 'RETAINED',
-           LEAST(COALESCE(CAST(:finished_at AS timestamptz), now()), now()),
-           LEAST(COALESCE(CAST(:finished_at AS timestamptz), now()), now())
-             + make_interval(secs => eng.kv_blocks_ttl_seconds - CAST(:margin AS float8))
-    FROM eng
-    WHERE eng.generation = :generation AND eng.status = 'ACTIVE'
-      AND eng.role = 'DECODE' AND eng.block_size = :block_size
-    ON CONFLICT (engine_id, engine_generation, remote_request_id) DO NOTHING
-    RETURNING {LEASE_COLUMNS}
-), sup_old AS (
-    SELECT l.lease_id, l.state FROM leases l, ins
-    WHERE l.tenant = ins.tenant AND l.conversation_id = ins.conversation_id
-      AND l.state = 'RETAINED' AND l.finished_at <= ins.finished_at
-    FOR UPDATE OF l
-), sup AS (
-    UPDATE leases l SET state = 'SUPERSEDED', version = l.version + 1, updated_at = now()
-    FROM sup_old WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
-      AND l.lease_id = sup_old.lease_id
-    RETURNING l.lease_id, l.tenant, l.conversation_id
-), ev AS (
-    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
-                              actor, request_id, details)
-    SELECT CAST(lease_id AS uuid), tenant, conversation_id, NULL, 'RETAINED', 'REGISTERED', :actor,
-           :request_id, NULL FROM ins
-    UNION ALL
-    SELECT sup.lease_id, sup.tenant, sup.conversation_id, 'RETAINED', 'SUPERSEDED',
-           'SUPERSEDED', :actor, :request_id,
-           jsonb_build_object('superseded_by', (SELECT lease_id::text FROM ins))
-    FROM sup
-)
-SELECT (SELECT count(*) FROM sup) AS superseded, ins.* FROM ins
-"""
-
 # One statement, one round trip: find the conversation's live leases on the live-lease
 # index, verify each one's prefix against the prompt, claim the best under its row lock
 # (a concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
-# the repository then asks once more, since the winner may be its own claim id),
+# claims.py then asks once more, since the winner may be its own claim id),
 # append the CLAIMED event, and return the claimed lease, or a retried claim's lease, or
 # every candidate with why it did not qualify.
 CLAIM_SQL = f"""
@@ -200,8 +152,24 @@ WHERE l.lease_id = CAST(:id AS uuid)
 
 LIVE_LEASE_FILTER = "state IN ('RETAINED', 'CLAIMED')"
 
-# TRANSITION_SQL's selection for MarkConsumed and ReleaseClaim: the tenant's claimed lease.
+# TRANSITION_SQL's selection for ReleaseClaim: the tenant's claimed lease.
 CLAIMED_LEASE_WHERE = "tenant = :tenant AND lease_id = CAST(:id AS uuid) AND state = 'CLAIMED'"
+# ReleaseClaim's move: back to RETAINED (no longer held by the claim), or to where
+# RELEASE_TARGET_SQL says it ends instead (the claim id stays for the record).
+RELEASE_SQL = TRANSITION_SQL.format(where=CLAIMED_LEASE_WHERE, extra_set=", claim_id = NULL")
+RELEASE_ENDED_SQL = TRANSITION_SQL.format(where=CLAIMED_LEASE_WHERE, extra_set="")
+
+# A lease of the tenant in force (row-level security), by id.
+LEASE_SQL = f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.lease_id = CAST(:id AS uuid)"
+
+# A heartbeat in one statement: the engine's row when `generation` is its current one, else
+# no row (the caller then reads why).
+HEARTBEAT_SQL = f"""
+UPDATE engines e SET heartbeat_at = now(), status = 'ACTIVE',
+    in_flight_requests = :in_flight, queued_prompt_tokens = :queued
+WHERE e.engine_id = :engine_id AND e.generation = :generation
+RETURNING {ENGINE_COLUMNS}
+"""
 
 # CLAIM_SQL for many claims in one statement: the claims arrive as parallel arrays
 # (UNNEST), each row `i` one claim, and every CTE of CLAIM_SQL is the same per claim, joined
@@ -292,10 +260,10 @@ WARM_UP = (
     (CLAIM_BATCH_SQL, {**{k: [v] for k, v in _NOTHING.items() if k != "actor"}, "i": [0], "actor": "warm-up"}),
 )
 
-# REGISTER_SQL for many registrations in one statement (the group commit's): one multi-row
-# INSERT from parallel arrays (row `i` one registration), each new lease superseding its own
-# conversation's older live leases, one REGISTERED event per new lease and one SUPERSEDED
-# event per superseded one, as REGISTER_SQL writes them. The caller puts at most one
+# Registration, for one registration or many in one statement (the group commit's): one
+# multi-row INSERT from parallel arrays (row `i` one registration), each new lease
+# superseding its own conversation's older RETAINED leases, one REGISTERED event per new
+# lease and one SUPERSEDED event per superseded one. The caller puts at most one
 # registration per conversation in a statement (a second one must see the first's lease to
 # supersede it). A registration already recorded, or refused by its engine, returns no row.
 REGISTER_BATCH_SQL = f"""

@@ -1,0 +1,190 @@
+"""Claims and what ends them: ClaimReuse (one or a batch), MarkConsumed, ReleaseClaim.
+
+All on the hot-path pool as the claim's tenant. A claim is one statement on the
+`(tenant, conversation_id)` live-lease index, the prefix comparison inside it
+(`boomerang_common_tokens`); a consume is one statement; a release is one short
+transaction. Every state change appends its `lease_events` row in the same statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from boomerang.errors import failed_precondition, not_found
+
+from boomerang_registry.domain import (
+    Candidate,
+    ClaimOutcome,
+    ClaimQuery,
+    LeaseState,
+    explain_no_claim,
+)
+from boomerang_registry.rawsql import db_span
+from boomerang_registry.statements import (
+    CLAIM_BATCH_SQL,
+    CLAIM_SQL,
+    CONSUME_SQL,
+    LEASE_COLUMNS,
+    LEASE_SQL,
+    RELEASE_ENDED_SQL,
+    RELEASE_SQL,
+    RELEASE_TARGET_SQL,
+)
+from boomerang_registry.store import Row, Store, rounds
+
+ClaimAnswer = tuple[ClaimOutcome, Row | None, int, float]  # (outcome, lease, reusable tokens, remaining seconds)
+
+_LOCKED_LEASE_SQL = f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.lease_id = CAST(:id AS uuid) AND l.tenant = :t FOR UPDATE"
+_CLAIM_HELD_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM lease_events WHERE lease_id = CAST(:id AS uuid) "
+    "AND claim_id = :c AND to_state = 'CLAIMED')"
+)
+
+
+def _claim_params(q: ClaimQuery) -> dict[str, Any]:
+    """CLAIM_SQL's parameters of one claim but `actor` (CLAIM_BATCH_SQL takes each as an array)."""
+    return {
+        "tenant": q.tenant,
+        "conversation_id": q.conversation_id,
+        "claim_id": q.claim_id,
+        "block_size": q.chain.block_size,
+        "chain": q.chain.block_hashes,
+        "tail_hash": q.chain.tail_hash,
+        "num_tokens": q.chain.num_tokens,
+        "model": q.model,
+        "min_tokens": q.min_reusable_tokens,
+        "min_remaining": q.min_remaining_seconds,
+    }
+
+
+def claim_result(q: ClaimQuery, rows: Sequence[Row]) -> ClaimAnswer:
+    """A claim statement's rows for `q` as (outcome, lease, tokens, remaining)."""
+    by_kind: dict[str, list[Row]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], []).append(row)
+    chosen = next(iter(by_kind.get("claimed") or by_kind.get("prior") or ()), None)
+    if chosen is not None:
+        return ClaimOutcome.CLAIMED, chosen, int(chosen["common_tokens"]), float(chosen["remaining_seconds"])
+    candidates = {
+        r["lease_id"]: Candidate(
+            lease_id=r["lease_id"],
+            state=LeaseState(r["state"]),
+            engine_ok=bool(r["engine_ok"]),
+            block_size_ok=bool(r["block_size_ok"]),
+            common_tokens=int(r["common_tokens"]),
+            remaining_seconds=float(r["remaining_seconds"]),
+        )
+        for r in by_kind.get("candidate", [])
+    }
+    outcome, best = explain_no_claim(list(candidates.values()), q.min_reusable_tokens, q.min_remaining_seconds)
+    if best is None:
+        return outcome, None, 0, 0.0
+    lease = next(r for r in by_kind["candidate"] if r["lease_id"] == best.lease_id)
+    return outcome, lease, best.common_tokens, best.remaining_seconds
+
+
+def lost_the_row_lock(result: ClaimAnswer) -> bool:
+    """Whether a claim found its lease free but lost the row lock to a concurrent claimer.
+
+    The statement's snapshot predates the winner's commit, so it cannot tell whose claim won.
+    When the winner is the same claim id (a caller's retry racing its first attempt), a
+    fresh statement finds it as `prior` and answers it; otherwise it reads ALREADY_CLAIMED
+    on a lease that is CLAIMED, which is not asked again.
+    """
+    outcome, lease, _, _ = result
+    return outcome is ClaimOutcome.ALREADY_CLAIMED and lease is not None and lease["state"] == "RETAINED"
+
+
+class ClaimStore:
+    """ClaimReuse, ClaimReuseBatch, MarkConsumed, ReleaseClaim."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    async def claim(self, q: ClaimQuery) -> ClaimAnswer:
+        """Claim the best live lease in one statement; returns (outcome, lease, tokens, remaining).
+
+        A claim that lost its lease's row lock looks once more (see `lost_the_row_lock`).
+        """
+        result = await self._claim(q)
+        return await self._claim(q) if lost_the_row_lock(result) else result
+
+    async def _claim(self, q: ClaimQuery) -> ClaimAnswer:
+        params = {**_claim_params(q), "actor": self.store.actor}
+        return claim_result(q, await self.store.pool.fetch_as(q.tenant, CLAIM_SQL, params, "ClaimReuse"))
+
+    async def claim_batch(self, queries: Sequence[ClaimQuery]) -> list[ClaimAnswer]:
+        """Each claim as `claim` answers it, in order; one statement per round of claims.
+
+        A round holds at most one claim per conversation (CLAIM_BATCH_SQL's rule); a second
+        claim on the same conversation goes in the next round, which runs after the first
+        committed and so sees its claim (as two calls in a row would). Claims that lost a
+        row lock look once more, together.
+        """
+        results = await self._claim_batch(queries)
+        again = [n for n, result in enumerate(results) if lost_the_row_lock(result)]
+        if again:
+            for n, result in zip(again, await self._claim_batch([queries[n] for n in again]), strict=True):
+                results[n] = result
+        return results
+
+    async def _claim_batch(self, queries: Sequence[ClaimQuery]) -> list[ClaimAnswer]:
+        results: list[ClaimAnswer | None] = [None] * len(queries)
+        for members in rounds([(q.tenant, q.conversation_id) for q in queries]):
+            batch = [queries[n] for n in members]
+            each = [_claim_params(q) for q in batch]
+            params: dict[str, Any] = {k: [p[k] for p in each] for k in each[0]}  # a round is never empty
+            params.update(i=list(range(len(batch))), actor=self.store.actor)
+            tenants = sorted({q.tenant for q in batch})
+            rows = await self.store.pool.fetch_for_tenants(tenants, CLAIM_BATCH_SQL, params, "ClaimReuseBatch")
+            per_claim: list[list[Row]] = [[] for _ in batch]
+            for row in rows:
+                per_claim[row["i"]].append(row)
+            for j, n in enumerate(members):
+                results[n] = claim_result(batch[j], per_claim[j])
+        return [r for r in results if r is not None]
+
+    async def consume(self, tenant: str, lease_id: str, claim_id: str) -> Row:
+        """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops): one statement."""
+        params = {"tenant": tenant, "id": lease_id, "claim_id": claim_id, "actor": self.store.actor}
+        rows = await self.store.pool.fetch_as(tenant, CONSUME_SQL, params, "MarkConsumed")
+        if not rows:
+            raise not_found("LEASE_NOT_FOUND", f"lease {lease_id} does not exist for this tenant")
+        lease: Row = rows[0]
+        if lease["moved"]:
+            return lease
+        if lease["claim_id"] != claim_id:
+            raise failed_precondition("CLAIM_MISMATCH", f"lease {lease_id} is not held by claim {claim_id!r}")
+        if lease["state"] == "CONSUMED":
+            return lease
+        raise failed_precondition(f"LEASE_{lease['state']}", f"lease {lease_id} is {lease['state']}, not claimed")
+
+    async def release(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
+        """CLAIMED → RETAINED when still live and newest, else the state it should end in."""
+        with db_span("ReleaseClaim"):
+            async with self.store.pool.transaction(tenant) as tx:
+                lease: Row | None = await tx.fetchrow(_LOCKED_LEASE_SQL, {"id": lease_id, "t": tenant})
+                if lease is None:
+                    raise not_found("LEASE_NOT_FOUND", f"lease {lease_id} does not exist for this tenant")
+                if lease["state"] != "CLAIMED":
+                    if await tx.fetchval(_CLAIM_HELD_SQL, {"id": lease_id, "c": claim_id}):
+                        return lease  # released or ended already: repeating changes nothing
+                    raise failed_precondition(
+                        "CLAIM_MISMATCH", f"lease {lease_id} was never held by claim {claim_id!r}"
+                    )
+                if lease["claim_id"] != claim_id:
+                    raise failed_precondition(
+                        "CLAIM_MISMATCH", f"lease {lease_id} is held by another claim, not {claim_id!r}"
+                    )
+                target = LeaseState(await tx.fetchval(RELEASE_TARGET_SQL, {"id": lease_id}))
+                released = target is LeaseState.RETAINED
+                await tx.fetch(
+                    RELEASE_SQL if released else RELEASE_ENDED_SQL,
+                    {"id": lease_id, "tenant": tenant, "to_state": target.value,
+                     "reason": reason if released else f"{reason}:{target.value}",
+                     "actor": self.store.actor, "request_id": claim_id, "event_claim_id": claim_id},
+                )
+                row: Row | None = await tx.fetchrow(LEASE_SQL, {"id": lease_id})
+                assert row is not None
+                return row

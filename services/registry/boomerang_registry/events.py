@@ -1,0 +1,107 @@
+"""The lease trail: a conversation's leases and events (GetConversation), and ListLeases.
+
+A tenant's reads run on the hot-path pool as that tenant (row-level security); an
+operator's listing across tenants runs as the owner. Pages are keyed by
+(created_at, lease_id), newest first.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from boomerang.errors import not_found
+from sqlalchemy import text
+
+from boomerang_registry.statements import LEASE_COLUMNS
+from boomerang_registry.store import Row, Store
+
+_CONVERSATION_LEASES_SQL = (
+    f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.tenant = :t AND l.conversation_id = :c "
+    "ORDER BY l.created_at DESC, l.lease_id DESC LIMIT 100"
+)
+_CONVERSATION_EVENTS_SQL = (
+    "SELECT event_id, lease_id::text AS lease_id, from_state, to_state, reason, actor, "
+    "request_id, claim_id, created_at FROM lease_events "
+    "WHERE tenant = :t AND conversation_id = :c ORDER BY event_id"
+)
+
+
+def _encode_page_token(created_at: datetime, lease_id: str) -> str:
+    raw = json.dumps([created_at.isoformat(), lease_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_page_token(token: str) -> tuple[datetime, str]:
+    """The (created_at, lease_id) position a page token encodes; ValueError when malformed."""
+    try:
+        created, lease_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return datetime.fromisoformat(created), str(uuid.UUID(lease_id))
+    except Exception as exc:
+        raise ValueError("page_token is not one this service issued") from exc
+
+
+def _list_leases_sql(
+    tenant: str, engine_id: str, states: Sequence[str], page_size: int, page_token: str
+) -> tuple[str, dict[str, Any]]:
+    clauses = ["TRUE"]
+    params: dict[str, Any] = {"limit": page_size + 1}
+    if tenant:
+        clauses.append("l.tenant = :tenant")
+        params["tenant"] = tenant
+    if engine_id:
+        clauses.append("l.engine_id = :engine_id")
+        params["engine_id"] = engine_id
+    if states:
+        clauses.append("l.state = ANY(CAST(:states AS text[]))")
+        params["states"] = list(states)
+    if page_token:
+        created, last_id = decode_page_token(page_token)
+        clauses.append("(l.created_at, l.lease_id) < (:after_created, CAST(:after_id AS uuid))")
+        params.update(after_created=created, after_id=last_id)
+    sql = (
+        f"SELECT {LEASE_COLUMNS} FROM leases l WHERE {' AND '.join(clauses)} "
+        "ORDER BY l.created_at DESC, l.lease_id DESC LIMIT :limit"
+    )
+    return sql, params
+
+
+class EventStore:
+    """GetConversation and ListLeases."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    async def conversation(self, tenant: str, conversation_id: str, include_events: bool) -> tuple[list[Row], list[Row]]:
+        """A conversation's newest 100 leases and, if asked, their events."""
+        params = {"t": tenant, "c": conversation_id}
+        async with self.store.pool.transaction(tenant) as tx:
+            leases: list[Row] = list(await tx.fetch(_CONVERSATION_LEASES_SQL, params))
+            if not leases:
+                raise not_found(
+                    "CONVERSATION_NOT_FOUND", f"no leases recorded for conversation {conversation_id!r}"
+                )
+            events: list[Row] = list(await tx.fetch(_CONVERSATION_EVENTS_SQL, params)) if include_events else []
+            return leases, events
+
+    async def list_leases(
+        self, tenant: str, engine_id: str, states: Sequence[str], page_size: int, page_token: str
+    ) -> tuple[list[Row], str]:
+        """A page of leases newest first, and the next page's token."""
+        sql, params = _list_leases_sql(tenant, engine_id, states, page_size, page_token)
+        rows: list[Row]
+        if tenant:
+            async with self.store.pool.transaction(tenant) as tx:
+                rows = list(await tx.fetch(sql, params))
+        else:  # an operator's listing across tenants
+            async with self.store.owner.connect() as conn:
+                rows = [r._mapping for r in await conn.execute(text(sql), params)]
+        next_token = ""
+        if len(rows) > page_size:
+            rows = rows[:page_size]
+            next_token = _encode_page_token(rows[-1]["created_at"], rows[-1]["lease_id"])
+        return rows, next_token
