@@ -14,7 +14,6 @@ router's GetTurnPlan; turns that registered nothing are only in the database.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any
 
@@ -27,7 +26,9 @@ from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_cli.audit_db import gather_db
 from boomerang_cli.audit_report import build
-from boomerang_cli.tables import add_source_flags, emit, iso, short_time, table
+from boomerang_cli.failures import database_target, run_against
+from boomerang_cli.sources import add_source_flags, resolve_sources, service_target
+from boomerang_cli.tables import emit, iso, short_time, table
 
 REPORT_PREFIX = "report-"
 
@@ -40,30 +41,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="A conversation's turns as a timeline, from Postgres (--database-url) or the services' APIs.",
     )
     parser.add_argument("conversation", metavar="CONVERSATION", help="the conversation id")
-    parser.add_argument("--tenant", help="the tenant (required with the APIs; with --database-url, default every tenant)")
+    parser.add_argument("--tenant", help="the tenant (with the APIs: default the `boomerang up` context's anonymous "
+                        "tenant, else required; with --database-url, default every tenant)")
     add_source_flags(parser, reaper=False)
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if not args.database_url and not args.tenant:
-        print("boomerang audit: --tenant is required when reading the services' APIs (or give --database-url)",
-              file=sys.stderr)
-        return 2
-    try:
-        if args.database_url:
-            data = asyncio.run(gather_db(args.database_url, args.conversation, args.tenant))
-        else:
-            data = asyncio.run(gather_api(args.registry, args.router, args.conversation, args.tenant, args.timeout))
-    except BoomerangClientError as exc:
-        if exc.code == "NOT_FOUND":
-            print(f"boomerang audit: no conversation {args.conversation!r} for tenant {args.tenant!r}", file=sys.stderr)
-            return 1
-        print(f"boomerang audit: {exc.method}: {exc.code}: {exc.error.message}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:
-        print(f"boomerang audit: {exc}", file=sys.stderr)
-        return 1
+    # Failures go up to `boomerang`'s one place (failures.py), named after whom they were talking to.
+    if args.database_url:
+        data = run_against(database_target(args.database_url),
+                           gather_db(args.database_url, args.conversation, args.tenant))
+    else:
+        origin = resolve_sources(args, "registry", "router")
+        if not args.tenant:
+            print("boomerang audit: --tenant is required when reading the services' APIs (no `boomerang up` context "
+                  "in this folder names one; or give --database-url)", file=sys.stderr)
+            return 2
+        try:
+            data = run_against(service_target("registry", args.registry, origin),
+                               gather_api(args.registry, args.router, args.conversation, args.tenant, args.timeout))
+        except Exception as exc:
+            cause = exc.__cause__
+            if isinstance(cause, BoomerangClientError) and cause.code == "NOT_FOUND":
+                print(f"boomerang audit: no conversation {args.conversation!r} for tenant {args.tenant!r} "
+                      f"(a tenant other than {args.tenant!r}? give --tenant)", file=sys.stderr)
+                return 1
+            raise
     if not data["turns"] and not data["leases"]:
         print(f"boomerang audit: nothing recorded for conversation {args.conversation!r}", file=sys.stderr)
         return 1

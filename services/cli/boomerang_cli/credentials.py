@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from boomerang.auth import Principal
-from boomerang.config.settings import CommonSettings, load_settings
+from boomerang.config.settings import CommonSettings
 from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine
 from boomerang.db.migrate import upgrade
@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = load_settings(CommonSettings, database_url=args.database_url)
+    # A bad value raises ValidationError, which `boomerang` reports in one line (failures.py).
+    settings = CommonSettings(**({"database_url": args.database_url} if args.database_url is not None else {}))
     try:
         url = settings.require_database()
         principal = Principal.parse(args.principal) if args.action in ("create", "revoke") else None

@@ -3,6 +3,11 @@
 Each subcommand lives in its own module exposing `register(subparsers)`; this file only
 lists them. Service commands take their settings from `BOOMERANG_*` variables, and flags
 override them.
+
+Every command runs through `run`: a failure of a known class (failures.py) ends in one line
+on stderr and exit status 1, and libraries' log records below WARNING (httpx's request
+lines, alembic's steps) are dropped unless `-v` asks for them: a command's output is for
+the person reading it. Boomerang's own records keep their level (`--log-level` for services).
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
+
+from boomerang_cli.failures import describe
 
 # Each subcommand and the module that adds it, in the order `boomerang --help` lists them.
 # A command module imports what its command runs (a server, a database driver) at its top, so
@@ -46,7 +54,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
     for name in modules:
         importlib.import_module(name).register(subparsers)
+    _add_verbose(parser, top=True)
     return parser
+
+
+def _add_verbose(parser: argparse.ArgumentParser, top: bool = False) -> None:
+    """`-v` on the top parser and on every subcommand's, so it works before or after the command."""
+    # Below the top, SUPPRESS: a subcommand's parser would otherwise reset a `-v` given before it.
+    parser.add_argument("-v", "--verbose", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="show libraries' log records and the traceback of a failure")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in {id(p): p for p in action.choices.values()}.values():
+                _add_verbose(sub)
 
 
 def subcommand_names() -> list[str]:
@@ -61,14 +81,36 @@ def subcommand_names() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run the chosen subcommand."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv[0] if argv else None).parse_args(argv)
-    logging.basicConfig(
-        level=getattr(args, "log_level", None) or "INFO",
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    result = args.handler(args)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
+    try:
+        configure_logging(getattr(args, "log_level", None) or "INFO", args.verbose)
+        result = args.handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        line = describe(exc, args)
+        if line is None:
+            raise  # not a known failure: a bug, whose traceback is what a report needs
+        if args.verbose:
+            traceback.print_exc()
+        print(f"boomerang {args.command}: {line}", file=sys.stderr)
+        return 1
     return int(result or 0)
+
+
+def configure_logging(level: str, verbose: bool) -> None:
+    """Log to stderr at `level`; other libraries' records below WARNING only when `verbose`."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if not verbose:
+        handler.addFilter(_quiet_libraries)
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+def _quiet_libraries(record: logging.LogRecord) -> bool:
+    """Keep Boomerang's records (packages `boomerang*`, `__main__`) and any library's warnings."""
+    return record.levelno >= logging.WARNING or record.name.startswith(("boomerang", "__main__"))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from boomerang.config.settings import CommonSettings, load_settings
+from boomerang.config.settings import CommonSettings
 from boomerang.db.migrate import upgrade
 
 
@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = load_settings(CommonSettings, database_url=args.database_url)
+    # A bad value raises ValidationError, which `boomerang` reports in one line (failures.py).
+    settings = CommonSettings(**({"database_url": args.database_url} if args.database_url is not None else {}))
     try:
         url = settings.require_database()
     except ValueError as exc:

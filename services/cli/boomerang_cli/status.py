@@ -10,8 +10,6 @@ previous turn's lease, and each retained turn created one.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -25,11 +23,12 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 
+from boomerang_cli.failures import database_target, run_against
+from boomerang_cli.sources import add_source_flags, resolve_sources, service_target
 from boomerang_cli.status_common import retained_rows, saved_seconds
 from boomerang_cli.status_db import gather_db
 from boomerang_cli.status_reuse import gateway_outcomes, render_rows
 from boomerang_cli.tables import (
-    add_source_flags,
     emit,
     human_bytes,
     human_seconds,
@@ -52,24 +51,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add_source_flags(parser)
     parser.add_argument("--window", type=float, default=300.0, help="seconds of recent reuse to summarize (default 300)")
-    parser.add_argument("--gateway", default="",
+    parser.add_argument("--gateway",
                         help="gateway HOST:PORT or URL whose /metrics give reuse outcomes without --database-url "
-                        "(planned vs delivered, misses by reason; default: skip)")
+                        "(planned vs delivered, misses by reason; default: $BOOMERANG_GATEWAY_URL, else the "
+                        "`boomerang up` context's gateway, else skip)")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        if args.database_url:
-            data = asyncio.run(gather_db(args.database_url, args.window))
-        else:
-            data = asyncio.run(gather_api(args.registry, args.router, args.reaper, args.timeout, args.window, args.gateway))
-    except BoomerangClientError as exc:
-        print(f"boomerang status: registry {args.registry}: {exc.code}: {exc.error.message}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:
-        print(f"boomerang status: {exc}", file=sys.stderr)
-        return 1
+    # Failures go up to `boomerang`'s one place (failures.py), named after whom they were talking to.
+    if args.database_url:
+        data = run_against(database_target(args.database_url), gather_db(args.database_url, args.window))
+    else:
+        origin = resolve_sources(args, "registry", "router", "reaper", "gateway")
+        data = run_against(service_target("registry", args.registry, origin),
+                           gather_api(args.registry, args.router, args.reaper, args.timeout, args.window, args.gateway))
     emit(data, args.json, render)
     return 0
 

@@ -1,4 +1,4 @@
-"""What the operator commands share: where to read from, and how to print it.
+"""What the operator commands share: how to print it (where to read from: sources.py).
 
 `boomerang status` and `boomerang audit` build plain dicts (the `--json` output, printed
 as is) and render them as rich tables for a person.
@@ -6,7 +6,6 @@ as is) and render them as rich tables for a person.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
@@ -16,22 +15,6 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from rich.console import Console
 from rich.table import Table
-
-DEFAULT_REGISTRY = "127.0.0.1:50051"
-DEFAULT_ROUTER = "127.0.0.1:50052"
-DEFAULT_REAPER = "127.0.0.1:50053"
-
-
-def add_source_flags(parser: argparse.ArgumentParser, router: bool = True, reaper: bool = True) -> None:
-    """--registry/--router/--reaper (the services' APIs, the default) or --database-url."""
-    parser.add_argument("--registry", default=DEFAULT_REGISTRY, help=f"registry HOST:PORT (default {DEFAULT_REGISTRY})")
-    if router:
-        parser.add_argument("--router", default=DEFAULT_ROUTER, help=f"router HOST:PORT (default {DEFAULT_ROUTER}; '' to skip)")
-    if reaper:
-        parser.add_argument("--reaper", default=DEFAULT_REAPER, help=f"reaper HOST:PORT (default {DEFAULT_REAPER}; '' to skip)")
-    parser.add_argument("--database-url", help="read Postgres directly instead of the services' APIs")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per call (default 5)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def iso(value: datetime | Timestamp | float | None) -> str | None:

@@ -10,6 +10,15 @@ import threading
 from pathlib import Path
 
 from boomerang.config.settings import normalize_database_url
+from boomerang_cli.context import (
+    CONTEXT_ENV,
+    DEFAULT_PATH,
+    FILE_NAME,
+    StackContext,
+    remove_context,
+    write_context,
+)
+from boomerang_cli.sources import SOURCES
 
 from boomerang_tools.sim.costmodel import profile
 from boomerang_tools.stack.children import ChildFailed
@@ -42,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                       help="serve requests without an API key as tenant 'anonymous' (the default here)")
     anon.add_argument("--require-keys", dest="allow_anonymous", action="store_false",
                       help="require API keys (make them with `boomerang tenants create NAME`)")
-    parser.add_argument("--data-dir", default=".boomerang", help="embedded database and logs (default .boomerang)")
+    parser.add_argument("--data-dir", default=".boomerang",
+                        help="embedded database, logs and context.json, where `boomerang status` and `audit` run from "
+                        "this folder find the stack (default .boomerang)")
     parser.add_argument("--free-ports", action="store_true",
                         help="bind every service and engine to a free port instead of the defaults")
     parser.add_argument("--log-level", default="INFO", help="services' logging level (default INFO)")
@@ -96,20 +107,10 @@ def _run(args: argparse.Namespace) -> int:
     except (ChildFailed, PostgresError) as exc:
         print(f"boomerang up: {exc}", file=sys.stderr)
         return 1
-    width = max(len(e.name) for e in stack.endpoints)
-    print("\nBoomerang is up (Ctrl-C to stop):")
-    for e in stack.endpoints:
-        print(f"  {e.name:<{width}}  {e.address:<28} {e.note}")
-    print(f"  {'logs':<{width}}  {stack.log_dir}/")
-    if args.sim:
-        print(
-            f"\nTry:\n  curl -s {stack.gateway_url}/v1/chat/completions -H 'content-type: application/json' \\\n"
-            f"    -d '{{\"model\": \"{served}\", \"conversation_id\": \"demo-1\", "
-            f"\"messages\": [{{\"role\": \"user\", \"content\": \"hello\"}}]}}' -i"
-        )
-    print(f"BOOMERANG_READY up {stack.gateway_url.removeprefix('http://')}", flush=True)
     code = 0
     try:
+        context = write_context(stack.config.data_dir, _context(stack))
+        _banner(stack, context, served if args.sim else "")
         while not stop.wait(0.5):
             dead = stack.dead_children()
             if dead:
@@ -118,7 +119,61 @@ def _run(args: argparse.Namespace) -> int:
                 code = 1
                 break
     finally:
+        remove_context(stack.config.data_dir / FILE_NAME)  # first: nothing may find a stopping stack
         print("\nboomerang up: stopping…", flush=True)
         stack.stop()
         print("boomerang up: stopped", flush=True)
     return code
+
+
+def _context(stack: Stack) -> StackContext:
+    """Where everything listens, for `boomerang status` and `audit` run from this folder (context.py)."""
+    return StackContext(
+        registry=stack.registry_address,
+        router=stack.router_address,
+        reaper=stack.reaper_address,
+        gateway=stack.gateway_url,
+        tenant="anonymous" if stack.config.allow_anonymous else "",
+        # The embedded cluster's URL only: its password already sits in this folder (mode 0600);
+        # a configured one may be a shared server's, kept out of files.
+        database_url=stack.database_url if stack.postgres is not None else "",
+    )
+
+
+def _banner(stack: Stack, context: Path, served: str) -> None:
+    """What runs where, and the commands to try, as they will work from this folder."""
+    width = max(len(e.name) for e in stack.endpoints)
+    print("\nBoomerang is up (Ctrl-C to stop):")
+    for e in stack.endpoints:
+        print(f"  {e.name:<{width}}  {e.address:<28} {e.note}")
+    print(f"  {'logs':<{width}}  {stack.log_dir}/")
+    print(f"  {'context':<{width}}  {context}")
+    conversation = "demo-1" if served else "CONVERSATION"
+    if served:
+        print(
+            f"\nTry:\n  curl -s {stack.gateway_url}/v1/chat/completions -H 'content-type: application/json' \\\n"
+            f"    -d '{{\"model\": \"{served}\", \"conversation_id\": \"{conversation}\", "
+            f"\"messages\": [{{\"role\": \"user\", \"content\": \"hello\"}}]}}' -i"
+        )
+    print("\nInspect it (from this folder):")
+    for line in inspection_commands(stack, context, conversation):
+        print(f"  {line}")
+    print(f"BOOMERANG_READY up {stack.gateway_url.removeprefix('http://')}", flush=True)
+
+
+def inspection_commands(stack: Stack, context: Path, conversation: str) -> list[str]:
+    """`boomerang status` and `boomerang audit` as they will work in this shell.
+
+    Bare when the context file is the one they read from the current folder; with
+    BOOMERANG_CONTEXT when --data-dir put it elsewhere; with every address as a flag when
+    an address variable is set here, since it would win over the context.
+    """
+    tenant = "" if stack.config.allow_anonymous else " --tenant TENANT"
+    if any(env in os.environ for _, env, _ in SOURCES.values()):
+        flags = f" --registry {stack.registry_address} --router {stack.router_address}"
+        return [f"boomerang status{flags} --reaper {stack.reaper_address} --gateway {stack.gateway_url}",
+                f"boomerang audit {conversation}{flags} --tenant {'TENANT' if tenant else 'anonymous'}"]
+    named = os.environ.get(CONTEXT_ENV)
+    found = named is None and context.resolve() == DEFAULT_PATH.resolve()
+    prefix = "" if found else f"{CONTEXT_ENV}={context.resolve()} "
+    return [f"{prefix}boomerang status", f"{prefix}boomerang audit {conversation}{tenant}"]

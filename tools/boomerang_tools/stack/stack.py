@@ -98,6 +98,7 @@ class Stack:
         self.decode_urls: list[str] = []
         self.registry_address = ""
         self.router_address = ""
+        self.reaper_address = ""
         self.sim_engine_ids: list[str] = []
 
     @property
@@ -199,7 +200,8 @@ class Stack:
                                         "--registry", self.registry_address], 1)
         self.router_address = router.wait_ready()
         self.endpoints.append(Endpoint("router", self.router_address, "gRPC RouterService"))
-        self.endpoints.append(Endpoint("reaper", reaper.wait_ready(), "gRPC TTLReaperService"))
+        self.reaper_address = reaper.wait_ready()
+        self.endpoints.append(Endpoint("reaper", self.reaper_address, "gRPC TTLReaperService"))
         gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
                                           "--router", self.router_address, "--registry", self.registry_address,
                                           *static, *(["--allow-anonymous"] if cfg.allow_anonymous else []),
