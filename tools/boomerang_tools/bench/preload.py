@@ -1,9 +1,9 @@
 """Preload live leases straight into Postgres with COPY, shaped as registrations write them.
 
-Each lease row carries what `REGISTER_SQL` would have written for a RegisterRetainedBlocks
-of that conversation on its decode engine (the engine's model, generation, side channel and
-layout; block ids per KV-cache group; the token chain; the deadline on the engine's TTL
-less the registry's margin), and each gets its REGISTERED row in `lease_events`, as the
+Each lease row carries what the registry's `REGISTER_BATCH_SQL` would have written for a
+RegisterRetainedBlocks of that conversation on its decode engine (the engine's model,
+generation, side channel and layout; block ids per KV-cache group; the token chain; the
+deadline on the engine's TTL less the registry's margin), and each gets its REGISTERED row in `lease_events`, as the
 real registration appends. The tables' triggers run (the deadline NOTIFY included).
 """
 
