@@ -3,8 +3,8 @@
 Each lease row carries what the registry's `REGISTER_BATCH_SQL` would have written for a
 RegisterRetainedBlocks of that conversation on its decode engine (the engine's model,
 generation, side channel and layout; block ids per KV-cache group; the token chain; the
-deadline on the engine's TTL less the registry's margin), and each gets its REGISTERED row in `lease_events`, as the
-real registration appends. The tables' triggers run (the deadline NOTIFY included).
+deadline on the engine's TTL less the registry's margin), and each gets its REGISTERED
+row in `lease_events`, as the real registration appends. The tables' triggers run (the deadline NOTIFY included).
 """
 
 from __future__ import annotations
