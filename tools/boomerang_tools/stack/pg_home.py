@@ -8,8 +8,7 @@ mode 0700, and removed when the run ends, however it ends.
 
 A guardian process removes it: it waits for EOF on a pipe whose other end only the process
 that made the folder holds, so the kernel closes it when that process exits or is killed
-(SIGKILL included); it then waits for the postmaster to finish its shutdown (lifeline.py
-sends it SIGINT) and removes the folder. It runs in a session of its own so that a Ctrl-C
+(SIGKILL included); it then makes sure the postmaster is down and removes the folder. It runs in a session of its own so that a Ctrl-C
 meant for `boomerang up` does not stop it before its work.
 """
 
@@ -24,9 +23,10 @@ from pathlib import Path
 
 PREFIX = "boomerang-pgrun-"
 
-# After EOF: wait for the postmaster named in pgdata/postmaster.pid to exit (a fast shutdown
-# flushes little), press it after a minute, then remove the folder. Inline so it needs no
-# import path; runs as root, so it may signal the `postgres` user's server.
+# After EOF: a postmaster still named in pgdata/postmaster.pid outlived its owner (an orderly
+# stop has it down first), so its data is already forfeit: immediate shutdown (SIGQUIT), not
+# the checkpoint of the fast one the kernel asked for, then SIGKILL if it lingers; then remove
+# the folder. Inline so it needs no import path; runs as root, so it may signal the server.
 _GUARDIAN = r"""
 import os, shutil, signal, sys, time
 home = sys.argv[1]
@@ -54,7 +54,7 @@ def running():
         pass
     return pid
 
-for patience, press in ((60.0, signal.SIGQUIT), (10.0, signal.SIGKILL), (5.0, None)):
+for patience, press in ((0.0, signal.SIGQUIT), (10.0, signal.SIGKILL), (5.0, None)):
     deadline = time.monotonic() + patience
     while running() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -101,22 +101,24 @@ class RunFolder:
         path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base))
         try:
             os.chown(path, uid, gid)  # mkdtemp made it 0700: the server's user alone, and root
-            read, write = os.pipe()  # not inherited: only this process holds `write`
-            try:
-                guardian = subprocess.Popen([sys.executable, "-I", "-c", _GUARDIAN, str(path)], stdin=read,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
-                                            start_new_session=True)
-            finally:
-                os.close(read)
+            read, write = os.pipe()  # not inheritable: only this process holds `write`
         except BaseException:
-            if "write" in locals():
-                os.close(write)
             os.rmdir(path)
             raise
+        try:
+            guardian = subprocess.Popen([sys.executable, "-I", "-c", _GUARDIAN, str(path)], stdin=read,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
+                                        start_new_session=True)
+        except BaseException:
+            os.close(write)
+            os.rmdir(path)
+            raise
+        finally:
+            os.close(read)
         return cls(path, guardian, write)
 
-    def remove(self, timeout: float = 90.0) -> None:
-        """Let the guardian remove the folder (once the server is down) and wait for it."""
+    def remove(self, timeout: float = 30.0) -> None:
+        """Have the guardian remove the folder (stopping a server still running there) and wait."""
         if self._pipe >= 0:
             os.close(self._pipe)
             self._pipe = -1

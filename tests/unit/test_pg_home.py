@@ -1,0 +1,44 @@
+"""The run folder's guardian (pg_home.py): it removes the folder once its maker lets go, and
+first stops a server still running there, whose data is forfeit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from boomerang_tools.stack.pg_home import PREFIX, RunFolder
+
+
+def _made() -> RunFolder:
+    # As the current user: the guardian does not care whose folder it is.
+    return RunFolder.make([], os.getuid(), os.getgid())
+
+
+def test_the_folder_goes_when_its_maker_lets_go_and_not_before() -> None:
+    folder = _made()
+    try:
+        assert folder.path.name.startswith(PREFIX) and oct(folder.path.stat().st_mode)[-3:] == "700"
+        (folder.path / "pgdata").mkdir()
+        (folder.path / "pgdata" / "PG_VERSION").write_text("18\n")
+        time.sleep(0.3)  # the guardian is up and waiting
+        assert folder.path.exists() and folder.guardian.poll() is None
+    finally:
+        folder.remove()
+    assert folder.guardian.returncode == 0 and not folder.path.exists()
+
+
+def test_a_server_still_running_there_is_stopped_first() -> None:
+    server = subprocess.Popen(["sleep", "60"])  # stands in for a postmaster whose owner died
+    folder = _made()
+    try:
+        (folder.path / "pgdata").mkdir()
+        (folder.path / "pgdata" / "postmaster.pid").write_text(f"{server.pid}\n{folder.path}/pgdata\n")
+        started = time.monotonic()
+        folder.remove()
+        assert server.wait(timeout=5) != 0  # SIGQUIT, not a clean exit
+        assert not folder.path.exists() and folder.guardian.returncode == 0
+        assert time.monotonic() - started < 5
+    finally:
+        server.kill()
+        server.wait()
