@@ -351,3 +351,39 @@ async def test_concurrent_consumes_of_one_claim_move_it_once(
     answers = await asyncio.gather(*(repo.claims.consume("t", lease["lease_id"], "c1") for _ in range(4)))
     assert {(a["state"], a["version"]) for a in answers} == {("CONSUMED", answers[0]["version"])}
     assert [e for e in await events(pg, lease["lease_id"]) if e[1] == "CONSUMED"] == [("CLAIMED", "CONSUMED", "PREFILL_READ")]
+
+
+async def test_heartbeat_answers_the_current_generation_only(repo: RegistryRepository, unique: str) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid, generation=2)
+    row = await repo.engines.heartbeat(eid, 2, in_flight=3, queued=40)
+    assert (row["generation"], row["in_flight_requests"], row["queued_prompt_tokens"], row["status"]) == (2, 3, 40, "ACTIVE")
+    assert "retained_blocks" in row
+    for generation, reason in ((1, "STALE_GENERATION"), (3, "GENERATION_NOT_REGISTERED")):
+        with pytest.raises(BoomerangError) as err:
+            await repo.engines.heartbeat(eid, generation, 0, 0)
+        assert (err.value.code, err.value.reason) == (Code.FAILED_PRECONDITION, reason)
+    with pytest.raises(BoomerangError) as err:
+        await repo.engines.heartbeat(f"ghost-{unique}", 1, 0, 0)
+    assert (err.value.code, err.value.reason) == (Code.NOT_FOUND, "ENGINE_NOT_FOUND")
+
+
+async def test_a_tenants_listing_pages_through_its_own_leases_only(repo: RegistryRepository, unique: str) -> None:
+    eid = f"d-{unique}"
+    await register_engine(repo, eid)
+    mine = {(await register(repo, f"a-{unique}", f"c{i}", eid, turn(64, i)))[0]["lease_id"] for i in range(5)}
+    await register(repo, f"b-{unique}", "c0", eid, turn(64))
+    seen: list[str] = []
+    token = ""
+    while True:
+        rows, token = await repo.events.list_leases(f"a-{unique}", eid, ["RETAINED"], 2, token)
+        seen += [r["lease_id"] for r in rows]
+        if not token:
+            break
+    assert len(seen) == 5 and set(seen) == mine
+    leases, trail = await repo.events.conversation(f"a-{unique}", "c0", include_events=True)
+    assert len(leases) == 1 and leases[0]["lease_id"] in mine and leases[0]["tenant"] == f"a-{unique}"
+    assert [(e["to_state"], e["reason"]) for e in trail] == [("RETAINED", "REGISTERED")]
+    with pytest.raises(BoomerangError) as err:
+        await repo.events.conversation(f"a-{unique}", "nobody", include_events=False)
+    assert err.value.reason == "CONVERSATION_NOT_FOUND"
