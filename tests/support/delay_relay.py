@@ -44,6 +44,13 @@ class DelayRelay:
         self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         self._ready.set()
         self._loop.run_forever()
+        # Stopped: close the listener, end every connection's tasks, then the loop itself.
+        self._server.close()
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.close()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:

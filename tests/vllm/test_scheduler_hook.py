@@ -25,7 +25,7 @@ from boomerang.v1 import types_pb2 as tpb
 
 from tests.support.procs import ServiceProcess, wait_for
 from tests.vllm.conftest import ROUTER_ENV
-from tests.vllm.engine import BLOCK_SIZE, MODEL, Engine, Finished, build_engine
+from tests.vllm.engine import BLOCK_SIZE, MODEL, Engine, Finished, MatchCall, build_engine
 
 pytestmark = pytest.mark.vllm
 THRESHOLD = 64  # kv_recompute_threshold in the README's config
@@ -63,6 +63,15 @@ def in_pool(router: ServiceProcess, *engine_ids: str) -> bool:
 
 def retained(registry: ServiceProcess, tenant: str, conversation: str) -> list[tpb.Lease]:
     return [ls for ls in leases(registry, tenant, conversation) if ls.state == tpb.LEASE_STATE_RETAINED]
+
+
+def final_match(engine: Engine, rid: str) -> MatchCall:
+    """vLLM's last `get_num_new_matched_tokens` call for a request: the one that answered (the
+    earlier ones, while its plan was in flight, said "ask again later")."""
+    calls = [c for c in engine.matches if c.request_id == rid]
+    assert calls and calls[-1].result[0] is not None, calls
+    assert all(c.result == (None, False) for c in calls[:-1]), calls
+    return calls[-1]
 
 
 def whole_blocks(tokens: int) -> int:
@@ -144,7 +153,7 @@ def test_multi_turn_decode_registers_every_turn_and_prefill_pulls(pair: Pair, un
             assert previous is not None
             held = previous.kv_transfer_params["remote_num_tokens"]
             expected = whole_blocks(held)  # D's trailing partial block cannot be verified
-            call = next(c for c in pair.p.matches if c.request_id == rid_p)
+            call = final_match(pair.p, rid_p)
             assert call.result == (expected, True), (call, pair.p.hook.stats())
             assert call.remote_num_tokens == expected
             assert cached == expected  # every pulled token, as the gateway's delivered reuse
@@ -200,7 +209,7 @@ def test_changed_history_never_loads_past_the_common_prefix(pair: Pair, unique: 
     rid = f"p2-{unique}"
     pair.p.submit(rid, prompt2, 1, first_turn(conversation))
     pair.p.run([rid])
-    call = next(c for c in pair.p.matches if c.request_id == rid)
+    call = final_match(pair.p, rid)
     loaded = call.result[0] or 0
     assert loaded <= true_common, (call, true_common)
     if whole_blocks(true_common) >= THRESHOLD:
