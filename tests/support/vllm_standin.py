@@ -200,3 +200,14 @@ def block_ids_for(num_tokens: int, block_size: int, start: int = 0) -> tuple[lis
     """One KV-cache group of consecutive block ids covering `num_tokens`, shaped as vLLM's
     scheduler passes them to `request_finished_all_groups`."""
     return (list(range(start, start + -(-num_tokens // block_size))),)
+
+
+def ask(connector: Any, request: Request, num_computed_tokens: int, timeout: float = 10.0) -> tuple[int | None, bool]:
+    """`get_num_new_matched_tokens` as vLLM's scheduler asks it: again at each step (here every
+    millisecond) while the answer is "ask again later", `(None, False)`."""
+    end = time.monotonic() + timeout
+    while True:
+        got: tuple[int | None, bool] = connector.get_num_new_matched_tokens(request, num_computed_tokens)
+        if got[0] is not None or time.monotonic() > end:
+            return got
+        time.sleep(0.001)
