@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_tools.bench.relay import DelayRelay
 
-from tests.support.delay_relay import DelayRelay
 from tests.support.procs import ServiceProcess, wait_for
 from tests.vllm.engine import build_engine
 from tests.vllm.test_scheduler_hook import Pair, first_turn, in_pool, leases, retained, whole_blocks

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from boomerang_tools.bench import overhead, phases
+from boomerang_tools.bench import overhead, phases, schedule
 from boomerang_tools.bench.config import BenchConfig
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.report import build_report, write_report
@@ -63,6 +63,9 @@ async def measure(b: Bench) -> dict[str, Any]:
         at_rate = next((r for r in results.get("plan", {}).get("rates", []) if r["rate"] == cfg.scale_rate), None)
         results["scale"].append(await phases.scale_point(b, cfg.leases, at_rate))
         lap("scale")
+    if want("hook"):
+        results["hook_schedule"] = await schedule.hook_schedule(b)
+        lap("hook")
     if want("register"):
         results["register"] = await phases.registrations(b)
         lap("register")

@@ -75,18 +75,25 @@ def _rotations(args: argparse.Namespace, profiles: list[str], mode: Mode) -> lis
             for p in profiles for n in levels if n <= WIDE or p == profiles[0]]
 
 
-def _sim_stats(urls: list[str]) -> tuple[dict[str, int], list[float]]:
-    """The engines' summed counters, and the prefill hooks' median plan times (ms) if they plan."""
+def _sim_stats(urls: list[str]) -> tuple[dict[str, int], list[float], dict[str, float]]:
+    """The engines' summed counters, the prefill hooks' median plan times (ms) if they plan,
+    and the time their scheduler loops spent in Boomerang's hook (ms: total, longest call;
+    0 when the engines run no hook: they never call Boomerang)."""
     total = dict.fromkeys(STAT_KEYS, 0)
     plan_ms = []
+    loop = {"engine_loop_in_boomerang_ms": 0.0, "engine_loop_longest_call_ms": 0.0}
     with httpx.Client(timeout=5.0) as http:
         for url in urls:
             stats = http.get(url + "/sim/stats").json()
             for key in STAT_KEYS:
                 total[key] += int(stats.get(key, 0))
-            if "plan_ms_p50" in stats.get("hook", {}):
-                plan_ms.append(float(stats["hook"]["plan_ms_p50"]))
-    return total, plan_ms
+            hook = stats.get("hook", {})
+            if "plan_ms_p50" in hook:
+                plan_ms.append(float(hook["plan_ms_p50"]))
+            loop["engine_loop_in_boomerang_ms"] += float(hook.get("scheduler_ms_total", 0.0))
+            loop["engine_loop_longest_call_ms"] = max(loop["engine_loop_longest_call_ms"],
+                                                      float(hook.get("scheduler_ms_max", 0.0)))
+    return total, plan_ms, loop
 
 
 def _stack_config(args: argparse.Namespace, profiles: list[str], mode: Mode) -> StackConfig:
@@ -141,10 +148,11 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
         run["off_measured"] = run["off_measured"] or with_off
         run["rotations"] += [(mode.name, *r) for r in rotations]
         for i, p in enumerate(profiles):
-            counts, plan_ms = _sim_stats([stack.prefill_urls[i], stack.decode_urls[i]])
+            counts, plan_ms, loop = _sim_stats([stack.prefill_urls[i], stack.decode_urls[i]])
             for key, value in counts.items():
                 run["stats"][key] = run["stats"].get(key, 0) + value
             run["extra"][(p, mode.name)] = {"tokenize_calls": counts["tokenize_requests"], "pulls": counts["pulls"],
+                                            **{k: round(v, 2) for k, v in loop.items()},
                                             **({"engine_plan_ms_p50": round(plan_ms[0], 2)} if plan_ms else {})}
             if not mode.boomerang:
                 run["extra"][(p, mode.name)].update(prefix_cache_capacity_tokens=PREFIX_CACHE_BLOCKS * 16,

@@ -148,9 +148,12 @@ def conclude(
         calls = sum(extra.get((p, m.name), {}).get("tokenize_calls", 0) for p in profiles)
         planned = [f"{p}: {v:.1f} ms" for p in profiles
                    if (v := extra.get((p, m.name), {}).get("engine_plan_ms_p50")) is not None]
+        in_loop = sum(extra.get((p, m.name), {}).get("engine_loop_in_boomerang_ms", 0.0) for p in profiles)
+        longest = max((extra.get((p, m.name), {}).get("engine_loop_longest_call_ms", 0.0) for p in profiles), default=0.0)
         console.print(f"{m.label}: {calls:,} /tokenize call(s) on the engines"
                       + (f"; the prefill engine's own plan, p50 (inside its TTFT): {', '.join(planned)}" if planned else "")
-                      + ".")
+                      + f"; the engines' scheduler loops spent {in_loop:.1f} ms in Boomerang's hook in all (longest call "
+                      f"{longest:.2f} ms) and waited on the network for none of it.")
     console.print(
         f"Boomerang on: {', '.join(f'{v} {k}' for k, v in sorted(plans.items()))} turns; "
         f"{stats['pulls']:,} pulls moved {stats['pulled_tokens']:,} tokens instead of recomputing them."

@@ -1,0 +1,161 @@
+"""The prefill engine's scheduler step with plans in flight: Boomerang's share of `schedule()`.
+
+vLLM's scheduler is synchronous, so whatever the hook's `get_num_new_matched_tokens` spends
+is spent by every request on the engine. This phase drives the vLLM hook's own code
+(`BoomerangHook`, built as the connector builds it) against the bench's router, as an engine
+loop would call it: requests arrive at a steady rate, and every 2 ms a step asks the hook
+about each waiting request. The figure per step is the time those calls took, i.e. what the
+hook added to that `schedule()`. It is measured twice, the router near and then 120 ms away
+(a relay holding the engine's bytes back), and beside it the synchronous plan this hook made
+before plans went to the background (build the chain, then a blocking PlanTurn bounded by
+`plan_deadline_ms`, per new request, inside the step), on the same requests.
+
+`tests/vllm/test_scheduler_never_waits.py` checks the same inside vLLM's real `Scheduler`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.vllm_hook.config import parse_config
+from boomerang.vllm_hook.hook import BoomerangHook
+from boomerang.vllm_hook.mixin import engine_facts
+
+from boomerang_tools.bench.context import Bench
+from boomerang_tools.bench.relay import DelayRelay
+from boomerang_tools.bench.stats import percentile
+
+STEP_SECONDS = 0.002  # an engine loop turning while requests wait for their plans
+PROMPT_TOKENS = 8000
+# GLM-5-FP8's prefill per token (the simulator's cost model): an 8k prompt is worth waiting
+# min(plan_deadline_ms, a quarter of 705 ms) for, longer than the far router's delay.
+PREFILL_MS_PER_TOKEN = 0.08811
+PLAN_DEADLINE_MS = 250.0
+FAR_SECONDS = 0.12
+
+
+@dataclass
+class Req:
+    """The fields of vLLM's `Request` the hook reads."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    kv_transfer_params: dict[str, Any]
+    sampling_params: Any = None
+    num_preemptions: int = 0
+
+
+def _hook(router: str, engine_id: str) -> BoomerangHook:
+    extra = {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 480, "kv_recompute_threshold": 64,
+             "boomerang": {"role": "prefill", "router": router, "tenant": "bench-schedule", "model": "bench-schedule",
+                           "plan_deadline_ms": PLAN_DEADLINE_MS, "prefill_ms_per_token": PREFILL_MS_PER_TOKEN}}
+    config = parse_config(extra)
+    vllm = SimpleNamespace(kv_transfer_config=SimpleNamespace(engine_id=engine_id), cache_config=SimpleNamespace(block_size=16),
+                           model_config=SimpleNamespace(model="bench-schedule", served_model_name=["bench-schedule"]),
+                           parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1,
+                                                           decode_context_parallel_size=1, data_parallel_rank=0))
+    hook = BoomerangHook(config, engine_facts(vllm, config))
+    hook.start()
+    return hook
+
+
+def _requests(n: int, tag: str) -> list[Req]:
+    out = []
+    for i in range(n):
+        base = (i * 7919) % 20_000
+        out.append(Req(f"{tag}-{i}", [base + t for t in range(PROMPT_TOKENS)],
+                       {"boomerang": {"conversation_id": f"sched-{tag}-{i}-{uuid.uuid4().hex[:6]}"}}))
+    return out
+
+
+def _background(hook: BoomerangHook, requests: list[Req], rate: float) -> list[float]:
+    """Steps of an engine loop with plans in flight: the hook's time in each step (s)."""
+    waiting: list[Req] = []
+    arrivals = list(requests)
+    steps: list[float] = []
+    start = time.perf_counter()
+    while arrivals or waiting:
+        now = time.perf_counter() - start
+        while arrivals and len(requests) - len(arrivals) < now * rate:
+            waiting.append(arrivals.pop(0))
+        began = time.perf_counter()
+        ready = [r for r in waiting if hook.before_match(r, 0) is not False]
+        took = time.perf_counter() - began
+        if waiting:
+            steps.append(took)
+        for r in ready:
+            waiting.remove(r)
+            hook.on_finished(r, (False, None))
+        time.sleep(STEP_SECONDS)
+    return steps
+
+
+def _synchronous(hook: BoomerangHook, requests: list[Req], rate: float) -> list[float]:
+    """The same requests as the hook planned them before: one blocking plan per new request,
+    inside the step that first saw it (its time in each step, s)."""
+    planner = hook.planner
+    assert planner is not None
+    arrivals = list(requests)
+    steps: list[float] = []
+    start = time.perf_counter()
+    while arrivals:
+        now = time.perf_counter() - start
+        new = []
+        while arrivals and len(requests) - len(arrivals) < now * rate:
+            new.append(arrivals.pop(0))
+        began = time.perf_counter()
+        for r in new:
+            ctx = SimpleNamespace(tenant="bench-schedule", conversation_id=r.kv_transfer_params["boomerang"]["conversation_id"])
+            plan_started = time.perf_counter()
+            req = planner.build_request(ctx, r.prompt_token_ids, r.request_id)  # type: ignore[arg-type]
+            left = planner.deadline - (time.perf_counter() - plan_started)
+            try:
+                planner.client.plan_turn(req, timeout=max(left, 0.001))
+            except BoomerangClientError:
+                pass  # a failed plan still cost the step its wait
+        if new:
+            steps.append(time.perf_counter() - began)
+        time.sleep(STEP_SECONDS)
+    return steps
+
+
+def _summary(steps: list[float]) -> dict[str, Any]:
+    ms = sorted(s * 1000 for s in steps)
+    return {"steps": len(ms), "p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3),
+            "max_ms": round(max(ms), 3) if ms else None}
+
+
+def _measure(relay: DelayRelay, delay: float, count: int, rate: float, tag: str) -> dict[str, Any]:
+    relay.delay = 0.0
+    hook = _hook(relay.address, f"bench-sched-{tag}-{uuid.uuid4().hex[:6]}")
+    try:
+        _background(hook, _requests(2, f"{tag}-warm"), rate)  # the channel connects before the delay starts
+        relay.delay = delay
+        after = _background(hook, _requests(count, f"{tag}-after"), rate)
+        stats = hook.stats()
+        before = _synchronous(hook, _requests(max(10, count // 3), f"{tag}-before"), rate)
+    finally:
+        hook.close(timeout=1.0)
+    return {"router_delay_ms": delay * 1000, "background": _summary(after), "synchronous_before": _summary(before),
+            "plans": {k: v for k, v in stats.items() if k.startswith(("plan_", "fallback_", "late_"))
+                      and not k.startswith("plan_ms")}}
+
+
+async def hook_schedule(b: Bench) -> dict[str, Any]:
+    """The hook's time per `schedule()` step with plans in flight, router near and far, with
+    plans in the background (today) and synchronous (before)."""
+    count, rate = (30, 20.0) if b.cfg.quick else (90, 30.0)
+    relay = DelayRelay(b.router_address).start()
+    try:
+        near = await asyncio.to_thread(_measure, relay, 0.0, count, rate, "near")
+        far = await asyncio.to_thread(_measure, relay, FAR_SECONDS, count, rate, "far")
+    finally:
+        relay.stop()
+    return {"prompt_tokens": PROMPT_TOKENS, "plan_deadline_ms": PLAN_DEADLINE_MS, "step_ms": STEP_SECONDS * 1000,
+            "near": near, "far": far}
