@@ -321,21 +321,62 @@ async def test_sql_prefix_function_matches_the_python_one(pg: asyncpg.Connection
         assert got == common_tokens(ca, cb)
 
 
+# The claim is planned against tables the size of a working registry's (20,000 leases: 4,000
+# conversations of five turns, four superseded and the last live, on 16 engines), each
+# analyzed in full (fewer rows than ANALYZE's 30,000-row sample), so the statistics and the
+# plan are the same on every run.
+PLAN_PROBE_ENGINES = """
+INSERT INTO engines (engine_id, role, model, side_channel_host, side_channel_port, http_base_url,
+                     generation, kv_blocks_ttl_seconds, block_size, tp_size, dcp_size, pp_size,
+                     bytes_per_block, kv_recompute_threshold, status, registered_at, heartbeat_at,
+                     in_flight_requests, queued_prompt_tokens)
+SELECT 'd-' || i, 'DECODE', 'm', 'h', 1, 'http://h', 1, 480, 16, 1, 1, 1, 4096, 0, 'ACTIVE',
+       now(), now(), 0, 0
+FROM generate_series(0, 15) i
+"""
+PLAN_PROBE_LEASES = """
+INSERT INTO leases (lease_id, tenant, conversation_id, model, engine_id, engine_generation,
+                    remote_request_id, block_ids, num_blocks, num_tokens, block_size, chain,
+                    tail_hash, remote_host, remote_port, tp_size, dcp_size, pp_size, state,
+                    finished_at, expires_at)
+SELECT gen_random_uuid(), 't' || (i / 5 % 4), 'c-' || (i / 5), 'm', 'd-' || (i % 16), 1,
+       'cmpl-' || i, '[]', 1, 16, 16, '', '', 'h', 1, 1, 1, 1,
+       CASE WHEN i % 5 = 4 THEN 'RETAINED' ELSE 'SUPERSEDED' END, now(), now() + interval '1 hour'
+FROM generate_series(0, 19999) i
+"""
+
+
 async def test_claim_statement_uses_the_live_conversation_index(repo: RegistryRepository) -> None:
+    """The planner reaches a claim's leases through ix_leases_live_conversation and never scans
+    the leases table. Planned on the shared tables, the choice followed whatever rows other
+    tests had left and when autovacuum last sampled them (a loaded run picked another plan);
+    so the plan is made on temporary copies of `leases` and `engines` (which shadow them on
+    the search path) carrying the migration's own indexes, filled as above, gone at rollback."""
     from boomerang_registry.statements import CLAIM_SQL
     from sqlalchemy import text
 
     params = {
-        "tenant": "t", "conversation_id": "c", "claim_id": "x", "block_size": 16, "chain": b"",
+        "tenant": "t3", "conversation_id": "c-7", "claim_id": "x", "block_size": 16, "chain": b"",
         "tail_hash": b"", "num_tokens": 0, "model": "", "min_tokens": 1, "min_remaining": 5.0, "actor": "test",
     }
     async with repo.owner.connect() as conn:
-        # Plan as Postgres would with many rows: the claim must never scan the leases table.
-        await conn.execute(text("SET LOCAL enable_seqscan = off"))
-        plan = "\n".join(r[0] for r in await conn.execute(text("EXPLAIN " + CLAIM_SQL), params))
+        indexes = (await conn.execute(text(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename IN ('leases', 'engines')"
+        ))).scalars().all()
+        assert any("ix_leases_live_conversation" in d for d in indexes), indexes
+        for table in ("leases", "engines"):
+            await conn.exec_driver_sql(f"CREATE TEMP TABLE {table} (LIKE public.{table} INCLUDING ALL EXCLUDING INDEXES)")
+        for definition in indexes:  # same names: a temporary table's indexes live in its own schema
+            await conn.exec_driver_sql(definition.replace(" ON public.", " ON pg_temp."))
+        await conn.exec_driver_sql(PLAN_PROBE_ENGINES)
+        await conn.exec_driver_sql(PLAN_PROBE_LEASES)
+        await conn.exec_driver_sql("ANALYZE pg_temp.engines, pg_temp.leases")
+        plan = [r[0] for r in await conn.execute(text("EXPLAIN " + CLAIM_SQL), params)]
         await conn.rollback()
-    assert "ix_leases_live_conversation" in plan
-    assert "Seq Scan on leases" not in plan
+    text_plan = "\n".join(plan)
+    cands = text_plan.split("CTE cands", 1)[1].split("CTE claimed", 1)[0]  # the candidates' scan
+    assert "Index Scan using ix_leases_live_conversation on leases" in cands, text_plan
+    assert "Seq Scan on leases" not in text_plan, text_plan
 
 
 async def test_concurrent_consumes_of_one_claim_move_it_once(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -34,7 +35,13 @@ class Clock:
         return self.now
 
 
-def planner(router: FakeRouter, deadline: float = 0.02, plan_with: str = "chain", breaker: CircuitBreaker | None = None,
+# Tests not about the deadline give the planner thread ample time to send: with the hook's
+# 20 ms, a busy machine that kept the thread off a core that long spent the wait before
+# the request left (DEADLINE_SPENT, nothing sent), and the test read no plan.
+AMPLE = 5.0
+
+
+def planner(router: FakeRouter, deadline: float = AMPLE, plan_with: str = "chain", breaker: CircuitBreaker | None = None,
             max_in_flight: int = 4096) -> PrefillPlanner:
     made = PrefillPlanner(
         router,  # type: ignore[arg-type]
@@ -99,13 +106,16 @@ def test_plan_with_token_ids() -> None:
 
 
 def test_slow_router_never_blocks_and_fails_at_the_deadline() -> None:
+    # A deadline long enough that the plan surely leaves before it on a busy machine, and that
+    # a `begin` which waited for the call (0.5 s at least) stands out from a deque append
+    # however slow the machine: the bound is half of it, not a few milliseconds.
     router = FakeRouter()
-    router.delay = 1.0
-    p = planner(router, deadline=0.02)
+    router.delay = 5.0
+    p = planner(router, deadline=0.5)
     start = time.perf_counter()
     pending = p.begin(CTX, PROMPT, "req-1", 1.0, lambda *_: None)
-    assert time.perf_counter() - start < 0.005  # a deque append, not a call
-    assert pending is not None and pending.wait_until - pending.started == pytest.approx(0.02)  # the wait is capped by the deadline
+    assert time.perf_counter() - start < 0.25  # a deque append, not a call
+    assert pending is not None and pending.wait_until - pending.started == pytest.approx(0.5)  # the wait is capped by the deadline
     assert wait_for(lambda: pending.take() is not None, 5)
     attempt = pending.take()
     assert attempt is not None and attempt.response is None and attempt.error == "DEADLINE_EXCEEDED"
@@ -114,14 +124,18 @@ def test_slow_router_never_blocks_and_fails_at_the_deadline() -> None:
 
 
 def test_an_answer_after_the_scheduler_gave_up_goes_to_on_late_once() -> None:
-    router = FakeRouter()
-    router.delay = 0.05
-    p = planner(router, deadline=1.0)
+    # The answer waits for `answer` (on the fake's own thread): a 50 ms delay raced the
+    # test's 50 ms polling, and a slow poll found the answer already in.
+    answer = threading.Event()
+    router = FakeRouter(lambda req: opb.PlanTurnResponse(plan_id="p-cold") if answer.wait(5) else opb.PlanTurnResponse())
+    router.delay = 0.001  # answered on a thread of its own
+    p = planner(router)
     late: list[PlanAttempt] = []
     pending = p.begin(CTX, PROMPT, "req-1", 1.0, lambda _, attempt: late.append(attempt))
     assert pending is not None
     assert wait_for(lambda: len(router.plans) == 1, 5)
     assert pending.abandon() is None  # gave up before the answer
+    answer.set()
     assert wait_for(lambda: len(late) == 1, 5)
     assert late[0].response is not None and pending.take() is late[0]
     # An answer already in when the scheduler gives up is the scheduler's, not on_late's.
