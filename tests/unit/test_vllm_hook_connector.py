@@ -4,6 +4,7 @@ scripted registry and router clients: what reaches vLLM, the registry and the ro
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,9 +32,12 @@ FIRST_TURN = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engi
 
 
 def extra(role: str, **more: Any) -> dict[str, Any]:
-    # These engines value a token's prefill at 1 ms, so a 100-token prompt is worth waiting 25 ms for.
+    # These engines value a token's prefill at 100 ms, so a 100-token prompt is worth the
+    # longest wait (1 s): the planner thread sends well within it however busy the machine.
+    # (With 25 ms, a thread kept off a core that long spent the wait before its request left,
+    # and a test expecting a plan read "computed locally".)
     b: dict[str, Any] = {"role": role, "registry": "127.0.0.1:1", "router": "127.0.0.1:1", "tenant": "acme",
-                         "heartbeat_interval_seconds": 30, "prefill_ms_per_token": 1.0}
+                         "heartbeat_interval_seconds": 30, "prefill_ms_per_token": 100.0, "plan_deadline_ms": 1000}
     b.update(more)
     return {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 480, "kv_recompute_threshold": 64, "boomerang": b}
 
@@ -197,7 +201,7 @@ def test_router_failure_computes_locally(connector: Any, fakes: Fakes) -> None:
 def test_timed_out_plan_is_found_and_given_back(connector: Any, fakes: Fakes) -> None:
     fakes.router.delay = 1.0  # the scheduler's call gives up at the deadline
     fakes.background.planner = lambda req: pull_plan(96)  # ... but the router did claim a lease
-    conn = connector("p-1", extra("prefill", plan_deadline_ms=10))
+    conn = connector("p-1", extra("prefill", plan_deadline_ms=300))  # long enough for the call to leave
     req = prefill_request()
     assert matched(conn, req, 0) == (0, False)
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
@@ -264,32 +268,39 @@ def test_load_for_heartbeats(connector: Any) -> None:
 
 
 def test_a_slow_plan_never_holds_the_scheduler(connector: Any, fakes: Fakes) -> None:
-    fakes.router.planner = lambda req: pull_plan(96)
-    fakes.router.delay = 0.2  # the router answers in 200 ms
-    conn = connector("p-1", extra("prefill", plan_deadline_ms=1000, prefill_ms_per_token=100.0))
+    # The router answers once the scheduler has asked ten times: a call that waited for the
+    # plan would wait its whole 1 s, so the bound below needs no tight margin.
+    release = threading.Event()
+    fakes.router.planner = lambda req: pull_plan(96) if release.wait(5) else opb.PlanTurnResponse()
+    fakes.router.delay = 0.001  # answered on a thread of its own
+    conn = connector("p-1", extra("prefill"))
     req = prefill_request()
     calls, answer = [], None
     while answer is None:
         started = time.perf_counter()
         answer = conn.get_num_new_matched_tokens(req, 0)[0]
         calls.append(time.perf_counter() - started)
+        if len(calls) == 10:
+            release.set()
         time.sleep(0.005)
     # Every call came back at once; the ones while the plan was in flight said "ask again later".
-    assert len(calls) > 10 and max(calls) < 0.05, (len(calls), max(calls))
+    assert len(calls) > 10 and max(calls) < 0.5, (len(calls), max(calls))
     assert answer == 96 and req.kv_transfer_params["remote_engine_id"] == "d-1"
     assert conn.boomerang.stats()["plan_waits"] >= 10 and len(fakes.router.plans) == 1
 
 
 def test_a_request_that_ends_with_its_plan_in_flight_gives_the_claim_back(connector: Any, fakes: Fakes) -> None:
-    fakes.router.planner = lambda req: pull_plan(96)
-    fakes.router.delay = 0.2
-    conn = connector("p-1", extra("prefill", plan_deadline_ms=1000, prefill_ms_per_token=100.0))
+    release = threading.Event()  # the router answers only after the request ended
+    fakes.router.planner = lambda req: pull_plan(96) if release.wait(5) else opb.PlanTurnResponse()
+    fakes.router.delay = 0.001
+    conn = connector("p-1", extra("prefill"))
     req = prefill_request()
     assert conn.get_num_new_matched_tokens(req, 0) == (None, False)
     assert wait_for(lambda: len(fakes.router.plans) == 1, 5)  # the router is claiming
     req.status = "FINISHED_ABORTED"  # the client went away while the plan was in flight
     assert conn.request_finished_all_groups(req, block_ids_for(100, 16)) == (False, None)
     assert conn.boomerang.load() == (0, 0)  # nothing of the request is kept
+    release.set()
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
     report = fakes.background.reports[0]
     assert (report.plan_id, report.handle_use) == ("plan-1", opb.HANDLE_USE_NOT_READ)  # vLLM never saw it
@@ -298,15 +309,18 @@ def test_a_request_that_ends_with_its_plan_in_flight_gives_the_claim_back(connec
 
 
 def test_a_plan_that_comes_after_the_wait_gives_the_claim_back(connector: Any, fakes: Fakes) -> None:
-    fakes.router.planner = lambda req: pull_plan(96)
-    fakes.router.delay = 0.15
+    release = threading.Event()  # the router answers only after the scheduler gave up
+    fakes.router.planner = lambda req: pull_plan(96) if release.wait(5) else opb.PlanTurnResponse()
+    fakes.router.delay = 0.001
     fakes.background.planner = lambda req: pull_plan(96)  # asked again, the router names its claim
-    # 100 tokens at 1 ms with a quarter share: the request waits 25 ms, then computes locally.
-    conn = connector("p-1", extra("prefill", plan_deadline_ms=1000))
+    # 100 tokens at 12 ms with a quarter share: the request waits 0.3 s (not the 1 s deadline),
+    # then computes locally.
+    conn = connector("p-1", extra("prefill", plan_deadline_ms=1000, prefill_ms_per_token=12.0))
     req = prefill_request()
     started = time.monotonic()
     assert matched(conn, req, 0) == (0, False)
-    assert 0.02 <= time.monotonic() - started < 0.15
+    assert 0.3 <= time.monotonic() - started < 0.9
+    release.set()
     stats = conn.boomerang.stats()
     # Given up by the scheduler, or by gRPC at the same deadline: either way, computed locally.
     assert stats.get("fallback_wait_over", 0) + stats.get("fallback_deadline_exceeded", 0) == 1, stats
