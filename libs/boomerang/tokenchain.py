@@ -16,6 +16,9 @@ prefix is that many whole blocks, plus the partial tail when both sequences are 
 length and their tails match (the sequences are then identical). It never exceeds the true
 common token prefix.
 
+A request's `cache_salt` (vLLM's isolation key) changes the seed, so chains of two salts
+share no hash and never match, as vLLM's own prefix cache never hits across salts.
+
 The hash is xxh3-128 (xxhash ≥ 0.8), 16 bytes per block, not a cryptographic hash: chains
 compare sequences of one tenant's own conversation, never secrets. The same function runs
 in Postgres (`boomerang_common_tokens`, migration 0001) so a claim is one SQL statement.
@@ -23,6 +26,7 @@ in Postgres (`boomerang_common_tokens`, migration 0001) so a claim is one SQL st
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,14 +85,24 @@ def _pack(tokens: Sequence[int]) -> bytes:
         raise ValueError(f"token ids must be integers 0 to {MAX_TOKEN_ID}") from exc
 
 
-def build_chain(token_ids: Sequence[int], block_size: int) -> TokenChain:
-    """Hash `token_ids` into a chain of `block_size`-token blocks."""
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian u32s, as the chain hashes them (and the claim SQL reads them)."""
+    return _pack(token_ids)
+
+
+def seed_for(salt: str) -> bytes:
+    """The chain's seed: SEED, or one derived from a request's `cache_salt`."""
+    return SEED if not salt else xxhash.xxh3_128_digest(SEED + b"salt" + salt.encode())
+
+
+def build_chain(token_ids: Sequence[int], block_size: int, salt: str = "") -> TokenChain:
+    """Hash `token_ids` into a chain of `block_size`-token blocks (seeded by `salt`, if any)."""
     if not 1 <= block_size <= 1024:
         raise ValueError(f"block_size must be 1 to 1024, got {block_size}")
     packed = _pack(token_ids)
     stride = block_size * 4
     whole = len(token_ids) // block_size
-    prev = SEED
+    prev = seed_for(salt)
     out = bytearray()
     for i in range(whole):
         prev = xxhash.xxh3_128_digest(prev + packed[i * stride : (i + 1) * stride])
@@ -128,3 +142,43 @@ def common_tokens(a: TokenChain, b: TokenChain) -> int:
     ):
         return a.num_tokens
     return blocks * a.block_size
+
+
+# Finding the turn a prompt continues without a conversation id (design.md, "Finding the
+# turn a prompt continues"). A lease whose previous prompt had `p` tokens is keyed by the
+# chain hash of that prompt's last whole block (`p // block_size` blocks); a new prompt
+# probes with every one of its whole-block hashes. The key proves the whole blocks; the
+# prompt's partial last block (`p % block_size` tokens) is proved by `prompt_tail_digest`,
+# which the claim statement recomputes from the new prompt's tokens (SHA-256, which
+# Postgres has built in). Keys are the hash's first 8 bytes as a signed bigint: a smaller
+# index, and a false match is harmless because the claim still verifies the chain.
+
+
+def hash_key(block_hash: bytes) -> int:
+    """A block hash's index key: its first 8 bytes as a signed big-endian integer."""
+    return int.from_bytes(block_hash[:8], "big", signed=True)
+
+
+def probe_keys(chain: TokenChain) -> list[int]:
+    """The index keys of every whole block of a new prompt, block 1 first (position = blocks)."""
+    n = chain.num_blocks
+    return list(struct.unpack(f">{2 * n}q", chain.block_hashes)[::2]) if n else []
+
+
+def prompt_key(chain: TokenChain, prompt_tokens: int) -> int | None:
+    """The key a lease is found by: its previous prompt's last whole block; None below one block."""
+    blocks = prompt_tokens // chain.block_size
+    if blocks < 1 or blocks > chain.num_blocks:
+        return None
+    return hash_key(chain.block_hash(blocks - 1))
+
+
+def prompt_tail_digest(chain: TokenChain, prompt_tokens: int, tail_ids: Sequence[int]) -> bytes:
+    """SHA-256 of the prompt's partial last block, chained to its last whole block; b"" when none.
+
+    The chained hash makes the digest of a few tokens unguessable without the prefix.
+    """
+    blocks = prompt_tokens // chain.block_size
+    if not tail_ids or blocks < 1:
+        return b""
+    return hashlib.sha256(chain.block_hash(blocks - 1) + _pack(tail_ids)).digest()

@@ -82,6 +82,10 @@ leases = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    # Migration 0009: the previous prompt, to find the lease a prompt continues without an id.
+    Column("prompt_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("prompt_key", BigInteger),
+    Column("prompt_tail", LargeBinary, nullable=False, server_default=text("'\\x'::bytea")),
     UniqueConstraint("engine_id", "engine_generation", "remote_request_id"),
 )
 

@@ -67,7 +67,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ...) -> None: ...
 
 class RegisterRetainedBlocksRequest(_message.Message):
-    __slots__ = ("tenant", "conversation_id", "engine_id", "engine_generation", "remote_request_id", "block_groups", "num_tokens", "token_chain", "finish_time_unix", "remote_host", "remote_port", "model", "request_id")
+    __slots__ = ("tenant", "conversation_id", "engine_id", "engine_generation", "remote_request_id", "block_groups", "num_tokens", "token_chain", "finish_time_unix", "remote_host", "remote_port", "model", "request_id", "prompt_tokens", "prompt_tail_token_ids")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,8 @@ class RegisterRetainedBlocksRequest(_message.Message):
     REMOTE_PORT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TAIL_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     conversation_id: str
     engine_id: str
@@ -94,7 +96,9 @@ class RegisterRetainedBlocksRequest(_message.Message):
     remote_port: int
     model: str
     request_id: str
-    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., engine_id: _Optional[str] = ..., engine_generation: _Optional[int] = ..., remote_request_id: _Optional[str] = ..., block_groups: _Optional[_Iterable[_Union[_types_pb2.BlockIdGroup, _Mapping]]] = ..., num_tokens: _Optional[int] = ..., token_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    prompt_tokens: int
+    prompt_tail_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., engine_id: _Optional[str] = ..., engine_generation: _Optional[int] = ..., remote_request_id: _Optional[str] = ..., block_groups: _Optional[_Iterable[_Union[_types_pb2.BlockIdGroup, _Mapping]]] = ..., num_tokens: _Optional[int] = ..., token_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_tail_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterRetainedBlocksResponse(_message.Message):
     __slots__ = ("lease", "created", "superseded_leases")
@@ -131,7 +135,7 @@ class RegisterRetainedBlocksBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[RegisterRetainedBlocksBatchResult, _Mapping]]] = ...) -> None: ...
 
 class ClaimReuseRequest(_message.Message):
-    __slots__ = ("tenant", "conversation_id", "prompt_chain", "min_reusable_tokens", "min_remaining_seconds", "claim_id", "model")
+    __slots__ = ("tenant", "conversation_id", "prompt_chain", "min_reusable_tokens", "min_remaining_seconds", "claim_id", "model", "prompt_token_ids")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_CHAIN_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +143,7 @@ class ClaimReuseRequest(_message.Message):
     MIN_REMAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CLAIM_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     conversation_id: str
     prompt_chain: _types_pb2.TokenChain
@@ -146,7 +151,8 @@ class ClaimReuseRequest(_message.Message):
     min_remaining_seconds: float
     claim_id: str
     model: str
-    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., min_reusable_tokens: _Optional[int] = ..., min_remaining_seconds: _Optional[float] = ..., claim_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., min_reusable_tokens: _Optional[int] = ..., min_remaining_seconds: _Optional[float] = ..., claim_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClaimReuseResponse(_message.Message):
     __slots__ = ("outcome", "lease", "reusable_tokens", "remaining_seconds")

@@ -91,7 +91,7 @@ class PlannedEngine(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., http_base_url: _Optional[str] = ...) -> None: ...
 
 class PlanTurnRequest(_message.Message):
-    __slots__ = ("tenant", "conversation_id", "model", "prompt_token_ids", "prompt_chain", "num_prompt_tokens", "request_id")
+    __slots__ = ("tenant", "conversation_id", "model", "prompt_token_ids", "prompt_chain", "num_prompt_tokens", "request_id", "cache_salt")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class PlanTurnRequest(_message.Message):
     PROMPT_CHAIN_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     conversation_id: str
     model: str
@@ -106,7 +107,8 @@ class PlanTurnRequest(_message.Message):
     prompt_chain: _types_pb2.TokenChain
     num_prompt_tokens: int
     request_id: str
-    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class PlanTurnStreamRequest(_message.Message):
     __slots__ = ("id", "timeout_seconds", "request", "trace_context")
@@ -176,7 +178,7 @@ class PlanTurnResponse(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., decision: _Optional[_Union[PlanDecision, str]] = ..., reason: _Optional[_Union[PlanReason, str]] = ..., prefill_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., decode_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., reusable_tokens: _Optional[int] = ..., recompute_tokens: _Optional[int] = ..., verified_prefix_tokens: _Optional[int] = ..., kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ..., lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ..., source_engine_id: _Optional[str] = ..., kv_recompute_threshold: _Optional[int] = ...) -> None: ...
 
 class ReportTurnRequest(_message.Message):
-    __slots__ = ("tenant", "plan_id", "handle_use", "decode_kv_transfer_params", "decode_kv_transfer_params_json", "prompt_token_ids", "output_token_ids", "sequence_chain", "finish_time_unix", "conversation_id", "request_id", "delivered_cached_tokens")
+    __slots__ = ("tenant", "plan_id", "handle_use", "decode_kv_transfer_params", "decode_kv_transfer_params_json", "prompt_token_ids", "output_token_ids", "sequence_chain", "finish_time_unix", "conversation_id", "request_id", "delivered_cached_tokens", "cache_salt")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     HANDLE_USE_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +191,7 @@ class ReportTurnRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DELIVERED_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     plan_id: str
     handle_use: HandleUse
@@ -201,7 +204,8 @@ class ReportTurnRequest(_message.Message):
     conversation_id: str
     request_id: str
     delivered_cached_tokens: int
-    def __init__(self, tenant: _Optional[str] = ..., plan_id: _Optional[str] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., decode_kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., decode_kv_transfer_params_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sequence_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., delivered_cached_tokens: _Optional[int] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, tenant: _Optional[str] = ..., plan_id: _Optional[str] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., decode_kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., decode_kv_transfer_params_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sequence_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., delivered_cached_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class ReportTurnResponse(_message.Message):
     __slots__ = ("plan_id", "claimed_lease_state", "retention", "lease", "retention_detail")
