@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from boomerang.config.fields import old_env_names
 from boomerang_tools import configdoc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,7 +161,8 @@ def test_every_variable_a_document_names_exists_in_the_code() -> None:
     code = "\n".join(
         p.read_text(errors="replace") for p in tracked_files() if p.is_file() and p.suffix != ".md" and p.stat().st_size < 1_000_000
     )
-    settings = {f"BOOMERANG_{f.upper()}" for classes in configdoc.TABLES.values() for c in classes for f in c.model_fields}
+    fields = [f for classes in configdoc.TABLES.values() for c in classes for f in c.model_fields.items()]
+    settings = {f"BOOMERANG_{name.upper()}" for name, _ in fields} | {old for _, f in fields for old in old_env_names(f)}
     def exists(name: str) -> bool:
         stem = name.removesuffix("*")
         return stem in code or any(s.startswith(stem) if stem != name else s == name for s in settings)

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import annotated_types as at
-from boomerang.config.settings import ENV_PREFIX, CommonSettings, TelemetrySettings
+from boomerang.config.fields import env_name, flag_spec, old_env_names
+from boomerang.config.fields import render_default as render_value
+from boomerang.config.settings import CommonSettings, TelemetrySettings
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_registry.settings import RegistrySettings
@@ -41,16 +43,19 @@ TABLES: dict[str, tuple[type[BaseSettings], ...]] = {
 TABLE = re.compile(r"(<!-- settings: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end settings -->)", re.DOTALL)
 
 
+# Settings read by every service but set by no service's flags (only by their variable).
+NO_FLAG = set(TelemetrySettings.model_fields)
+
+
 def render_default(field: FieldInfo) -> str:
     """The default as an operator would type it into the variable."""
-    value = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
-    if value in ("", [], None):
-        return "(none)"
-    if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
-    if isinstance(value, float):
-        return f"`{value:g}`"
-    return f"`{value}`"
+    value = render_value(field, empty="")
+    return f"`{value}`" if value else "(none)"
+
+
+def render_flag(name: str, field: FieldInfo) -> str:
+    """The setting's flag on its service's command (`boomerang <service> --flag`)."""
+    return "" if name in NO_FLAG else f"`{flag_spec(name, field).name}`"
 
 
 BOUNDS: dict[type, Callable[[Any], str]] = {
@@ -77,7 +82,7 @@ def shared_unchanged(name: str, field: FieldInfo) -> bool:
 
 def rows(name: str) -> list[str]:
     """The Markdown rows of table `name`."""
-    out = ["| variable | default | allowed | meaning |", "|---|---|---|---|"]
+    out = ["| variable | flag | default | allowed | meaning |", "|---|---|---|---|---|"]
     for cls in TABLES[name]:
         for field_name, field in cls.model_fields.items():
             if name != "common" and shared_unchanged(field_name, field):
@@ -85,7 +90,10 @@ def rows(name: str) -> list[str]:
             if not field.description:
                 raise ValueError(f"{cls.__name__}.{field_name} has no description: give its Field(description=...)")
             meaning = field.description.replace("|", "\\|").replace("\n", " ")
-            out.append(f"| `{ENV_PREFIX}{field_name.upper()}` | {render_default(field)} | {render_bounds(field)} | {meaning} |")
+            if old := old_env_names(field):
+                meaning += " Formerly " + ", ".join(f"`{n}`" for n in old) + " (still read, deprecated)."
+            out.append(f"| `{env_name(field_name)}` | {render_flag(field_name, field)} | {render_default(field)} "
+                       f"| {render_bounds(field)} | {meaning} |")
     return out
 
 

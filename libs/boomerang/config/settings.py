@@ -7,12 +7,12 @@ validated at start-up and a bad one stops the process with a message naming the 
 from __future__ import annotations
 
 import sys
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-ENV_PREFIX = "BOOMERANG_"
+from boomerang.config.fields import ENV_PREFIX, Flag, env_name, flag_spec
 
 
 def normalize_database_url(url: str) -> str:
@@ -36,9 +36,10 @@ def check_listen(value: str) -> str:
 class CommonSettings(BaseSettings):
     """Settings every service shares."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+    # populate_by_name: a renamed setting (`fields.renamed`) is still set by its field name.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", populate_by_name=True)
 
-    database_url: str = Field(
+    database_url: Annotated[str, Flag("--database-url", "URL")] = Field(
         default="",
         description="PostgreSQL URL, e.g. postgresql://root@127.0.0.1:5432/boomerang.",
     )
@@ -50,7 +51,7 @@ class CommonSettings(BaseSettings):
         default=1.0, ge=0, le=60, description="Seconds to keep serving after reporting NOT_SERVING."
     )
     log_level: str = Field(default="INFO", description="Python logging level.")
-    metrics_listen: str = Field(
+    metrics_listen: Annotated[str, Flag("--metrics-listen", "HOST:PORT")] = Field(
         default="", description="HOST:PORT for the Prometheus /metrics endpoint; empty: off."
     )
     require_auth: bool = Field(
@@ -94,7 +95,7 @@ class CommonSettings(BaseSettings):
 class RegistryClientSettings(CommonSettings):
     """Settings of a service that calls the block registry."""
 
-    registry_address: str = Field(
+    registry_address: Annotated[str, Flag("--registry", "HOST:PORT")] = Field(
         default="127.0.0.1:50051", description="HOST:PORT of the block registry (or its balancer)."
     )
 
@@ -118,6 +119,14 @@ class EnginePoolSettings(RegistryClientSettings):
 S = TypeVar("S", bound=BaseSettings)
 
 
+def _field_name(cls: type[BaseSettings], loc: str) -> str:
+    """The field an error's location names: a renamed setting's errors name its variable."""
+    for name, field in cls.model_fields.items():
+        if isinstance(field.validation_alias, AliasChoices) and loc in field.validation_alias.choices:
+            return name
+    return loc
+
+
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build settings from the environment plus non-None overrides, or exit with a clear message."""
     given = {k: v for k, v in overrides.items() if v is not None}
@@ -126,8 +135,10 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
     except ValidationError as exc:
         lines = ["invalid configuration:"]
         for err in exc.errors():
-            name = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {ENV_PREFIX}{name.upper()} (--{name.replace('_', '-')}): {err['msg']}")
+            name = _field_name(cls, ".".join(str(p) for p in err["loc"]))
+            field = cls.model_fields.get(name)
+            flag = flag_spec(name, field).name if field is not None else "--" + name.replace("_", "-")
+            lines.append(f"  {env_name(name)} ({flag}): {err['msg']}")
         print("\n".join(lines), file=sys.stderr)
         raise SystemExit(2) from None
 

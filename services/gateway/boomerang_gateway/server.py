@@ -103,7 +103,7 @@ async def run(settings: GatewaySettings) -> None:
         timeout=httpx.Timeout(settings.engine_timeout_seconds, connect=settings.engine_connect_timeout_seconds),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
     )
-    static = bool(settings.prefill_urls or settings.decode_urls)
+    static = bool(settings.prefill_engines or settings.decode_engines)
     registry = (lambda: RegistryClient(settings.registry_address)) if not static and settings.registry_address else None
     def new_router() -> RouterClient:
         return RouterClient(
@@ -118,7 +118,7 @@ async def run(settings: GatewaySettings) -> None:
         Voucher(lambda: RegistryClient(settings.registry_address), settings.heartbeat_timeout_seconds)
         if static and settings.registry_address else None
     )
-    pool = EnginePool(http, settings.prefill_urls, settings.decode_urls, registry, settings.pool_refresh_seconds,
+    pool = EnginePool(http, settings.prefill_engines, settings.decode_engines, registry, settings.engine_refresh_seconds,
                       settings.heartbeat_timeout_seconds, voucher)
     control = ControlPlane(
         router,

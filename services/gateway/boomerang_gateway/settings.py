@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from boomerang.config.fields import Flag, renamed
 from boomerang.config.settings import EnginePoolSettings, check_listen
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
@@ -19,20 +20,27 @@ def _split_urls(value: Any) -> list[str]:
     return urls
 
 
-
 class GatewaySettings(EnginePoolSettings):
     """Settings of the OpenAI-compatible gateway (`boomerang gateway`)."""
 
-    listen: str = Field(default="127.0.0.1:8000", description="HTTP listen address.")
+    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+        default="127.0.0.1:8000", description="HTTP listen address (port 0: a free one)."
+    )
     db_pool_size: int = Field(default=2, ge=1, le=200, description="Connections per process.")
-    router_address: str = Field(
+    router_address: Annotated[str, Flag("--router", "HOST:PORT")] = Field(
         default="127.0.0.1:50052", description="HOST:PORT of the router; empty: no router."
     )
-    prefill_urls: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Static prefill engines' base URLs, comma-separated."
+    # Named as the router's (`BOOMERANG_PREFILL_URLS` etc. were the gateway's own names).
+    prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "URL")] = Field(
+        default_factory=list,
+        validation_alias=renamed("prefill_engines", "prefill_urls"),
+        description="Static prefill engines' base URLs (the variable: comma-separated; the flag: "
+        "repeated); none: engines come from the registry.",
     )
-    decode_urls: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Static decode engines' base URLs, comma-separated."
+    decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "URL")] = Field(
+        default_factory=list,
+        validation_alias=renamed("decode_engines", "decode_urls"),
+        description="Static decode engines' base URLs (the variable: comma-separated; the flag: repeated).",
     )
     allow_anonymous: bool = Field(
         default=False, description="Serve requests without an API key as tenant `anonymous`."
@@ -66,8 +74,12 @@ class GatewaySettings(EnginePoolSettings):
     engine_timeout_seconds: float = Field(
         default=600.0, gt=0, le=86400, description="Longest wait for an engine's next bytes."
     )
-    pool_refresh_seconds: float = Field(
-        default=2.0, gt=0, le=3600, description="Seconds between refreshes of the gateway's engines and models."
+    engine_refresh_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        le=3600,
+        validation_alias=renamed("engine_refresh_seconds", "pool_refresh_seconds"),
+        description="Seconds between refreshes of the gateway's engines and models.",
     )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)."
@@ -107,7 +119,7 @@ class GatewaySettings(EnginePoolSettings):
     def _optional_address(cls, value: str) -> str:
         return check_listen(value) if value else value
 
-    @field_validator("prefill_urls", "decode_urls", mode="before")
+    @field_validator("prefill_engines", "decode_engines", mode="before")
     @classmethod
     def _urls(cls, value: Any) -> list[str]:
         return _split_urls(value)

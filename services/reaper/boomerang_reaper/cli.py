@@ -9,7 +9,12 @@ import sys
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.reaper import ReaperClient
-from boomerang.config.flags import add_common_flags, common_overrides, require_database, run_async
+from boomerang.config.flags import (
+    add_settings_flags,
+    require_database,
+    run_async,
+    settings_from_args,
+)
 from boomerang.config.settings import CommonSettings, load_settings
 from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError
@@ -24,19 +29,9 @@ from boomerang_reaper.settings import ReaperSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the `reaper` and `advise-ttl` subcommands."""
+    """Add the `reaper` (its flags are ReaperSettings' fields) and `advise-ttl` subcommands."""
     parser = subparsers.add_parser("reaper", help="run a TTL-reaper replica (expiry, engine liveness, retention)")
-    add_common_flags(parser)
-    parser.add_argument("--listen", help="gRPC HOST:PORT (BOOMERANG_LISTEN, default 127.0.0.1:50053)")
-    parser.add_argument("--registry", help="registry HOST:PORT (BOOMERANG_REGISTRY_ADDRESS, default 127.0.0.1:50051)")
-    parser.add_argument("--replica-id", help="this replica's id (default host-pid-random)")
-    parser.add_argument("--leader-lease-seconds", type=float, help="leadership lapses this long after renewal (default 10)")
-    parser.add_argument(
-        "--engine-heartbeat-timeout-seconds", type=float, help="engines silent this long die (default 30; 0: off)"
-    )
-    parser.add_argument("--engine-sweep-interval-seconds", type=float, help="seconds between engine sweeps (default 5)")
-    parser.add_argument("--retention-days", type=int, help="days of audit events kept (default 30)")
-    parser.add_argument("--max-sleep-seconds", type=float, help="longest sleep without an expiry call (default 30)")
+    add_settings_flags(parser, ReaperSettings)
     parser.set_defaults(handler=_run_reaper)
 
     advise = subparsers.add_parser(
@@ -61,18 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run_reaper(args: argparse.Namespace) -> int:
-    settings = load_settings(
-        ReaperSettings,
-        **common_overrides(args),
-        listen=args.listen,
-        registry_address=args.registry,
-        replica_id=args.replica_id,
-        leader_lease_seconds=args.leader_lease_seconds,
-        engine_heartbeat_timeout_seconds=args.engine_heartbeat_timeout_seconds,
-        engine_sweep_interval_seconds=args.engine_sweep_interval_seconds,
-        retention_days=args.retention_days,
-        max_sleep_seconds=args.max_sleep_seconds,
-    )
+    settings = settings_from_args(ReaperSettings, args)
     require_database(settings, "reaper")
 
     run_async(run(settings))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from boomerang.config.fields import Flag
 from boomerang.config.settings import RegistryClientSettings, check_listen
 from pydantic import Field, field_validator
 
@@ -9,10 +12,12 @@ from pydantic import Field, field_validator
 class ReaperSettings(RegistryClientSettings):
     """Settings of the TTL-reaper service (`boomerang reaper`)."""
 
-    listen: str = Field(default="127.0.0.1:50053", description="gRPC listen address.")
+    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+        default="127.0.0.1:50053", description="gRPC listen address (port 0: a free one)."
+    )
     db_pool_size: int = Field(default=4, ge=2, le=200, description="Connections per process.")
     replica_id: str = Field(
-        default="", max_length=128, description="This replica's id; default host-pid-random."
+        default="", max_length=128, description="This replica's id; empty: host-pid-random."
     )
     election: str = Field(
         default="ttl-reaper", min_length=1, max_length=128, description="Leader-election name."

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from boomerang.config.fields import Flag
 from boomerang.config.settings import CommonSettings, check_listen
 from pydantic import Field, field_validator
 
@@ -9,7 +12,9 @@ from pydantic import Field, field_validator
 class RegistrySettings(CommonSettings):
     """Settings of the block-registry service."""
 
-    listen: str = Field(default="127.0.0.1:50051", description="gRPC listen address.")
+    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+        default="127.0.0.1:50051", description="gRPC listen address (port 0: a free one)."
+    )
     ttl_margin_seconds: float = Field(
         default=10.0,
         ge=0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from boomerang.config.fields import Flag
 from boomerang.config.settings import EnginePoolSettings, check_listen
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
@@ -16,11 +17,12 @@ def _split_list(value: Any) -> Any:
     return value
 
 
-
 class RouterSettings(EnginePoolSettings):
     """Settings of the router service (`boomerang router`)."""
 
-    listen: str = Field(default="127.0.0.1:50052", description="gRPC listen address.")
+    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+        default="127.0.0.1:50052", description="gRPC listen address (port 0: a free one)."
+    )
     claim_deadline_ms: float = Field(
         default=50.0,
         gt=0,
@@ -70,11 +72,13 @@ class RouterSettings(EnginePoolSettings):
         le=1_000_000,
         description="Fewest reusable tokens worth a pull when the prefill engine does not say.",
     )
-    prefill_engines: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Static prefill engines, `URL` or `NAME=URL`, comma-separated."
+    prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "[NAME=]URL")] = Field(
+        default_factory=list, description="Static prefill engines, `URL` or `NAME=URL` (the variable: "
+        "comma-separated; the flag: repeated); none: engines come from the registry."
     )
-    decode_engines: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Static decode engines, `URL` or `NAME=URL`, comma-separated."
+    decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "[NAME=]URL")] = Field(
+        default_factory=list, description="Static decode engines, `URL` or `NAME=URL` (the variable: "
+        "comma-separated; the flag: repeated); none: engines come from the registry."
     )
     engine_refresh_seconds: float = Field(
         default=1.0, gt=0, le=3600, description="Seconds between engine-pool refreshes from the registry."
