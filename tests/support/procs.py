@@ -61,6 +61,9 @@ class ServiceProcess:
             self.kill()
             raise RuntimeError(f"{self.name} did not start in {timeout}s:\n" + self.output()) from None
         if not self.address:
+            # Reap it and close its pipe here: left to the garbage collector, the Popen's
+            # ResourceWarnings surfaced in whichever later test collected it, failing that one too.
+            self.kill()
             raise RuntimeError(f"{self.name} exited before listening:\n" + self.output())
         return self
 
