@@ -30,11 +30,11 @@ from boomerang.vllm_hook.mixin import engine_facts
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.relay import DelayRelay
 from boomerang_tools.bench.stats import percentile
+from boomerang_tools.bench.workload import MODEL, conversation, next_prompt
 
 STEP_SECONDS = 0.002  # an engine loop turning while requests wait for their plans
-PROMPT_TOKENS = 8000
-# GLM-5-FP8's prefill per token (the simulator's cost model): an 8k prompt is worth waiting
-# min(plan_deadline_ms, a quarter of 705 ms) for, longer than the far router's delay.
+# GLM-5-FP8's prefill per token (the simulator's cost model): the preloaded conversations'
+# next prompts (350 to 2,400 tokens) are worth waiting 8 to 53 ms for.
 PREFILL_MS_PER_TOKEN = 0.08811
 PLAN_DEADLINE_MS = 250.0
 FAR_SECONDS = 0.12
@@ -53,11 +53,11 @@ class Req:
 
 def _hook(router: str, engine_id: str) -> BoomerangHook:
     extra = {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 480, "kv_recompute_threshold": 64,
-             "boomerang": {"role": "prefill", "router": router, "tenant": "bench-schedule", "model": "bench-schedule",
+             "boomerang": {"role": "prefill", "router": router, "trust_request_tenant": True, "model": MODEL,
                            "plan_deadline_ms": PLAN_DEADLINE_MS, "prefill_ms_per_token": PREFILL_MS_PER_TOKEN}}
     config = parse_config(extra)
     vllm = SimpleNamespace(kv_transfer_config=SimpleNamespace(engine_id=engine_id), cache_config=SimpleNamespace(block_size=16),
-                           model_config=SimpleNamespace(model="bench-schedule", served_model_name=["bench-schedule"]),
+                           model_config=SimpleNamespace(model=MODEL, served_model_name=[MODEL]),
                            parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1,
                                                            decode_context_parallel_size=1, data_parallel_rank=0))
     hook = BoomerangHook(config, engine_facts(vllm, config))
@@ -65,12 +65,13 @@ def _hook(router: str, engine_id: str) -> BoomerangHook:
     return hook
 
 
-def _requests(n: int, tag: str) -> list[Req]:
+def _requests(b: Bench, n: int, first: int, tag: str) -> list[Req]:
+    """The next turns of `n` preloaded conversations with live leases (their plans PULL)."""
     out = []
     for i in range(n):
-        base = (i * 7919) % 20_000
-        out.append(Req(f"{tag}-{i}", [base + t for t in range(PROMPT_TOKENS)],
-                       {"boomerang": {"conversation_id": f"sched-{tag}-{i}-{uuid.uuid4().hex[:6]}"}}))
+        c = conversation(2 * (first + i), b.cfg.tenants, b.cfg.decode_engines)
+        out.append(Req(f"{tag}-{i}-{uuid.uuid4().hex[:6]}", next_prompt(c),
+                       {"boomerang": {"conversation_id": c.conversation_id, "tenant": c.tenant}}))
     return out
 
 
@@ -111,7 +112,8 @@ def _synchronous(hook: BoomerangHook, requests: list[Req], rate: float) -> list[
             new.append(arrivals.pop(0))
         began = time.perf_counter()
         for r in new:
-            ctx = SimpleNamespace(tenant="bench-schedule", conversation_id=r.kv_transfer_params["boomerang"]["conversation_id"])
+            named = r.kv_transfer_params["boomerang"]
+            ctx = SimpleNamespace(tenant=named["tenant"], conversation_id=named["conversation_id"])
             plan_started = time.perf_counter()
             req = planner.build_request(ctx, r.prompt_token_ids, r.request_id)  # type: ignore[arg-type]
             left = planner.deadline - (time.perf_counter() - plan_started)
@@ -131,15 +133,16 @@ def _summary(steps: list[float]) -> dict[str, Any]:
             "max_ms": round(max(ms), 3) if ms else None}
 
 
-def _measure(relay: DelayRelay, delay: float, count: int, rate: float, tag: str) -> dict[str, Any]:
+def _measure(b: Bench, relay: DelayRelay, delay: float, count: int, rate: float, first: int) -> dict[str, Any]:
     relay.delay = 0.0
-    hook = _hook(relay.address, f"bench-sched-{tag}-{uuid.uuid4().hex[:6]}")
+    tag = f"sched{first}"
+    hook = _hook(relay.address, f"bench-{tag}-{uuid.uuid4().hex[:6]}")
     try:
-        _background(hook, _requests(2, f"{tag}-warm"), rate)  # the channel connects before the delay starts
+        _background(hook, _requests(b, 2, first, f"{tag}-warm"), rate)  # the channel connects before the delay
         relay.delay = delay
-        after = _background(hook, _requests(count, f"{tag}-after"), rate)
+        after = _background(hook, _requests(b, count, first + 2, f"{tag}-after"), rate)
         stats = hook.stats()
-        before = _synchronous(hook, _requests(max(10, count // 3), f"{tag}-before"), rate)
+        before = _synchronous(hook, _requests(b, max(10, count // 3), first + 2 + count, f"{tag}-before"), rate)
     finally:
         hook.close(timeout=1.0)
     return {"router_delay_ms": delay * 1000, "background": _summary(after), "synchronous_before": _summary(before),
@@ -151,11 +154,13 @@ async def hook_schedule(b: Bench) -> dict[str, Any]:
     """The hook's time per `schedule()` step with plans in flight, router near and far, with
     plans in the background (today) and synchronous (before)."""
     count, rate = (30, 20.0) if b.cfg.quick else (90, 30.0)
+    # Conversations from the last quarter of the planned ones (the plan phases' load spreads
+    # over all of them; these few are consumed here).
+    first = b.cfg.leases * 3 // 8
     relay = DelayRelay(b.router_address).start()
     try:
-        near = await asyncio.to_thread(_measure, relay, 0.0, count, rate, "near")
-        far = await asyncio.to_thread(_measure, relay, FAR_SECONDS, count, rate, "far")
+        near = await asyncio.to_thread(_measure, b, relay, 0.0, count, rate, first)
+        far = await asyncio.to_thread(_measure, b, relay, FAR_SECONDS, count, rate, first + 2 * count)
     finally:
         relay.stop()
-    return {"prompt_tokens": PROMPT_TOKENS, "plan_deadline_ms": PLAN_DEADLINE_MS, "step_ms": STEP_SECONDS * 1000,
-            "near": near, "far": far}
+    return {"plan_deadline_ms": PLAN_DEADLINE_MS, "step_ms": STEP_SECONDS * 1000, "near": near, "far": far}
