@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 import time
 from collections.abc import Generator
 from typing import Any
@@ -21,6 +20,7 @@ from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.db.engine import make_engine
 from boomerang.db.migrate import upgrade
+from boomerang.sockets import listen_socket
 from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
 
 from boomerang_gateway.app import GatewayState, create_app
@@ -72,22 +72,6 @@ class _Server(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
-def bind(listen: str) -> socket.socket:
-    """A listening socket for HOST:PORT (port 0 picks a free one)."""
-    host, _, port = listen.rpartition(":")
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), int(port)))
-    except OSError as exc:
-        sock.close()
-        raise SystemExit(f"boomerang gateway: cannot listen on {listen}: {exc.strerror}") from None
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
 async def run(settings: GatewaySettings) -> None:
     """Serve until SIGTERM/SIGINT, then drain."""
     setup_tracing("boomerang-gateway")
@@ -137,7 +121,7 @@ async def run(settings: GatewaySettings) -> None:
     with contextlib.suppress(Exception):
         await asyncio.wait_for(pool.refresh(), timeout=3.0)
     pool.start()
-    sock = bind(settings.listen)
+    sock = listen_socket(settings.listen, "gateway")
     server = _Server(
         uvicorn.Config(
             asgi_app(create_app(state)),  # HTTP server spans when tracing is on

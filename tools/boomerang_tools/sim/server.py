@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import logging
 import signal
-import socket
 import sys
 import uuid
 from collections.abc import Generator
@@ -26,6 +25,7 @@ from collections.abc import Generator
 import uvicorn
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
+from boomerang.sockets import listen_socket
 from boomerang.telemetry import asgi_app, setup_tracing
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
@@ -43,20 +43,6 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (port 0: a free one)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise SystemExit(f"boomerang sim: cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
 
 
 def _engine_proto(engine: Engine, api_port: int) -> tpb.Engine:
@@ -141,8 +127,8 @@ async def run(
 ) -> None:
     """Serve until SIGTERM/SIGINT (with `hook`, Boomerang's vLLM hook runs inside the engine)."""
     setup_tracing(f"boomerang-sim-{config.role}")  # off unless OTEL_* ask; continues the gateway's trace
-    api_sock = bind(config.host, port)
-    side_sock = bind(config.host, config.side_channel_port)
+    api_sock = listen_socket(f"{config.host}:{port}", "sim", 1024)
+    side_sock = listen_socket(f"{config.host}:{config.side_channel_port}", "sim", 1024)
     api_port, side_port = api_sock.getsockname()[1], side_sock.getsockname()[1]
     cfg = dataclasses.replace(config, side_channel_port=side_port)
     engine = Engine(cfg, generation)
