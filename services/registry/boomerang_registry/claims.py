@@ -2,17 +2,20 @@
 
 All on the hot-path pool as the claim's tenant. A claim is one statement on the
 `(tenant, conversation_id)` live-lease index, the prefix comparison inside it
-(`boomerang_common_tokens`); a consume is one statement; a release is one short
+(`boomerang_common_tokens`); without a conversation id, one statement on the
+`(tenant, prompt_key)` index instead (continuations.py); a consume is one statement; a release is one short
 transaction. Every state change appends its `lease_events` row in the same statement.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from boomerang.errors import failed_precondition, not_found
 
+from boomerang_registry.continuations import CONTINUE_CLAIM_SQL, continue_params
 from boomerang_registry.domain import (
     Candidate,
     ClaimOutcome,
@@ -111,6 +114,10 @@ class ClaimStore:
         return await self._claim(q) if lost_the_row_lock(result) else result
 
     async def _claim(self, q: ClaimQuery) -> ClaimAnswer:
+        if not q.conversation_id:
+            params = {**continue_params(q), "actor": self.store.actor}
+            rows = await self.store.pool.fetch_as(q.tenant, CONTINUE_CLAIM_SQL, params, "ClaimReuse")
+            return claim_result(q, rows)
         params = {**_claim_params(q), "actor": self.store.actor}
         return claim_result(q, await self.store.pool.fetch_as(q.tenant, CLAIM_SQL, params, "ClaimReuse"))
 
@@ -131,7 +138,14 @@ class ClaimStore:
 
     async def _claim_batch(self, queries: Sequence[ClaimQuery]) -> list[ClaimAnswer]:
         results: list[ClaimAnswer | None] = [None] * len(queries)
-        for members in rounds([(q.tenant, q.conversation_id) for q in queries]):
+        # Claims without a conversation id run their own statement each, side by side: two of
+        # them may continue the same lease (a fork), and the row lock settles which one wins.
+        unnamed = [n for n, q in enumerate(queries) if not q.conversation_id]
+        for n, answer in zip(unnamed, await asyncio.gather(*(self._claim(queries[n]) for n in unnamed)), strict=True):
+            results[n] = answer
+        named = [n for n, q in enumerate(queries) if q.conversation_id]
+        for rnd in rounds([(queries[n].tenant, queries[n].conversation_id) for n in named]):
+            members = [named[k] for k in rnd]
             batch = [queries[n] for n in members]
             each = [_claim_params(q) for q in batch]
             params: dict[str, Any] = {k: [p[k] for p in each] for k in each[0]}  # a round is never empty

@@ -87,6 +87,8 @@ class RetainedBlocks:
     remote_port: int
     model: str
     request_id: str
+    prompt_tokens: int = 0  # the previous prompt's length; 0: found by conversation id only
+    prompt_tail_ids: tuple[int, ...] = ()  # its partial last block's token ids
 
     @property
     def num_blocks(self) -> int:
@@ -105,6 +107,7 @@ class ClaimQuery:
     min_remaining_seconds: float
     claim_id: str
     model: str
+    prompt_packed: bytes = b""  # without a conversation id: the new prompt, packed u32 LE
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from boomerang.errors import BoomerangError, Code, failed_precondition
+from boomerang.tokenchain import prompt_key, prompt_tail_digest
 from sqlalchemy import text
 
 from boomerang_registry.domain import RetainedBlocks
@@ -28,7 +29,7 @@ Registered = tuple[Row, bool, int]  # (lease, created, how many leases it supers
 _ARRAYS = (
     "lease_id", "tenant", "conversation_id", "model", "engine_id", "generation", "remote_request_id",
     "block_ids", "num_blocks", "num_tokens", "block_size", "chain", "tail_hash", "remote_host",
-    "remote_port", "finished_at", "request_id",
+    "remote_port", "finished_at", "request_id", "prompt_tokens", "prompt_key", "prompt_tail",
 )
 _BY_REQUEST_SQL = (
     f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.engine_id = :e "
@@ -55,7 +56,15 @@ def _params(req: RetainedBlocks) -> dict[str, Any]:
         "remote_port": req.remote_port,
         "finished_at": req.finish_time,
         "request_id": req.request_id,
+        "prompt_tokens": req.prompt_tokens,
+        "prompt_key": prompt_key(req.chain, req.prompt_tokens),
+        "prompt_tail": prompt_tail_digest(req.chain, req.prompt_tokens, req.prompt_tail_ids),
     }
+
+
+def _round_key(n: int, req: RetainedBlocks) -> tuple[str, str]:
+    """Registrations of one conversation go in separate rounds; those without one never collide."""
+    return (req.tenant, req.conversation_id) if req.conversation_id else (req.tenant, f"\0{n}")
 
 
 class RegistrationStore:
@@ -84,7 +93,7 @@ class RegistrationStore:
         conversation; later ones on the same conversation go in later rounds, so they
         supersede the earlier, in order)."""
         out: list[Registered | BoomerangError | None] = [None] * len(reqs)
-        for members in rounds([(r.tenant, r.conversation_id) for r in reqs]):
+        for members in rounds([_round_key(n, r) for n, r in enumerate(reqs)]):
             batch = [reqs[n] for n in members]
             each = [_params(r) for r in batch]
             params: dict[str, Any] = {k: [p[k] for p in each] for k in _ARRAYS}

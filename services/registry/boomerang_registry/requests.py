@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from boomerang import chainproto
 from boomerang.errors import Violations
-from boomerang.tokenchain import TokenChain
+from boomerang.tokenchain import TokenChain, pack_tokens
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
@@ -87,6 +87,12 @@ def heartbeat(req: rpb.HeartbeatRequest) -> None:
     v.require(req.registration_generation >= 0, "registration_generation", "must be non-negative")
     v.require(req.in_flight_requests >= 0, "in_flight_requests", "must be non-negative")
     v.require(req.queued_prompt_tokens >= 0, "queued_prompt_tokens", "must be non-negative")
+    v.require(req.free_kv_blocks >= 0, "free_kv_blocks", "must be non-negative")
+    v.require(req.total_kv_blocks >= 0, "total_kv_blocks", "must be non-negative")
+    v.require(
+        req.total_kv_blocks == 0 or req.free_kv_blocks <= req.total_kv_blocks, "free_kv_blocks",
+        "must not exceed total_kv_blocks",
+    )
     v.raise_if_any()
 
 
@@ -94,7 +100,7 @@ def retained_blocks(req: rpb.RegisterRetainedBlocksRequest, max_blocks: int, max
     """Validate RegisterRetainedBlocksRequest."""
     v = Violations()
     check_id(v, "tenant", req.tenant)
-    check_conversation(v, "conversation_id", req.conversation_id)
+    check_conversation(v, "conversation_id", req.conversation_id, required=False)
     check_id(v, "engine_id", req.engine_id)
     v.require(req.engine_generation >= 0, "engine_generation", "must be non-negative")
     check_id(v, "remote_request_id", req.remote_request_id, MAX_TEXT)
@@ -122,6 +128,8 @@ def retained_blocks(req: rpb.RegisterRetainedBlocksRequest, max_blocks: int, max
     v.require(0 <= req.remote_port <= 65535, "remote_port", "must be 0 to 65535")
     check_text(v, "model", req.model)
     check_id(v, "request_id", req.request_id, required=False)
+    if chain is not None:
+        _check_prompt_end(v, req, chain)
     v.raise_if_any()
     assert chain is not None
     return RetainedBlocks(
@@ -138,15 +146,33 @@ def retained_blocks(req: rpb.RegisterRetainedBlocksRequest, max_blocks: int, max
         remote_port=req.remote_port,
         model=req.model,
         request_id=req.request_id,
+        prompt_tokens=req.prompt_tokens,
+        prompt_tail_ids=tuple(req.prompt_tail_token_ids),
     )
+
+
+def _check_prompt_end(v: Violations, req: rpb.RegisterRetainedBlocksRequest, chain: TokenChain) -> None:
+    """The previous prompt (`prompt_tokens` and its partial block's ids) fits the chain."""
+    if not 0 <= req.prompt_tokens <= req.num_tokens:
+        v.add("prompt_tokens", f"must be 0 to num_tokens ({req.num_tokens})")
+        return
+    tail = req.prompt_tokens % chain.block_size if req.prompt_tokens else 0
+    if len(req.prompt_tail_token_ids) != tail:
+        v.add("prompt_tail_token_ids", f"must hold the prompt's last {tail} token ids (prompt_tokens % block_size)")
 
 
 def claim(req: rpb.ClaimReuseRequest) -> ClaimQuery:
     """Validate ClaimReuseRequest."""
     v = Violations()
     check_id(v, "tenant", req.tenant)
-    check_conversation(v, "conversation_id", req.conversation_id)
+    check_conversation(v, "conversation_id", req.conversation_id, required=False)
     chain = chain_from_proto(v, "prompt_chain", req.prompt_chain, req.HasField("prompt_chain"))
+    packed = b""
+    if not req.conversation_id and chain is not None:
+        if len(req.prompt_token_ids) != chain.num_tokens:
+            v.add("prompt_token_ids", f"must hold the prompt's {chain.num_tokens} token ids without a conversation_id")
+        else:
+            packed = pack_tokens(req.prompt_token_ids)
     v.require(req.min_reusable_tokens >= 0, "min_reusable_tokens", "must be non-negative")
     v.require(0 <= req.min_remaining_seconds <= 86400, "min_remaining_seconds", "must be 0 to 86400 seconds")
     check_id(v, "claim_id", req.claim_id)
@@ -161,6 +187,7 @@ def claim(req: rpb.ClaimReuseRequest) -> ClaimQuery:
         min_remaining_seconds=req.min_remaining_seconds if req.min_remaining_seconds else 5.0,
         claim_id=req.claim_id,
         model=req.model,
+        prompt_packed=packed,
     )
 
 
