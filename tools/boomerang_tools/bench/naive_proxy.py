@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import uvicorn
-from boomerang_gateway.server import bind
+from boomerang.sockets import listen_socket
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -113,7 +113,7 @@ async def serve(listen: str, prefill: list[str], decode: list[str]) -> None:
         def capture_signals(self) -> Iterator[None]:
             yield  # handled below, without uvicorn re-raising the signal at exit
 
-    sock = bind(listen)
+    sock = listen_socket(listen, "bench")
     server = _Server(uvicorn.Config(create_app(NaiveProxy(prefill, decode)), lifespan="off",
                                     log_level="warning", access_log=False, timeout_keep_alive=30))
     loop = asyncio.get_running_loop()
