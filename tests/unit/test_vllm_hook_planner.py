@@ -7,17 +7,11 @@ import threading
 import time
 
 import pytest
+from boomerang.plans import decision_name, pull_params, reason_name
 from boomerang.resilience import CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
-from boomerang.vllm_hook.planner import (
-    PlanAttempt,
-    PrefillPlanner,
-    decision_name,
-    plan_breaker,
-    pull_params,
-    reason_name,
-)
+from boomerang.vllm_hook.planner import PlanAttempt, PrefillPlanner, plan_breaker
 from boomerang.vllm_hook.requestview import TurnContext
 
 from tests.support.hook_fakes import FakeRouter, client_error

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
+from boomerang.plans import decision_name, pull_params
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.config import HookConfig
 from boomerang.vllm_hook.planner import (
@@ -41,9 +42,7 @@ from boomerang.vllm_hook.planner import (
     PendingPlan,
     PlanAttempt,
     PrefillPlanner,
-    decision_name,
     plan_breaker,
-    pull_params,
 )
 from boomerang.vllm_hook.presence import EngineFacts
 from boomerang.vllm_hook.reporter import Report, TurnReporter

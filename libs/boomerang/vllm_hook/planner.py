@@ -23,7 +23,6 @@ for a pause (doubling from `breaker_cooldown_seconds` up to 30 s) before one tri
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -251,20 +250,3 @@ class PrefillPlanner:
                 self.breaker.record_success()
         pending.resolve(attempt)
 
-
-def decision_name(resp: opb.PlanTurnResponse) -> str:
-    """`PULL`, `RECOMPUTE` or `COLD`."""
-    return str(opb.PlanDecision.Name(resp.decision)).removeprefix("PLAN_DECISION_")
-
-
-def reason_name(resp: opb.PlanTurnResponse) -> str:
-    """The plan's reason without its enum prefix."""
-    return str(opb.PlanReason.Name(resp.reason)).removeprefix("PLAN_REASON_")
-
-
-def pull_params(resp: opb.PlanTurnResponse) -> dict[str, Any] | None:
-    """The plan's `kv_transfer_params` for vLLM when it is a PULL, else None."""
-    if resp.decision != opb.PLAN_DECISION_PULL or not resp.kv_transfer_params_json:
-        return None
-    params = json.loads(resp.kv_transfer_params_json)
-    return params if isinstance(params, dict) else None

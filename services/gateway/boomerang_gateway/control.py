@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from boomerang import plans
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
 from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
@@ -50,11 +51,6 @@ SLOW_PLANS_TO_BACK_OFF = 3
 # UNAVAILABLE answers about one model, not the router: they back nothing off.
 ONE_MODELS_REASONS = frozenset({"NO_PREFILL_ENGINE", "NO_DECODE_ENGINE"})
 
-_DECISIONS = {
-    rtpb.PLAN_DECISION_PULL: "PULL",
-    rtpb.PLAN_DECISION_RECOMPUTE: "RECOMPUTE",
-    rtpb.PLAN_DECISION_COLD: "COLD",
-}
 HANDLE_USE = {"READ": rtpb.HANDLE_USE_READ, "NOT_READ": rtpb.HANDLE_USE_NOT_READ, "UNKNOWN": rtpb.HANDLE_USE_UNKNOWN}
 
 
@@ -216,18 +212,14 @@ class ControlPlane:
             self._failed("UNKNOWN")
             return None
         self.breaker.record_success()
-        decision = _DECISIONS.get(resp.decision)
-        try:
-            params = json.loads(resp.kv_transfer_params_json) if resp.kv_transfer_params_json else None
-        except ValueError:
-            params = None
-        if decision is None or not isinstance(params, dict):
-            log.warning("PlanTurn answered an unusable plan (%s); recomputing", resp.decision)
+        if not plans.usable(resp):
+            log.warning("PlanTurn answered an unusable plan (%s); recomputing", plans.decision_name(resp))
             return None
+        decision, params = plans.decision_name(resp), plans.pull_params(resp)
         return Plan(
             decision=decision,
-            reason=rtpb.PlanReason.Name(resp.reason).removeprefix("PLAN_REASON_"),
-            kv_transfer_params=params if decision == "PULL" else first_turn_params(),
+            reason=plans.reason_name(resp),
+            kv_transfer_params=params if params is not None else first_turn_params(),
             plan_id=resp.plan_id,
             prefill_url=resp.prefill_engine.http_base_url.rstrip("/"),
             decode_url=resp.decode_engine.http_base_url.rstrip("/"),
