@@ -16,6 +16,8 @@ class LeaseState(str, enum.Enum):
     EXPIRED = "EXPIRED"
     SUPERSEDED = "SUPERSEDED"
     INVALIDATED = "INVALIDATED"
+    # Ended early by the retention policy or memory pressure; D was told to free the blocks.
+    RELEASED = "RELEASED"
 
 
 # Live leases still hold a decode engine's blocks; ended ones never change again.

@@ -397,7 +397,7 @@ async def test_concurrent_consumes_of_one_claim_move_it_once(
 async def test_heartbeat_answers_the_current_generation_only(repo: RegistryRepository, unique: str) -> None:
     eid = f"d-{unique}"
     await register_engine(repo, eid, generation=2)
-    row = await repo.engines.heartbeat(eid, 2, in_flight=3, queued=40)
+    row, _ = await repo.engines.heartbeat(eid, 2, in_flight=3, queued=40)
     assert (row["generation"], row["in_flight_requests"], row["queued_prompt_tokens"], row["status"]) == (2, 3, 40, "ACTIVE")
     assert "retained_blocks" in row
     for generation, reason in ((1, "STALE_GENERATION"), (3, "GENERATION_NOT_REGISTERED")):

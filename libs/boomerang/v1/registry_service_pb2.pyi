@@ -49,22 +49,40 @@ class RegisterEngineResponse(_message.Message):
     def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., invalidated_leases: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("engine_id", "registration_generation", "in_flight_requests", "queued_prompt_tokens")
+    __slots__ = ("engine_id", "registration_generation", "in_flight_requests", "queued_prompt_tokens", "free_kv_blocks", "total_kv_blocks", "take_releases")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTRATION_GENERATION_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TAKE_RELEASES_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     registration_generation: int
     in_flight_requests: int
     queued_prompt_tokens: int
-    def __init__(self, engine_id: _Optional[str] = ..., registration_generation: _Optional[int] = ..., in_flight_requests: _Optional[int] = ..., queued_prompt_tokens: _Optional[int] = ...) -> None: ...
+    free_kv_blocks: int
+    total_kv_blocks: int
+    take_releases: bool
+    def __init__(self, engine_id: _Optional[str] = ..., registration_generation: _Optional[int] = ..., in_flight_requests: _Optional[int] = ..., queued_prompt_tokens: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., take_releases: _Optional[bool] = ...) -> None: ...
+
+class ReleasedTurn(_message.Message):
+    __slots__ = ("remote_request_id", "state", "lease_id")
+    REMOTE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    remote_request_id: str
+    state: _types_pb2.LeaseState
+    lease_id: str
+    def __init__(self, remote_request_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.LeaseState, str]] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("engine",)
+    __slots__ = ("engine", "released")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     engine: _types_pb2.Engine
-    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ...) -> None: ...
+    released: _containers.RepeatedCompositeFieldContainer[ReleasedTurn]
+    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., released: _Optional[_Iterable[_Union[ReleasedTurn, _Mapping]]] = ...) -> None: ...
 
 class RegisterRetainedBlocksRequest(_message.Message):
     __slots__ = ("tenant", "conversation_id", "engine_id", "engine_generation", "remote_request_id", "block_groups", "num_tokens", "token_chain", "finish_time_unix", "remote_host", "remote_port", "model", "request_id", "prompt_tokens", "prompt_tail_token_ids")

@@ -31,6 +31,7 @@ class LeaseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LEASE_STATE_EXPIRED: _ClassVar[LeaseState]
     LEASE_STATE_SUPERSEDED: _ClassVar[LeaseState]
     LEASE_STATE_INVALIDATED: _ClassVar[LeaseState]
+    LEASE_STATE_RELEASED: _ClassVar[LeaseState]
 ENGINE_ROLE_UNSPECIFIED: EngineRole
 ENGINE_ROLE_PREFILL: EngineRole
 ENGINE_ROLE_DECODE: EngineRole
@@ -44,9 +45,10 @@ LEASE_STATE_CONSUMED: LeaseState
 LEASE_STATE_EXPIRED: LeaseState
 LEASE_STATE_SUPERSEDED: LeaseState
 LEASE_STATE_INVALIDATED: LeaseState
+LEASE_STATE_RELEASED: LeaseState
 
 class Engine(_message.Message):
-    __slots__ = ("engine_id", "role", "model", "side_channel_host", "side_channel_port", "http_base_url", "registration_generation", "kv_blocks_ttl_seconds", "block_size", "tp_size", "dcp_size", "pp_size", "bytes_per_block", "status", "register_time", "heartbeat_time", "in_flight_requests", "queued_prompt_tokens", "retained_blocks", "kv_recompute_threshold")
+    __slots__ = ("engine_id", "role", "model", "side_channel_host", "side_channel_port", "http_base_url", "registration_generation", "kv_blocks_ttl_seconds", "block_size", "tp_size", "dcp_size", "pp_size", "bytes_per_block", "status", "register_time", "heartbeat_time", "in_flight_requests", "queued_prompt_tokens", "retained_blocks", "kv_recompute_threshold", "free_kv_blocks", "total_kv_blocks")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +69,8 @@ class Engine(_message.Message):
     QUEUED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RETAINED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_RECOMPUTE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     role: EngineRole
     model: str
@@ -87,7 +91,9 @@ class Engine(_message.Message):
     queued_prompt_tokens: int
     retained_blocks: int
     kv_recompute_threshold: int
-    def __init__(self, engine_id: _Optional[str] = ..., role: _Optional[_Union[EngineRole, str]] = ..., model: _Optional[str] = ..., side_channel_host: _Optional[str] = ..., side_channel_port: _Optional[int] = ..., http_base_url: _Optional[str] = ..., registration_generation: _Optional[int] = ..., kv_blocks_ttl_seconds: _Optional[int] = ..., block_size: _Optional[int] = ..., tp_size: _Optional[int] = ..., dcp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., status: _Optional[_Union[EngineStatus, str]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., in_flight_requests: _Optional[int] = ..., queued_prompt_tokens: _Optional[int] = ..., retained_blocks: _Optional[int] = ..., kv_recompute_threshold: _Optional[int] = ...) -> None: ...
+    free_kv_blocks: int
+    total_kv_blocks: int
+    def __init__(self, engine_id: _Optional[str] = ..., role: _Optional[_Union[EngineRole, str]] = ..., model: _Optional[str] = ..., side_channel_host: _Optional[str] = ..., side_channel_port: _Optional[int] = ..., http_base_url: _Optional[str] = ..., registration_generation: _Optional[int] = ..., kv_blocks_ttl_seconds: _Optional[int] = ..., block_size: _Optional[int] = ..., tp_size: _Optional[int] = ..., dcp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., status: _Optional[_Union[EngineStatus, str]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., in_flight_requests: _Optional[int] = ..., queued_prompt_tokens: _Optional[int] = ..., retained_blocks: _Optional[int] = ..., kv_recompute_threshold: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ...) -> None: ...
 
 class BlockIdGroup(_message.Message):
     __slots__ = ("block_ids",)

@@ -18,6 +18,7 @@ LEASE_STATE = {
     "EXPIRED": tpb.LEASE_STATE_EXPIRED,
     "SUPERSEDED": tpb.LEASE_STATE_SUPERSEDED,
     "INVALIDATED": tpb.LEASE_STATE_INVALIDATED,
+    "RELEASED": tpb.LEASE_STATE_RELEASED,
 }
 LEASE_STATE_NAME = {v: k for k, v in LEASE_STATE.items()}
 
@@ -54,6 +55,8 @@ def engine(row: Mapping[str, Any]) -> tpb.Engine:
         in_flight_requests=row["in_flight_requests"],
         queued_prompt_tokens=row["queued_prompt_tokens"],
         retained_blocks=int(row["retained_blocks"]),
+        free_kv_blocks=int(row.get("free_kv_blocks") or 0),
+        total_kv_blocks=int(row.get("total_kv_blocks") or 0),
     )
 
 

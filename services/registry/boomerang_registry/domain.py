@@ -1,7 +1,7 @@
 """The lease's rules, free of gRPC and SQL: states, transitions, claim outcomes, inputs.
 
 A lease is one retained turn. `RETAINED → CLAIMED → CONSUMED`, or
-`RETAINED → EXPIRED | SUPERSEDED | INVALIDATED`, and `CLAIMED → RETAINED` only when the
+`RETAINED → EXPIRED | SUPERSEDED | INVALIDATED | RELEASED`, and `CLAIMED → RETAINED` only when the
 prefill node reports it never read. A claimed lease can still expire or be invalidated
 (the decode node frees its blocks at its own deadline whoever holds the claim).
 """
@@ -20,7 +20,7 @@ from boomerang.tokenchain import TokenChain
 
 TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
     LeaseState.RETAINED: frozenset(
-        {LeaseState.CLAIMED, LeaseState.EXPIRED, LeaseState.SUPERSEDED, LeaseState.INVALIDATED}
+        {LeaseState.CLAIMED, LeaseState.EXPIRED, LeaseState.SUPERSEDED, LeaseState.INVALIDATED, LeaseState.RELEASED}
     ),
     LeaseState.CLAIMED: frozenset(
         {
@@ -35,6 +35,8 @@ TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
     LeaseState.EXPIRED: frozenset(),
     LeaseState.SUPERSEDED: frozenset(),
     LeaseState.INVALIDATED: frozenset(),
+    # Never from CLAIMED: a claimed lease is not released under its puller.
+    LeaseState.RELEASED: frozenset(),
 }
 
 

@@ -8,7 +8,8 @@ autocommit statement on the hot-path pool. Each lease state change appends its
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, NamedTuple
 
 from boomerang.errors import failed_precondition, not_found
 from sqlalchemy import text
@@ -45,6 +46,16 @@ ON CONFLICT (engine_id) DO UPDATE SET
                          THEN now() ELSE engines.registered_at END,
     generation = EXCLUDED.generation
 """
+
+
+class Released(NamedTuple):
+    """A lease whose blocks the engine frees now: nobody will pull them any more."""
+
+    lease_id: str
+    remote_request_id: str
+    state: str
+
+
 _LOCK_GENERATION_SQL = "SELECT generation FROM engines WHERE engine_id = :id FOR UPDATE"
 _GENERATION_SQL = "SELECT generation FROM engines WHERE engine_id = :id"
 
@@ -88,13 +99,22 @@ class EngineStore:
             assert row is not None
             return self.store.retained.with_totals(row), invalidated
 
-    async def heartbeat(self, engine_id: str, generation: int, in_flight: int, queued: int) -> Row:
-        """Record liveness and load for the engine's current generation."""
+    async def heartbeat(
+        self, engine_id: str, generation: int, in_flight: int, queued: int, free_blocks: int = 0,
+        total_blocks: int = 0, take_releases: bool = False,
+    ) -> tuple[Row, list[Released]]:
+        """Record liveness, load and free KV blocks for the engine's current generation; take
+        the releases pending for it (each is handed out once)."""
         await self.store.retained.get(self.store.owner)
-        params = {"engine_id": engine_id, "generation": generation, "in_flight": in_flight, "queued": queued}
+        params = {"engine_id": engine_id, "generation": generation, "in_flight": in_flight, "queued": queued,
+                  "free_blocks": free_blocks, "total_blocks": total_blocks, "take_releases": take_releases}
         rows = await self.store.pool.fetch_global(HEARTBEAT_SQL, params, "Heartbeat")
         if rows:
-            return self.store.retained.with_totals(rows[0])
+            row = dict(rows[0])
+            taken = row.pop("released") or []
+            if isinstance(taken, str):
+                taken = json.loads(taken)
+            return self.store.retained.with_totals(row), [Released(str(a), str(b), str(c)) for a, b, c in taken]
         # Read after the update, not in its snapshot: a concurrent RegisterEngine that moved
         # the generation on is what this answer must name.
         known = await self.store.pool.fetch_global(_GENERATION_SQL, {"id": engine_id}, "Heartbeat")

@@ -48,7 +48,10 @@ WITH due AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), moved AS (
-    UPDATE leases l SET state = 'EXPIRED', version = l.version + 1, updated_at = now()
+    -- An unclaimed lease's blocks are freed on D now (a claimed one is never released under
+    -- its puller: D frees it at its own TTL).
+    UPDATE leases l SET state = 'EXPIRED', version = l.version + 1, updated_at = now(),
+           release_pending = (due.state = 'RETAINED')
     FROM due WHERE l.tenant = due.tenant AND l.conversation_id = due.conversation_id
       AND l.lease_id = due.lease_id
     RETURNING l.lease_id, l.tenant, l.conversation_id, l.claim_id, l.expires_at,

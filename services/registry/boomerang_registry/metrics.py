@@ -31,6 +31,11 @@ BATCH_SIZE = Histogram(
 TRANSITIONS = Counter(
     "boomerang_registry_lease_transitions_total", "Lease state changes by target state.", ["to_state"]
 )
+RELEASES = Counter(
+    "boomerang_registry_releases_total",
+    "Leases whose blocks a decode engine was told to free (in a heartbeat's answer), by the lease's state.",
+    ["reason"],
+)
 LIVE_LEASES = Gauge("boomerang_leases", "Leases by state (live states and today's ended ones).", ["state"])
 RETAINED_BLOCKS = Gauge(
     "boomerang_retained_blocks", "KV blocks held by live leases, per decode engine.", ["engine_id"]

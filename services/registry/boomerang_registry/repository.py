@@ -4,6 +4,7 @@
 - `registrations` (registrations.py): RegisterRetainedBlocks, alone or group-committed.
 - `claims` (claims.py): ClaimReuse (one or a batch), MarkConsumed, ReleaseClaim.
 - `events` (events.py): GetConversation, ListLeases.
+- `releases` (releases.py): early releases of retained leases (retention policy, memory).
 
 Each public method is one transaction, and every lease state change in it appends its
 `lease_events` row in the same statement. Expiry is always decided against the database's
@@ -20,6 +21,7 @@ from boomerang_registry.engines import EngineStore
 from boomerang_registry.events import EventStore
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.registrations import RegistrationStore
+from boomerang_registry.releases import ReleaseStore
 from boomerang_registry.store import Store
 from boomerang_registry.totals import RetainedTotals
 
@@ -36,3 +38,4 @@ class RegistryRepository:
         self.registrations = RegistrationStore(store)
         self.claims = ClaimStore(store)
         self.events = EventStore(store)
+        self.releases = ReleaseStore(store)

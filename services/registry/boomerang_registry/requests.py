@@ -87,6 +87,12 @@ def heartbeat(req: rpb.HeartbeatRequest) -> None:
     v.require(req.registration_generation >= 0, "registration_generation", "must be non-negative")
     v.require(req.in_flight_requests >= 0, "in_flight_requests", "must be non-negative")
     v.require(req.queued_prompt_tokens >= 0, "queued_prompt_tokens", "must be non-negative")
+    v.require(req.free_kv_blocks >= 0, "free_kv_blocks", "must be non-negative")
+    v.require(req.total_kv_blocks >= 0, "total_kv_blocks", "must be non-negative")
+    v.require(
+        req.total_kv_blocks == 0 or req.free_kv_blocks <= req.total_kv_blocks, "free_kv_blocks",
+        "must not exceed total_kv_blocks",
+    )
     v.raise_if_any()
 
 

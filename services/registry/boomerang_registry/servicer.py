@@ -105,10 +105,19 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
     @rpc
     async def Heartbeat(self, request: rpb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> rpb.HeartbeatResponse:
         requests.heartbeat(request)
-        row = await self.repo.engines.heartbeat(
-            request.engine_id, request.registration_generation, request.in_flight_requests, request.queued_prompt_tokens
+        row, released = await self.repo.engines.heartbeat(
+            request.engine_id, request.registration_generation, request.in_flight_requests,
+            request.queued_prompt_tokens, request.free_kv_blocks, request.total_kv_blocks, request.take_releases,
         )
-        return rpb.HeartbeatResponse(engine=convert.engine(row))
+        for r in released:
+            metrics.RELEASES.labels(r.state).inc()
+        return rpb.HeartbeatResponse(
+            engine=convert.engine(row),
+            released=[
+                rpb.ReleasedTurn(remote_request_id=r.remote_request_id, state=convert.LEASE_STATE[r.state], lease_id=r.lease_id)
+                for r in released
+            ],
+        )
 
     @rpc
     async def RegisterRetainedBlocks(

@@ -18,7 +18,7 @@ ENGINE_COLUMNS = """
     e.engine_id, e.role, e.model, e.side_channel_host, e.side_channel_port, e.http_base_url,
     e.generation, e.kv_blocks_ttl_seconds, e.block_size, e.tp_size, e.dcp_size, e.pp_size,
     e.bytes_per_block, e.kv_recompute_threshold, e.status, e.registered_at, e.heartbeat_at,
-    e.in_flight_requests, e.queued_prompt_tokens
+    e.in_flight_requests, e.queued_prompt_tokens, e.free_kv_blocks, e.total_kv_blocks
 """
 
 # Blocks held by live leases, per engine: one scan of the live-lease index for all engines.
@@ -50,7 +50,8 @@ SELECT lease_id::text AS lease_id FROM moved
 """
 
 # MarkConsumed in one statement: the lease, locked; moved CLAIMED → CONSUMED (one event, as
-# TRANSITION_SQL writes it) when `claim_id` holds it. Its row after the move, marked `moved`;
+# TRANSITION_SQL writes it) when `claim_id` holds it, and marked for release (P's read
+# normally frees D's blocks already; the release frees them if a read notice went missing). Its row after the move, marked `moved`;
 # otherwise its row as locked (after any concurrent consume committed: the statement's own
 # snapshot would still read CLAIMED), for the caller to explain why nothing moved; or no row.
 CONSUME_SQL = f"""
@@ -58,7 +59,8 @@ WITH old AS (
     SELECT {LEASE_COLUMNS} FROM leases l
     WHERE l.tenant = :tenant AND l.lease_id = CAST(:id AS uuid) FOR UPDATE
 ), moved AS (
-    UPDATE leases l SET state = 'CONSUMED', version = l.version + 1, updated_at = now()
+    UPDATE leases l SET state = 'CONSUMED', version = l.version + 1, updated_at = now(),
+           release_pending = true
     FROM old WHERE l.tenant = old.tenant AND l.conversation_id = old.conversation_id
       AND l.lease_id = CAST(old.lease_id AS uuid) AND old.state = 'CLAIMED' AND old.claim_id = :claim_id
     RETURNING {LEASE_COLUMNS}, true AS moved
@@ -157,18 +159,28 @@ CLAIMED_LEASE_WHERE = "tenant = :tenant AND lease_id = CAST(:id AS uuid) AND sta
 # ReleaseClaim's move: back to RETAINED (no longer held by the claim), or to where
 # RELEASE_TARGET_SQL says it ends instead (the claim id stays for the record).
 RELEASE_SQL = TRANSITION_SQL.format(where=CLAIMED_LEASE_WHERE, extra_set=", claim_id = NULL")
-RELEASE_ENDED_SQL = TRANSITION_SQL.format(where=CLAIMED_LEASE_WHERE, extra_set="")
+# A claim that ends its lease (unread) leaves nothing anyone will pull: D is told to free it.
+RELEASE_ENDED_SQL = TRANSITION_SQL.format(where=CLAIMED_LEASE_WHERE, extra_set=", release_pending = true")
 
 # A lease of the tenant in force (row-level security), by id.
 LEASE_SQL = f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.lease_id = CAST(:id AS uuid)"
 
 # A heartbeat in one statement: the engine's row when `generation` is its current one, else
-# no row (the caller then reads why).
+# no row (the caller then reads why); asked by the engine itself, with the releases pending
+# for it (`released`, a JSON array of [lease_id, remote_request_id, state]), taken (cleared)
+# in the same statement by migration 0010's owner-run function (an engine's leases belong to
+# every tenant).
 HEARTBEAT_SQL = f"""
-UPDATE engines e SET heartbeat_at = now(), status = 'ACTIVE',
-    in_flight_requests = :in_flight, queued_prompt_tokens = :queued
-WHERE e.engine_id = :engine_id AND e.generation = :generation
-RETURNING {ENGINE_COLUMNS}
+WITH hb AS (
+    UPDATE engines e SET heartbeat_at = now(), status = 'ACTIVE',
+        in_flight_requests = :in_flight, queued_prompt_tokens = :queued,
+        free_kv_blocks = :free_blocks, total_kv_blocks = :total_blocks
+    WHERE e.engine_id = :engine_id AND e.generation = :generation
+    RETURNING {ENGINE_COLUMNS}
+)
+SELECT hb.*, CASE WHEN CAST(:take_releases AS boolean)
+                 THEN boomerang_take_releases(hb.engine_id, hb.generation) END AS released
+FROM hb
 """
 
 # CLAIM_SQL for many claims in one statement: the claims arrive as parallel arrays
@@ -310,7 +322,8 @@ WITH r AS (
     WHERE l.state = 'RETAINED' AND l.finished_at <= ins.finished_at AND ins.conversation_id <> ''
     FOR UPDATE OF l
 ), sup AS (
-    UPDATE leases l SET state = 'SUPERSEDED', version = l.version + 1, updated_at = now()
+    UPDATE leases l SET state = 'SUPERSEDED', version = l.version + 1, updated_at = now(),
+           release_pending = true
     FROM sup_old WHERE l.tenant = sup_old.tenant AND l.conversation_id = sup_old.conversation_id
       AND l.lease_id = sup_old.lease_id
     RETURNING l.lease_id, l.tenant, l.conversation_id, sup_old.by_lease
