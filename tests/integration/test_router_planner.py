@@ -253,10 +253,14 @@ async def test_history_edited_midway_reuses_only_the_verified_prefix(harness: Ha
 
 async def test_no_conversation_and_other_tenants(harness: Harness, registry: RegistryClient, unique: str) -> None:
     model, conv, history, decode = await first_turn(harness, registry, unique)
-    anon = await harness.plan("acme", "", model, history + [1, 2, 3])
-    assert (anon.decision, anon.reason) == (PlanDecision.COLD, PlanReason.NO_CONVERSATION)
+    # Without an id the prompt finds the lease it continues (issue 23), and the turn's own
+    # blocks are registered to be found the same way.
+    anon = await harness.plan("acme", "", model, history + tokens(20, 9))
+    assert (anon.decision, anon.reason) == (PlanDecision.PULL, PlanReason.VERIFIED_PREFIX)
     rep = await harness.report(anon, decode_kv_transfer_params_json=d_handle(decode, 100), prompt_token_ids=history[:100])
-    assert rep.retention is Retention.NO_CONVERSATION
+    assert rep.retention is Retention.REGISTERED
+    stranger = await harness.plan("acme", "", model, tokens(300, 77))
+    assert (stranger.decision, stranger.reason) == (PlanDecision.COLD, PlanReason.NO_LEASE)
     other = await harness.plan("other-tenant", conv, model, history + [1, 2, 3])
     assert (other.decision, other.reason) == (PlanDecision.COLD, PlanReason.NO_LEASE)
 

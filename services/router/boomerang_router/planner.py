@@ -250,8 +250,8 @@ class Router:
     async def _claim(
         self, p: PlanInput, block_size: int, threshold: int, claim_id: str, answer_by: float | None = None
     ) -> ClaimResult:
-        if not p.conversation_id:
-            return ClaimResult(ClaimOutcome.NOT_ASKED)
+        if not p.conversation_id and p.token_ids is None:
+            return ClaimResult(ClaimOutcome.NOT_ASKED)  # found by the prompt only: that needs its tokens
         allowed = self.claim_wait(p.prompt_tokens)
         wait = allowed if answer_by is None else min(allowed, answer_by - time.monotonic())
         if wait <= MIN_CLAIM_SECONDS:
@@ -260,7 +260,7 @@ class Router:
         if not self.breaker.allow():
             self._unanswered("claims_skipped_breaker_open", "breaker_open")
             return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="registry circuit open")
-        chain = p.chain if p.chain is not None else build_chain(p.token_ids or [], block_size)
+        chain = p.chain if p.chain is not None else build_chain(p.token_ids or [], block_size, p.salt)
         req = claim_request(
             p.tenant,
             p.conversation_id,
@@ -269,6 +269,7 @@ class Router:
             self.settings.min_remaining_seconds,
             claim_id,
             p.model,
+            p.token_ids if not p.conversation_id else None,
         )
         try:
             claim = await self.batcher.claim(req, wait, patient=wait > self.claim_deadline)

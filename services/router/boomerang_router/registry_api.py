@@ -116,8 +116,9 @@ def claim_request(
     min_remaining_seconds: float,
     claim_id: str,
     model: str,
+    token_ids: Sequence[int] | None = None,
 ) -> ClaimRequest:
-    """The ClaimReuse call for one turn."""
+    """The ClaimReuse call for one turn (without a conversation id, with the prompt's tokens)."""
     return rpb.ClaimReuseRequest(
         tenant=tenant,
         conversation_id=conversation_id,
@@ -126,6 +127,7 @@ def claim_request(
         min_remaining_seconds=min_remaining_seconds,
         claim_id=claim_id,
         model=model,
+        prompt_token_ids=token_ids or (),
     )
 
 
@@ -161,6 +163,8 @@ class Retained:
     remote_port: int
     model: str
     request_id: str
+    prompt_tokens: int = 0  # the previous prompt's length; 0: found by conversation id only
+    prompt_tail_ids: Sequence[int] = ()  # its partial last block's token ids
 
 
 class RouterRegistry:
@@ -246,6 +250,8 @@ class RouterRegistry:
             remote_port=r.remote_port,
             model=r.model,
             request_id=r.request_id,
+            prompt_tokens=r.prompt_tokens,
+            prompt_tail_token_ids=r.prompt_tail_ids,
         )
         resp = await self.client.register_retained_blocks(req, timeout=timeout)
         return resp.created, resp.lease

@@ -102,8 +102,12 @@ class Reporter:
             return state, f"{'MarkConsumed' if use.consumed else 'ReleaseClaim'}: {err.reason}"
 
     async def retain(self, record: PlanRecord, r: ReportInput) -> tuple[Retention, tpb.Lease | None, str]:
-        """Register D's retained blocks as the conversation's next lease."""
-        if not record.conversation_id:
+        """Register D's retained blocks as the conversation's next lease.
+
+        Without a conversation id the lease is found by the prompt that continues this one,
+        which needs the prompt's tokens (a report with only a chain registers nothing then).
+        """
+        if not record.conversation_id and not r.prompt_len:
             return Retention.NO_CONVERSATION, None, ""
         p = r.decode_params
         if p is None or not kvparams.accepts_pull(p):
@@ -121,9 +125,11 @@ class Reporter:
         else:
             block_size = known.block_size if known is not None and known.block_size else self.settings.block_size
             tokens = r.token_ids or []
-            chain = build_chain(tokens[: min(p.remote_num_tokens, len(tokens))], block_size)
+            chain = build_chain(tokens[: min(p.remote_num_tokens, len(tokens))], block_size, r.salt)
         if chain.num_tokens == 0:
             return Retention.NOT_RETAINED, None, ""
+        prompt_len = r.prompt_len if r.token_ids is not None and r.prompt_len <= chain.num_tokens else 0
+        tail = prompt_len % chain.block_size
         retained = Retained(
             tenant=record.tenant,
             conversation_id=record.conversation_id,
@@ -137,6 +143,8 @@ class Reporter:
             remote_port=p.remote_port,
             model=record.model,
             request_id=f"report-{record.plan_id}",
+            prompt_tokens=prompt_len,
+            prompt_tail_ids=(r.token_ids or [])[prompt_len - tail : prompt_len] if tail else (),
         )
         for attempt in (1, 2):
             try:

@@ -15,7 +15,7 @@ from boomerang.errors import Violations
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang.validation import MAX_TEXT, check_id
+from boomerang.validation import MAX_TEXT, check_id, check_text
 from boomerang.validation import check_conversation as _check_conversation
 
 from boomerang_router import kvparams
@@ -23,9 +23,11 @@ from boomerang_router.domain import HandleUse
 from boomerang_router.kvparams import KvParams
 from boomerang_router.plans import plan_time
 
+MAX_SALT = 256
+
 
 def check_conversation(v: Violations, path: str, value: str) -> None:
-    """An optional conversation id (a plan without one simply asks for no reuse)."""
+    """An optional conversation id (a plan without one is found by the prompt it continues)."""
     _check_conversation(v, path, value, required=False)
 
 
@@ -65,6 +67,7 @@ class PlanInput:
     chain: TokenChain | None
     prompt_tokens: int
     request_id: str
+    salt: str = ""  # vLLM's cache_salt: chains of two salts never match
 
 
 def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
@@ -74,6 +77,7 @@ def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
     check_conversation(v, "conversation_id", req.conversation_id)
     check_id(v, "model", req.model, MAX_TEXT)
     check_id(v, "request_id", req.request_id, required=False)
+    check_text(v, "cache_salt", req.cache_salt, MAX_SALT, required=False)
     has_ids, has_chain = len(req.prompt_token_ids) > 0, req.HasField("prompt_chain")
     chain = None
     length = 0
@@ -103,6 +107,7 @@ def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
         chain=chain,
         prompt_tokens=length,
         request_id=req.request_id,
+        salt=req.cache_salt,
     )
 
 
@@ -121,6 +126,8 @@ class ReportInput:
     conversation_id: str
     request_id: str
     delivered_cached_tokens: int | None = None  # the prefill engine's own count, if it gave one
+    prompt_len: int = 0  # how many of `token_ids` are the prompt (the rest are output)
+    salt: str = ""  # the request's cache_salt, as given to PlanTurn
 
 
 def params_from_proto(msg: tpb.KvTransferParams) -> KvParams:
@@ -222,6 +229,7 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         v.add("prompt_token_ids", "is required with a reusable decode handle (or give sequence_chain)")
     if req.finish_time_unix and not (math.isfinite(req.finish_time_unix) and 0 < req.finish_time_unix < 32503680000):
         v.add("finish_time_unix", "must be seconds since the Unix epoch")
+    check_text(v, "cache_salt", req.cache_salt, MAX_SALT, required=False)
     delivered = req.delivered_cached_tokens if req.HasField("delivered_cached_tokens") else None
     if delivered is not None and not 0 <= delivered <= max_tokens:
         v.add("delivered_cached_tokens", f"must be 0 to {max_tokens} (a prompt's length at most)")
@@ -239,6 +247,8 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         conversation_id=req.conversation_id,
         request_id=req.request_id,
         delivered_cached_tokens=delivered,
+        prompt_len=len(req.prompt_token_ids),
+        salt=req.cache_salt,
     )
 
 
