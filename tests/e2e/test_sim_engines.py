@@ -12,8 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+from boomerang_tools.sim.tokenizer import IM_END, SPECIAL_TOKENS, piece_id
 
 from tests.support.procs import ServiceProcess, wait_for
+
+IM_START, NL = SPECIAL_TOKENS["<|im_start|>"], piece_id("\n")
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +129,7 @@ def test_first_turn_prefill_then_decode_returns_the_contract(engines: dict[str, 
     assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert t["prompt_ids"] == tokens["tokens"]
     assert all("prompt_token_ids" not in c for c in t["chunks"][1:])
-    assert t["chunks"][-1]["choices"][0]["finish_reason"] == "stop" and t["token_ids"][-1] == 151645
+    assert t["chunks"][-1]["choices"][0]["finish_reason"] == "stop" and t["token_ids"][-1] == IM_END
     assert t["text"] == plain_reply(p, messages)
 
     dk, d_stats = t["d_params"], d.stats()
@@ -371,7 +374,7 @@ def test_tokenize_models_and_health(engines: dict[str, Engine]) -> None:
                              "add_generation_prompt": True}).json()
     # <|im_start|> user \n hi <|im_end|> \n <|im_start|> assistant \n
     assert t["count"] == len(t["tokens"]) == 9 and t["max_model_len"] == 40960
-    assert [t["tokens"][i] for i in (0, 2, 4, 5, 6, 8)] == [151644, 2315, 151645, 2315, 151644, 2315]
+    assert [t["tokens"][i] for i in (0, 2, 4, 5, 6, 8)] == [IM_START, NL, IM_END, NL, IM_START, NL]
     assert p.post("/tokenize", {"prompt": "hi there"}).json()["count"] == 2
     models = p.http.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "Qwen/Qwen3-32B"

@@ -7,9 +7,16 @@ import subprocess
 import sys
 
 import pytest
-from boomerang_tools.sim import template
-from boomerang_tools.sim.generate import generate
-from boomerang_tools.sim.tokenizer import IM_END, SPECIAL_TOKENS, decode_pieces, encode, split
+from boomerang_tools.sim import hfmodel, template
+from boomerang_tools.sim.generate import PUNCT, WORDS, generate
+from boomerang_tools.sim.tokenizer import (
+    IM_END,
+    SPECIAL_TOKENS,
+    TOKENIZER,
+    decode_pieces,
+    encode,
+    piece_id,
+)
 
 EOS = "<|im_end|>"
 
@@ -35,13 +42,26 @@ def test_ids_are_stable_across_processes() -> None:
     assert here[0] == SPECIAL_TOKENS["<|im_start|>"] and here[-2] == IM_END
 
 
-def test_split_round_trips_and_cuts_long_words() -> None:
+def test_text_round_trips_and_special_tokens_are_single() -> None:
     text = "A  internationalization\n\n<think>x</think>_tab\there ünïcödé 2026."
-    pieces = split(text)
-    assert "".join(pieces) == text
-    assert " internation" in pieces and "alization" in pieces
-    assert all(len(p) <= 12 for p in pieces if p not in SPECIAL_TOKENS)
-    assert pieces.count("\n") == 2 and "<think>" in pieces
+    ids = encode(text).ids
+    assert TOKENIZER.decode(ids, skip_special_tokens=False) == text
+    assert ids.count(SPECIAL_TOKENS["<think>"]) == 1 and ids.count(piece_id("\n")) == 2
+
+
+def test_the_committed_files_are_what_the_builder_makes() -> None:
+    """`python -m boomerang_tools.sim.hfmodel` rebuilds them; the build is deterministic."""
+    built = hfmodel.build().to_str(pretty=True) + "\n"
+    for thinking in (False, True):
+        assert (hfmodel.folder(thinking) / "tokenizer.json").read_text(encoding="utf-8") == built
+
+
+def test_every_generated_word_is_one_token() -> None:
+    for word in WORDS:
+        for form in (word, " " + word, word.capitalize(), " " + word.capitalize()):
+            piece_id(form)
+    for p in [*PUNCT, "\n", "<think>", "</think>", "<|im_end|>", "<|endoftext|>"]:
+        piece_id(p)
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -80,6 +80,19 @@ class GatewayMetrics:
             "Client requests that carried kv_transfer_params (always dropped).",
             registry=r,
         )
+        self.local_tokenize = Counter(
+            "boomerang_gateway_local_tokenize",
+            "Prompts of models in BOOMERANG_TOKENIZERS, by outcome: local (tokenized in-process), "
+            "unsupported (a request the renderer does not mirror; /tokenize asked), failed, load_failed.",
+            ["outcome"],
+            registry=r,
+        )
+        self.local_tokenize_mismatches = Counter(
+            "boomerang_gateway_local_tokenize_mismatches",
+            "Turns whose in-process prompt ids differed from the decode engine's; the model then uses /tokenize.",
+            ["model"],
+            registry=r,
+        )
         self.engine_errors = Counter(
             "boomerang_gateway_engine_errors", "Failed engine calls by role and kind.", ["role", "kind"], registry=r
         )

@@ -28,6 +28,7 @@ from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
 from boomerang_gateway.http import httpx
 from boomerang_gateway.liveness import Voucher
+from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.ratelimit import TenantRateLimiter
 from boomerang_gateway.settings import GatewaySettings
@@ -113,8 +114,11 @@ async def run(settings: GatewaySettings) -> None:
         reconnect=new_router,
         commit_timeout=settings.report_commit_timeout_seconds,
     )
+    local = InProcessTokenizers(settings.tokenizers, settings.tokenizer_hf_cache, metrics) if settings.tokenizers else None
+    if local is not None:
+        await local.load_all()
     runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host,
-                                                                settings.engine_hook, settings.sticky_prefill))
+                                                                settings.engine_hook, settings.sticky_prefill), local)
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
     limiter = TenantRateLimiter(settings.tenant_requests_per_second, settings.tenant_burst)
     state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes, limiter)

@@ -20,6 +20,22 @@ def _split_urls(value: Any) -> list[str]:
     return urls
 
 
+def _split_tokenizers(value: Any) -> dict[str, str]:
+    """`MODEL=LOCATION` entries (or `MODEL`, a Hugging Face repo id) from a mapping or a comma-separated string."""
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    out: dict[str, str] = {}
+    for item in str(value or "").split(","):
+        if not item.strip():
+            continue
+        model, _, location = item.partition("=")
+        model, location = model.strip(), (location.strip() or model.strip())
+        if not model:
+            raise ValueError(f"{item!r} must be MODEL=LOCATION or a Hugging Face repo id")
+        out[model] = location
+    return out
+
+
 class GatewaySettings(EnginePoolSettings):
     """Settings of the OpenAI-compatible gateway (`boomerang gateway`)."""
 
@@ -47,6 +63,18 @@ class GatewaySettings(EnginePoolSettings):
     )
     tokenize_timeout_seconds: float = Field(
         default=1.0, gt=0, le=60, description="Deadline of the prefill engine's /tokenize."
+    )
+    tokenizers: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Models whose prompts the gateway tokenizes in-process, comma-separated `MODEL=LOCATION`: a "
+        "folder with the model's tokenizer.json and tokenizer_config.json, or a Hugging Face repo id found in "
+        "BOOMERANG_TOKENIZER_HF_CACHE (`MODEL` alone: the model's name is the repo id). Nothing is downloaded; "
+        "other models, and a model whose ids once differ from the engine's, use the prefill engine's /tokenize.",
+    )
+    tokenizer_hf_cache: str = Field(
+        default="",
+        description="Hugging Face hub cache holding BOOMERANG_TOKENIZERS repo ids; empty: HF_HUB_CACHE, else "
+        "HF_HOME/hub, else ~/.cache/huggingface/hub.",
     )
     plan_timeout_seconds: float = Field(
         default=0.25, gt=0, le=30, description="Deadline of PlanTurn; past it the turn recomputes."
@@ -118,6 +146,11 @@ class GatewaySettings(EnginePoolSettings):
     @classmethod
     def _optional_address(cls, value: str) -> str:
         return check_listen(value) if value else value
+
+    @field_validator("tokenizers", mode="before")
+    @classmethod
+    def _tokenizers(cls, value: Any) -> dict[str, str]:
+        return _split_tokenizers(value)
 
     @field_validator("prefill_engines", "decode_engines", mode="before")
     @classmethod

@@ -1,6 +1,8 @@
 """One turn, exactly as docs/vllm-contract.md describes it, from the client's request to ReportTurn.
 
-1. Tokenize the prompt on a prefill engine (`/tokenize`, the engine's own chat template).
+1. Tokenize the prompt: in-process for models with local tokenizer files (`localtokens`,
+   checked against D's prompt ids at the end of the turn), else on a prefill engine
+   (`/tokenize`, the engine's own chat template).
 2. PlanTurn (short deadline): the engines, PULL/RECOMPUTE/COLD, the `kv_transfer_params`.
 3. The prefill request: max_tokens 1, not streamed, with the plan's `kv_transfer_params`.
 4. The decode request: streamed, `return_token_ids`, with P's returned params
@@ -39,6 +41,7 @@ from boomerang_gateway.control import (
 from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
 from boomerang_gateway.errors import ApiError, from_engine
 from boomerang_gateway.http import httpx
+from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest
 from boomerang_gateway.reuse import ReuseOutcome
@@ -84,6 +87,7 @@ class Turn:
     reported: bool = False
     report_task: asyncio.Task[str] | None = None
     reuse: ReuseOutcome | None = None  # set once the prefill engine has answered
+    tokenized_locally: bool = False  # prompt_token_ids came from the in-process tokenizer
 
     @property
     def cached_tokens(self) -> int:
@@ -169,6 +173,8 @@ class Turn:
         self.reported = True
         params = self.capture.kv_transfer_params if self.capture.finish_reason else None
         prompt = self.capture.prompt_token_ids or self.prompt_token_ids or []
+        if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
+            self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
         self.report_task = self.runner.control.report_later(
             Report(
                 tenant=self.tenant,
@@ -194,7 +200,9 @@ class TurnRunner:
         control: ControlPlane,
         metrics: GatewayMetrics,
         config: TurnConfig,
+        local: InProcessTokenizers | None = None,
     ):
+        self.local = local
         self.http = http
         self.pool = pool
         self.control = control
@@ -206,7 +214,7 @@ class TurnRunner:
         started = time.monotonic()
         timings: dict[str, float] = {}
         request_id = uuid.uuid4().hex
-        plan, tokens = await self._plan(req, tenant, timings)
+        plan, tokens, local = await self._plan(req, tenant, timings)
         self.metrics.turns.labels(plan.decision, plan.reason).inc()
         if tokens:
             self.metrics.prompt_tokens.inc(len(tokens))
@@ -235,37 +243,44 @@ class TurnRunner:
             raise
         self.metrics.in_flight.inc()
         return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self,
-                    reuse=outcome)
+                    reuse=outcome, tokenized_locally=local)
 
     # -- steps 1 and 2: Boomerang's, never fatal ---------------------------------------------
 
-    async def _plan(self, req: ClientRequest, tenant: str, timings: dict[str, float]) -> tuple[Plan, list[int] | None]:
-        tokens = req.prompt_token_ids
+    async def _plan(
+        self, req: ClientRequest, tenant: str, timings: dict[str, float]
+    ) -> tuple[Plan, list[int] | None, bool]:
+        """The plan, the prompt's ids, and whether they were tokenized in-process."""
+        tokens, local = req.prompt_token_ids, False
         if not req.reuse:
-            return fallback("", "REUSE_OFF"), tokens
+            return fallback("", "REUSE_OFF"), tokens, local
         if self.config.engine_hook:
-            return engine_plan(req.conversation_id, tenant), tokens
+            return engine_plan(req.conversation_id, tenant), tokens, local
         if self.control.router is None:
-            return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED"), tokens
+            return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED"), tokens, local
         if not self.control.available():
             self.metrics.fallbacks.labels("router_backoff").inc()
-            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED"), tokens
+            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED"), tokens, local
         if tokens is None:
             t = time.monotonic()
-            tokens = await self._tokenize(req)
+            if self.local is not None and self.local.serves(req.model):
+                tokens = await self.local.ids(req)
+                local = tokens is not None
+            if tokens is None:
+                tokens = await self._tokenize(req)
             timings["tokenize"] = time.monotonic() - t
             self.metrics.stage_seconds.labels("tokenize").observe(timings["tokenize"])
             if tokens is None:
                 self.metrics.fallbacks.labels("tokenize").inc()
-                return fallback(req.conversation_id, "TOKENIZE_FAILED"), None
+                return fallback(req.conversation_id, "TOKENIZE_FAILED"), None, local
         t = time.monotonic()
         plan = await self.control.plan(tenant, req.conversation_id, req.model, tokens, timings)
         timings["plan"] = time.monotonic() - t - timings.get("report_wait", 0.0)
         self.metrics.stage_seconds.labels("plan").observe(timings["plan"])
         if plan is None:
             self.metrics.fallbacks.labels("router").inc()
-            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED"), tokens
-        return plan, tokens
+            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED"), tokens, local
+        return plan, tokens, local
 
     async def _tokenize(self, req: ClientRequest) -> list[int] | None:
         engine = self.pool.choose(PREFILL, req.model)

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.stats import floats, summarize
 from boomerang_tools.bench.turns import PATHS
+from boomerang_tools.sim import hfmodel
 
 SIM_MODEL = "Qwen/Qwen3-32B"
 # The hooked engines serve the same profile under a name of their own, so each gateway's
@@ -89,8 +90,11 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     s.start("sim-prefill", ["sim", "--role", "prefill", "--engine-id", f"bench-sim-p-{run}", *common])
     s.start("sim-decode", ["sim", "--role", "decode", "--engine-id", f"bench-sim-d-{run}", *common])
     prefill, decode = (f"http://{a}" for a in await s.ready("sim-prefill", "sim-decode"))
+    # The gateway tokenizes in-process with the simulator's own model files, as it would with a
+    # real model's (BOOMERANG_TOKENIZERS); P's /tokenize stays its fallback.
     s.start("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", b.router_address, "--registry",
-                        b.registry_address, "--allow-anonymous"])
+                        b.registry_address, "--allow-anonymous"],
+            {"BOOMERANG_TOKENIZERS": f"{SIM_MODEL}={hfmodel.folder(thinking=False)}"})
     s.start("naive-proxy", ["bench", "--serve-naive-proxy", "127.0.0.1:0", "--prefill", prefill, "--decode", decode])
     # Hook mode: the engines plan (PlanTurn from P's own token ids) and register (D's sender,
     # RegisterRetainedBlocksBatch) themselves; the gateway only routes. The planning budget is

@@ -7,9 +7,14 @@ the system turn.
 
 With `strip_reasoning` (Qwen3's template) an assistant turn that precedes the last user
 query loses its `<think>…</think>` block, while turns after it keep (or, from the
-`reasoning_content` field, regain) `<think>\n…\n</think>\n\n`. This is the behaviour of
+`reasoning` field, regain) `<think>\n…\n</think>\n\n`. This is the behaviour of
 vLLM issue #43094: a decode node retained the thinking tokens, the next prompt no longer
 contains them, so the prompt does not extend the retained sequence.
+
+The messages are read as vLLM 0.33 hands them to a template: text parts joined by newlines,
+a tool call's JSON arguments parsed (and written back with `json.dumps`), an assistant's
+`reasoning` field as its reasoning, tools as `ChatCompletionToolsParam.model_dump()`. The
+same template in Jinja is the chat template of the simulator's model files (`hfmodel`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ def _text(content: Any, where: str) -> str:
                 parts.append(part["text"])
             else:
                 raise TemplateError(f"{where}: only text content parts are supported")
-        return "".join(parts)
+        return "\n".join(parts)
     raise TemplateError(f"{where}: content must be a string or a list of text parts")
 
 
@@ -59,8 +64,13 @@ def _tool_calls(calls: Any, where: str) -> str:
         fn = call.get("function", call) if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise TemplateError(f"{where}.tool_calls: each call needs function.name")
-        args = fn.get("arguments", {})
-        args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        args = fn.get("arguments") or {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                args = {}  # vLLM coerces unparsable arguments to an empty object
+        args_text = json.dumps(args if isinstance(args, dict) else {}, ensure_ascii=False)
         out.append(f'\n<tool_call>\n{{"name": "{fn["name"]}", "arguments": {args_text}}}\n</tool_call>')
     return "".join(out)
 
@@ -68,11 +78,21 @@ def _tool_calls(calls: Any, where: str) -> str:
 def _tools_block(tools: list[Any] | None) -> str:
     if not tools:
         return ""
-    lines = "\n".join(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools)
+    lines = "\n".join(json.dumps(_tool_dump(t), ensure_ascii=False, sort_keys=True) for t in tools)
     return (
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         f"<tools>\n{lines}\n</tools>"
     )
+
+
+def _tool_dump(tool: Any) -> Any:
+    """A tool as vLLM passes it to the template: unset description and parameters are null."""
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(fn, dict):
+        return tool
+    dumped = {"name": fn.get("name"), "description": fn.get("description"), "parameters": fn.get("parameters")}
+    dumped.update({k: fn[k] for k in ("strict", "defer_loading") if fn.get(k) is not None})
+    return {"type": "function", "function": dumped}
 
 
 def render(
@@ -104,7 +124,7 @@ def render(
         elif role == "user":
             out.append(f"<|im_start|>user\n{content}<|im_end|>\n")
         elif role == "assistant":
-            reasoning = m.get("reasoning_content")
+            reasoning = m.get("reasoning")
             if strip_reasoning:
                 content, reasoning = _split_reasoning(content, reasoning if isinstance(reasoning, str) else None)
                 if i > last_query and reasoning:

@@ -1,48 +1,28 @@
-"""A deterministic, prefix-stable tokenizer standing in for Qwen's byte-level BPE.
+"""The simulator's tokenizer: its own `tokenizer.json` (see `hfmodel`), run by the `tokenizers` library.
 
-Text is cut into pieces by one regular expression: the special tokens, each newline on its
-own, a run of letters with at most one leading space (cut into chunks of at most
-`MAX_WORD_CHARS` characters, as BPE splits long words), a digit, or one other character
-with at most one leading space. A piece's id is `xxh3_64(piece) mod REGULAR_VOCAB`, stable
-across processes and machines (never Python's salted `hash`); special tokens keep Qwen's ids.
-
-Prefix stability is the property the simulator relies on: pieces never span a newline or a
-special token, so the tokens of `a + b` are the tokens of `a` followed by those of `b`
-whenever `a` ends in a newline or a special token. That is what lets a later turn's prompt
-re-tokenize to exactly the earlier prompt plus the earlier output, as a real tokenizer does
-for a well-behaved chat template.
+The same file is what a gateway loads for in-process tokenization (`BOOMERANG_TOKENIZERS`),
+so the simulator's `/tokenize` and such a gateway agree by construction; ids are stable
+across processes and machines. Text is cut into pieces that never span a newline or a
+special token (`hfmodel.PIECE_PATTERN`), which keeps tokenization prefix-stable there.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+from functools import lru_cache
 
-import xxhash
+from tokenizers import Tokenizer
 
-# Qwen2/Qwen3 special-token ids (tokenizer_config.json of Qwen/Qwen3-32B).
-SPECIAL_TOKENS: dict[str, int] = {
-    "<|endoftext|>": 151643,
-    "<|im_start|>": 151644,
-    "<|im_end|>": 151645,
-    "<tool_call>": 151657,
-    "</tool_call>": 151658,
-    "<tool_response>": 151665,
-    "</tool_response>": 151666,
-    "<think>": 151667,
-    "</think>": 151668,
-}
+from boomerang_tools.sim import hfmodel
+
+TOKENIZER = Tokenizer.from_file(str(hfmodel.folder(False) / "tokenizer.json"))
+SPECIAL_TOKENS: dict[str, int] = {s: TOKENIZER.token_to_id(s) or 0 for s in hfmodel.SPECIAL_TOKENS}
 SPECIAL_BY_ID = {v: k for k, v in SPECIAL_TOKENS.items()}
 # Tokens the detokenizer drops from text (skip_special_tokens); the tags stay, as in Qwen.
 SKIPPED_IN_TEXT = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
-REGULAR_VOCAB = 151643
-VOCAB_SIZE = 151936
+VOCAB_SIZE = TOKENIZER.get_vocab_size(with_added_tokens=True)
 IM_END = SPECIAL_TOKENS["<|im_end|>"]
 END_OF_TEXT = SPECIAL_TOKENS["<|endoftext|>"]
-MAX_WORD_CHARS = 12
-
-_SPECIAL_RE = "|".join(re.escape(s) for s in sorted(SPECIAL_TOKENS, key=len, reverse=True))
-_PIECE = re.compile(_SPECIAL_RE + r"|\n| ?[^\W\d_]+|\d| ?[^\s\w]| ?_|[^\S\n]")
 
 
 @dataclass(frozen=True)
@@ -53,30 +33,19 @@ class Encoding:
     pieces: list[str]
 
 
+@lru_cache(maxsize=4096)
 def piece_id(piece: str) -> int:
-    """The id of one piece: Qwen's id for a special token, else a stable hash."""
-    special = SPECIAL_TOKENS.get(piece)
-    if special is not None:
-        return special
-    return xxhash.xxh3_64_intdigest(piece.encode("utf-8")) % REGULAR_VOCAB
-
-
-def split(text: str) -> list[str]:
-    """Cut text into pieces; joining them gives the text back."""
-    pieces: list[str] = []
-    for match in _PIECE.finditer(text):
-        piece = match.group()
-        if len(piece) > MAX_WORD_CHARS and piece not in SPECIAL_TOKENS:
-            pieces.extend(piece[i : i + MAX_WORD_CHARS] for i in range(0, len(piece), MAX_WORD_CHARS))
-        else:
-            pieces.append(piece)
-    return pieces
+    """The id of a piece that is one token (a special token, or one of the simulator's words)."""
+    ids = TOKENIZER.encode(piece, add_special_tokens=False).ids
+    if len(ids) != 1:
+        raise ValueError(f"{piece!r} is {len(ids)} tokens of the simulator's tokenizer, not one")
+    return int(ids[0])
 
 
 def encode(text: str) -> Encoding:
     """Tokenize text (no BOS is added: Qwen has none)."""
-    pieces = split(text)
-    return Encoding(ids=[piece_id(p) for p in pieces], pieces=pieces)
+    enc = TOKENIZER.encode(text, add_special_tokens=False)
+    return Encoding(ids=list(enc.ids), pieces=[text[a:b] for a, b in enc.offsets])
 
 
 def decode_pieces(pieces: list[str]) -> str:

@@ -1,0 +1,108 @@
+"""In-process tokenization: the model's own tokenizer and chat template, instead of P's `/tokenize`.
+
+Models named in `BOOMERANG_TOKENIZERS` are tokenized here (`boomerang.localtokens`, which
+renders as vLLM does); every other model, and every request the renderer does not mirror
+exactly, still goes to the prefill engine's `/tokenize`, which stays the truth. Each turn
+tokenized here is checked against the prompt ids the decode engine reports for it; one
+disagreement is counted and sends that model back to `/tokenize` for the life of the
+process, since a tokenizer that disagrees once would plan wrong chains again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from boomerang.chatrender import Unsupported
+from boomerang.localtokens import LocalTokenizer, TokenizerFilesError, load
+
+from boomerang_gateway.metrics import GatewayMetrics
+from boomerang_gateway.protocol import ClientRequest, Kind
+
+log = logging.getLogger(__name__)
+# Longer prompts are tokenized on a worker thread (the Rust tokenizer releases the GIL), so
+# one long conversation does not hold up the event loop; shorter ones cost less than the hop.
+THREAD_ABOVE_CHARS = 32_000
+
+
+class InProcessTokenizers:
+    """The configured models' tokenizers, loaded on first use."""
+
+    def __init__(self, locations: dict[str, str], hf_cache: str, metrics: GatewayMetrics):
+        self.locations = locations
+        self.hf_cache = Path(hf_cache).expanduser() if hf_cache else None
+        self.metrics = metrics
+        self._loaded: dict[str, LocalTokenizer] = {}
+        self._loading: dict[str, asyncio.Task[LocalTokenizer | None]] = {}
+        self.disabled: set[str] = set()
+
+    def serves(self, model: str) -> bool:
+        """Whether turns of `model` are tokenized here (configured, loadable, never contradicted)."""
+        return model in self.locations and model not in self.disabled
+
+    async def load_all(self) -> None:
+        """Load every configured tokenizer now (startup), so no turn waits for a file read."""
+        await asyncio.gather(*(self._tokenizer(m) for m in self.locations))
+
+    async def _tokenizer(self, model: str) -> LocalTokenizer | None:
+        if (tok := self._loaded.get(model)) is not None:
+            return tok
+        task = self._loading.get(model)
+        if task is None:
+            task = self._loading[model] = asyncio.ensure_future(asyncio.to_thread(self._load, model))
+        return await task
+
+    def _load(self, model: str) -> LocalTokenizer | None:
+        try:
+            tok = load(self.locations[model], self.hf_cache)
+        except TokenizerFilesError as exc:
+            log.error("model %s: in-process tokenization is off, /tokenize is used instead: %s", model, exc)
+            self.disabled.add(model)
+            self.metrics.local_tokenize.labels("load_failed").inc()
+            return None
+        log.info("model %s: tokenizing in-process with %s", model, tok.folder)
+        self._loaded[model] = tok
+        return tok
+
+    async def ids(self, req: ClientRequest) -> list[int] | None:
+        """The prompt's ids, or None: the request goes to `/tokenize` instead."""
+        tok = await self._tokenizer(req.model)
+        if tok is None or req.model in self.disabled:
+            return None
+        if req.kind is Kind.CHAT:
+            size = sum(len(str(m.get("content") or "")) for m in req.body["messages"])
+        else:
+            size = len(str(req.body["prompt"]))
+        try:
+            ids = await asyncio.to_thread(_ids, tok, req) if size > THREAD_ABOVE_CHARS else _ids(tok, req)
+        except Unsupported as exc:
+            log.debug("model %s: not tokenized in-process (%s)", req.model, exc)
+            self.metrics.local_tokenize.labels("unsupported").inc()
+            return None
+        except Exception as exc:  # noqa: BLE001 - a template bug must not fail the turn: /tokenize still answers
+            log.warning("model %s: in-process tokenization failed, using /tokenize: %r", req.model, exc)
+            self.metrics.local_tokenize.labels("failed").inc()
+            return None
+        self.metrics.local_tokenize.labels("local").inc()
+        return ids or None
+
+    def verify(self, model: str, local: list[int], engine: list[int] | None) -> None:
+        """Compare a turn's ids with the decode engine's; one mismatch sends `model` back to `/tokenize`."""
+        if not engine or engine == local or model in self.disabled:
+            return
+        self.disabled.add(model)
+        self.metrics.local_tokenize_mismatches.labels(model).inc()
+        first = next((i for i, (a, b) in enumerate(zip(local, engine, strict=False)) if a != b), min(len(local), len(engine)))
+        log.error("model %s: the in-process tokenizer disagrees with the engine at token %d of %d (engine: %d); "
+                  "the model's turns go to /tokenize from now on — check BOOMERANG_TOKENIZERS names the files "
+                  "the engine serves", model, first, len(local), len(engine))
+
+
+def _ids(tok: LocalTokenizer, req: ClientRequest) -> list[int]:
+    """The prompt ids of a chat request, or of a completions text prompt."""
+    if req.kind is Kind.CHAT:
+        return tok.chat_ids(req.body)
+    prompt = req.body["prompt"]
+    prompt = prompt[0] if isinstance(prompt, list) else prompt
+    return tok.completion_ids(prompt, bool(req.body.get("add_special_tokens", True)))
