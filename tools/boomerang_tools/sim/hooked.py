@@ -95,8 +95,9 @@ def extra_config(config: SimConfig, options: HookOptions, http_base_url: str) ->
     if config.role == "prefill":
         boomerang["router"] = options.router
         boomerang["plan_deadline_ms"] = options.plan_deadline_ms
-        # The hook values a pull with this engine's own prefill cost (the cost model's β).
-        boomerang["prefill_ms_per_token"] = max(1e-6, config.profile.beta_ms * config.time_scale)
+        # The hook values a pull with the modelled engine's prefill cost (the cost model's β),
+        # unscaled: `--time-scale` speeds the simulation up, the engine it models stays the same.
+        boomerang["prefill_ms_per_token"] = config.profile.beta_ms
     return {
         "bidirectional_kv_xfer": True,
         "decoder_kv_blocks_ttl": max(1, round(config.ttl_seconds)),
