@@ -11,6 +11,7 @@ from boomerang.vllm_hook.requestview import (
     block_groups,
     has_pull_handle,
     retained_handle,
+    salt_tenant,
     turn_context,
 )
 
@@ -42,10 +43,21 @@ def test_context_from_vllm_xargs() -> None:
     assert turn_context(r, "", True) == TurnContext("beta", "c-2")
 
 
-def test_no_conversation() -> None:
-    assert turn_context(req(None), "acme", False) is Skip.NO_CONVERSATION
-    assert turn_context(req(FIRST_TURN), "acme", False) is Skip.NO_CONVERSATION
-    assert turn_context(req({"boomerang": {"conversation_id": ""}}), "acme", False) is Skip.NO_CONVERSATION
+def test_no_conversation_is_still_a_turn_of_the_tenant() -> None:
+    # Found by the prompt it continues (issue 23): the engine's tenant, no conversation id.
+    for params in (None, FIRST_TURN, {"boomerang": {"conversation_id": ""}}):
+        found = turn_context(req(params), "acme", False)
+        assert found == TurnContext("acme", "") and isinstance(found, TurnContext) and found.prompt_tokens == 3
+    assert turn_context(req(None), "", True) is Skip.NO_CONVERSATION  # nothing names whose turn it is
+
+
+def test_cache_salt_seeds_the_context_and_names_a_tenant_when_none_is_configured() -> None:
+    r = req(None)
+    r.cache_salt = "user-7"  # type: ignore[attr-defined]
+    assert turn_context(r, "acme", False) == TurnContext("acme", "", "user-7")
+    found = turn_context(r, "", True)
+    assert isinstance(found, TurnContext) and found.tenant == salt_tenant("user-7") and found.salt == "user-7"
+    assert salt_tenant("user-7") != salt_tenant("user-8")
 
 
 def test_foreign_tenant_is_refused_not_remapped() -> None:

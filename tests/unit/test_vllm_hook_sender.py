@@ -343,3 +343,16 @@ def test_close_flushes_and_closes_the_channel(fake: FakeRegistry, make: Any) -> 
     sender.submit(registration("r1"), far())
     sender.close(5)
     assert sender.registered == 1 and fake.closed
+
+
+def test_a_turn_without_a_conversation_is_registered_with_where_its_prompt_ended(fake: FakeRegistry, make: Any) -> None:
+    sender = make()
+    reg = registration("r9", tokens=40, conversation="")
+    salted = Registration(TurnContext("acme", "", "s-1", 21), reg.handle, reg.token_ids, reg.finish_time_unix)
+    sender.submit(salted, far())
+    sender.start()
+    assert sender.flush(5) and wait_for(lambda: sender.registered == 1, 5)
+    (req,) = next(c for name, c in fake.calls if name == "RegisterRetainedBlocksBatch").registrations
+    assert (req.conversation_id, req.prompt_tokens) == ("", 21)
+    assert list(req.prompt_tail_token_ids) == list(range(116, 121))  # tokens 16..20: the prompt's partial block
+    assert req.token_chain.block_hashes == build_chain(list(range(100, 140)), 16, "s-1").block_hashes

@@ -188,11 +188,13 @@ class PrefillPlanner:
             model=self.model,
             num_prompt_tokens=len(prompt),
             request_id=self.request_id(vllm_request_id),
+            cache_salt=context.salt,
         )
-        if self.plan_with == "tokens":
+        # Without a conversation id the router finds the lease by the prompt, which needs its tokens.
+        if self.plan_with == "tokens" or not context.conversation_id:
             req.prompt_token_ids.extend(prompt)
         else:
-            req.prompt_chain.CopyFrom(chainproto.to_proto(build_chain(prompt, self.chain_block_size)))
+            req.prompt_chain.CopyFrom(chainproto.to_proto(build_chain(prompt, self.chain_block_size, context.salt)))
         return req
 
     def _run(self) -> None:

@@ -10,6 +10,12 @@ NixlConnector ignores keys it does not know. Clients that cannot set `kv_transfe
 may use vLLM's `vllm_xargs` instead: `{"boomerang_conversation_id": "c-123",
 "boomerang_tenant": "acme"}` (they arrive in `sampling_params.extra_args`).
 
+Without a conversation id (a stock proxy in front of vLLM sends none) the turn is still
+planned and registered: the router finds the retained turn its prompt continues. The tenant
+is then the configured one, the request's `boomerang.tenant`, or, on an engine with no
+tenant, one named after vLLM's `cache_salt`; the salt also seeds the token chain, so two
+salts never share a lease, as they never share vLLM's prefix cache.
+
 Everything here is plain Python over duck-typed objects shaped like vLLM's `Request`
 (`request_id`, `kv_transfer_params`, `prompt_token_ids`, `all_token_ids`).
 """
@@ -17,8 +23,9 @@ Everything here is plain Python over duck-typed objects shaped like vLLM's `Requ
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 KEY = "boomerang"
@@ -26,6 +33,7 @@ XARG_CONVERSATION = "boomerang_conversation_id"
 XARG_TENANT = "boomerang_tenant"
 MAX_CONVERSATION_ID = 256
 MAX_TENANT = 128
+MAX_SALT = 256
 
 
 class Skip(str, enum.Enum):
@@ -38,10 +46,13 @@ class Skip(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TurnContext:
-    """Whose conversation a request continues."""
+    """Whose conversation a request continues ("" when it names none), its salt, its prompt's length."""
 
     tenant: str
     conversation_id: str
+    salt: str = ""  # vLLM's cache_salt: it seeds the chain
+    # len(prompt_token_ids): where a registered turn's prompt ends (a fact of the request, not of whose it is)
+    prompt_tokens: int = field(default=0, compare=False)
 
     def as_params(self) -> dict[str, str]:
         """The `kv_transfer_params["boomerang"]` object that carries it to the next engine."""
@@ -68,8 +79,23 @@ def turn_context(request: Any, tenant: str, trust_request_tenant: bool) -> TurnC
     so a mislabelled request can never touch another tenant's conversation.
     """
     conversation, asked = _requested(request)
-    if conversation is None or conversation == "":
-        return Skip.NO_CONVERSATION
+    salt = getattr(request, "cache_salt", None)
+    salt = salt if isinstance(salt, str) and len(salt) <= MAX_SALT else ""
+    prompt = getattr(request, "prompt_token_ids", None)
+    found = _context(conversation or "", asked, tenant, trust_request_tenant, salt)
+    if isinstance(found, Skip):
+        return found
+    return TurnContext(found[0], found[1], salt, len(prompt) if prompt is not None else 0)
+
+
+def salt_tenant(salt: str) -> str:
+    """The tenant of an engine with none configured, for requests salted with `salt`."""
+    return "salt-" + hashlib.sha256(salt.encode()).hexdigest()[:32]
+
+
+def _context(conversation: Any, asked: Any, tenant: str, trust_request_tenant: bool, salt: str) -> tuple[str, str] | Skip:
+    if not conversation and not (tenant or asked or salt):
+        return Skip.NO_CONVERSATION  # nothing names whose turn this is
     if not isinstance(conversation, str) or len(conversation) > MAX_CONVERSATION_ID:
         return Skip.BAD_CONTEXT
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in conversation):
@@ -77,12 +103,14 @@ def turn_context(request: Any, tenant: str, trust_request_tenant: bool) -> TurnC
     if asked is not None and (not isinstance(asked, str) or len(asked) > MAX_TENANT):
         return Skip.BAD_CONTEXT
     if trust_request_tenant and asked:
-        return TurnContext(asked, conversation)
+        return asked, conversation
     if asked and asked != tenant:
         return Skip.FOREIGN_TENANT
+    if not tenant and salt and not conversation:
+        return salt_tenant(salt), conversation
     if not tenant:
         return Skip.BAD_CONTEXT  # a trusting engine without a default, and the request named none
-    return TurnContext(tenant, conversation)
+    return tenant, conversation
 
 
 def _is_int(value: Any) -> bool:

@@ -196,7 +196,10 @@ class RegistrationSender:
     def _prepare(self, entry: Entry[Registration]) -> rpb.RegisterRetainedBlocksRequest:
         reg = entry.item
         generation = self.presence.generation if reg.handle.generation is None else reg.handle.generation
-        chain = build_chain(reg.token_ids, self.facts.block_size)
+        chain = build_chain(reg.token_ids, self.facts.block_size, reg.context.salt)
+        # Where the prompt ends, so the next turn finds this one without a conversation id.
+        prompt = reg.context.prompt_tokens if 0 < reg.context.prompt_tokens <= chain.num_tokens else 0
+        tail = prompt % chain.block_size
         return rpb.RegisterRetainedBlocksRequest(
             tenant=reg.context.tenant,
             conversation_id=reg.context.conversation_id,
@@ -211,6 +214,8 @@ class RegistrationSender:
             remote_port=reg.handle.remote_port,
             model=self.facts.model,
             request_id=idempotency_key(reg.handle.engine_id, generation, reg.handle.remote_request_id),
+            prompt_tokens=prompt,
+            prompt_tail_token_ids=reg.token_ids[prompt - tail : prompt] if tail else (),
         )
 
     def _send(self, batch: list[Entry[Registration]]) -> bool:
