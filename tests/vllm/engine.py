@@ -119,6 +119,9 @@ class Engine:
     step_seconds: list[float] = field(default_factory=list)
     new_per_step: list[set[str]] = field(default_factory=list)  # requests first scheduled, per step
     scheduled: list[int] = field(default_factory=list)  # requests scheduled, per step
+    metas: list[Any] = field(default_factory=list)  # the connector metadata of each step
+    # The NIXL worker's side, where a test runs vLLM's own: the metadata in, finished_sending out.
+    worker: Callable[[Any], set[str]] | None = None
     _pending_recv: set[str] = field(default_factory=set)
     _outputs: dict[str, list[int]] = field(default_factory=dict)
 
@@ -167,6 +170,8 @@ class Engine:
         self.new_per_step.append({r.req_id for r in out.scheduled_new_reqs})
         self.scheduled.append(len(out.num_scheduled_tokens))
         meta = out.kv_connector_metadata
+        self.metas.append(meta)
+        finished_sending = self.worker(meta) if self.worker is not None and meta is not None else set()
         for rid, req_meta in getattr(meta, "reqs_to_recv", {}).items():
             self.receives[rid] = req_meta
             self._pending_recv.add(rid)
@@ -181,7 +186,8 @@ class Engine:
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
-            kv_connector_output=KVConnectorOutput(finished_recving=finished_recving or None),
+            kv_connector_output=KVConnectorOutput(finished_recving=finished_recving or None,
+                                                  finished_sending=finished_sending or None),
         )
         results = self.scheduler.update_from_output(out, runner)
         done: list[Finished] = []

@@ -128,6 +128,13 @@ class BoomerangHookConfig(BaseModel):
     heartbeat_interval_seconds: float = Field(
         default=5.0, gt=0, le=300, description="Seconds between heartbeats to the registry."
     )
+    release_interval_seconds: float = Field(
+        default=0.5,
+        ge=0,
+        le=300,
+        description="Decode engines: at most this many seconds between heartbeats, whose answers carry the turns "
+        "nobody will pull any more (their blocks are freed at once); 0: only with the regular heartbeat.",
+    )
     report_deadline_seconds: float = Field(
         default=60.0, gt=0, le=3600, description="How long to keep retrying a turn report."
     )

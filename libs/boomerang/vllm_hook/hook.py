@@ -45,6 +45,7 @@ from boomerang.vllm_hook.planner import (
     plan_breaker,
 )
 from boomerang.vllm_hook.presence import EngineFacts
+from boomerang.vllm_hook.releases import ReleaseInbox
 from boomerang.vllm_hook.reporter import Report, TurnReporter
 from boomerang.vllm_hook.requestview import (
     KEY,
@@ -105,7 +106,11 @@ class BoomerangHook:
         self.late: Counter[str] = Counter()
         self._late_lock = threading.Lock()
         creds: dict[str, Any] = {"auth_token": b.token(), "tls": b.tls()}
+        self.releases = ReleaseInbox()
         self.sender: RegistrationSender | None = None
+        heartbeat = b.heartbeat_interval_seconds
+        if facts.role == "decode" and b.release_interval_seconds > 0:
+            heartbeat = min(heartbeat, b.release_interval_seconds)  # how soon a release reaches D
         if b.registry:
             self.sender = RegistrationSender(
                 registry or SyncRegistryClient(b.registry, b.rpc_timeout_seconds, **creds),
@@ -114,8 +119,10 @@ class BoomerangHook:
                 when_full=b.when_full,
                 batch_size=b.batch_size,
                 rpc_timeout=b.rpc_timeout_seconds,
-                heartbeat_interval=b.heartbeat_interval_seconds,
+                heartbeat_interval=heartbeat,
                 load=self.load,
+                memory=self.releases.memory,
+                on_released=self.releases.receive,
             )
         self.planner: PrefillPlanner | None = None
         self.reporter: TurnReporter | None = None
@@ -165,6 +172,7 @@ class BoomerangHook:
     def stats(self) -> dict[str, Any]:
         """Counters of the hook and its background workers."""
         out: dict[str, Any] = dict(self.counters)
+        out.update(self.releases.counters)
         with self._late_lock:
             out.update(self.late)
         if self.planner is not None:
@@ -361,4 +369,7 @@ class BoomerangHook:
         # D set its expiry to finish + ttl on this very clock, so the finish time is exact.
         finish = min(now_wall, now_wall - (now_perf - (expiry - ttl)))
         ok = self.sender.submit(Registration(found, handle, tokens, finish), expiry)
+        if ok:
+            # vLLM keys its send deadlines by request id, which D exports as remote_request_id.
+            self.releases.pin(handle.remote_request_id, expiry, sum(len(g) for g in handle.block_groups))
         self.counters["registrations_queued" if ok else "registrations_rejected_full"] += 1

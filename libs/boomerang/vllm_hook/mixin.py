@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -95,7 +96,7 @@ def engine_facts(vllm_config: Any, config: HookConfig, scheduler: Any = None) ->
 
 
 class BoomerangConnectorMixin:
-    """Boomerang's hook around the NixlConnector's three scheduler-side calls."""
+    """Boomerang's hook around the NixlConnector's scheduler-side calls."""
 
     _boomerang: BoomerangHook | None = None
     # How the hook is built; tests replace it to hand the hook their own clients.
@@ -163,6 +164,41 @@ class BoomerangConnectorMixin:
             return result
         changed = self._guard("request_finished", self._boomerang.on_finished, request, result)
         return result if changed is None else changed
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        """Decode engines: released turns get their send deadline moved to now in the
+        NixlConnector scheduler's `_reqs_need_send`, which this very call hands to the workers;
+        their next `get_finished` frees the blocks (releases.py). Also samples free blocks."""
+        if self._boomerang is not None and self._boomerang.facts.role == "decode":
+            self._guard("releases", self._apply_releases)
+        return super().build_connector_meta(scheduler_output)  # type: ignore[misc]
+
+    def _apply_releases(self) -> None:
+        inbox = self._boomerang.releases  # type: ignore[union-attr]
+        manager = getattr(self, "_kv_cache_manager", None)  # bound by vLLM's scheduler
+        pool = getattr(manager, "block_pool", None)
+        if pool is not None:
+            inbox.free_blocks = int(pool.get_num_free_blocks())
+            inbox.total_blocks = int(getattr(pool, "num_gpu_blocks", 0) or 0)
+        released = inbox.take()
+        if not released:
+            return
+        need_send = getattr(getattr(self, "connector_scheduler", None), "_reqs_need_send", None)
+        if not isinstance(need_send, dict):
+            # vLLM changed the path this relies on; the blocks are freed at vLLM's TTL instead.
+            inbox.counters["releases_unsupported"] += len(released)
+            return
+        now = time.perf_counter()
+        for rid in released:
+            need_send[rid] = now
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """The NixlConnector's, then forget turns vLLM freed (read by P, or reaped)."""
+        parent = getattr(super(), "update_connector_output", None)
+        if parent is not None:
+            parent(connector_output)
+        if self._boomerang is not None and getattr(connector_output, "finished_sending", None):
+            self._guard("freed", self._boomerang.releases.freed, connector_output.finished_sending)
 
     def shutdown(self) -> None:
         """Flush the background senders briefly, then the NixlConnector's own shutdown."""

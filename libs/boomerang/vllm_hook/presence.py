@@ -66,6 +66,8 @@ class EngineFacts:
 
 
 Load = Callable[[], tuple[int, int]]
+Memory = Callable[[], tuple[int, int]]  # (free KV blocks, total KV blocks); (0, 0) unknown
+OnReleased = Callable[[list[str]], None]
 
 
 class EnginePresence:
@@ -80,12 +82,18 @@ class EnginePresence:
         heartbeat_interval: float,
         load: Load | None = None,
         clock: Callable[[], float] = time.monotonic,
+        memory: Memory | None = None,
+        on_released: OnReleased | None = None,
     ):
         self.client = client
         self.facts = facts
         self.rpc_timeout = rpc_timeout
         self.heartbeat_interval = heartbeat_interval
         self.load = load or (lambda: (0, 0))
+        self.memory = memory or (lambda: (0, 0))
+        # A decode engine's hook takes its releases in its heartbeats' answers.
+        self.on_released = on_released if facts.role == "decode" else None
+        self.released = 0
         self.clock = clock
         self.generation = facts.generation
         self.registered = False
@@ -187,17 +195,24 @@ class EnginePresence:
     def _heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self.heartbeat_interval
         in_flight, queued = self.load()
+        free, total = self.memory()
         try:
-            self.client.heartbeat(
+            answer = self.client.heartbeat(
                 rpb.HeartbeatRequest(
                     engine_id=self.facts.engine_id,
                     registration_generation=self.generation,
                     in_flight_requests=max(0, in_flight),
                     queued_prompt_tokens=max(0, queued),
+                    free_kv_blocks=max(0, min(free, total)) if total > 0 else 0,
+                    total_kv_blocks=max(0, total),
+                    take_releases=self.on_released is not None,
                 ),
                 timeout=self.rpc_timeout,
             )
             self.heartbeats += 1
+            if answer.released and self.on_released is not None:
+                self.released += len(answer.released)
+                self.on_released([r.remote_request_id for r in answer.released])
         except BoomerangClientError as err:
             self.failures += 1
             if err.reason in REREGISTER_REASONS:

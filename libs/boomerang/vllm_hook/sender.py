@@ -45,7 +45,14 @@ from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang.vllm_hook.outbox import Entry, Outbox
-from boomerang.vllm_hook.presence import REREGISTER_REASONS, EngineFacts, EnginePresence, Load
+from boomerang.vllm_hook.presence import (
+    REREGISTER_REASONS,
+    EngineFacts,
+    EnginePresence,
+    Load,
+    Memory,
+    OnReleased,
+)
 from boomerang.vllm_hook.requestview import RetainedHandle, TurnContext
 
 log = logging.getLogger(__name__)
@@ -85,6 +92,8 @@ class RegistrationSender:
         heartbeat_interval: float = 5.0,
         load: Load | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        memory: Memory | None = None,
+        on_released: OnReleased | None = None,
     ):
         self.client = client
         self.facts = facts
@@ -94,7 +103,8 @@ class RegistrationSender:
         self.clock = clock
         self.outbox: Outbox[Registration] = Outbox(queue_size, when_full, clock)
         self.presence = EnginePresence(
-            client, facts, rpc_timeout=rpc_timeout, heartbeat_interval=heartbeat_interval, load=load, clock=clock
+            client, facts, rpc_timeout=rpc_timeout, heartbeat_interval=heartbeat_interval, load=load, clock=clock,
+            memory=memory, on_released=on_released,
         )
         self.registered = 0
         self.duplicates = 0
@@ -157,6 +167,7 @@ class RegistrationSender:
             "rejected_full": s.rejected_full,
             "engine_registrations": self.presence.registrations,
             "heartbeats": self.presence.heartbeats,
+            "releases_taken": self.presence.released,
             "engine_registered": self.presence.registered,
             "generation": self.presence.generation,
         }
