@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PHASES = ("scale", "plans", "hook", "register", "expiry", "gateway")
+PHASES = ("scale", "plans", "lookup", "hook", "register", "expiry", "gateway")
 
 
 @dataclass

@@ -176,7 +176,9 @@ async def plan_job(client: Any, job: Job, index: int) -> dict[str, Any]:
     requests = []
     for k in job["conversations"][: len(offsets)]:
         c = conversation(k, job["tenants"], job["engines"])
-        requests.append(rtpb.PlanTurnRequest(tenant=c.tenant, conversation_id=c.conversation_id, model=MODEL,
+        # "anonymous": no conversation id, the router finds the lease by the prompt it continues.
+        conv = "" if job.get("anonymous") else c.conversation_id
+        requests.append(rtpb.PlanTurnRequest(tenant=c.tenant, conversation_id=conv, model=MODEL,
                                              prompt_token_ids=next_prompt(c), request_id=uuid.uuid4().hex))
     latencies = array("d", [0.0] * len(offsets))
     decisions: Counter[str] = Counter()

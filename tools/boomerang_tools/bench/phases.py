@@ -41,7 +41,8 @@ async def preload_to(b: Bench, target: int) -> dict[str, Any]:
 
 
 async def plan_step(
-    b: Bench, rate: int, seconds: float, label: str, profile: str = "", path: str = "unary"
+    b: Bench, rate: int, seconds: float, label: str, profile: str = "", path: str = "unary",
+    anonymous: bool = False,
 ) -> dict[str, Any]:
     """PlanTurn at `rate`/s open loop for `seconds`, from every client process.
 
@@ -59,7 +60,8 @@ async def plan_step(
     start_at = time.time() + 1.0 + 0.0002 * per_worker  # time to build the requests first
     jobs = [{"kind": "plan", "rate": rate / b.workers.count, "duration": seconds, "seed": b.step,
              "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
-             "engines": cfg.decode_engines, "start_at": start_at, "path": path} for i in range(b.workers.count)]
+             "engines": cfg.decode_engines, "start_at": start_at, "path": path, "anonymous": anonymous}
+            for i in range(b.workers.count)]
     task = b.progress.add_task(f"{label}: {rate:,} plans/s for {seconds:g}s", total=None)
     running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 120))
     await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -149,6 +151,33 @@ async def plan_paths(b: Bench) -> dict[str, Any]:
         entry["cpu_ms_per_plan_total"] = {p: round(sum(entry[p]["cpu_ms_per_plan"].values()), 3) for p in ROUTERS}
         rates.append(entry)
     return {"leases": b.preloaded, "clients": b.workers.count, "step_seconds": seconds, "rates": rates}
+
+
+async def lookup_paths(b: Bench, rate: int = 200) -> dict[str, Any]:
+    """The claim's two lookups at `rate`, same run, interleaved twice: by conversation id (the
+    `(tenant, conversation_id)` index) and without one (the lease the prompt continues, on the
+    `(tenant, prompt_key)` index probed with every whole-block key of the prompt)."""
+    seconds = b.cfg.path_seconds
+    if b.step == 0:  # the run's first plans: open channels and connections first
+        await plan_step(b, 300, min(2.0, seconds), "warm-up")
+    steps: dict[str, list[dict[str, Any]]] = {"id": [], "no_id": []}
+    for order in (("id", "no_id"), ("no_id", "id")):
+        for kind in order:
+            steps[kind].append(await plan_step(b, rate, seconds, f"lookup {kind}", anonymous=kind == "no_id"))
+
+    def merged(kind: str) -> dict[str, Any]:
+        runs = steps[kind]
+        cpu = {k: round(sum(r["cpu_ms_per_plan"].get(k, 0.0) for r in runs) / len(runs), 3)
+               for k in runs[0]["cpu_ms_per_plan"]}
+        return {"p50_ms": round(sum(r["p50_ms"] for r in runs) / len(runs), 3),
+                "p99_ms": round(sum(r["p99_ms"] for r in runs) / len(runs), 3),
+                "pull_fraction": min(r["pull_fraction"] for r in runs), "cpu_ms_per_plan": cpu,
+                "services_cpu_ms_per_plan": round(sum(v for k, v in cpu.items() if k != "clients"), 3)}
+
+    by_id, no_id = merged("id"), merged("no_id")
+    return {"leases": b.preloaded, "rate": rate, "id": by_id, "no_id": no_id,
+            "p50_delta_ms": round(no_id["p50_ms"] - by_id["p50_ms"], 3),
+            "services_cpu_ratio": round(no_id["services_cpu_ms_per_plan"] / max(by_id["services_cpu_ms_per_plan"], 1e-9), 3)}
 
 
 async def grpc_floor(b: Bench, rate: int = 1000, seconds: float = 3.0) -> dict[str, Any]:

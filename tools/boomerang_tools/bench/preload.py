@@ -21,13 +21,14 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from boomerang_tools.bench.workload import BLOCK_SIZE, Conversation, chain_for
+from boomerang_tools.bench.workload import BLOCK_SIZE, Conversation, chain_for, prompt_end
 
 LEASE_COLUMNS = (
     "lease_id", "tenant", "conversation_id", "model", "engine_id", "engine_generation",
     "remote_request_id", "block_ids", "num_blocks", "num_tokens", "block_size", "chain",
     "tail_hash", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "state",
-    "version", "finished_at", "created_at", "expires_at", "updated_at",
+    "version", "finished_at", "created_at", "expires_at", "updated_at", "prompt_tokens", "prompt_key",
+    "prompt_tail",
 )
 EVENT_COLUMNS = (
     "created_at", "lease_id", "tenant", "conversation_id", "from_state", "to_state", "reason",
@@ -77,7 +78,7 @@ def lease_records(
             lease_id, c.tenant, c.conversation_id, e.model, e.engine_id, e.generation,
             f"chatcmpl-{lease_id.hex[:24]}", _block_ids(c), c.num_blocks, c.num_tokens, BLOCK_SIZE,
             chain.block_hashes, chain.tail_hash, e.host, e.port, 1, 1, 1, "RETAINED", 1,
-            finished, now, expires, now,
+            finished, now, expires, now, *prompt_end(c, chain),
         ))
         events.append((now, lease_id, c.tenant, c.conversation_id, None, "RETAINED", "REGISTERED", "registry",
                        f"bench-{lease_id.hex[:16]}"))

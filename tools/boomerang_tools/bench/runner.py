@@ -59,6 +59,9 @@ async def measure(b: Bench) -> dict[str, Any]:
         lap("plans")
         results["plan_paths"] = await phases.plan_paths(b)
         lap("plan_paths")
+    if want("lookup"):
+        results["lookup_paths"] = await phases.lookup_paths(b)
+        lap("lookup")
     if want("scale"):
         at_rate = next((r for r in results.get("plan", {}).get("rates", []) if r["rate"] == cfg.scale_rate), None)
         results["scale"].append(await phases.scale_point(b, cfg.leases, at_rate))

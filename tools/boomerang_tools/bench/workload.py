@@ -18,13 +18,14 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from boomerang.tokenchain import HASH_BYTES, TokenChain, build_chain
+from boomerang.tokenchain import HASH_BYTES, TokenChain, build_chain, prompt_key, prompt_tail_digest
 
 SEED = 20261129
 POOL_TOKENS = 1 << 20
 VOCAB = 151_643  # Qwen3's vocabulary
 MIN_TOKENS, MAX_TOKENS = 256, 2304  # tokens a retained turn holds (uniform)
 NEW_TOKENS = 96  # the next user message
+PREV_OUTPUT = 40  # of a retained turn's tokens, the answer; the rest was its prompt
 BLOCK_SIZE = 16
 MODEL = "bench/qwen3-32b"
 
@@ -99,3 +100,12 @@ def chain_for(c: Conversation) -> TokenChain:
 def planned_indices(start: int, stop: int) -> list[int]:
     """The planned conversations among `start … stop-1`."""
     return list(range(start + start % 2, stop, 2))
+
+
+def prompt_end(c: Conversation, chain: TokenChain) -> tuple[int, int | None, bytes]:
+    """Where the retained turn's prompt ended, as a registration records it: (prompt tokens,
+    key, tail digest); for fillers, from their random chains (the index holds them alike)."""
+    prompt = c.num_tokens - PREV_OUTPUT
+    tail = prompt % BLOCK_SIZE
+    tokens = token_pool()[c.offset + prompt - tail : c.offset + prompt].tolist()
+    return prompt, prompt_key(chain, prompt), prompt_tail_digest(chain, prompt, tokens)
