@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 from boomerang_tools.stack.pg_home import PREFIX, RunFolder
+
+STAND_IN = "import signal, time; signal.signal(signal.SIGQUIT, signal.SIG_DFL); print('ready', flush=True); time.sleep(60)"
 
 
 def _made() -> RunFolder:
@@ -29,7 +32,12 @@ def test_the_folder_goes_when_its_maker_lets_go_and_not_before() -> None:
 
 
 def test_a_server_still_running_there_is_stopped_first() -> None:
-    server = subprocess.Popen(["sleep", "60"])  # stands in for a postmaster whose owner died
+    # Stands in for a postmaster whose owner died. It takes SIGQUIT's default action, as a
+    # postmaster acts on it: a `sleep` inherits the disposition of whoever started the tests,
+    # and a suite started in the background (`make test &`) ignores SIGQUIT, so it lingered
+    # until the guardian's SIGKILL 10 s later.
+    server = subprocess.Popen([sys.executable, "-c", STAND_IN], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdout.readline() == "ready\n"  # SIGQUIT now ends it
     folder = _made()
     try:
         (folder.path / "pgdata").mkdir()
@@ -42,3 +50,5 @@ def test_a_server_still_running_there_is_stopped_first() -> None:
     finally:
         server.kill()
         server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
