@@ -26,6 +26,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Parts vLLM reads as text (`TEXT_PART_TYPES`); others carry media and are not rendered here.
@@ -89,8 +90,6 @@ def compile_template(source: str) -> jinja2.Template:
 @lru_cache(maxsize=16)
 def template_info(source: str) -> tuple[bool, frozenset[str], bool]:
     """(content as OpenAI parts?, the template's free variables, does it know `developer`?)."""
-    from jinja2 import meta
-
     tree = compile_template(source).environment.parse(source)
     developer = '"developer"' in source or "'developer'" in source
     return _iterates_content(tree), frozenset(meta.find_undeclared_variables(tree)), developer

@@ -81,7 +81,7 @@ def test_reuse_window_from_leases() -> None:
     w = status.window_from_leases(leases, since)
     assert (w["turns"], w["pulled_turns"], w["reused_tokens"]) == (2, 2, 3000)
     assert w["reuse_rate"] == 1.0 and not w["exact"]
-    assert w["ended_leases"] == {"CONSUMED": 2, "EXPIRED": 1, "SUPERSEDED": 0, "INVALIDATED": 0}
+    assert w["ended_leases"] == {"CONSUMED": 2, "EXPIRED": 1, "SUPERSEDED": 0, "INVALIDATED": 0, "RELEASED": 0}
     assert status.window_from_leases([], since)["reuse_rate"] is None
 
 
