@@ -152,6 +152,7 @@ async def test_a_first_turn_that_starts_like_a_lease_but_does_not_continue_it_is
     longer = system + words(300, 6)  # another conversation, past the system prompt by many blocks
     assert (await claim(repo, tenant, longer))[0] is ClaimOutcome.NO_LEASE
     assert (await claim(repo, tenant, system))[0] is ClaimOutcome.NO_LEASE  # the shared start alone
+    assert (await claim(repo, tenant, mine))[0] is ClaimOutcome.NO_LEASE  # the same turn asked again
     own = await claim(repo, tenant, mine + words(40, 3) + words(12, 7))
     assert lease_of(own) == lease
 

@@ -9,7 +9,9 @@ A lease's previous prompt of `p` tokens is wholly a prefix of the new prompt whe
     token ids).
 A lease that shares only a start with the new prompt (a system prompt, a tool list) fails
 (1) or (2) and is never a candidate: claiming it would take another conversation's next
-turn. Of the leases the prompt continues, the one with the longest previous prompt wins;
+turn. Nor is the previous prompt itself, sent again (a regenerated answer, or a client
+without an id asking the same thing): a continuation is strictly longer than what it
+continues, and that lease stays for its own next turn. Of the leases the prompt continues, the one with the longest previous prompt wins;
 the claim then is CLAIM_SQL's: the verified prefix, single use, the CLAIMED event in the
 same statement. One statement, one index: `ix_leases_live_prompt_key`, probed with every
 whole-block key of the new prompt (tokenchain.probe_keys).
@@ -41,7 +43,7 @@ WITH prior AS (
     FROM leases l
     WHERE l.tenant = :tenant AND l.prompt_key = ANY(CAST(:keys AS bigint[]))
       AND l.state IN ('RETAINED', 'CLAIMED') AND l.prompt_key IS NOT NULL
-      AND l.block_size = :block_size AND l.prompt_tokens <= :num_tokens
+      AND l.block_size = :block_size AND l.prompt_tokens < :num_tokens
       AND (CAST(:keys AS bigint[]))[(l.prompt_tokens / l.block_size)::int] = l.prompt_key
       AND (:model = '' OR l.model = :model)
 ), cands AS (
