@@ -99,7 +99,8 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     # Hook mode: the engines plan (PlanTurn from P's own token ids) and register (D's sender,
     # RegisterRetainedBlocksBatch) themselves; the gateway only routes. The planning budget is
     # `boomerang up --hook`'s (250 ms), not the hook's 20 ms default for real hosts.
-    hook_args = ["--hook", "--router", b.router_address, "--plan-deadline-ms", "250", "--served-model-name", HOOK_MODEL]
+    hook_args = ["--hook", "--router", b.router_address, "--plan-deadline-ms", "250", "--plan-wait-share", "1",
+                 "--served-model-name", HOOK_MODEL]
     s.start("sim-prefill-hook", ["sim", "--role", "prefill", "--engine-id", f"bench-sim-hp-{run}", *common, *hook_args])
     s.start("sim-decode-hook", ["sim", "--role", "decode", "--engine-id", f"bench-sim-hd-{run}", *common, *hook_args])
     await s.ready("sim-prefill-hook", "sim-decode-hook")

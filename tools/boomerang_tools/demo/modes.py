@@ -37,8 +37,10 @@ HOOK = Mode(
     "the engines run Boomerang's vLLM hook (prefill plans from its own token ids, decode registers its own "
     "blocks); the gateway only routes: no /tokenize, no PlanTurn",
     hook=True,
-    # The hook's planning budget, as roomy as the gateway's plan timeout here (CLI.CLAIM_DEADLINE_MS).
-    sim_args=("--plan-deadline-ms", "1000"),
+    # The hook's planning budget, as roomy as the gateway's plan timeout here (CLI.CLAIM_DEADLINE_MS),
+    # and a request waits for its plan up to all the prefill the pull could save (share 1): on one
+    # small machine the control plane shares the CPU with the engines.
+    sim_args=("--plan-deadline-ms", "1000", "--plan-wait-share", "1"),
 )
 # P's prefix cache: room for four conversations at AWS's longest context (4 × 24,000 tokens in
 # blocks of 16), about 24 GiB of Qwen3-32B's KV (bf16, 256 KiB a token). Many more

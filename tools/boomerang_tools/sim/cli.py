@@ -51,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "theirs: the gateway in front sets it)")
     parser.add_argument("--plan-deadline-ms", type=float, default=20.0,
                         help="the prefill hook's planning budget, ms (plan_deadline_ms, default 20)")
+    parser.add_argument("--plan-wait-share", type=float, default=0.25,
+                        help="the share of the prefill time a pull could save that a request waits for its plan "
+                        "(plan_wait_share, default 0.25; a pull is valued at the profile's prefill cost per token)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="multiply every simulated latency by this (default 1.0; tests use ~0.01)")
     parser.add_argument("--expiry-margin", type=float, default=5.0,
@@ -97,8 +100,10 @@ def _run(args: argparse.Namespace) -> int:
         _check(args.role == "prefill" or bool(args.registry), "--hook on a decode engine needs --registry")
         _check(args.role == "decode" or bool(args.router), "--hook on a prefill engine needs --router")
         _check(0 < args.plan_deadline_ms <= 1000, "--plan-deadline-ms must be in (0, 1000]")
+        _check(0 <= args.plan_wait_share <= 1, "--plan-wait-share must be in [0, 1]")
         hook = HookOptions(registry=args.registry or "", router=args.router or "", tenant=args.tenant,
-                           plan_deadline_ms=args.plan_deadline_ms, heartbeat_interval_seconds=args.heartbeat_seconds)
+                           plan_deadline_ms=args.plan_deadline_ms, plan_wait_share=args.plan_wait_share,
+                           heartbeat_interval_seconds=args.heartbeat_seconds)
     side = args.side_channel_port
     if side is None:
         side = args.port + 1000 if args.port and args.port + 1000 <= 65535 else 0

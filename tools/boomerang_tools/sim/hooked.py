@@ -52,6 +52,7 @@ class HookOptions:
     router: str = ""
     tenant: str = "anonymous"
     plan_deadline_ms: float = 20.0
+    plan_wait_share: float = 0.25
     heartbeat_interval_seconds: float = 2.0
 
 
@@ -98,6 +99,7 @@ def extra_config(config: SimConfig, options: HookOptions, http_base_url: str) ->
         # The hook values a pull with the modelled engine's prefill cost (the cost model's β),
         # unscaled: `--time-scale` speeds the simulation up, the engine it models stays the same.
         boomerang["prefill_ms_per_token"] = config.profile.beta_ms
+        boomerang["plan_wait_share"] = options.plan_wait_share
     return {
         "bidirectional_kv_xfer": True,
         "decoder_kv_blocks_ttl": max(1, round(config.ttl_seconds)),
