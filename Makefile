@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/boomerang/v1/*.proto)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup proto docs lint check test test-fast test-vllm demo bench up migrate clean
+.PHONY: help setup proto docs lint check test test-fast test-vllm hook-wheel demo bench up migrate clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,10 @@ test: setup ## Run every test: unit, integration (real Postgres), end-to-end (pr
 
 test-vllm: setup ## The hook inside vLLM 0.33.0's own scheduler (its virtualenv is built once, cached)
 	@venv=$$(PYTHON=$(PYTHON) tests/vllm/venv.sh) && BOOMERANG_VLLM_SUITE=1 "$$venv/bin/python" -m pytest -q tests/vllm
+
+hook-wheel: setup ## Build dist/boomerang_vllm_hook-*.whl: the vLLM hook alone, to `pip install` into vLLM's environment
+	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation ./hook -w dist
+	@ls dist/boomerang_vllm_hook-*.whl
 
 test-fast: setup ## Run unit tests only
 	$(BIN)/python -m pytest -q tests/unit

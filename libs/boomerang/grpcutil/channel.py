@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 
 from boomerang.auth import TlsFiles, client_token
+from boomerang.grpcutil.options import grpc_channel_options
 from boomerang.grpcutil.retry import retry_service_config
-from boomerang.grpcutil.server import grpc_channel_options
 from boomerang.telemetry import grpc_client_interceptors
 
 

@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from boomerang.auth import TlsFiles
+from boomerang.grpcutil.options import grpc_channel_options
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +45,6 @@ class ServerOptions:
     drain_delay_seconds: float = 1.0
     max_message_bytes: int = 16 * 1024 * 1024
     interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default_factory=tuple)
-
-
-def grpc_channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Channel options shared by servers and clients."""
-    return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.http2.max_pings_without_data", 0),
-        # Clients find a restarted service within seconds, not after gRPC's default
-        # reconnect back-off of up to two minutes (servers ignore these).
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 2000),
-    ]
 
 
 async def serve(
