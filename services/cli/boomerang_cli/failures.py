@@ -236,7 +236,8 @@ def _bad_value(e: BaseException, target: Target | None) -> str | None:
         return None
     message = _first_line(e)
     if target is not None and target.name == "database":
-        return f"the database URL {target.setting}: {message}; {URL_FORM}"
+        form = "" if "postgresql://" in message else f"; {URL_FORM}"  # the message may show the form already
+        return f"the database URL {target.setting}: {message}{form}"
     return f"bad value: {message}" if message else None
 
 
