@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from boomerang_tools.demo.hbm import run_hbm
 from boomerang_tools.demo.modes import MODES, PREFIX_CACHE_BLOCKS, Mode, parse_modes
 from boomerang_tools.demo.plain import PlainStack
 from boomerang_tools.demo.runner import RunResult
@@ -46,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "and report time to first token beside AWS's published figures.",
     )
     parser.add_argument("--quick", action="store_true", help="three context lengths per profile (for tests)")
+    parser.add_argument("--hbm", choices=("on", "off"), default="on",
+                        help="first compare decode memory under vLLM's fixed TTL and Boomerang's releases (default on)")
     parser.add_argument("--reps", type=int, default=1, help="conversations per profile and mode (default 1)")
     parser.add_argument("--profiles", default="qwen3-32b,glm-5-fp8", help="comma-separated (default both)")
     parser.add_argument("--out", default=".", help="folder for demo-report.json and demo-report.png (default .)")
@@ -195,6 +198,8 @@ def _run(args: argparse.Namespace) -> int:
                   "and sticky routing, with " + ", ".join(map(str, m.quick_levels if args.quick else m.levels))
                   + " conversations sharing that engine." for m in modes if not m.boomerang)
     )
+    if args.hbm == "on":
+        run_hbm(console, Path(args.out), quick=args.quick)
     run: dict[str, Any] = {"profiles": profiles, "points": points, "result": RunResult(), "stats": {}, "extra": {},
                            "modes": modes, "started": time.monotonic(), "off_measured": False, "rotations": []}
     # The alternatives to Boomerang first: the last deployment's database shows the audit trail.

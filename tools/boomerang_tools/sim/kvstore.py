@@ -89,6 +89,11 @@ class KVStore:
     free: deque[int] = field(default_factory=deque)
     handles: dict[str, Handle] = field(default_factory=dict)
     expired: int = 0
+    # Decode memory held for pulls (RETAINED handles): now, at most, and integrated over time.
+    retained_now: int = 0
+    retained_peak: int = 0
+    block_seconds: float = 0.0
+    _metered_at: float | None = None
 
     def __post_init__(self) -> None:
         self.free.extend(range(self.num_blocks))
@@ -116,8 +121,21 @@ class KVStore:
             self.free.extend(alloc.block_ids)
             alloc.live = False
 
+    def meter(self) -> None:
+        """Add the retained blocks' block-seconds since the last change (called before each)."""
+        now = self.clock.now()
+        if self._metered_at is not None:
+            self.block_seconds += self.retained_now * max(0.0, now - self._metered_at)
+        self._metered_at = now
+
+    def _held(self, handle: Handle, sign: int) -> None:
+        if handle.kind is HandleKind.RETAINED:
+            self.retained_now += sign * len(handle.block_ids)
+            self.retained_peak = max(self.retained_peak, self.retained_now)
+
     def pin(self, kind: HandleKind, request_id: str, alloc: Allocation, tokens: list[int], ttl: float, generation: int) -> Handle:
         """Keep the blocks covering `tokens` under a handle; release the rest."""
+        self.meter()
         keep = self.blocks_for(len(tokens))
         ids, rest = alloc.block_ids[:keep], alloc.block_ids[keep:]
         self.free.extend(rest)
@@ -125,8 +143,10 @@ class KVStore:
         old = self.handles.pop(request_id, None)
         if old is not None:  # a reused request id: the newer request wins
             self.free.extend(old.block_ids)
+            self._held(old, -1)
         handle = Handle(kind, request_id, ids, list(tokens), self.clock.now() + ttl, generation)
         self.handles[request_id] = handle
+        self._held(handle, +1)
         return handle
 
     def read(self, request_id: str, block_ids: list[int], num_tokens: int, generation: int | None) -> list[int]:
@@ -157,14 +177,18 @@ class KVStore:
         return self._drop(request_id)
 
     def _drop(self, request_id: str) -> bool:
-        handle = self.handles.pop(request_id, None)
+        handle = self.handles.get(request_id)
         if handle is None:
             return False
+        self.meter()
+        del self.handles[request_id]
+        self._held(handle, -1)
         self.free.extend(handle.block_ids)
         return True
 
     def sweep(self) -> int:
-        """Free every handle whose deadline has passed; returns how many."""
+        """Free every handle whose deadline has passed; returns how many. (Each is metered
+        as held until now: vLLM frees an expired handle at its next step, not at the deadline.)"""
         now = self.clock.now()
         due = [rid for rid, h in self.handles.items() if h.expires_at <= now]
         for rid in due:
