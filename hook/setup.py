@@ -10,7 +10,9 @@ tests/unit/test_hook_package.py until `dependencies` in pyproject.toml names it.
 from __future__ import annotations
 
 import ast
+import atexit
 import shutil
+import tempfile
 from pathlib import Path
 
 from setuptools import setup
@@ -77,15 +79,14 @@ class ClosureOnly(build_py):  # type: ignore[misc]
                 if (f"{pkg}.{mod}" if mod != "__init__" else pkg) in MODULES]
 
 
-# setuptools writes its egg-info beside the sources by default, which would put a second
-# distribution's metadata into ../libs (on the main virtualenv's path): keep it here.
-EGG_BASE = Path(__file__).resolve().parent / "build"
-EGG_BASE.mkdir(exist_ok=True)
-# A module that left the closure would still sit in a previous build's lib folder and ship.
-shutil.rmtree(EGG_BASE / "lib", ignore_errors=True)
+# setuptools builds in ./build and writes its egg-info beside the sources (../libs, on the
+# main virtualenv's path, where it would show a second distribution); a previous build's
+# folder would also still hold modules that left the closure. Build in a fresh folder instead.
+WORK = Path(tempfile.mkdtemp(prefix="boomerang-vllm-hook-"))
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 
 setup(
-    options={"egg_info": {"egg_base": str(EGG_BASE)}},
+    options={"egg_info": {"egg_base": str(WORK)}, "build": {"build_base": str(WORK / "build")}},
     packages=PACKAGES,
     package_dir={"": "../libs"},
     # The generated stubs' type information, for the modules shipped only.

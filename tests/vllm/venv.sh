@@ -4,6 +4,9 @@
 # The virtualenv is cached outside the checkout, keyed on the hash of
 # tests/vllm/requirements.lock, so CI on a fresh clone builds it once per lock and reuses it
 # after; Boomerang itself is reinstalled from this checkout on every call (seconds).
+# Boomerang, not only the hook's package (hook/): the suite's fixtures migrate the database and
+# start `boomerang registry/router/reaper` from this virtualenv. test_hook_package_alone.py sets
+# it aside and shows that vLLM builds the connector from the boomerang-vllm-hook wheel alone.
 # BOOMERANG_VLLM_VENV_CACHE moves the cache (default ~/.cache/boomerang).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
