@@ -36,6 +36,9 @@ import xxhash
 HASH_BYTES = 16
 SEED = b"boomerang.tokenchain.v1\x00\x00\x00\x00\x00\x00\x00\x00\x00"[:HASH_BYTES]
 MAX_TOKEN_ID = 2**32 - 1
+# The longest `cache_salt` PlanTurn and ReportTurn take as it is (see `salt_key`).
+MAX_SALT = 256
+_DIGEST_PREFIX = "sha256:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,21 @@ def _pack(tokens: Sequence[int]) -> bytes:
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as little-endian u32s, as the chain hashes them (and the claim SQL reads them)."""
     return _pack(token_ids)
+
+
+def salt_key(salt: str) -> str:
+    """A request's `cache_salt` as the control plane takes it: itself, or a SHA-256 digest of
+    it when it is longer than MAX_SALT, holds control characters, or already looks like a digest.
+
+    vLLM bounds neither, so such a salt is kept apart by its digest rather than refused or
+    dropped (a dropped salt would let two salts share a lease). The digest is cryptographic,
+    and a salt spelt like one is digested too, because the salt is an isolation key: nobody
+    may send another salt's key as their own.
+    """
+    plain = len(salt) <= MAX_SALT and not salt.startswith(_DIGEST_PREFIX)
+    if plain and not any(ord(ch) < 32 or ord(ch) == 127 for ch in salt):
+        return salt
+    return _DIGEST_PREFIX + hashlib.sha256(salt.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def seed_for(salt: str) -> bytes:

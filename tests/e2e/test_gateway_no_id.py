@@ -4,7 +4,8 @@ Registry, router, simulated engines and gateway as real processes. Without an id
 later turn must PULL the lease of its own previous turn (found by the prompt it continues),
 never another conversation's, even when all of them share a long system prompt; a fork
 pulls once; another tenant recomputes; stripped reasoning pulls the verified prefix; a
-first turn that only starts like a live lease is COLD and leaves that lease alone.
+first turn that only starts like a live lease is COLD and leaves that lease alone; another
+`cache_salt` (vLLM's isolation key) is COLD as another tenant is.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def client(stack: GatewayStack, api_key: str) -> openai.AsyncOpenAI:
 
 
 async def chat(c: openai.AsyncOpenAI, messages: list[dict[str, Any]], model: str = MODEL,
-               max_tokens: int = 24) -> tuple[str, dict[str, str], int]:
+               max_tokens: int = 24, cache_salt: str | None = None) -> tuple[str, dict[str, str], int]:
     """One turn with no conversation id: the reply, the Boomerang headers, the prompt's tokens."""
-    raw = await c.chat.completions.with_raw_response.create(model=model, messages=messages, max_tokens=max_tokens)
+    extra = {"cache_salt": cache_salt} if cache_salt is not None else None
+    raw = await c.chat.completions.with_raw_response.create(model=model, messages=messages, max_tokens=max_tokens,
+                                                            extra_body=extra)
     done = raw.parse()
     assert done.usage is not None
     headers = {k.lower(): v for k, v in raw.headers.items() if k.lower().startswith("x-boomerang")}
@@ -158,4 +161,19 @@ async def test_a_first_turn_that_only_starts_like_a_lease_is_cold_and_leaves_it(
         assert stranger["x-boomerang-plan"] == "COLD", stranger
         _, own, _ = await chat(c, mine)
     assert own["x-boomerang-plan"] == "PULL", own
+    assert stack.unsafe() == 0
+
+
+async def test_another_cache_salt_sending_the_same_prompt_is_cold(stack: GatewayStack, key: str) -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Salt test. " * 50}, user(5000, 0)]
+    async with client(stack, key) as c:
+        reply, first, _ = await chat(c, messages, cache_salt="salt-a")
+        assert first["x-boomerang-plan"] == "COLD", first
+        messages += [{"role": "assistant", "content": reply}, user(5000, 1)]
+        _, unsalted, _ = await chat(c, messages)
+        assert unsalted["x-boomerang-plan"] == "COLD", unsalted
+        _, other, _ = await chat(c, messages, cache_salt="salt-b")
+        assert other["x-boomerang-plan"] == "COLD", other
+        _, same, _ = await chat(c, messages, cache_salt="salt-a")
+    assert same["x-boomerang-plan"] == "PULL", same  # the lease was still there for its own salt
     assert stack.unsafe() == 0

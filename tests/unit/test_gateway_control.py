@@ -207,3 +207,36 @@ async def test_settle_reports_a_failure_and_zero_means_no_wait() -> None:
     assert time.monotonic() - t < 0.05
     await off.drain(1.0)
     assert await off.settle(None) == ("none", 0.0)
+
+
+class _RecordingRouter:
+    """Keeps every PlanTurn and ReportTurn request."""
+
+    def __init__(self) -> None:
+        self.plans: list[rtpb.PlanTurnRequest] = []
+        self.reports: list[rtpb.ReportTurnRequest] = []
+
+    async def plan_turn(self, req: rtpb.PlanTurnRequest, timeout: float) -> rtpb.PlanTurnResponse:
+        self.plans.append(req)
+        return rtpb.PlanTurnResponse(decision=rtpb.PLAN_DECISION_COLD, kv_transfer_params_json="{}")
+
+    async def report_turn(self, req: rtpb.ReportTurnRequest, timeout: float) -> rtpb.ReportTurnResponse:
+        self.reports.append(req)
+        return rtpb.ReportTurnResponse()
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_the_cache_salt_reaches_plan_and_report_and_a_long_one_its_digest() -> None:
+    router = _RecordingRouter()
+    control = ControlPlane(router, 1.0, 1.0, 0.0)  # type: ignore[arg-type]
+    plan_id = "0190f3c2-0000-7000-8000-000000000000"
+    for salt in ("s-1", "", "x" * 300):
+        await control.plan("t", "", "m", [1, 2], cache_salt=salt)
+        control.report_later(Report("t", plan_id, "", "READ", None, [], [], 0.0, cache_salt=salt))
+    await control.drain(1.0)
+    long_key = router.plans[2].cache_salt
+    assert [p.cache_salt for p in router.plans[:2]] == ["s-1", ""]
+    assert long_key.startswith("sha256:") and len(long_key) == 71  # within the router's 256
+    assert [r.cache_salt for r in router.reports] == [p.cache_salt for p in router.plans]

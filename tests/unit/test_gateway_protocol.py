@@ -180,3 +180,15 @@ def test_every_source_is_validated_and_named() -> None:
     with pytest.raises(ApiError) as err:
         conversation({}, session="x" * 257)
     assert err.value.param == "X-Session-Id"
+
+
+def test_cache_salt_is_read_and_forwarded_to_both_engines_unchanged() -> None:
+    salt = "tenant-a/ünïcode salt"
+    req = parse({**CHAT, "cache_salt": salt})
+    assert req.cache_salt == salt
+    for body in (protocol.prefill_body(req, FIRST_TURN), protocol.decode_body(req, None)):
+        assert body["cache_salt"] == salt
+    assert parse(CHAT).cache_salt == ""
+    assert bad({**CHAT, "cache_salt": ""}).param == "cache_salt"  # vLLM refuses an empty one too
+    assert bad({**CHAT, "cache_salt": 7}).param == "cache_salt"
+    assert parse({**CHAT, "cache_salt": None}).cache_salt == ""

@@ -93,3 +93,15 @@ def test_rejects_out_of_range_tokens() -> None:
         build_chain([-1], 4)
     with pytest.raises(ValueError, match="block_size"):
         build_chain([1], 0)
+
+
+def test_salt_key_keeps_plain_salts_and_digests_the_rest_unforgeably() -> None:
+    from boomerang.tokenchain import MAX_SALT, salt_key
+
+    assert salt_key("") == "" and salt_key("acme") == "acme" and salt_key("x" * MAX_SALT) == "x" * MAX_SALT
+    long_a, long_b = "a" * (MAX_SALT + 1), "a" * MAX_SALT + "b"
+    assert salt_key(long_a) != salt_key(long_b)  # never truncated into one another
+    assert len(salt_key(long_a)) <= MAX_SALT
+    assert salt_key("tab\there") != "tab\there" and salt_key("tab\there").startswith("sha256:")
+    # Sending another salt's digest as one's own salt does not give its key.
+    assert salt_key(salt_key(long_a)) != salt_key(long_a)

@@ -60,6 +60,18 @@ def test_cache_salt_seeds_the_context_and_names_a_tenant_when_none_is_configured
     assert salt_tenant("user-7") != salt_tenant("user-8")
 
 
+def test_long_salts_stay_apart_by_their_digest() -> None:
+    # vLLM bounds no salt; two long ones must never pool into one (once they became "").
+    contexts = []
+    for salt in ("a" * 300, "a" * 299 + "b"):
+        r = req(None)
+        r.cache_salt = salt  # type: ignore[attr-defined]
+        found = turn_context(r, "acme", False)
+        assert isinstance(found, TurnContext) and found.salt.startswith("sha256:")
+        contexts.append(found)
+    assert contexts[0].salt != contexts[1].salt
+
+
 def test_foreign_tenant_is_refused_not_remapped() -> None:
     r = req({"boomerang": {"conversation_id": "c", "tenant": "other"}})
     assert turn_context(r, "acme", False) is Skip.FOREIGN_TENANT

@@ -28,12 +28,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from boomerang.tokenchain import salt_key
+
 KEY = "boomerang"
 XARG_CONVERSATION = "boomerang_conversation_id"
 XARG_TENANT = "boomerang_tenant"
 MAX_CONVERSATION_ID = 256
 MAX_TENANT = 128
-MAX_SALT = 256
 
 
 class Skip(str, enum.Enum):
@@ -80,7 +81,8 @@ def turn_context(request: Any, tenant: str, trust_request_tenant: bool) -> TurnC
     """
     conversation, asked = _requested(request)
     salt = getattr(request, "cache_salt", None)
-    salt = salt if isinstance(salt, str) and len(salt) <= MAX_SALT else ""
+    # Never "" for a salt it cannot send as it is: that would pool long salts into one.
+    salt = salt_key(salt) if isinstance(salt, str) else ""
     prompt = getattr(request, "prompt_token_ids", None)
     found = _context(conversation or "", asked, tenant, trust_request_tenant, salt)
     if isinstance(found, Skip):

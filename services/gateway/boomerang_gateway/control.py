@@ -32,6 +32,7 @@ from boomerang import plans
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
 from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
+from boomerang.tokenchain import salt_key
 from boomerang.v1 import router_service_pb2 as rtpb
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class Report:
     finish_time_unix: float
     # Prompt tokens the prefill engine reports it did not compute; None when it reported none.
     delivered_tokens: int | None = None
+    cache_salt: str = ""  # the request's, as given to PlanTurn: it seeds the registered chain
 
 
 class ControlPlane:
@@ -174,9 +176,17 @@ class ControlPlane:
             task.add_done_callback(self._closers.discard)
 
     async def plan(
-        self, tenant: str, conversation_id: str, model: str, token_ids: list[int], timings: dict[str, float] | None = None
+        self,
+        tenant: str,
+        conversation_id: str,
+        model: str,
+        token_ids: list[int],
+        timings: dict[str, float] | None = None,
+        cache_salt: str = "",
     ) -> Plan | None:
         """The router's plan, or None when it failed or was late (the turn recomputes).
+
+        `cache_salt` is the request's (vLLM's isolation key): leases of another salt never match.
 
         `timings` gets `report_wait`: seconds spent waiting for the conversation's previous
         report, when there was one in flight.
@@ -197,6 +207,7 @@ class ControlPlane:
             model=model,
             prompt_token_ids=token_ids,
             request_id=str(uuid.uuid4()),
+            cache_salt=salt_key(cache_salt),
         )
         try:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)
@@ -269,6 +280,7 @@ class ControlPlane:
             conversation_id=report.conversation_id,
             finish_time_unix=report.finish_time_unix,
             request_id=str(uuid.uuid4()),
+            cache_salt=salt_key(report.cache_salt),
         )
         if report.delivered_tokens is not None:
             req.delivered_cached_tokens = report.delivered_tokens

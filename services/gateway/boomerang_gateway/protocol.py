@@ -71,6 +71,9 @@ class ClientRequest:
     dropped_kv_params: bool = False
     prompt_token_ids: list[int] | None = None  # completions given token ids
     reuse: bool = True
+    # vLLM's isolation key, forwarded to the engines as sent; it also seeds the plan's chain,
+    # so a turn never reuses a lease of another salt, as vLLM never shares prefix cache across salts.
+    cache_salt: str = ""
 
 
 def _conversation_id(value: Any, source: str) -> str:
@@ -173,6 +176,10 @@ def parse(
     wants_ids = body.get("return_token_ids", False)
     if not isinstance(wants_ids, (bool, type(None))):
         raise ApiError(400, "return_token_ids must be true or false", param="return_token_ids")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        # vLLM refuses it too; refused here, before any plan is made for it.
+        raise ApiError(400, "cache_salt must be a non-empty string if given", param="cache_salt")
     conversation = conversation_of(body, {CONVERSATION_HEADER: conversation_header, SESSION_HEADER: session_header})
     forward = {k: v for k, v in body.items() if k not in BOOMERANG_FIELDS and k not in DROPPED_FIELDS}
     return ClientRequest(
@@ -186,6 +193,7 @@ def parse(
         dropped_kv_params="kv_transfer_params" in body,
         prompt_token_ids=prompt_ids,
         reuse=reuse == "on",
+        cache_salt=salt or "",
     )
 
 

@@ -186,6 +186,7 @@ class Turn:
                 output_token_ids=self.capture.output_token_ids,
                 finish_time_unix=self.capture.finished_at or time.time(),
                 delivered_tokens=self.reuse.delivered if self.reuse is not None else None,
+                cache_salt=self.req.cache_salt,
             )
         )
 
@@ -274,7 +275,7 @@ class TurnRunner:
                 self.metrics.fallbacks.labels("tokenize").inc()
                 return fallback(req.conversation_id, "TOKENIZE_FAILED"), None, local
         t = time.monotonic()
-        plan = await self.control.plan(tenant, req.conversation_id, req.model, tokens, timings)
+        plan = await self.control.plan(tenant, req.conversation_id, req.model, tokens, timings, req.cache_salt)
         timings["plan"] = time.monotonic() - t - timings.get("report_wait", 0.0)
         self.metrics.stage_seconds.labels("plan").observe(timings["plan"])
         if plan is None:
@@ -323,7 +324,8 @@ class TurnRunner:
     def _report_failed(self, req: ClientRequest, tenant: str, plan: Plan, handle_use: str) -> None:
         """A turn that never reached decoding still reports, so its claim is settled."""
         self.control.report_later(
-            Report(tenant, plan.plan_id, req.conversation_id, handle_use, None, [], [], time.time())
+            Report(tenant, plan.plan_id, req.conversation_id, handle_use, None, [], [], time.time(),
+                   cache_salt=req.cache_salt)
         )
 
     # -- steps 3 and 4: the engines ----------------------------------------------------------
