@@ -26,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPu
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
 from tests.support.procs import ServiceProcess, wait_for
-from tests.vllm.test_scheduler_hook import Pair, in_pool, leases
+from tests.vllm.test_scheduler_hook import Pair, in_pool, leases, retained
 
 pytestmark = pytest.mark.vllm
 
@@ -145,9 +145,11 @@ def test_a_claimed_turn_is_not_released(pair: Pair, unique: str) -> None:
     conversation = f"c-{unique}"
     history = list(range(3000, 3300))
     _, first = pair.turn(conversation, history)
+    # D's sender registers turn 1 in the background: turn 2 may plan once the lease is there.
+    assert wait_for(lambda: len(retained(pair.registry, pair.tenant, conversation)) == 1, 10)
     # Turn 2 pulls turn 1: the lease is claimed (then consumed) — never released under P.
     _, second = pair.turn(conversation, history + first.output_token_ids + list(range(9000, 9040)))
-    assert pair.p.hook.counters["plan_pull"] == 1
+    assert pair.p.hook.counters["plan_pull"] == 1, pair.p.hook.stats()
     assert wait_for(lambda: any(ls.remote_request_id == first.request_id and ls.state == tpb.LEASE_STATE_CONSUMED
                                 for ls in leases(pair.registry, pair.tenant, conversation)), 5)
     # No release was ever sent while claimed: the only one is the consumed lease's backstop.
