@@ -147,11 +147,13 @@ class Engine:
 
         self.connector.get_num_new_matched_tokens = recorded
 
-    def submit(self, request_id: str, prompt: list[int], max_tokens: int, kv_transfer_params: dict[str, Any] | None) -> Request:
-        """Add a request as vLLM's engine core does: params ride in the sampling params' extra args."""
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int, kv_transfer_params: dict[str, Any] | None,
+               cache_salt: str | None = None) -> Request:
+        """Add a request as vLLM's engine core does: params ride in the sampling params' extra args,
+        and the body's `cache_salt` becomes `Request.cache_salt`."""
         extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
-        request = Request(request_id, list(prompt), params, None)
+        request = Request(request_id, list(prompt), params, None, cache_salt=cache_salt)
         self.scheduler.add_request(request)
         return request
 
