@@ -87,6 +87,10 @@ class RegistryClient:
         """MarkConsumed."""
         return await call("MarkConsumed", self.stub.MarkConsumed, req, timeout or self.timeout)
 
+    async def complete_turn(self, req: rpb.CompleteTurnRequest, timeout: float | None = None) -> rpb.CompleteTurnResponse:
+        """CompleteTurn."""
+        return await call("CompleteTurn", self.stub.CompleteTurn, req, timeout or self.timeout)
+
     async def invalidate_engine(
         self, req: rpb.InvalidateEngineRequest, timeout: float | None = None
     ) -> rpb.InvalidateEngineResponse:

@@ -22,6 +22,12 @@ class ClaimOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CLAIM_OUTCOME_ENGINE_INVALID: _ClassVar[ClaimOutcome]
     CLAIM_OUTCOME_ALREADY_CLAIMED: _ClassVar[ClaimOutcome]
     CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: _ClassVar[ClaimOutcome]
+
+class ClaimUse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLAIM_USE_UNSPECIFIED: _ClassVar[ClaimUse]
+    CLAIM_USE_READ: _ClassVar[ClaimUse]
+    CLAIM_USE_NOT_READ: _ClassVar[ClaimUse]
 CLAIM_OUTCOME_UNSPECIFIED: ClaimOutcome
 CLAIM_OUTCOME_CLAIMED: ClaimOutcome
 CLAIM_OUTCOME_NO_LEASE: ClaimOutcome
@@ -31,6 +37,9 @@ CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimOutcome
 CLAIM_OUTCOME_ENGINE_INVALID: ClaimOutcome
 CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome
 CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome
+CLAIM_USE_UNSPECIFIED: ClaimUse
+CLAIM_USE_READ: ClaimUse
+CLAIM_USE_NOT_READ: ClaimUse
 
 class RegisterEngineRequest(_message.Message):
     __slots__ = ("engine", "request_id")
@@ -276,6 +285,48 @@ class MarkConsumedResponse(_message.Message):
     LEASE_FIELD_NUMBER: _ClassVar[int]
     lease: _types_pb2.Lease
     def __init__(self, lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ...) -> None: ...
+
+class TurnClaim(_message.Message):
+    __slots__ = ("lease_id", "claim_id", "use", "release_reason")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_ID_FIELD_NUMBER: _ClassVar[int]
+    USE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    claim_id: str
+    use: ClaimUse
+    release_reason: str
+    def __init__(self, lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ..., use: _Optional[_Union[ClaimUse, str]] = ..., release_reason: _Optional[str] = ...) -> None: ...
+
+class CompleteTurnRequest(_message.Message):
+    __slots__ = ("tenant", "claim", "registration")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    claim: TurnClaim
+    registration: RegisterRetainedBlocksRequest
+    def __init__(self, tenant: _Optional[str] = ..., claim: _Optional[_Union[TurnClaim, _Mapping]] = ..., registration: _Optional[_Union[RegisterRetainedBlocksRequest, _Mapping]] = ...) -> None: ...
+
+class TurnClaimResult(_message.Message):
+    __slots__ = ("lease", "error_code", "error_reason", "error_message")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    lease: _types_pb2.Lease
+    error_code: int
+    error_reason: str
+    error_message: str
+    def __init__(self, lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ..., error_code: _Optional[int] = ..., error_reason: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class CompleteTurnResponse(_message.Message):
+    __slots__ = ("claim", "registration")
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    claim: TurnClaimResult
+    registration: RegisterRetainedBlocksBatchResult
+    def __init__(self, claim: _Optional[_Union[TurnClaimResult, _Mapping]] = ..., registration: _Optional[_Union[RegisterRetainedBlocksBatchResult, _Mapping]] = ...) -> None: ...
 
 class InvalidateEngineRequest(_message.Message):
     __slots__ = ("engine_id", "below_generation", "reason", "request_id")

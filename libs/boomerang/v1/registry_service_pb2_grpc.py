@@ -82,6 +82,11 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedResponse.FromString,
                 _registered_method=True)
+        self.CompleteTurn = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/CompleteTurn',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.CompleteTurnRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.CompleteTurnResponse.FromString,
+                _registered_method=True)
         self.InvalidateEngine = channel.unary_unary(
                 '/boomerang.v1.BlockRegistryService/InvalidateEngine',
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.InvalidateEngineRequest.SerializeToString,
@@ -207,6 +212,20 @@ class BlockRegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompleteTurn(self, request, context):
+        """Ends a turn in one call and one transaction: settles the claim the turn was planned
+        with (consumed when the prefill engine read it, given back when it never did) and
+        registers the decode engine's retained blocks as the conversation's next lease, each
+        part with its `lease_events` row. Either part may be absent. A part the registry
+        refuses (the claimed lease already expired, a stale generation) writes nothing and
+        gets its own error in the response; the other part still commits. Idempotent as its
+        parts are (by claim id, and by engine, generation and remote_request_id): a retried
+        call changes nothing more and returns the same leases. For services only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def InvalidateEngine(self, request, context):
         """Invalidates every live lease of an engine (all generations, or those below one) and
         marks the engine dead when no generation is given.
@@ -325,6 +344,11 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.MarkConsumed,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedResponse.SerializeToString,
+            ),
+            'CompleteTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteTurn,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.CompleteTurnRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.CompleteTurnResponse.SerializeToString,
             ),
             'InvalidateEngine': grpc.unary_unary_rpc_method_handler(
                     servicer.InvalidateEngine,
@@ -613,6 +637,33 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/MarkConsumed',
             boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/CompleteTurn',
+            boomerang_dot_v1_dot_registry__service__pb2.CompleteTurnRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.CompleteTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,
