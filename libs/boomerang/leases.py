@@ -40,6 +40,8 @@ class ClaimOutcome(str, enum.Enum):
     ENGINE_INVALID = "ENGINE_INVALID"
     ALREADY_CLAIMED = "ALREADY_CLAIMED"
     BLOCK_SIZE_MISMATCH = "BLOCK_SIZE_MISMATCH"
+    # Nothing live, and the newest lease was released early: reuse lost to an early release.
+    LEASE_RELEASED = "LEASE_RELEASED"
     # The router's own, never answered by the registry: the registry did not answer in
     # time, failed, or the router's breaker is open...
     UNAVAILABLE = "UNAVAILABLE"

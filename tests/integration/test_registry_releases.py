@@ -102,8 +102,9 @@ async def test_policy_release_and_its_event(repo: RegistryRepository, pg: asyncp
     events = await pg.fetch("SELECT from_state, to_state, reason FROM lease_events WHERE lease_id = $1 ORDER BY event_id",
                             uuid.UUID(lease["lease_id"]))
     assert [tuple(e) for e in events][-1] == ("RETAINED", "RELEASED", "RETENTION_POLICY")
-    outcome, _, _, _ = await claim(repo, "t", unique, prompt + [7])
-    assert outcome is ClaimOutcome.NO_LEASE
+    outcome, found, _, _ = await claim(repo, "t", unique, prompt + [7])
+    assert outcome is ClaimOutcome.LEASE_RELEASED  # reuse lost to an early release, said so
+    assert found is not None and found["lease_id"] == lease["lease_id"] and found["state"] == "RELEASED"
     assert await take(repo, d) == [(f"r-{unique}", "RELEASED")]
     with pytest.raises(ValueError):
         await repo.releases.release([lease["lease_id"]], "BECAUSE", "x")
@@ -136,8 +137,25 @@ async def test_claim_racing_release_has_one_winner(repo: RegistryRepository, pg:
             wins["claim"] += 1
         else:
             assert released == [lease["lease_id"]] and state == "RELEASED"
-            assert outcome is ClaimOutcome.NO_LEASE
+            assert outcome is ClaimOutcome.LEASE_RELEASED
             wins["release"] += 1
     assert sum(wins.values()) == 40
     taken = await take(repo, d)
     assert len(taken) == wins["release"] and all(state == "RELEASED" for _, state in taken)
+
+
+async def test_released_is_the_decline_only_while_nothing_newer(repo: RegistryRepository, unique: str) -> None:
+    """LEASE_RELEASED names a released newest lease; a newer turn, or another conversation, is not it."""
+    d = f"d-{unique}"
+    await engine(repo, d)
+    prompt = tokens(300, 8)
+    lease, _ = await register(repo, "t", unique, d, prompt, f"r-{unique}")
+    await repo.releases.release([lease["lease_id"]], "MEMORY_PRESSURE", "pressure")
+    assert (await claim(repo, "t", f"{unique}-other", prompt + [1]))[0] is ClaimOutcome.NO_LEASE
+    batch = await repo.claims.claim_batch([requests.claim(claim_request("t", unique, prompt + [1])),
+                                           requests.claim(claim_request("t", f"{unique}-x", prompt + [1]))])
+    assert [b[0] for b in batch] == [ClaimOutcome.LEASE_RELEASED, ClaimOutcome.NO_LEASE]
+    # The next turn, computed afresh, is retained again: its own lease is claimed, not the release reported.
+    longer = prompt + tokens(100, 9)
+    await register(repo, "t", unique, d, longer, f"r2-{unique}")
+    assert (await claim(repo, "t", unique, longer + [1]))[0] is ClaimOutcome.CLAIMED

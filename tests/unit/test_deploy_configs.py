@@ -181,7 +181,8 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
     titles = [p["title"] for p in dashboard()["panels"]]
     for wanted in ("Reuse rate", "Saved prefill time", "Plan latency", "Leases by state",
                    "HBM retained per decode engine", "Expiry lag", "Reuse: planned vs delivered",
-                   "Reuse misses by reason"):
+                   "Reuse misses by reason", "Retained block-seconds per decode engine",
+                   "Releases by reason"):
         assert any(t.startswith(wanted) for t in titles), f"no panel {wanted!r}"
 
 
@@ -225,6 +226,9 @@ def test_the_metrics_the_issue_names_are_exported() -> None:
         "boomerang_gateway_reuse_planned_tokens_total",
         "boomerang_gateway_reuse_delivered_tokens_total",
         "boomerang_gateway_reuse_declined_turns_total",
+        # Decode memory (issue 24): block-seconds per engine, releases by reason.
+        "boomerang_retained_block_seconds_total",
+        "boomerang_registry_releases_total",
     ):
         assert name in exported, name
 

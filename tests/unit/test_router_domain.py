@@ -56,6 +56,7 @@ def claimed(verified: int, **kw) -> ClaimResult:  # type: ignore[no-untyped-def]
         (ClaimOutcome.ENGINE_INVALID, PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE),
         (ClaimOutcome.ALREADY_CLAIMED, PlanDecision.RECOMPUTE, PlanReason.ALREADY_CLAIMED),
         (ClaimOutcome.BLOCK_SIZE_MISMATCH, PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH),
+        (ClaimOutcome.LEASE_RELEASED, PlanDecision.COLD, PlanReason.LEASE_RELEASED),
     ],
 )
 def test_every_unclaimed_outcome_maps_to_its_decision_and_reason(

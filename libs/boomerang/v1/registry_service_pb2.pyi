@@ -22,6 +22,7 @@ class ClaimOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CLAIM_OUTCOME_ENGINE_INVALID: _ClassVar[ClaimOutcome]
     CLAIM_OUTCOME_ALREADY_CLAIMED: _ClassVar[ClaimOutcome]
     CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: _ClassVar[ClaimOutcome]
+    CLAIM_OUTCOME_LEASE_RELEASED: _ClassVar[ClaimOutcome]
 
 class ClaimUse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +38,7 @@ CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimOutcome
 CLAIM_OUTCOME_ENGINE_INVALID: ClaimOutcome
 CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome
 CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome
+CLAIM_OUTCOME_LEASE_RELEASED: ClaimOutcome
 CLAIM_USE_UNSPECIFIED: ClaimUse
 CLAIM_USE_READ: ClaimUse
 CLAIM_USE_NOT_READ: ClaimUse

@@ -31,6 +31,7 @@ class PlanReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_REASON_ALREADY_CLAIMED: _ClassVar[PlanReason]
     PLAN_REASON_BLOCK_SIZE_MISMATCH: _ClassVar[PlanReason]
     PLAN_REASON_NO_CONVERSATION: _ClassVar[PlanReason]
+    PLAN_REASON_LEASE_RELEASED: _ClassVar[PlanReason]
 
 class HandleUse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -68,6 +69,7 @@ PLAN_REASON_CONTROL_PLANE_DEGRADED: PlanReason
 PLAN_REASON_ALREADY_CLAIMED: PlanReason
 PLAN_REASON_BLOCK_SIZE_MISMATCH: PlanReason
 PLAN_REASON_NO_CONVERSATION: PlanReason
+PLAN_REASON_LEASE_RELEASED: PlanReason
 HANDLE_USE_UNSPECIFIED: HandleUse
 HANDLE_USE_READ: HandleUse
 HANDLE_USE_NOT_READ: HandleUse

@@ -82,6 +82,9 @@ def claim_result(q: ClaimQuery, rows: Sequence[Row]) -> ClaimAnswer:
     }
     outcome, best = explain_no_claim(list(candidates.values()), q.min_reusable_tokens, q.min_remaining_seconds)
     if best is None:
+        released = next(iter(by_kind.get("released", ())), None)
+        if released is not None:  # nothing live: the newest lease was released early
+            return ClaimOutcome.LEASE_RELEASED, released, 0, 0.0
         return outcome, None, 0, 0.0
     lease = next(r for r in by_kind["candidate"] if r["lease_id"] == best.lease_id)
     return outcome, lease, best.common_tokens, best.remaining_seconds

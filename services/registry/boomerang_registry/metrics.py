@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from boomerang.leases import ALL_STATES
 from boomerang.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter, Gauge, Histogram
@@ -45,8 +47,41 @@ RETAINED_BYTES = Gauge(
     "Accelerator memory held by live leases, per decode engine (engines that report bytes per block).",
     ["engine_id"],
 )
+RETAINED_BLOCK_SECONDS = Counter(
+    "boomerang_retained_block_seconds",
+    "KV block-seconds held by live leases, per decode engine: the retained-block gauge integrated over "
+    "time between refreshes (every registry replica counts the same; take max by engine_id).",
+    ["engine_id"],
+)
 
 _STATES = ALL_STATES
+
+
+class BlockSecondsMeter:
+    """Integrates each engine's retained blocks over time (the trapezoid between two refreshes).
+
+    Block-seconds are what holding decode memory costs; the gauge alone shows only the level
+    at each refresh, so a release policy's effect is read from this counter's rate.
+    """
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self.at: float | None = None
+
+    def advance(self, blocks: dict[str, int], now: float) -> dict[str, float]:
+        """Block-seconds per engine since the previous call (none on the first)."""
+        added: dict[str, float] = {}
+        if self.at is not None and now > self.at:
+            dt = now - self.at
+            for engine_id in set(blocks) | set(self.last):
+                held = (self.last.get(engine_id, 0) + blocks.get(engine_id, 0)) / 2 * dt
+                if held > 0:
+                    added[engine_id] = held
+        self.last, self.at = dict(blocks), now
+        return added
+
+
+_METER = BlockSecondsMeter()
 
 
 async def refresh_gauges(engine: AsyncEngine, totals: RetainedTotals) -> None:
@@ -72,6 +107,8 @@ async def refresh_gauges(engine: AsyncEngine, totals: RetainedTotals) -> None:
         ).all()
     for state in _STATES:
         LIVE_LEASES.labels(state).set(counts.get(state, 0))
+    for engine_id, seconds in _METER.advance(blocks, time.monotonic()).items():
+        RETAINED_BLOCK_SECONDS.labels(engine_id).inc(seconds)
     for engine_id, bytes_per_block in decode_engines:
         held = blocks.get(engine_id, 0)
         RETAINED_BLOCKS.labels(engine_id).set(held)

@@ -34,6 +34,7 @@ _OUTCOME = {
     ClaimOutcome.ENGINE_INVALID: rpb.CLAIM_OUTCOME_ENGINE_INVALID,
     ClaimOutcome.ALREADY_CLAIMED: rpb.CLAIM_OUTCOME_ALREADY_CLAIMED,
     ClaimOutcome.BLOCK_SIZE_MISMATCH: rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH,
+    ClaimOutcome.LEASE_RELEASED: rpb.CLAIM_OUTCOME_LEASE_RELEASED,
 }
 _ROLE_NAME = {tpb.ENGINE_ROLE_PREFILL: "PREFILL", tpb.ENGINE_ROLE_DECODE: "DECODE"}
 
@@ -218,6 +219,31 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         requests.lease_ref(request.tenant, request.lease_id, request.claim_id)
         row = await self.repo.claims.consume(request.tenant, request.lease_id, request.claim_id)
         return rpb.MarkConsumedResponse(lease=convert.lease(row))
+
+    @rpc
+    async def CompleteTurn(self, request: rpb.CompleteTurnRequest, context: grpc.aio.ServicerContext) -> rpb.CompleteTurnResponse:
+        turn = requests.turn_end(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
+        ended = await self.batcher.end_turn(turn)
+        resp = rpb.CompleteTurnResponse()
+        if turn.claim is not None:
+            if isinstance(ended.claim, BoomerangError):
+                write_item_error(resp.claim, ended.claim)
+            elif ended.claim is not None:
+                resp.claim.lease.CopyFrom(convert.lease(ended.claim))
+        if turn.registration is not None:
+            if isinstance(ended.registration, BoomerangError) or ended.registration is None:
+                metrics.REGISTRATIONS.labels("rejected").inc()
+                write_item_error(resp.registration, ended.registration or BoomerangError(
+                    Code.INTERNAL, "NO_OUTCOME", "the registration has no outcome"))
+            else:
+                row, created, superseded = ended.registration
+                metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
+                if superseded:
+                    metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
+                r = resp.registration.response
+                r.lease.CopyFrom(convert.lease(row))
+                r.created, r.superseded_leases = created, superseded
+        return resp
 
     @rpc
     async def InvalidateEngine(

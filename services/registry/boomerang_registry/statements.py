@@ -81,7 +81,9 @@ SELECT *, false AS moved FROM old WHERE NOT EXISTS (SELECT 1 FROM moved)
 # (a concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
 # claims.py then asks once more, since the winner may be its own claim id),
 # append the CLAIMED event, and return the claimed lease, or a retried claim's lease, or
-# every candidate with why it did not qualify.
+# every candidate with why it did not qualify. With no live lease at all, the
+# conversation's newest lease when the retention policy or memory pressure released it
+# (`released`: reuse lost to an early release), one probe of the conversation-history index.
 CLAIM_SQL = f"""
 WITH prior AS (
     SELECT l.lease_id FROM leases l
@@ -136,6 +138,12 @@ SELECT 'candidate', c.engine_ok, c.block_size_ok, {LEASE_COLUMNS}, c.common_toke
        c.remaining_seconds
 FROM cands c JOIN leases l ON l.tenant = :tenant AND l.conversation_id = :conversation_id
                        AND l.lease_id = c.lease_id
+UNION ALL
+SELECT 'released', FALSE, TRUE, {LEASE_COLUMNS}, 0, 0::float8
+FROM (SELECT * FROM leases n WHERE n.tenant = :tenant AND n.conversation_id = :conversation_id
+        AND (:model = '' OR n.model = :model)
+      ORDER BY n.created_at DESC LIMIT 1) l
+WHERE l.state = 'RELEASED' AND NOT EXISTS (SELECT 1 FROM cands) AND NOT EXISTS (SELECT 1 FROM prior)
 """
 
 # Where a released claim goes: back to RETAINED only while live, valid and newest.
@@ -259,6 +267,15 @@ SELECT 'candidate', c.engine_ok, c.block_size_ok, c.i, {LEASE_COLUMNS}, c.common
 FROM cands c JOIN q ON q.i = c.i
              JOIN leases l ON l.tenant = q.tenant AND l.conversation_id = q.conversation_id
                           AND l.lease_id = c.lease_id
+UNION ALL
+SELECT 'released', FALSE, TRUE, q.i, {LEASE_COLUMNS}, 0, 0::float8
+FROM q CROSS JOIN LATERAL (
+    SELECT * FROM leases n WHERE n.tenant = q.tenant AND n.conversation_id = q.conversation_id
+      AND (q.model = '' OR n.model = q.model)
+    ORDER BY n.created_at DESC LIMIT 1
+) l
+WHERE l.state = 'RELEASED' AND NOT EXISTS (SELECT 1 FROM cands c WHERE c.i = q.i)
+  AND NOT EXISTS (SELECT 1 FROM prior p WHERE p.i = q.i)
 """
 
 

@@ -42,6 +42,7 @@ class PlanReason(str, enum.Enum):
     ALREADY_CLAIMED = "ALREADY_CLAIMED"
     BLOCK_SIZE_MISMATCH = "BLOCK_SIZE_MISMATCH"
     NO_CONVERSATION = "NO_CONVERSATION"
+    LEASE_RELEASED = "LEASE_RELEASED"
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,9 @@ _NOT_CLAIMED: dict[ClaimOutcome, tuple[PlanDecision, PlanReason]] = {
     ClaimOutcome.ENGINE_INVALID: (PlanDecision.RECOMPUTE, PlanReason.ENGINE_UNAVAILABLE),
     ClaimOutcome.ALREADY_CLAIMED: (PlanDecision.RECOMPUTE, PlanReason.ALREADY_CLAIMED),
     ClaimOutcome.BLOCK_SIZE_MISMATCH: (PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH),
+    # D no longer holds the blocks, so nothing can be pulled; the reason says reuse was lost
+    # to an early release (the retention policy's cost), not that there never was a lease.
+    ClaimOutcome.LEASE_RELEASED: (PlanDecision.COLD, PlanReason.LEASE_RELEASED),
 }
 
 

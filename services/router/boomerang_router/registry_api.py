@@ -37,6 +37,7 @@ _CLAIM_STATUS = {
     rpb.CLAIM_OUTCOME_ENGINE_INVALID: ClaimOutcome.ENGINE_INVALID,
     rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome.ALREADY_CLAIMED,
     rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome.BLOCK_SIZE_MISMATCH,
+    rpb.CLAIM_OUTCOME_LEASE_RELEASED: ClaimOutcome.LEASE_RELEASED,
 }
 _LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
 _ROLE = {tpb.ENGINE_ROLE_PREFILL: Role.PREFILL, tpb.ENGINE_ROLE_DECODE: Role.DECODE}
@@ -86,7 +87,10 @@ def claim_result(resp: rpb.ClaimReuseResponse) -> ClaimResult:
     lease = lease_handle(resp.lease) if status is ClaimOutcome.CLAIMED and resp.HasField("lease") else None
     if status is ClaimOutcome.CLAIMED and lease is None:
         status = ClaimOutcome.UNAVAILABLE
-    return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds))
+    detail = ""
+    if status is ClaimOutcome.LEASE_RELEASED and resp.HasField("lease"):
+        detail = f"lease {resp.lease.lease_id} on {resp.lease.engine_id} was released early"
+    return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds), detail)
 
 
 def lease_handle(lease: tpb.Lease) -> LeaseHandle:
