@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 async def test_concurrent_registrations_commit_in_batches(database_url: str, pg: asyncpg.Connection, unique: str) -> None:
     async with open_repository(database_url) as repo:
-        batcher = RegistrationBatcher(repo.registrations, max_batch=64, workers=1)
+        batcher = RegistrationBatcher(repo.turns, max_batch=64, workers=1)
         batcher.start()
         try:
             eid = f"d-{unique}"

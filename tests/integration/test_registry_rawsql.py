@@ -37,7 +37,7 @@ def test_named_parameters_become_positional_and_casts_stay() -> None:
 
 
 async def test_group_commit_on_the_raw_pool(repo: RegistryRepository, pg: asyncpg.Connection, unique: str) -> None:
-    batcher = RegistrationBatcher(repo.registrations, max_batch=64, workers=1)
+    batcher = RegistrationBatcher(repo.turns, max_batch=64, workers=1)
     batcher.start()
     eid = f"raw-{unique}"
     try:

@@ -1,12 +1,13 @@
-"""Group commit for registrations: many RPCs, one transaction, acknowledged after commit.
+"""Group commit for turn ends: many RPCs, one transaction, acknowledged after commit.
 
 A registration's cost is dominated by its commit (a WAL flush). Handlers put their
-request in a queue and wait; a few workers each take everything queued (up to
-`max_batch`), run the registrations in one transaction and commit once, then answer every
+registration, or a whole turn end (CompleteTurn: a claim to settle and a registration,
+turns.py), in a queue and wait; a few workers each take everything queued (up to
+`max_batch`), run them in one transaction and commit once, then answer every
 waiting handler. Nothing is acknowledged before its commit. If the batch transaction fails
 as a whole (a deadlock with another replica, a lost connection), each registration is
-retried alone, so one bad apple never fails its neighbours; a registration whose own
-outcome is an error (stale generation, …) gets that error and the rest commit.
+retried alone, so one bad apple never fails its neighbours; a part whose own outcome is
+an error (stale generation, an expired claim, …) gets that error and the rest commit.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from boomerang.errors import BoomerangError
 
 from boomerang_registry.domain import RetainedBlocks
 from boomerang_registry.metrics import BATCH_SIZE
-from boomerang_registry.registrations import Registered, RegistrationStore
+from boomerang_registry.registrations import Registered
+from boomerang_registry.turns import TurnEnd, TurnEnded, TurnStore
 
 log = logging.getLogger(__name__)
 Result = Registered
@@ -28,15 +30,15 @@ Result = Registered
 
 @dataclass
 class _Pending:
-    request: RetainedBlocks
-    future: asyncio.Future[Result] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    turn: TurnEnd
+    future: asyncio.Future[TurnEnded] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class RegistrationBatcher:
-    """Batches `RegistrationStore.register` calls into shared transactions."""
+    """Batches registrations and turn ends (`TurnStore.commit`) into shared transactions."""
 
-    def __init__(self, registrations: RegistrationStore, max_batch: int = 256, workers: int = 2):
-        self.registrations = registrations
+    def __init__(self, turns: TurnStore, max_batch: int = 256, workers: int = 2):
+        self.turns = turns
         self.max_batch = max_batch
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self.workers = workers
@@ -56,7 +58,15 @@ class RegistrationBatcher:
 
     async def register(self, request: RetainedBlocks) -> Result:
         """Register through the next batch; returns after the batch committed."""
-        pending = _Pending(request)
+        outcome = (await self.end_turn(TurnEnd(registration=request))).registration
+        if isinstance(outcome, BoomerangError):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    async def end_turn(self, turn: TurnEnd) -> TurnEnded:
+        """Settle and register a turn's end through the next batch; returns after its commit."""
+        pending = _Pending(turn)
         await self.queue.put(pending)
         return await pending.future
 
@@ -77,26 +87,23 @@ class RegistrationBatcher:
         try:
             # One multi-row statement for the batch (more only where one conversation
             # registers twice in it), then the one commit.
-            outcomes = await self.registrations.register_batch([item.request for item in batch])
+            outcomes = await self.turns.commit([item.turn for item in batch])
         except Exception:
-            log.warning("group commit of %d registrations failed; retrying one by one", len(batch), exc_info=True)
+            log.warning("group commit of %d turn ends failed; retrying one by one", len(batch), exc_info=True)
             await asyncio.gather(*(self._alone(item) for item in batch))
             return
-        for item, outcome in zip(batch, outcomes):
+        for item, outcome in zip(batch, outcomes, strict=True):
             _settle(item.future, outcome)
 
     async def _alone(self, item: _Pending) -> None:
         try:
-            _settle(item.future, await self.registrations.register(item.request))
+            (outcome,) = await self.turns.commit([item.turn])
+            _settle(item.future, outcome)
         except Exception as exc:  # noqa: BLE001 - handed to the waiting RPC to translate
             if not item.future.done():
                 item.future.set_exception(exc)
 
 
-def _settle(future: asyncio.Future[Any], outcome: Result | BoomerangError) -> None:
-    if future.done():
-        return
-    if isinstance(outcome, BoomerangError):
-        future.set_exception(outcome)
-    else:
+def _settle(future: asyncio.Future[Any], outcome: TurnEnded) -> None:
+    if not future.done():
         future.set_result(outcome)

@@ -23,7 +23,7 @@ from boomerang_registry.domain import (
     LeaseState,
     explain_no_claim,
 )
-from boomerang_registry.rawsql import db_span
+from boomerang_registry.rawsql import Transaction, db_span
 from boomerang_registry.statements import (
     CLAIM_BATCH_SQL,
     CLAIM_SQL,
@@ -165,43 +165,54 @@ class ClaimStore:
     async def consume(self, tenant: str, lease_id: str, claim_id: str) -> Row:
         """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops): one statement."""
         params = {"tenant": tenant, "id": lease_id, "claim_id": claim_id, "actor": self.store.actor}
-        rows = await self.store.pool.fetch_as(tenant, CONSUME_SQL, params, "MarkConsumed")
-        if not rows:
-            raise not_found("LEASE_NOT_FOUND", f"lease {lease_id} does not exist for this tenant")
-        lease: Row = rows[0]
-        if lease["moved"]:
-            return lease
-        if lease["claim_id"] != claim_id:
-            raise failed_precondition("CLAIM_MISMATCH", f"lease {lease_id} is not held by claim {claim_id!r}")
-        if lease["state"] == "CONSUMED":
-            return lease
-        raise failed_precondition(f"LEASE_{lease['state']}", f"lease {lease_id} is {lease['state']}, not claimed")
+        return _consumed(await self.store.pool.fetch_as(tenant, CONSUME_SQL, params, "MarkConsumed"), lease_id, claim_id)
+
+    async def consume_in(self, tx: Transaction, tenant: str, lease_id: str, claim_id: str) -> Row:
+        """`consume` inside the caller's transaction (CompleteTurn's), scoped to `tenant` by it."""
+        params = {"tenant": tenant, "id": lease_id, "claim_id": claim_id, "actor": self.store.actor}
+        return _consumed(await tx.fetch(CONSUME_SQL, params), lease_id, claim_id)
 
     async def release(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
         """CLAIMED → RETAINED when still live and newest, else the state it should end in."""
         with db_span("ReleaseClaim"):
             async with self.store.pool.transaction(tenant) as tx:
-                lease: Row | None = await tx.fetchrow(_LOCKED_LEASE_SQL, {"id": lease_id, "t": tenant})
-                if lease is None:
-                    raise not_found("LEASE_NOT_FOUND", f"lease {lease_id} does not exist for this tenant")
-                if lease["state"] != "CLAIMED":
-                    if await tx.fetchval(_CLAIM_HELD_SQL, {"id": lease_id, "c": claim_id}):
-                        return lease  # released or ended already: repeating changes nothing
-                    raise failed_precondition(
-                        "CLAIM_MISMATCH", f"lease {lease_id} was never held by claim {claim_id!r}"
-                    )
-                if lease["claim_id"] != claim_id:
-                    raise failed_precondition(
-                        "CLAIM_MISMATCH", f"lease {lease_id} is held by another claim, not {claim_id!r}"
-                    )
-                target = LeaseState(await tx.fetchval(RELEASE_TARGET_SQL, {"id": lease_id}))
-                released = target is LeaseState.RETAINED
-                await tx.fetch(
-                    RELEASE_SQL if released else RELEASE_ENDED_SQL,
-                    {"id": lease_id, "tenant": tenant, "to_state": target.value,
-                     "reason": reason if released else f"{reason}:{target.value}",
-                     "actor": self.store.actor, "request_id": claim_id, "event_claim_id": claim_id},
-                )
-                row: Row | None = await tx.fetchrow(LEASE_SQL, {"id": lease_id})
-                assert row is not None
-                return row
+                return await self.release_in(tx, tenant, lease_id, claim_id, reason)
+
+    async def release_in(self, tx: Transaction, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
+        """`release` inside the caller's transaction, scoped to `tenant` by it.
+
+        Raises before changing anything, so a refused release leaves the transaction usable."""
+        lease: Row | None = await tx.fetchrow(_LOCKED_LEASE_SQL, {"id": lease_id, "t": tenant})
+        if lease is None:
+            raise not_found("LEASE_NOT_FOUND", f"lease {lease_id} does not exist for this tenant")
+        if lease["state"] != "CLAIMED":
+            if await tx.fetchval(_CLAIM_HELD_SQL, {"id": lease_id, "c": claim_id}):
+                return lease  # released or ended already: repeating changes nothing
+            raise failed_precondition("CLAIM_MISMATCH", f"lease {lease_id} was never held by claim {claim_id!r}")
+        if lease["claim_id"] != claim_id:
+            raise failed_precondition("CLAIM_MISMATCH", f"lease {lease_id} is held by another claim, not {claim_id!r}")
+        target = LeaseState(await tx.fetchval(RELEASE_TARGET_SQL, {"id": lease_id}))
+        released = target is LeaseState.RETAINED
+        await tx.fetch(
+            RELEASE_SQL if released else RELEASE_ENDED_SQL,
+            {"id": lease_id, "tenant": tenant, "to_state": target.value,
+             "reason": reason if released else f"{reason}:{target.value}",
+             "actor": self.store.actor, "request_id": claim_id, "event_claim_id": claim_id},
+        )
+        row: Row | None = await tx.fetchrow(LEASE_SQL, {"id": lease_id})
+        assert row is not None
+        return row
+
+
+def _consumed(rows: Sequence[Row], lease_id: str, claim_id: str) -> Row:
+    """CONSUME_SQL's answer: the lease, or why the claim could not consume it."""
+    if not rows:
+        raise not_found("LEASE_NOT_FOUND", f"lease {lease_id} does not exist for this tenant")
+    lease: Row = rows[0]
+    if lease["moved"]:
+        return lease
+    if lease["claim_id"] != claim_id:
+        raise failed_precondition("CLAIM_MISMATCH", f"lease {lease_id} is not held by claim {claim_id!r}")
+    if lease["state"] == "CONSUMED":
+        return lease
+    raise failed_precondition(f"LEASE_{lease['state']}", f"lease {lease_id} is {lease['state']}, not claimed")

@@ -86,10 +86,12 @@ class RegistrationStore:
         A refused registration writes nothing and gets its error; the rest commit. An error
         of the transaction as a whole (a deadlock, a lost connection) is raised."""
         async with self.store.pool.transaction() as tx:
-            return await self._register_in(tx, reqs)
+            return await self.register_in(tx, reqs)
 
-    async def _register_in(self, tx: Transaction, reqs: Sequence[RetainedBlocks]) -> list[Registered | BoomerangError]:
-        """One REGISTER_BATCH_SQL per round (a round holds at most one registration per
+    async def register_in(self, tx: Transaction, reqs: Sequence[RetainedBlocks]) -> list[Registered | BoomerangError]:
+        """`register_batch` inside the caller's transaction (CompleteTurn's, turns.py).
+
+        One REGISTER_BATCH_SQL per round (a round holds at most one registration per
         conversation; later ones on the same conversation go in later rounds, so they
         supersede the earlier, in order)."""
         out: list[Registered | BoomerangError | None] = [None] * len(reqs)

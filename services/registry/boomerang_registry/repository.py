@@ -3,6 +3,7 @@
 - `engines` (engines.py): RegisterEngine, Heartbeat, InvalidateEngine, ListEngines.
 - `registrations` (registrations.py): RegisterRetainedBlocks, alone or group-committed.
 - `claims` (claims.py): ClaimReuse (one or a batch), MarkConsumed, ReleaseClaim.
+- `turns` (turns.py): CompleteTurn, a claim settled and a registration in one transaction.
 - `events` (events.py): GetConversation, ListLeases.
 - `releases` (releases.py): early releases of retained leases (retention policy, memory).
 
@@ -24,6 +25,7 @@ from boomerang_registry.registrations import RegistrationStore
 from boomerang_registry.releases import ReleaseStore
 from boomerang_registry.store import Store
 from boomerang_registry.totals import RetainedTotals
+from boomerang_registry.turns import TurnStore
 
 
 class RegistryRepository:
@@ -37,5 +39,6 @@ class RegistryRepository:
         self.engines = EngineStore(store)
         self.registrations = RegistrationStore(store)
         self.claims = ClaimStore(store)
+        self.turns = TurnStore(store, self.claims, self.registrations)
         self.events = EventStore(store)
         self.releases = ReleaseStore(store)

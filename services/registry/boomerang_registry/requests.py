@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime
 
 from boomerang import chainproto
-from boomerang.errors import Violations
+from boomerang.errors import BoomerangError, Violations
 from boomerang.tokenchain import TokenChain, pack_tokens
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
@@ -22,6 +22,7 @@ from boomerang.validation import check_id as check_id
 from boomerang.validation import check_text as check_text
 
 from boomerang_registry.domain import ClaimQuery, EngineRole, EngineSpec, RetainedBlocks
+from boomerang_registry.turns import ClaimSettlement, TurnEnd
 
 MAX_BLOCK_ID = 2**31 - 1
 
@@ -221,3 +222,44 @@ def lease_ref(tenant: str, lease_id: str, claim_id: str) -> None:
         v.add("lease_id", "must be a lease id (a UUID) returned by this registry")
     check_id(v, "claim_id", claim_id)
     v.raise_if_any()
+
+
+_CLAIM_USES = (rpb.CLAIM_USE_READ, rpb.CLAIM_USE_NOT_READ)
+
+
+def turn_end(req: rpb.CompleteTurnRequest, max_blocks: int, max_tokens: int) -> TurnEnd:
+    """Validate CompleteTurnRequest (the registration as RegisterRetainedBlocks validates it,
+    its fields named under `registration.`)."""
+    v = Violations()
+    check_id(v, "tenant", req.tenant)
+    has_claim, has_registration = req.HasField("claim"), req.HasField("registration")
+    v.require(has_claim or has_registration, "claim", "is required when there is no registration (nothing to do)")
+    claim = None
+    if has_claim:
+        c = req.claim
+        try:
+            uuid.UUID(c.lease_id)
+        except ValueError:
+            v.add("claim.lease_id", "must be a lease id (a UUID) returned by this registry")
+        check_id(v, "claim.claim_id", c.claim_id)
+        v.require(c.use in _CLAIM_USES, "claim.use", "must be CLAIM_USE_READ or CLAIM_USE_NOT_READ")
+        check_text(v, "claim.release_reason", c.release_reason, 128)
+        claim = ClaimSettlement(
+            req.tenant, c.lease_id, c.claim_id, c.use == rpb.CLAIM_USE_READ, c.release_reason or "PREFILL_DID_NOT_READ"
+        )
+    registration = None
+    if has_registration:
+        reg = req.registration
+        v.require(reg.tenant in ("", req.tenant), "registration.tenant", "must be empty or equal tenant")
+        if not reg.tenant:
+            reg = rpb.RegisterRetainedBlocksRequest()
+            reg.CopyFrom(req.registration)
+            reg.tenant = req.tenant
+        try:
+            registration = retained_blocks(reg, max_blocks, max_tokens)
+        except BoomerangError as err:
+            for f in err.violations:
+                if f.field != "tenant":  # reported once, as `tenant`
+                    v.add(f"registration.{f.field}", f.description)
+    v.raise_if_any()
+    return TurnEnd(claim, registration)

@@ -59,7 +59,7 @@ async def run(settings: RegistrySettings) -> None:
     raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role, warm=WARM_UP)
     repo = RegistryRepository(engine, raw, settings.ttl_margin_seconds)
     batcher = RegistrationBatcher(
-        repo.registrations, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4)
+        repo.turns, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4)
     )
     batcher.start()
     servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore.for_listener(engine, "registry", settings.listen, settings))
