@@ -1,36 +1,23 @@
-"""`boomerang audit --database-url`: a conversation's plans, leases and events from Postgres."""
+"""`boomerang audit --database-url`: a conversation's plans, leases and events from Postgres.
+
+The SQL is the owners' (the router's `turn_plans`, the registry's `leases` and
+`lease_events`); this module runs it and hands the rows to audit_report.build, which
+assembles the trail for every reader (the API path and the demo too).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from boomerang.db.engine import make_engine
+from boomerang_registry.inspection import CONVERSATION_EVENTS_SQL, CONVERSATION_LEASES_SQL
+from boomerang_router.inspection import CONVERSATION_PLANS_SQL
 from sqlalchemy import text
 
 from boomerang_cli.audit_report import build
 from boomerang_cli.tables import iso
 
 _TENANT = " AND tenant = :tenant"
-PLANS_SQL = """
-SELECT plan_id::text AS plan_id, tenant, created_at, decision, reason, prompt_tokens, reused_tokens,
-       recomputed_tokens, verified_tokens, prefill_engine_id, decode_engine_id,
-       COALESCE(source_engine_id, '') AS source_engine_id, COALESCE(lease_id::text, '') AS lease_id,
-       COALESCE(claim_id, '') AS claim_id, reported_at, COALESCE(handle_use, '') AS handle_use,
-       COALESCE(claimed_lease_state, '') AS claimed_lease_state, COALESCE(retention, '') AS retention,
-       COALESCE(new_lease_id::text, '') AS new_lease_id, COALESCE(outcome, '') AS outcome,
-       COALESCE(outcome_detail, '') AS outcome_detail, plan_micros
-FROM turn_plans WHERE conversation_id = :conversation{tenant} ORDER BY created_at, plan_id LIMIT 10000
-"""
-LEASES_SQL = """
-SELECT lease_id::text AS lease_id, tenant, state, engine_id, engine_generation, num_tokens, num_blocks,
-       created_at, expires_at, updated_at
-FROM leases WHERE conversation_id = :conversation{tenant} ORDER BY created_at LIMIT 10000
-"""
-EVENTS_SQL = """
-SELECT lease_id::text AS lease_id, COALESCE(from_state, '') AS from_state, to_state, reason, actor, request_id,
-       claim_id, created_at
-FROM lease_events WHERE conversation_id = :conversation{tenant} ORDER BY created_at, event_id LIMIT 100000
-"""
 
 
 async def gather_db(url: str, conversation: str, tenant: str | None) -> dict[str, Any]:
@@ -40,9 +27,9 @@ async def gather_db(url: str, conversation: str, tenant: str | None) -> dict[str
     engine = make_engine(url, 1, "boomerang-audit")
     try:
         async with engine.connect() as conn:
-            plans = [dict(r._mapping) for r in await conn.execute(text(PLANS_SQL.format(tenant=where)), params)]
-            leases = [dict(r._mapping) for r in await conn.execute(text(LEASES_SQL.format(tenant=where)), params)]
-            events = [dict(r._mapping) for r in await conn.execute(text(EVENTS_SQL.format(tenant=where)), params)]
+            plans = [dict(r._mapping) for r in await conn.execute(text(CONVERSATION_PLANS_SQL.format(tenant=where)), params)]
+            leases = [dict(r._mapping) for r in await conn.execute(text(CONVERSATION_LEASES_SQL.format(tenant=where)), params)]
+            events = [dict(r._mapping) for r in await conn.execute(text(CONVERSATION_EVENTS_SQL.format(tenant=where)), params)]
     finally:
         await engine.dispose()
     for p in plans:

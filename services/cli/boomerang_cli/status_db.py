@@ -1,6 +1,8 @@
 """`boomerang status --database-url`: the same report read straight from Postgres.
 
-Reuse over the window is exact here: it counts the router's `turn_plans` rows.
+Reuse over the window is exact here: it counts the router's `turn_plans` rows. The SQL is
+the owning services' (the registry's, the router's and the reaper's; docs/design.md, "Who
+owns which table"): this module only runs it and shapes the rows.
 """
 
 from __future__ import annotations
@@ -10,38 +12,19 @@ from typing import Any
 
 from boomerang.db.engine import make_engine
 from boomerang.leases import ENDED_STATES, LIVE_STATES
+from boomerang_reaper.repository import STATUS_LEADER_SQL
+from boomerang_registry.inspection import (
+    LEASE_FIGURES_SQL,
+    STATUS_ENDED_SQL,
+    STATUS_ENGINES_SQL,
+    STATUS_LIVE_SQL,
+)
+from boomerang_router.inspection import WINDOW_OUTCOMES_SQL, WINDOW_PLANS_SQL
 from sqlalchemy import text
 
 from boomerang_cli.status_common import retained_rows, saved_seconds
-from boomerang_cli.status_reuse import OUTCOMES_SQL, outcomes_from_rows
+from boomerang_cli.status_reuse import outcomes_from_rows
 from boomerang_cli.tables import iso
-
-ENGINES_SQL = """
-SELECT e.engine_id, e.role, e.model, e.status, e.generation, e.http_base_url, e.kv_blocks_ttl_seconds,
-       e.bytes_per_block, e.in_flight_requests, e.queued_prompt_tokens,
-       EXTRACT(EPOCH FROM now() - e.heartbeat_at) AS heartbeat_age,
-       COALESCE((SELECT sum(l.num_blocks) FROM leases l
-                 WHERE l.engine_id = e.engine_id AND l.state IN ('RETAINED', 'CLAIMED')), 0) AS retained_blocks
-FROM engines e ORDER BY e.role, e.engine_id
-"""
-LIVE_SQL = "SELECT state, count(*) AS n FROM leases WHERE state IN ('RETAINED', 'CLAIMED') GROUP BY state"
-ENDED_SQL = (
-    "SELECT state, count(*) AS n FROM leases WHERE state NOT IN ('RETAINED', 'CLAIMED') "
-    "AND updated_at >= now() - make_interval(secs => :window) GROUP BY state"
-)
-PLANS_SQL = """
-SELECT decision, reason, count(*) AS turns, COALESCE(sum(prompt_tokens), 0) AS prompt_tokens,
-       COALESCE(sum(reused_tokens), 0) AS reused_tokens
-FROM turn_plans WHERE created_at >= now() - make_interval(secs => :window)
-GROUP BY decision, reason ORDER BY decision, reason
-"""
-REAPER_SQL = """
-SELECT holder, term, expires_at > now() AS unexpired, stats,
-       (SELECT count(*) FROM leases WHERE state IN ('RETAINED', 'CLAIMED')) AS live,
-       (SELECT count(*) FROM leases WHERE state IN ('RETAINED', 'CLAIMED') AND expires_at <= now()) AS backlog,
-       (SELECT min(expires_at) FROM leases WHERE state IN ('RETAINED', 'CLAIMED')) AS next_deadline
-FROM reaper_leader ORDER BY expires_at DESC LIMIT 1
-"""
 
 
 def window_from_plans(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -71,12 +54,13 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
     engine = make_engine(url, 1, "boomerang-status")
     try:
         async with engine.connect() as conn:
-            engines = [dict(r._mapping) for r in await conn.execute(text(ENGINES_SQL))]
-            live = {r.state: int(r.n) for r in await conn.execute(text(LIVE_SQL))}
-            ended = {r.state: int(r.n) for r in await conn.execute(text(ENDED_SQL), {"window": window})}
-            plans = [dict(r._mapping) for r in await conn.execute(text(PLANS_SQL), {"window": window})]
-            outcomes = [dict(r._mapping) for r in await conn.execute(text(OUTCOMES_SQL), {"window": window})]
-            leader = (await conn.execute(text(REAPER_SQL))).first()
+            engines = [dict(r._mapping) for r in await conn.execute(text(STATUS_ENGINES_SQL))]
+            live = {r.state: int(r.n) for r in await conn.execute(text(STATUS_LIVE_SQL))}
+            ended = {r.state: int(r.n) for r in await conn.execute(text(STATUS_ENDED_SQL), {"window": window})}
+            plans = [dict(r._mapping) for r in await conn.execute(text(WINDOW_PLANS_SQL), {"window": window})]
+            outcomes = [dict(r._mapping) for r in await conn.execute(text(WINDOW_OUTCOMES_SQL), {"window": window})]
+            leader = (await conn.execute(text(STATUS_LEADER_SQL))).first()
+            figures = (await conn.execute(text(LEASE_FIGURES_SQL))).one()
     finally:
         await engine.dispose()
     rows = [
@@ -108,11 +92,11 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
         "retained": retained_rows(rows),
         "reuse": reuse,
         "router": None,
-        "reaper": _reaper(leader),
+        "reaper": _reaper(leader, figures),
     }
 
 
-def _reaper(row: Any) -> dict[str, Any] | None:
+def _reaper(row: Any, figures: Any) -> dict[str, Any] | None:
     if row is None:
         return None
     stats = row.stats or {}
@@ -121,9 +105,9 @@ def _reaper(row: Any) -> dict[str, Any] | None:
         "address": "database",
         "leader_replica_id": row.holder if row.unexpired else "",
         "term": int(row.term),
-        "live_leases": int(row.live),
-        "backlog_leases": int(row.backlog),
-        "next_expire_time": iso(row.next_deadline),
+        "live_leases": int(figures.live),
+        "backlog_leases": int(figures.backlog),
+        "next_expire_time": iso(figures.next_deadline),
         "expired_leases": int(stats.get("expired", 0)),
         "invalidated_leases": int(stats.get("invalidated", 0)),
         "expiry_lag": {"count": int(lag.get("count", 0)), "p50_seconds": float(lag.get("p50", 0.0)),

@@ -21,19 +21,6 @@ from boomerang_cli.tables import percent
 
 SHORTFALL = "PREFILL_SHORTFALL"
 
-OUTCOMES_SQL = """
-SELECT CASE WHEN decision <> 'PULL' THEN reason
-            WHEN delivered_cached_tokens < reused_tokens THEN 'PREFILL_SHORTFALL' END AS miss,
-       count(*) AS turns,
-       COALESCE(sum(prompt_tokens), 0) AS prompt_tokens,
-       COALESCE(sum(reused_tokens), 0) AS planned_tokens,
-       COALESCE(sum(delivered_cached_tokens), 0) AS delivered_tokens,
-       COALESCE(sum(reused_tokens) FILTER (WHERE delivered_cached_tokens IS NOT NULL), 0) AS planned_reported_tokens,
-       count(delivered_cached_tokens) AS reported_turns
-FROM turn_plans WHERE created_at >= now() - make_interval(secs => :window)
-GROUP BY 1
-"""
-
 _GATEWAY = "boomerang_gateway_reuse_"
 
 
@@ -59,7 +46,7 @@ def _summary(turns: int, prompt: int, planned: int, delivered: int, planned_repo
 
 
 def outcomes_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The outcomes from `OUTCOMES_SQL` rows (one per miss reason, NULL for no miss)."""
+    """The outcomes from `boomerang_router.inspection.WINDOW_OUTCOMES_SQL` rows (one per miss reason, NULL for no miss)."""
     def total(key: str) -> int:
         return sum(int(r[key]) for r in rows)
 

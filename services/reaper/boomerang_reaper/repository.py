@@ -40,6 +40,12 @@ SELECT holder, term, expires_at, stats, EXTRACT(EPOCH FROM now())::float8 AS db_
 FROM reaper_leader WHERE election = :election
 """
 
+# The latest election row as `boomerang status --database-url` shows it (any election).
+STATUS_LEADER_SQL = """
+SELECT holder, term, expires_at > now() AS unexpired, stats
+FROM reaper_leader ORDER BY expires_at DESC LIMIT 1
+"""
+
 RELEASE_SQL = """
 UPDATE reaper_leader SET expires_at = now(), renewed_at = now(), stats = CAST(:stats AS jsonb)
 WHERE election = :election AND holder = :holder AND term = :term AND expires_at > now()

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from boomerang.config.settings import normalize_database_url
+from boomerang_registry.inspection import BENCH_REARM_SQL, BENCH_SIZES_SQL, BENCH_VACUUM_SQL
 
 from boomerang_tools.stack.postgres import EmbeddedPostgres
 
@@ -79,19 +80,9 @@ class BenchDatabase:
                 await asyncio.to_thread(self.embedded.stop)
 
 
-SIZE_SQL = """
-SELECT pg_database_size(current_database()) AS database_bytes,
-       pg_total_relation_size('leases') AS leases_bytes,
-       pg_indexes_size('leases') AS lease_index_bytes,
-       (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::bigint FROM pg_inherits
-        WHERE inhparent = 'lease_events'::regclass) AS events_bytes,
-       (SELECT count(*) FROM leases WHERE state IN ('RETAINED', 'CLAIMED')) AS live_leases
-"""
-
-
 async def sizes(conn: asyncpg.Connection) -> dict[str, float]:
     """Database, leases and audit sizes in MB, and the live lease count."""
-    row = await conn.fetchrow(SIZE_SQL)
+    row = await conn.fetchrow(BENCH_SIZES_SQL)
     mb = 1024 * 1024
     return {
         "live_leases": int(row["live_leases"]),
@@ -106,10 +97,6 @@ async def rearm_claims(conn: asyncpg.Connection, tenant_prefix: str = "bench-t")
     """Give the benchmark's claimed leases back (CLAIMED → RETAINED) so the next step's plans
     PULL again, then vacuum; returns how many. A benchmark-only shortcut: in service the
     prefill node's report settles each claim."""
-    status = await conn.execute(
-        "UPDATE leases SET state = 'RETAINED', claim_id = NULL, version = version + 1, updated_at = now() "
-        "WHERE state = 'CLAIMED' AND tenant LIKE $1",
-        tenant_prefix + "%",
-    )
-    await conn.execute("VACUUM (ANALYZE) leases")
+    status = await conn.execute(BENCH_REARM_SQL, tenant_prefix + "%")
+    await conn.execute(BENCH_VACUUM_SQL)
     return int(status.split()[-1])

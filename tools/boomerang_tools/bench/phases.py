@@ -11,6 +11,13 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
+from boomerang_registry.inspection import (
+    BENCH_EXPIRED_EARLY_SQL,
+    BENCH_EXPIRY_LAGS_SQL,
+    BENCH_LIVE_BY_TENANT_SQL,
+    BENCH_VACUUM_SQL,
+)
+
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.database import rearm_claims, sizes
 from boomerang_tools.bench.preload import copy_leases
@@ -33,7 +40,7 @@ async def preload_to(b: Bench, target: int) -> dict[str, Any]:
     task = b.progress.add_task(f"preload {have:,} → {target:,} leases", total=len(convs))
     seconds = await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
                                 progress=lambda n: b.progress.advance(task, n))
-    await b.pg.execute("VACUUM (ANALYZE) leases")
+    await b.pg.execute(BENCH_VACUUM_SQL)
     b.progress.remove_task(task)
     b.preloaded = target
     b.copy_rows_per_second = len(convs) / max(seconds, 1e-3)
@@ -308,21 +315,16 @@ async def expiry(b: Bench) -> dict[str, Any]:
     b.progress.remove_task(task)
     end = start + cfg.expiry_window_seconds
     task = b.progress.add_task("expiry: waiting for the reaper", total=n)
-    query = ("SELECT count(*) FROM leases WHERE tenant LIKE $1 AND state IN ('RETAINED', 'CLAIMED')")
     live = n
     while time.time() < end + 30:
-        live = int(await b.pg.fetchval(query, EXPIRY_TENANT + "%"))
+        live = int(await b.pg.fetchval(BENCH_LIVE_BY_TENANT_SQL, EXPIRY_TENANT + "%"))
         b.progress.update(task, completed=n - live)
         if live == 0 and time.time() > end:
             break
         await asyncio.sleep(0.5)
     b.progress.remove_task(task)
-    lags = [float(r[0]) for r in await b.pg.fetch(
-        "SELECT (details->>'lag_seconds')::float8 FROM lease_events WHERE reason = 'TTL_EXPIRED' AND tenant LIKE $1",
-        EXPIRY_TENANT + "%")]
-    early = int(await b.pg.fetchval(
-        "SELECT count(*) FROM lease_events WHERE reason = 'TTL_EXPIRED' AND tenant LIKE $1 "
-        "AND (details->>'lag_seconds')::float8 < 0", EXPIRY_TENANT + "%"))
+    lags = [float(r[0]) for r in await b.pg.fetch(BENCH_EXPIRY_LAGS_SQL, EXPIRY_TENANT + "%")]
+    early = int(await b.pg.fetchval(BENCH_EXPIRED_EARLY_SQL, EXPIRY_TENANT + "%"))
     summary = summarize([x * 1000 for x in lags])
     b.sample_memory()
     return {

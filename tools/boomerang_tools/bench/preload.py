@@ -20,20 +20,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+from boomerang_registry.inspection import copy_registrations
 
 from boomerang_tools.bench.workload import BLOCK_SIZE, Conversation, chain_for, prompt_end
 
-LEASE_COLUMNS = (
-    "lease_id", "tenant", "conversation_id", "model", "engine_id", "engine_generation",
-    "remote_request_id", "block_ids", "num_blocks", "num_tokens", "block_size", "chain",
-    "tail_hash", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "state",
-    "version", "finished_at", "created_at", "expires_at", "updated_at", "prompt_tokens", "prompt_key",
-    "prompt_tail",
-)
-EVENT_COLUMNS = (
-    "created_at", "lease_id", "tenant", "conversation_id", "from_state", "to_state", "reason",
-    "actor", "request_id",
-)
 CHUNK = 10_000
 
 
@@ -60,7 +50,8 @@ def lease_records(
     margin_seconds: float,
     deadline: Callable[[Conversation, datetime], datetime] | None = None,
 ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
-    """Lease rows and their REGISTERED event rows for `convs`."""
+    """Lease rows and their REGISTERED event rows for `convs`, in the order of the registry's
+    `inspection.PRELOAD_LEASE_COLUMNS` and `PRELOAD_EVENT_COLUMNS`."""
     now = datetime.now(UTC)
     leases: list[tuple[object, ...]] = []
     events: list[tuple[object, ...]] = []
@@ -114,9 +105,7 @@ async def copy_leases(
                 leases, events = await ahead[k]
                 if k + 2 < len(mine):
                     ahead.append(build(mine[k + 2]))
-                async with conn.transaction():
-                    await conn.copy_records_to_table("leases", records=leases, columns=LEASE_COLUMNS)
-                    await conn.copy_records_to_table("lease_events", records=events, columns=EVENT_COLUMNS)
+                await copy_registrations(conn, leases, events)
                 if progress is not None:
                     progress(len(chunks[i]))
 

@@ -4,6 +4,10 @@
 registry, append-only) says what happened to each retained turn's blocks. Merged by time,
 they tell the story of a conversation: registered, claimed by the next turn's plan,
 consumed by the pull, superseded by the next turn's blocks.
+
+The trail is `boomerang audit --database-url`'s (boomerang_cli.audit_db, which runs the
+owning services' SQL, and audit_report.build, which merges it): assembled in one place,
+shown here as a compact table.
 """
 
 from __future__ import annotations
@@ -11,19 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-import asyncpg
+from boomerang_cli.audit_db import gather_db
+from boomerang_cli.tables import parse_iso
 from rich.table import Table
 
-PLANS_SQL = """
-SELECT created_at, decision, reason, prompt_tokens, reused_tokens, plan_micros, retention
-FROM turn_plans WHERE tenant = $1 AND conversation_id = $2 ORDER BY created_at
-"""
-EVENTS_SQL = """
-SELECT e.created_at, e.lease_id::text AS lease_id, e.from_state, e.to_state, e.reason, e.actor,
-       l.num_tokens, l.engine_id
-FROM lease_events e LEFT JOIN leases l ON l.lease_id = e.lease_id
-WHERE e.tenant = $1 AND e.conversation_id = $2 ORDER BY e.created_at, e.event_id
-"""
+# Where each kind of timeline line is recorded.
+_TABLE = {"PLAN": "turn_plans", "REPORT": "turn_plans", "LEASE": "lease_events"}
 
 
 @dataclass(frozen=True)
@@ -31,31 +28,20 @@ class Entry:
     """One line of the trail."""
 
     at: datetime
-    source: str  # "plan" or "lease"
+    source: str  # "turn_plans" or "lease_events"
     what: str
     detail: str
 
 
 async def trail(database_url: str, tenant: str, conversation_id: str) -> list[Entry]:
-    """Plans and lease events of a conversation, in time order."""
-    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        plans = await conn.fetch(PLANS_SQL, tenant, conversation_id)
-        events = await conn.fetch(EVENTS_SQL, tenant, conversation_id)
-    finally:
-        await conn.close()
-    out = [
-        Entry(p["created_at"], "plan", f"{p['decision']} {p['reason']}",
-              f"prompt {p['prompt_tokens']:,}, pull {p['reused_tokens']:,}; {p['plan_micros'] / 1000:.1f} ms")
-        for p in plans
-    ]
-    for e in events:
-        move = f"{e['from_state'] or '·'} → {e['to_state']}"
-        size = f", {e['num_tokens']:,} tokens" if e["num_tokens"] is not None else ""
-        why = f" ({e['reason']})" if e["reason"] != e["to_state"] else ""  # REGISTERED → RETAINED says it all
-        out.append(Entry(e["created_at"], "lease", move, f"lease {e['lease_id'][:8]}{size}{why}"))
-    out.sort(key=lambda entry: (entry.at, entry.source != "plan"))
+    """Plans, their reports and lease events of a conversation, in time order."""
+    report = await gather_db(database_url, conversation_id, tenant)
+    out: list[Entry] = []
+    for line in report["timeline"]:
+        at = parse_iso(line["time"])
+        if at is not None:
+            turn = f"turn {line['turn']}: " if line["turn"] else ""
+            out.append(Entry(at, _TABLE[line["kind"]], turn + line["what"], line["detail"]))
     return out
 
 
@@ -70,9 +56,9 @@ def render(entries: list[Entry], conversation_id: str, limit: int = 16) -> Table
     start = entries[0].at if entries else None
     for entry in entries[:limit]:
         assert start is not None
-        t.add_row(f"+{(entry.at - start).total_seconds():.2f}s", "turn_plans" if entry.source == "plan" else "lease_events",
-                  entry.what, entry.detail)
+        t.add_row(f"+{(entry.at - start).total_seconds():.2f}s", entry.source, entry.what, entry.detail)
     if len(entries) > limit:
-        plans = sum(1 for e in entries if e.source == "plan")
-        t.caption = f"… {len(entries) - limit} more ({plans} plans and {len(entries) - plans} lease events in all)"
+        plans = sum(1 for e in entries if e.source == "turn_plans")
+        t.caption = (f"… {len(entries) - limit} more ({plans} plan lines and {len(entries) - plans} "
+                     "lease events in all; `boomerang audit` shows every one)")
     return t

@@ -1,0 +1,99 @@
+"""The SQL others run against the registry's tables: `engines`, `leases`, `lease_events`.
+
+The registry owns these tables; every statement naming them lives in this package (see
+docs/design.md, "Who owns which table", and tests/unit/test_table_owners.py). The statements
+here are the ones run outside the registry's process: `boomerang status --database-url`
+and `boomerang audit --database-url` read through them, and the benchmark loads and
+inspects leases with them. Changing a lease column means changing this package alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+# -- `boomerang status --database-url` ---------------------------------------------------------
+
+STATUS_ENGINES_SQL = """
+SELECT e.engine_id, e.role, e.model, e.status, e.generation, e.http_base_url, e.kv_blocks_ttl_seconds,
+       e.bytes_per_block, e.in_flight_requests, e.queued_prompt_tokens,
+       EXTRACT(EPOCH FROM now() - e.heartbeat_at) AS heartbeat_age,
+       COALESCE((SELECT sum(l.num_blocks) FROM leases l
+                 WHERE l.engine_id = e.engine_id AND l.state IN ('RETAINED', 'CLAIMED')), 0) AS retained_blocks
+FROM engines e ORDER BY e.role, e.engine_id
+"""
+STATUS_LIVE_SQL = "SELECT state, count(*) AS n FROM leases WHERE state IN ('RETAINED', 'CLAIMED') GROUP BY state"
+STATUS_ENDED_SQL = (
+    "SELECT state, count(*) AS n FROM leases WHERE state NOT IN ('RETAINED', 'CLAIMED') "
+    "AND updated_at >= now() - make_interval(secs => :window) GROUP BY state"
+)
+# Live leases, those past their deadline (the reaper's backlog) and the next deadline, from
+# the live-lease deadline index.
+LEASE_FIGURES_SQL = """
+SELECT count(*) AS live, count(*) FILTER (WHERE expires_at <= now()) AS backlog,
+       min(expires_at) AS next_deadline, now() AS db_now
+FROM leases WHERE state IN ('RETAINED', 'CLAIMED')
+"""
+
+# -- `boomerang audit --database-url` (`{tenant}` is "" or " AND tenant = :tenant") -------------
+
+CONVERSATION_LEASES_SQL = """
+SELECT lease_id::text AS lease_id, tenant, state, engine_id, engine_generation, num_tokens, num_blocks,
+       created_at, expires_at, updated_at
+FROM leases WHERE conversation_id = :conversation{tenant} ORDER BY created_at LIMIT 10000
+"""
+CONVERSATION_EVENTS_SQL = """
+SELECT lease_id::text AS lease_id, COALESCE(from_state, '') AS from_state, to_state, reason, actor, request_id,
+       claim_id, created_at
+FROM lease_events WHERE conversation_id = :conversation{tenant} ORDER BY created_at, event_id LIMIT 100000
+"""
+
+# -- the benchmark (asyncpg, `$n` parameters) --------------------------------------------------
+
+# The columns a RegisterRetainedBlocks writes (statements.REGISTER_BATCH_SQL), in the order
+# the benchmark's preload builds its COPY records; and the REGISTERED event it appends.
+PRELOAD_LEASE_COLUMNS = (
+    "lease_id", "tenant", "conversation_id", "model", "engine_id", "engine_generation",
+    "remote_request_id", "block_ids", "num_blocks", "num_tokens", "block_size", "chain",
+    "tail_hash", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "state",
+    "version", "finished_at", "created_at", "expires_at", "updated_at", "prompt_tokens", "prompt_key",
+    "prompt_tail",
+)
+PRELOAD_EVENT_COLUMNS = (
+    "created_at", "lease_id", "tenant", "conversation_id", "from_state", "to_state", "reason",
+    "actor", "request_id",
+)
+
+BENCH_SIZES_SQL = """
+SELECT pg_database_size(current_database()) AS database_bytes,
+       pg_total_relation_size('leases') AS leases_bytes,
+       pg_indexes_size('leases') AS lease_index_bytes,
+       (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::bigint FROM pg_inherits
+        WHERE inhparent = 'lease_events'::regclass) AS events_bytes,
+       (SELECT count(*) FROM leases WHERE state IN ('RETAINED', 'CLAIMED')) AS live_leases
+"""
+# A benchmark-only shortcut (in service the prefill node's report settles each claim).
+BENCH_REARM_SQL = (
+    "UPDATE leases SET state = 'RETAINED', claim_id = NULL, version = version + 1, updated_at = now() "
+    "WHERE state = 'CLAIMED' AND tenant LIKE $1"
+)
+BENCH_VACUUM_SQL = "VACUUM (ANALYZE) leases"
+BENCH_LIVE_BY_TENANT_SQL = "SELECT count(*) FROM leases WHERE tenant LIKE $1 AND state IN ('RETAINED', 'CLAIMED')"
+BENCH_EXPIRY_LAGS_SQL = (
+    "SELECT (details->>'lag_seconds')::float8 FROM lease_events WHERE reason = 'TTL_EXPIRED' AND tenant LIKE $1"
+)
+BENCH_EXPIRED_EARLY_SQL = (
+    "SELECT count(*) FROM lease_events WHERE reason = 'TTL_EXPIRED' AND tenant LIKE $1 "
+    "AND (details->>'lag_seconds')::float8 < 0"
+)
+
+
+async def copy_registrations(
+    conn: asyncpg.Connection, leases: Sequence[tuple[object, ...]], events: Sequence[tuple[object, ...]]
+) -> None:
+    """COPY live leases and their REGISTERED events in one transaction (the tables' triggers,
+    the deadline NOTIFY included, run as for a registration)."""
+    async with conn.transaction():
+        await conn.copy_records_to_table("leases", records=leases, columns=PRELOAD_LEASE_COLUMNS)
+        await conn.copy_records_to_table("lease_events", records=events, columns=PRELOAD_EVENT_COLUMNS)
