@@ -76,3 +76,37 @@ async def test_every_mutating_call_retried_after_a_lost_response_takes_effect_on
     events = [r["reason"] for r in await pg.fetch(
         "SELECT reason FROM lease_events WHERE lease_id = $1 ORDER BY event_id", uuid.UUID(lease_id))]
     assert events == ["REGISTERED", "CLAIMED", "PREFILL_READ"]
+
+
+async def test_a_turn_end_retried_after_a_lost_response_consumes_and_registers_once(
+    lossy: tuple[LossyProxy, RegistryClient, RegistryClient], pg: asyncpg.Connection, unique: str
+) -> None:
+    """CompleteTurn: the claim consumed and the next lease registered, one transaction; the
+    retry after a lost answer finds both done (the same new lease, created False)."""
+    proxy, via_proxy, direct = lossy
+    eid = f"d-{unique}"
+    await direct.register_engine(engine_request(eid))
+    tokens = list(range(400))
+    first = await direct.register_retained_blocks(blocks_request("lost", unique, eid, tokens))
+    claimed = await direct.claim_reuse(claim_request("lost", unique, tokens + [1], claim_id=f"claim-{unique}"))
+    assert claimed.outcome == rpb.CLAIM_OUTCOME_CLAIMED
+
+    end = rpb.CompleteTurnRequest(
+        tenant="lost",
+        claim=rpb.TurnClaim(lease_id=first.lease.lease_id, claim_id=f"claim-{unique}", use=rpb.CLAIM_USE_READ),
+        registration=blocks_request("", unique, eid, [*tokens, 1, 2, 3], request_id=f"end-{unique}"),
+    )
+    await lose(proxy, via_proxy.complete_turn(end))
+    retried = await direct.complete_turn(end)
+    assert retried.claim.error_code == 0 and retried.claim.lease.state == claimed.lease.state + 1  # CONSUMED
+    assert retried.registration.error_code == 0 and not retried.registration.response.created
+    assert proxy.lost >= 1
+    rows = await pg.fetch(
+        "SELECT l.lease_id, l.state, array_agg(e.reason ORDER BY e.event_id) AS reasons FROM leases l "
+        "JOIN lease_events e USING (lease_id) WHERE l.tenant = 'lost' AND l.conversation_id = $1 "
+        "GROUP BY l.lease_id, l.state", unique)
+    trail = {str(r["lease_id"]): (r["state"], r["reasons"]) for r in rows}
+    assert trail == {
+        first.lease.lease_id: ("CONSUMED", ["REGISTERED", "CLAIMED", "PREFILL_READ"]),
+        retried.registration.response.lease.lease_id: ("RETAINED", ["REGISTERED"]),
+    }

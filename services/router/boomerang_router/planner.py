@@ -365,8 +365,7 @@ class Router:
                 f"plan {record.plan_id} was reported with handle_use {record.handle_use}; a report "
                 "cannot change whether the handle was read",
             )
-        lease_state, handle_detail = await self.reporter.settle_handle(record, r.handle_use) if pulled else ("", "")
-        retention, lease, retain_detail = await self.reporter.retain(record, r)
+        lease_state, handle_detail, retention, lease, retain_detail = await self.reporter.end_turn(record, r, pulled)
         first = record.reported_at is None
         if first:
             record.reported_at = datetime.now(UTC)

@@ -171,6 +171,48 @@ class Retained:
     prompt_tail_ids: Sequence[int] = ()  # its partial last block's token ids
 
 
+@dataclass(frozen=True)
+class TurnClaim:
+    """A PULL plan's claim, settled at its turn's end: consumed when read, else given back."""
+
+    lease_id: str
+    claim_id: str
+    read: bool
+    release_reason: str = "PREFILL_DID_NOT_READ"
+
+
+@dataclass
+class TurnEnd:
+    """CompleteTurn's answer: each part's result, or the error that part alone failed with."""
+
+    claim_state: str = ""  # the claimed lease's state after it, e.g. `CONSUMED`
+    claim_error: BoomerangClientError | None = None
+    created: bool = False
+    lease: tpb.Lease | None = None  # the registered lease
+    registration_error: BoomerangClientError | None = None
+
+
+def retained_request(r: Retained) -> rpb.RegisterRetainedBlocksRequest:
+    """The RegisterRetainedBlocks message of `r`."""
+    return rpb.RegisterRetainedBlocksRequest(
+        tenant=r.tenant,
+        conversation_id=r.conversation_id,
+        engine_id=r.engine_id,
+        engine_generation=r.engine_generation,
+        remote_request_id=r.remote_request_id,
+        block_groups=[tpb.BlockIdGroup(block_ids=list(g)) for g in r.block_groups],
+        num_tokens=r.chain.num_tokens,
+        token_chain=chainproto.to_proto(r.chain),
+        finish_time_unix=r.finish_time_unix,
+        remote_host=r.remote_host,
+        remote_port=r.remote_port,
+        model=r.model,
+        request_id=r.request_id,
+        prompt_tokens=r.prompt_tokens,
+        prompt_tail_token_ids=r.prompt_tail_ids,
+    )
+
+
 class RouterRegistry:
     """The registry RPCs the router makes, over the typed client."""
 
@@ -240,25 +282,38 @@ class RouterRegistry:
 
     async def register_retained(self, r: Retained, timeout: float) -> tuple[bool, tpb.Lease]:
         """RegisterRetainedBlocks: whether it created the lease, and the lease."""
-        req = rpb.RegisterRetainedBlocksRequest(
-            tenant=r.tenant,
-            conversation_id=r.conversation_id,
-            engine_id=r.engine_id,
-            engine_generation=r.engine_generation,
-            remote_request_id=r.remote_request_id,
-            block_groups=[tpb.BlockIdGroup(block_ids=list(g)) for g in r.block_groups],
-            num_tokens=r.chain.num_tokens,
-            token_chain=chainproto.to_proto(r.chain),
-            finish_time_unix=r.finish_time_unix,
-            remote_host=r.remote_host,
-            remote_port=r.remote_port,
-            model=r.model,
-            request_id=r.request_id,
-            prompt_tokens=r.prompt_tokens,
-            prompt_tail_token_ids=r.prompt_tail_ids,
-        )
-        resp = await self.client.register_retained_blocks(req, timeout=timeout)
+        resp = await self.client.register_retained_blocks(retained_request(r), timeout=timeout)
         return resp.created, resp.lease
+
+    async def complete_turn(
+        self, tenant: str, claim: TurnClaim | None, retained: Retained | None, timeout: float
+    ) -> TurnEnd:
+        """CompleteTurn: the claim settled and the blocks registered in one call (either may be None)."""
+        req = rpb.CompleteTurnRequest(tenant=tenant)
+        if claim is not None:
+            req.claim.lease_id, req.claim.claim_id = claim.lease_id, claim.claim_id
+            req.claim.use = rpb.CLAIM_USE_READ if claim.read else rpb.CLAIM_USE_NOT_READ
+            req.claim.release_reason = "" if claim.read else claim.release_reason
+        if retained is not None:
+            req.registration.CopyFrom(retained_request(retained))
+            req.registration.tenant = ""  # CompleteTurn's own tenant stands for it
+        resp = await self.client.complete_turn(req, timeout=timeout)
+        out = TurnEnd()
+        if claim is not None:
+            c = resp.claim
+            if c.error_code:
+                out.claim_error = BoomerangClientError("CompleteTurn", from_code_number(c.error_code, c.error_reason, c.error_message))
+            else:
+                out.claim_state = lease_state_name(c.lease.state)
+        if retained is not None:
+            r = resp.registration
+            if r.error_code:
+                out.registration_error = BoomerangClientError(
+                    "CompleteTurn", from_code_number(r.error_code, r.error_reason, r.error_message)
+                )
+            else:
+                out.created, out.lease = r.response.created, r.response.lease
+        return out
 
     async def register_decode_engine(self, e: DecodeEngine, request_id: str, timeout: float) -> None:
         """RegisterEngine for a decode engine."""

@@ -1,8 +1,12 @@
 """ReportTurn's registry work: settle the claimed handle, register D's retained blocks.
 
-Every call here is idempotent at the registry (MarkConsumed and ReleaseClaim by claim id,
-RegisterRetainedBlocks by the decode engine's `remote_request_id`, RegisterEngine by
-generation), so a repeated report repeats them harmlessly. A registry that cannot be
+Both in one CompleteTurn call, which the registry runs in one transaction (it used to be
+MarkConsumed or ReleaseClaim, then RegisterRetainedBlocks: two calls, two commits). The
+`turn_plans` row is not in that transaction: the router owns that table and writes it in
+its own batches off the turn's path (repository.AuditWriter), and the registry never
+touches it. Every call here is idempotent at the registry (a settlement by claim id, a
+registration by the decode engine's `remote_request_id`, RegisterEngine by generation), so
+a repeated report repeats them harmlessly. A registry that cannot be
 reached makes the report fail with UNAVAILABLE (the caller retries); a registry that refuses
 the blocks (a stale generation, a dead engine) is an outcome, recorded, not an error.
 """
@@ -21,10 +25,10 @@ from boomerang.tokenchain import build_chain
 from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_router import kvparams
-from boomerang_router.domain import HandleUse, Retention
+from boomerang_router.domain import Retention
 from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import EnginePool
-from boomerang_router.registry_api import DecodeEngine, Retained, RouterRegistry
+from boomerang_router.registry_api import DecodeEngine, Retained, RouterRegistry, TurnClaim, TurnEnd
 from boomerang_router.requests import ReportInput
 from boomerang_router.settings import RouterSettings
 
@@ -81,37 +85,75 @@ class Reporter:
         except BoomerangClientError as err:  # best effort: a stale engine only costs reuse
             log.debug("heartbeat for %s after its turn failed: %s", engine_id, err)
 
-    async def settle_handle(self, record: PlanRecord, use: HandleUse) -> tuple[str, str]:
-        """MarkConsumed (read, or not known) or ReleaseClaim (never read)."""
-        try:
-            timeout = self.settings.report_timeout_seconds
-            if use.consumed:
-                state = await self.registry.mark_consumed(record.tenant, record.lease_id, record.claim_id, timeout)
-                return state, ""
-            state = await self.registry.release_claim(
-                record.tenant, record.lease_id, record.claim_id, "PREFILL_DID_NOT_READ", timeout
-            )
-            return state, ""
-        except BoomerangClientError as err:
-            if err.code in TRANSIENT_CODES:
-                raise registry_down(err) from None
-            state = ""
-            if err.code == "FAILED_PRECONDITION" and err.reason.startswith("LEASE_"):
-                state = err.reason.removeprefix("LEASE_")  # the state the lease had already ended in
-            log.warning("plan %s: settling its claim: %s", record.plan_id, err)
-            return state, f"{'MarkConsumed' if use.consumed else 'ReleaseClaim'}: {err.reason}"
+    async def end_turn(
+        self, record: PlanRecord, r: ReportInput, pulled: bool
+    ) -> tuple[str, str, Retention, tpb.Lease | None, str]:
+        """Settle the claim and register D's retained blocks: one CompleteTurn, one transaction.
 
-    async def retain(self, record: PlanRecord, r: ReportInput) -> tuple[Retention, tpb.Lease | None, str]:
-        """Register D's retained blocks as the conversation's next lease.
+        Returns (the claimed lease's state, the settlement's failure, the retention, the new
+        lease, the registration's failure). A decode engine the registry does not know at
+        this generation is registered from its own params and the turn ended again (the
+        settlement repeats as a no-op)."""
+        claim = TurnClaim(record.lease_id, record.claim_id, r.handle_use.consumed) if pulled else None
+        kept = self.retained(record, r)
+        retained = kept if isinstance(kept, Retained) else None
+        if claim is None and retained is None:
+            return "", "", kept if isinstance(kept, Retention) else Retention.NOT_RETAINED, None, ""
+        timeout = self.settings.report_timeout_seconds
+        for attempt in (1, 2):
+            try:
+                end = await self.registry.complete_turn(record.tenant, claim, retained, timeout)
+            except BoomerangClientError as err:
+                if err.code in TRANSIENT_CODES:
+                    raise registry_down(err) from None
+                log.warning("plan %s: CompleteTurn refused: %s", record.plan_id, err)
+                failed = f"CompleteTurn: {err.reason}"
+                rejected = Retention.REJECTED if retained else Retention.NOT_RETAINED
+                return "", failed if claim else "", rejected, None, err.reason if retained else ""
+            state, settle_detail = self._settled(record, claim, end)
+            if retained is None:
+                return state, settle_detail, kept if isinstance(kept, Retention) else Retention.NOT_RETAINED, None, ""
+            refusal = end.registration_error
+            if refusal is None:
+                self.vouch_for(retained.engine_id, retained.engine_generation)
+                return state, settle_detail, Retention.REGISTERED if end.created else Retention.ALREADY_REGISTERED, end.lease, ""
+            if refusal.code in TRANSIENT_CODES:
+                raise registry_down(refusal) from None
+            if attempt == 1 and refusal.reason in ("ENGINE_NOT_REGISTERED", "GENERATION_NOT_REGISTERED"):
+                refused = await self.register_decode_engine(record, r.decode_params, retained)
+                if refused:
+                    return state, settle_detail, Retention.REJECTED, None, refused
+                continue
+            log.info("plan %s: registry refused the retained blocks: %s", record.plan_id, refusal)
+            return state, settle_detail, Retention.REJECTED, None, refusal.reason
+        raise AssertionError("unreachable: the second attempt returns")  # pragma: no cover
+
+    def _settled(self, record: PlanRecord, claim: TurnClaim | None, end: TurnEnd) -> tuple[str, str]:
+        """The claimed lease's state after CompleteTurn, and why settling it failed (or "")."""
+        if claim is None:
+            return "", ""
+        err = end.claim_error
+        if err is None:
+            return end.claim_state, ""
+        if err.code in TRANSIENT_CODES:
+            raise registry_down(err) from None
+        state = ""
+        if err.code == "FAILED_PRECONDITION" and err.reason.startswith("LEASE_"):
+            state = err.reason.removeprefix("LEASE_")  # the state the lease had already ended in
+        log.warning("plan %s: settling its claim: %s", record.plan_id, err)
+        return state, f"{'MarkConsumed' if claim.read else 'ReleaseClaim'}: {err.reason}"
+
+    def retained(self, record: PlanRecord, r: ReportInput) -> Retained | Retention:
+        """D's retained blocks as the conversation's next lease, or why there are none.
 
         Without a conversation id the lease is found by the prompt that continues this one,
         which needs the prompt's tokens (a report with only a chain registers nothing then).
         """
         if not record.conversation_id and not r.prompt_len:
-            return Retention.NO_CONVERSATION, None, ""
+            return Retention.NO_CONVERSATION
         p = r.decode_params
         if p is None or not kvparams.accepts_pull(p):
-            return Retention.NOT_RETAINED, None, ""
+            return Retention.NOT_RETAINED
         assert p.remote_engine_id and p.remote_request_id and p.remote_port and p.remote_num_tokens
         known = self.pool.known(p.remote_engine_id)
         generation = p.remote_registration_generation
@@ -127,10 +169,10 @@ class Reporter:
             tokens = r.token_ids or []
             chain = build_chain(tokens[: min(p.remote_num_tokens, len(tokens))], block_size, r.salt)
         if chain.num_tokens == 0:
-            return Retention.NOT_RETAINED, None, ""
+            return Retention.NOT_RETAINED
         prompt_len = r.prompt_len if r.token_ids is not None and r.prompt_len <= chain.num_tokens else 0
         tail = prompt_len % chain.block_size
-        retained = Retained(
+        return Retained(
             tenant=record.tenant,
             conversation_id=record.conversation_id,
             engine_id=p.remote_engine_id,
@@ -146,39 +188,21 @@ class Reporter:
             prompt_tokens=prompt_len,
             prompt_tail_ids=(r.token_ids or [])[prompt_len - tail : prompt_len] if tail else (),
         )
-        for attempt in (1, 2):
-            try:
-                created, lease = await self.registry.register_retained(retained, timeout=self.settings.report_timeout_seconds)
-                self.vouch_for(p.remote_engine_id, generation)
-                return (Retention.REGISTERED if created else Retention.ALREADY_REGISTERED), lease, ""
-            except BoomerangClientError as err:
-                if err.code in TRANSIENT_CODES:
-                    raise registry_down(err) from None
-                unknown = err.reason in ("ENGINE_NOT_REGISTERED", "GENERATION_NOT_REGISTERED")
-                if attempt == 1 and unknown:
-                    refused = await self.register_decode_engine(record, p, generation, host, chain.block_size)
-                    if refused:
-                        return Retention.REJECTED, None, refused
-                    continue
-                log.info("plan %s: registry refused the retained blocks: %s", record.plan_id, err)
-                return Retention.REJECTED, None, err.reason
-        return Retention.REJECTED, None, "ENGINE_NOT_REGISTERED"  # pragma: no cover - loop returns
 
-    async def register_decode_engine(
-        self, record: PlanRecord, p: kvparams.KvParams, generation: int, host: str, block_size: int
-    ) -> str:
+    async def register_decode_engine(self, record: PlanRecord, p: kvparams.KvParams | None, r: Retained) -> str:
         """Register D (unknown to the registry, or at a newer generation) from its own params.
 
         Returns the registry's refusal reason, or "" when it registered.
         """
+        assert p is not None  # a retained turn has D's params
         engine = DecodeEngine(
-            engine_id=p.remote_engine_id or "",
+            engine_id=r.engine_id,
             model=record.model,
-            host=host,
-            port=p.remote_port or 0,
+            host=r.remote_host,
+            port=r.remote_port,
             http_base_url=record.decode_url,
-            generation=generation,
-            block_size=block_size,
+            generation=r.engine_generation,
+            block_size=r.chain.block_size,
             tp_size=p.tp_size or 1,
             dcp_size=p.dcp_size or 1,
             pp_size=p.pp_size or 1,
@@ -192,5 +216,5 @@ class Reporter:
                 raise registry_down(err) from None
             return err.reason
         self.engines_registered += 1
-        log.info("registered decode engine %s generation %d from its handle", engine.engine_id, generation)
+        log.info("registered decode engine %s generation %d from its handle", engine.engine_id, r.engine_generation)
         return ""
