@@ -81,11 +81,14 @@ def test_status_from_the_apis(stack: MiniStack, conversation: dict[str, Any]) ->
     assert reuse["reused_tokens"] >= sum(conversation["reused"])  # an upper bound from the leases
     assert {p["engine_id"] for p in d["router"]["pool"] if p["available"]} >= {e["engine_id"] for e in engines.values()}
     assert d["reaper"]["leader_replica_id"] and d["reaper"]["live_leases"] >= 1
+    memory = next(e for e in d["memory"]["engines"] if e["engine_id"] == decode["engine_id"])
+    assert memory["retained_blocks"] == decode["retained_blocks"] and memory["block_seconds"] > 0
+    assert d["memory"]["releases_by_reason"].get("CONSUMED", 0) >= 2  # the two pulled turns
 
     table = boomerang("status", *api_flags(stack))
     assert table.returncode == 0, table.stderr
     for text in ("Reuse, last 300 s", "Engines", "Leases by state", "Retained per decode engine", "Router pool",
-                 "TTL reaper", decode["engine_id"]):
+                 "TTL reaper", "Decode memory held", "Releases by reason", decode["engine_id"]):
         assert text in table.stdout, text
 
 
@@ -101,6 +104,10 @@ def test_status_from_the_database_counts_plans_exactly(stack: MiniStack, convers
     decode = next(e for e in d["engines"] if e["engine_id"] == f"sim-decode-{stack.run}")
     assert decode["retained_blocks"] > 0 and d["live_leases"]["by_state"]["RETAINED"] >= 1
     assert d["reaper"]["leader_replica_id"]
+    memory = d["memory"]
+    assert memory["exact"] and memory["lost_to_release_turns"] >= 0
+    assert next(e for e in memory["engines"] if e["engine_id"] == decode["engine_id"])["block_seconds"] > 0
+    assert memory["releases_by_reason"].get("CONSUMED", 0) >= 2
 
 
 def _check_audit(d: dict[str, Any], conversation: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from boomerang_cli.failures import database_target, run_against
 from boomerang_cli.sources import add_source_flags, resolve_sources, service_target
 from boomerang_cli.status_common import retained_rows, saved_seconds
 from boomerang_cli.status_db import gather_db
+from boomerang_cli.status_memory import block_seconds_from_leases, memory_section, render_memory
 from boomerang_cli.status_reuse import gateway_outcomes, render_rows
 from boomerang_cli.tables import (
     emit,
@@ -171,6 +172,8 @@ async def gather_api(
         "router": None,
         "reaper": None,
     }
+    data["memory"] = memory_section(data["retained"], block_seconds_from_leases([*live, *recent], since, now),
+                                    reuse["ended_leases"], None, window, exact=False)
     if router:
         try:
             async with RouterClient(router, timeout=timeout) as rt:
@@ -250,6 +253,7 @@ def render(d: dict[str, Any]) -> list[Any]:
         [[s, n] for s, n in live["by_state"].items()] + [[f"{s} (last {r['window_seconds']:.0f} s)", n] for s, n in ended.items()],
         caption="partial (too many to list)" if live.get("partial") else "",
     ))
+    out.extend(render_memory(d.get("memory")))
     out.append(table(
         "Retained per decode engine",
         ["engine", "blocks", "memory"],

@@ -15,14 +15,17 @@ from boomerang.leases import ENDED_STATES, LIVE_STATES
 from boomerang_reaper.repository import STATUS_LEADER_SQL
 from boomerang_registry.inspection import (
     LEASE_FIGURES_SQL,
+    STATUS_BLOCK_SECONDS_SQL,
     STATUS_ENDED_SQL,
     STATUS_ENGINES_SQL,
     STATUS_LIVE_SQL,
+    STATUS_RELEASES_SQL,
 )
 from boomerang_router.inspection import WINDOW_OUTCOMES_SQL, WINDOW_PLANS_SQL
 from sqlalchemy import text
 
 from boomerang_cli.status_common import retained_rows, saved_seconds
+from boomerang_cli.status_memory import memory_section
 from boomerang_cli.status_reuse import outcomes_from_rows
 from boomerang_cli.tables import iso
 
@@ -61,6 +64,9 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
             outcomes = [dict(r._mapping) for r in await conn.execute(text(WINDOW_OUTCOMES_SQL), {"window": window})]
             leader = (await conn.execute(text(STATUS_LEADER_SQL))).first()
             figures = (await conn.execute(text(LEASE_FIGURES_SQL))).one()
+            held = {r.engine_id: float(r.block_seconds)
+                    for r in await conn.execute(text(STATUS_BLOCK_SECONDS_SQL), {"window": window})}
+            releases = {r.reason: int(r.n) for r in await conn.execute(text(STATUS_RELEASES_SQL), {"window": window})}
     finally:
         await engine.dispose()
     rows = [
@@ -93,6 +99,8 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
         "reuse": reuse,
         "router": None,
         "reaper": _reaper(leader, figures),
+        "memory": memory_section(retained_rows(rows), held, releases,
+                                 sum(int(p["turns"]) for p in plans if p["reason"] == "LEASE_RELEASED"), window, exact=True),
     }
 
 

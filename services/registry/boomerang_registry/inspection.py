@@ -36,6 +36,25 @@ SELECT count(*) AS live, count(*) FILTER (WHERE expires_at <= now()) AS backlog,
 FROM leases WHERE state IN ('RETAINED', 'CLAIMED')
 """
 
+# Decode memory: each lease's blocks × the part of its life inside the window (a live lease
+# up to now, an ended one up to its last state change, when D was told to free it); and the
+# window's ending events, RELEASED split by why the registry released it.
+STATUS_BLOCK_SECONDS_SQL = """
+SELECT engine_id, COALESCE(sum(num_blocks * GREATEST(0, EXTRACT(EPOCH FROM
+           (CASE WHEN state IN ('RETAINED', 'CLAIMED') THEN now() ELSE updated_at END)
+           - GREATEST(created_at, now() - make_interval(secs => :window))))), 0)::float8 AS block_seconds
+FROM leases
+WHERE state IN ('RETAINED', 'CLAIMED') OR updated_at >= now() - make_interval(secs => :window)
+GROUP BY engine_id
+"""
+STATUS_RELEASES_SQL = """
+SELECT CASE WHEN to_state = 'RELEASED' THEN reason ELSE to_state END AS reason, count(*) AS n
+FROM lease_events
+WHERE created_at >= now() - make_interval(secs => :window)
+  AND to_state IN ('CONSUMED', 'SUPERSEDED', 'EXPIRED', 'INVALIDATED', 'RELEASED')
+GROUP BY 1
+"""
+
 # -- `boomerang audit --database-url` (`{tenant}` is "" or " AND tenant = :tenant") -------------
 
 CONVERSATION_LEASES_SQL = """
