@@ -31,7 +31,7 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
     run = subprocess.run(
         [BOOMERANG, "demo", "--quick", "--database-url", database_url, "--out", str(tmp_path),
          "--data-dir", str(tmp_path / ".boomerang")],
-        capture_output=True, text=True, timeout=240, env={"PATH": "/usr/bin:/bin", "BOOMERANG_DB_POOL_SIZE": "3",
+        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "BOOMERANG_DB_POOL_SIZE": "3",
                                                           "COLUMNS": "160"},
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -39,13 +39,13 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
     assert set(report) == {"profiles", "corrupt_pulls", "requests_failed"}
     assert report["corrupt_pulls"] == 0 and report["requests_failed"] == 0
     assert [(p["profile"], p["mode"]) for p in report["profiles"]] == [
-        ("qwen3-32b", "gateway"), ("qwen3-32b", "hook"), ("qwen3-32b", "prefix-cache"),
-        ("glm-5-fp8", "gateway"), ("glm-5-fp8", "hook")]
+        ("qwen3-32b", "gateway"), ("qwen3-32b", "gateway-no-id"), ("qwen3-32b", "hook"),
+        ("qwen3-32b", "prefix-cache"), ("glm-5-fp8", "gateway"), ("glm-5-fp8", "gateway-no-id"), ("glm-5-fp8", "hook")]
     boomerang = [p for p in report["profiles"] if p["mode"] != "prefix-cache"]
     for profile in boomerang:
         assert {"profile", "mode", "rows", "tokenize_calls", "pulls"} <= set(profile)
         turns_on = 1 + 2 * len(QUICK_POINTS[profile["profile"]])
-        if profile["mode"] == "gateway":
+        if profile["mode"] in ("gateway", "gateway-no-id"):
             assert profile["tokenize_calls"] == turns_on  # one per turn with Boomerang on, none when off
         else:
             # The engines plan from their own token ids: nothing tokenizes on the way to TTFT.

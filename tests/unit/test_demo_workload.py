@@ -107,7 +107,10 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
 
 
 def test_modes_are_a_list_parsed_by_name() -> None:
-    assert [m.name for m in MODES] == ["gateway", "hook", "prefix-cache"]
+    assert [m.name for m in MODES] == ["gateway", "gateway-no-id", "hook", "prefix-cache"]
+    no_id = parse_modes("gateway-no-id")[0]
+    assert not no_id.conversation_id and no_id.boomerang and not no_id.hook
+    assert all(m.conversation_id for m in MODES if m is not no_id)
     assert [m.name for m in parse_modes("hook,gateway,hook")] == ["hook", "gateway"]
     assert parse_modes("gateway")[0].hook is False and parse_modes("hook")[0].hook is True
     with pytest.raises(ValueError, match="sticky"):
@@ -117,6 +120,13 @@ def test_modes_are_a_list_parsed_by_name() -> None:
         parse_modes("prefix-cache")
     (alt,) = [m for m in parse_modes("prefix-cache,gateway") if not m.boomerang]
     assert "--prefix-cache-blocks" in alt.sim_args and "--sticky-prefill" in alt.gateway_args
+
+
+def test_a_mode_without_ids_sends_no_conversation_header() -> None:
+    from boomerang_tools.demo.runner import id_headers
+
+    assert id_headers("c-1", True) == {"X-Conversation-Id": "c-1"}
+    assert id_headers("c-1", False) == {}
 
 
 def test_server_timing_and_overhead() -> None:

@@ -26,11 +26,20 @@ class Mode:
     # conversations take their turns in rotation); 1: one conversation at a time.
     levels: tuple[int, ...] = (1,)
     quick_levels: tuple[int, ...] = (1,)
+    # The client names its conversation (`X-Conversation-Id`); False: it sends no id, as most
+    # clients and proxies do, and the router finds the turn its prompt continues.
+    conversation_id: bool = True
 
 
 GATEWAY = Mode(
     "gateway", "gateway",
     "engines unchanged; the gateway tokenizes on the prefill engine, plans with the router and reports each turn",
+)
+GATEWAY_NO_ID = Mode(
+    "gateway-no-id", "gateway, no id",
+    "as gateway, but the client sends no conversation id: the router claims the retained turn whose prompt "
+    "the new prompt continues",
+    conversation_id=False,
 )
 HOOK = Mode(
     "hook", "engine hook",
@@ -57,7 +66,7 @@ PREFIX_CACHE = Mode(
     levels=(1, 8, 32),
     quick_levels=(1, 8),
 )
-MODES: list[Mode] = [GATEWAY, HOOK, PREFIX_CACHE]
+MODES: list[Mode] = [GATEWAY, GATEWAY_NO_ID, HOOK, PREFIX_CACHE]
 
 
 def parse_modes(spec: str) -> list[Mode]:

@@ -3,7 +3,8 @@
 Off: every turn carries `X-Boomerang-Reuse: off` and no conversation id, so the gateway
 sends the prefill engine the first-turn form and P computes the whole prompt (prefix
 caching is off on the simulated P, as in AWS's tests). On: every turn carries its
-conversation id, so turns 2+ pull the previous turn's KV from the decode engine. "On" is
+conversation id (or none, in a mode that sends none: the router then finds the turn by its
+prompt), so turns 2+ pull the previous turn's KV from the decode engine. "On" is
 measured once per deployment (`modes.py`: the gateway plans, or the engines' hook does);
 "off" is the same plain prefill→decode in every deployment, so it is measured once.
 
@@ -119,6 +120,11 @@ class RunResult:
         return sum(1 for v in by_key.values() if "off" in v for k, text in v.items() if k != "off" and text != v["off"])
 
 
+def id_headers(conversation_id: str, send_id: bool) -> dict[str, str]:
+    """A turn's headers with Boomerang on: its conversation id, or nothing at all."""
+    return {"X-Conversation-Id": conversation_id} if send_id else {}
+
+
 async def run_conversation(
     http: httpx.AsyncClient,
     gateway_url: str,
@@ -131,10 +137,11 @@ async def run_conversation(
     out: RunResult,
     on_turn: Callable[[], None],
     deployment: str = "gateway",
+    send_id: bool = True,
 ) -> None:
     """One agent session, turn after turn; stops at the first failed turn."""
     conv = AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/{rep}".encode()), model=model)
-    headers = {REUSE_HEADER: "off"} if mode == "off" else {"X-Conversation-Id": conversation_id}
+    headers = {REUSE_HEADER: "off"} if mode == "off" else id_headers(conversation_id, send_id)
     plan: list[Step | None] = [None, *steps(points)]
     for i, step in enumerate(plan):
         prompt = conv.prompt_tokens() if step is None else prepare(conv, step)
@@ -159,6 +166,7 @@ async def run_profile(
     on_turn: Callable[[], None],
     deployment: str = "gateway",
     with_off: bool = True,
+    send_id: bool = True,
 ) -> None:
     """All conversations of one profile in one deployment: for each repetition, off (unless
     another deployment measured it) then on."""
@@ -169,7 +177,7 @@ async def run_profile(
             out.conversation_ids.setdefault((profile, rep), cid)
             for mode in ("off", "on") if with_off else ("on",):
                 await run_conversation(http, gateway_url, profile, model, mode, rep, points, cid, out, on_turn,
-                                       deployment)
+                                       deployment, send_id)
 
 
 async def run_rotation(
@@ -181,13 +189,14 @@ async def run_rotation(
     out: RunResult,
     on_turn: Callable[[], None],
     deployment: str,
+    send_id: bool = True,
 ) -> None:
     """`conversations` agent sessions sharing the engines, each turn of each in rotation (one
     request at a time); a conversation whose turn fails stops, the others go on."""
     run_id = uuid.uuid4().hex[:8]
     convs = [AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/x{conversations}/{i}".encode()), model=model)
              for i in range(conversations)]
-    headers = [{"X-Conversation-Id": f"demo-{profile}-{deployment}-x{conversations}-{run_id}-{i}"}
+    headers = [id_headers(f"demo-{profile}-{deployment}-x{conversations}-{run_id}-{i}", send_id)
                for i in range(conversations)]
     plan: list[Step | None] = [None, *steps(points)]
     live = set(range(conversations))

@@ -47,10 +47,12 @@ def measure(
         async def main() -> None:
             for p in profiles:
                 await run_profile(gateway_url, p, models[p], points[p], reps, result,
-                                  lambda p=p: progress.advance(tasks[p]), mode.name, with_off)  # type: ignore[misc]
+                                  lambda p=p: progress.advance(tasks[p]), mode.name, with_off,  # type: ignore[misc]
+                                  mode.conversation_id)
             for p, n, pts, task in spins:
                 await run_rotation(gateway_url, p, models[p], pts, n, result,
-                                   lambda task=task: progress.advance(task), mode.name)  # type: ignore[misc]
+                                   lambda task=task: progress.advance(task), mode.name,  # type: ignore[misc]
+                                   mode.conversation_id)
 
         asyncio.run(main())
     return result
