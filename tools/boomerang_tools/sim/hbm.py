@@ -19,17 +19,29 @@ Two policies, same workload (same seed):
   registry decides first (the lease leaves RETAINED, so no later claim gets it); D frees
   the blocks `release_delay` later (the heartbeat that carries the release).
 
+The retention decisions are the live reaper's (boomerang.retention): the hold, and the
+value per block that orders releases under pressure.
+
 Every pull reads through `KVStore.read`, which checks the blocks still hold the turn's
 tokens: a read of a released block is counted (`bad_reads`) and must stay 0.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 import random
 from dataclasses import dataclass, field
+
+from boomerang.retention import (
+    Evidence,
+    Held,
+    Params,
+    Pauses,
+    Policy,
+    hold_seconds,
+    least_valuable_first,
+)
 
 from boomerang_tools.sim.kvstore import Allocation, HandleKind, KVStore, PoolExhausted, ReadError
 
@@ -112,39 +124,25 @@ class _Conv:
     released_early: bool = False  # its live turn was released by the policy or memory pressure
 
 
-class _Pauses:
-    """A tenant's observed pauses between turns (the audit trail's evidence), sorted."""
-
-    def __init__(self) -> None:
-        self.seen: list[float] = []
-
-    def add(self, pause: float) -> None:
-        bisect.insort(self.seen, pause)
-
-    def quantile(self, q: float) -> float:
-        return self.seen[min(len(self.seen) - 1, int(q * len(self.seen)))]
-
-    def survival(self, age: float) -> float:
-        """P(pause > age) among observed pauses."""
-        if not self.seen:
-            return 1.0
-        return 1.0 - bisect.bisect_right(self.seen, age) / len(self.seen)
-
-
 class Replay:
     """One policy over the workload."""
 
     def __init__(self, w: HbmWorkload, policy: str):
         if policy not in ("fixed-ttl", "boomerang"):
             raise ValueError(f"policy {policy!r}: fixed-ttl or boomerang")
-        self.w, self.policy = w, policy
+        self.w, self.name = w, policy
         self.clock = SimClock()
         self.kv = KVStore(w.pool_blocks, w.block_size, self.clock)  # type: ignore[arg-type]
         self.result = HbmResult(policy)
         self.rng = random.Random(w.seed)
         self.events: list[tuple[float, int, str, object]] = []
         self._n = 0
-        self.pauses = {t.name: _Pauses() for t in w.tenants}
+        self.pauses = {t.name: Pauses() for t in w.tenants}
+        # The registry's policy as the reaper runs it: p99 of the pauses, TTL-bound until
+        # `min_samples` were seen; no floor (the workload's agents come back within seconds).
+        self.params = Params(min_samples=w.min_samples, min_hold_seconds=0.0,
+                             prefill_seconds_per_token=w.prefill_s_per_token)
+        self.policy = Policy.parse("ttl" if policy == "fixed-ttl" else "p99")
         self.live: dict[str, _Conv] = {}  # D request id → its conversation, while RETAINED
         self.waiting: list[tuple[float, _Conv, int]] = []
 
@@ -154,19 +152,18 @@ class Replay:
 
     # -- the registry's policy -------------------------------------------------------------
 
-    def _hold(self, tenant: Tenant) -> float:
-        cap = self.w.ttl_s - self.w.margin_s
-        pauses = self.pauses[tenant.name]
-        if self.policy == "fixed-ttl" or len(pauses.seen) < self.w.min_samples:
-            return cap
-        return min(cap, pauses.quantile(0.99))
+    def _evidence(self, tenant: str, model: str = "") -> Evidence:
+        return Evidence(self.pauses[tenant], continue_share=1 - self.w.end_probability)
 
-    def _value_per_block(self, conv: _Conv) -> float:
-        """Prefill seconds a pull saves × P(a next turn comes | its age), per block held."""
-        age = self.clock.t - conv.finished_at
-        go_on = (1 - self.w.end_probability) * self.pauses[conv.tenant.name].survival(age)
-        p_next = go_on / (go_on + self.w.end_probability)
-        return len(conv.tokens) * self.w.prefill_s_per_token * p_next / max(1, self.kv.blocks_for(len(conv.tokens)))
+    def _hold(self, tenant: Tenant) -> float:
+        hold = hold_seconds(self.policy, self._evidence(tenant.name), self.w.ttl_s - self.w.margin_s, self.params)
+        assert hold is not None  # neither policy here is `off`
+        return hold
+
+    def _held(self, rid: str) -> Held:
+        conv = self.live[rid]
+        return Held(rid, conv.tenant.name, "", "d", self.clock.t - conv.finished_at, self.w.ttl_s - self.w.margin_s,
+                    len(conv.tokens), self.kv.blocks_for(len(conv.tokens)))
 
     def _release(self, rid: str, reason: str) -> None:
         """The registry ends the lease (no claim gets it from now on); D frees it later."""
@@ -177,7 +174,7 @@ class Replay:
             conv.lease = None
             conv.released_early = reason in ("RETENTION_POLICY", "MEMORY_PRESSURE")
         self.result.released[reason] = self.result.released.get(reason, 0) + 1
-        if self.policy == "boomerang":
+        if self.name == "boomerang":
             self._at(self.clock.t + self.w.release_delay_s, "free", rid)
 
     # -- the replay ------------------------------------------------------------------------
@@ -239,12 +236,12 @@ class Replay:
         try:
             return self.kv.allocate(need)
         except PoolExhausted:
-            if self.policy != "boomerang":
+            if self.name != "boomerang":
                 raise
         # Memory pressure: the registry releases the least valuable retained turns until the
         # request fits (D frees them with the release; the request waits for that).
         short = self.kv.blocks_for(need) - len(self.kv.free)
-        for rid in sorted(self.live, key=lambda rid: self._value_per_block(self.live[rid])):
+        for rid in [h.lease_id for h in least_valuable_first(map(self._held, self.live), self._evidence, self.params)]:
             if short <= 0:
                 break
             short -= len(self.kv.handles[rid].block_ids) if rid in self.kv.handles else 0
@@ -273,7 +270,7 @@ class Replay:
         self._retry_waiting()
 
     def _on_policy(self, rid: str) -> None:
-        if rid in self.live and self.policy == "boomerang":
+        if rid in self.live and self.name == "boomerang":
             self._release(rid, "RETENTION_POLICY")
 
     def _on_expire(self, rid: str) -> None:
