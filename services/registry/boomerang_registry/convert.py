@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from boomerang.v1 import types_pb2 as tpb
@@ -23,13 +23,20 @@ LEASE_STATE = {
 LEASE_STATE_NAME = {v: k for k, v in LEASE_STATE.items()}
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def ts(value: datetime | None) -> Timestamp | None:
-    """A protobuf Timestamp for an aware datetime."""
+    """A protobuf Timestamp for an aware datetime.
+
+    Built from the difference to the epoch: protobuf's `FromDatetime` costs about 7.5 µs
+    (time zone and calendar work), this about 1.6, and every lease in an answer has four."""
     if value is None:
         return None
-    out = Timestamp()
-    out.FromDatetime(value)
-    return out
+    if value.tzinfo is None:  # as FromDatetime reads a naive datetime: UTC
+        value = value.replace(tzinfo=UTC)
+    delta = value - _EPOCH
+    return Timestamp(seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000)
 
 
 def engine(row: Mapping[str, Any]) -> tpb.Engine:

@@ -183,10 +183,18 @@ class Transaction:
     def __init__(self, pool: TenantPool, conn: asyncpg.Connection):
         self.pool = pool
         self.conn = conn
+        self._tenants: str | None = None  # what `as_tenants` last set in this transaction
 
     async def as_tenants(self, tenants: Sequence[str]) -> None:
-        """Scope the rest of the transaction to `tenants` (a batch's), and to no single tenant."""
-        await self.conn.execute(self.pool.compile(SET_TENANTS_LOCAL)[0], " ".join(tenants))
+        """Scope the rest of the transaction to `tenants` (a batch's), and to no single tenant.
+
+        Setting the same list again is skipped: a turn end sets its tenant for the claim's
+        settlement, and its registration would set it once more (a round trip of nothing)."""
+        joined = " ".join(tenants)
+        if joined == self._tenants:
+            return
+        await self.conn.execute(self.pool.compile(SET_TENANTS_LOCAL)[0], joined)
+        self._tenants = joined
 
     async def fetch(self, sql: str, params: Mapping[str, Any]) -> list[asyncpg.Record]:
         """The statement's rows."""
