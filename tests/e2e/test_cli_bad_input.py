@@ -64,21 +64,15 @@ DATABASE_COMMANDS = {
     "gateway": ["gateway", "--listen", "127.0.0.1:0", "--registry", f"127.0.0.1:{CLOSED}", "--database-url", "{url}"],
     "up": ["up", "--sim", "1x1", "--free-ports", "--database-url", "{url}"],
 }
+REPLAY_FILE = "conversations.jsonl"
 # Every command meets these; a few meet every kind (the same code path serves the others).
 EVERY_COMMAND_KINDS = {"not a URL", "closed port", "unknown role"}
 EVERY_KIND_COMMANDS = {"migrate", "status", "registry", "up"}
-# Commands whose settings are read by boomerang.config.settings.load_settings, which prints an
-# invalid value as a heading and an indented line (two lines): outside this change's files.
-SETTINGS_TWO_LINES = {"registry", "router", "reaper", "gateway", "tenants", "advise-ttl", "bench"}
 # A gRPC service each command reads, unreachable.
 SERVICE_COMMANDS = {
     "status": (["status", "--registry", f"127.0.0.1:{CLOSED}"], "cannot reach the registry"),
     "audit": (["audit", "conv-1", "--tenant", "t", "--registry", f"127.0.0.1:{CLOSED}"], "cannot reach the registry"),
-    "advise-ttl": (["advise-ttl", "--reaper", f"127.0.0.1:{CLOSED}"], "cannot reach"),
-}
-KNOWN_GAPS = {
-    # services/reaper/boomerang_reaper/cli.py prints the client error itself ("AdviseTTL: UNAVAILABLE …"), no fix.
-    "service advise-ttl": "advise-ttl catches the reaper's error itself, with no fix (services/reaper)",
+    "advise-ttl": (["advise-ttl", "--reaper", f"127.0.0.1:{CLOSED}"], "cannot reach the reaper"),
 }
 
 
@@ -101,6 +95,15 @@ def _cases(secured: str) -> dict[str, Case]:
     # demo runs its no-database mode (about a minute) before it reads the URL, bench starts its
     # progress display: one case each. bench's URL names a server to make a scratch database on.
     cases["demo / closed port"] = Case(["demo", "--quick", "--database-url", URLS["closed port"][0]], "cannot reach")
+    cases["demo / not a URL"] = Case(["demo", "--quick", "--database-url", "not-a-url"], "PostgreSQL URL")
+    # The flag after the action too, as `credentials` takes it.
+    for kind in ("not a URL", "closed port"):
+        url, names = URLS[kind]
+        cases[f"tenants list / {kind}"] = Case(["tenants", "list", "--database-url", url], names)
+    # replay's endpoint is HTTP; its file is written into the folder the cases run in.
+    cases["replay / closed port"] = Case(["replay", REPLAY_FILE, "--url", f"http://127.0.0.1:{CLOSED}"],
+                                         "cannot reach the endpoint")
+    cases["replay / not a URL"] = Case(["replay", REPLAY_FILE, "--url", "not-a-url"], "--url")
     cases["bench / unknown role"] = Case(["bench", "--quick", "--database-url", URLS["unknown role"][0]], "refused")
     for command, (args, names) in SERVICE_COMMANDS.items():
         cases[f"service {command}"] = Case(args, names)
@@ -123,6 +126,7 @@ def _cases(secured: str) -> dict[str, Case]:
 class Result:
     code: int
     stderr: str
+    stdout: str = ""
 
 
 def _run(case: Case, cwd: Path) -> Result:
@@ -130,7 +134,7 @@ def _run(case: Case, cwd: Path) -> Result:
            if k not in ("BOOMERANG_DATABASE_URL", "BOOMERANG_REGISTRY_ADDRESS", "BOOMERANG_ROUTER_ADDRESS")}
     env.update({"BOOMERANG_CONTEXT": "", **case.env})
     out = subprocess.run([BOOMERANG, *case.args], capture_output=True, text=True, timeout=60, cwd=cwd, env=env)
-    return Result(out.returncode, out.stderr)
+    return Result(out.returncode, out.stderr, out.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +150,7 @@ def secured(database_url: str) -> Iterator[str]:
 def results(secured: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Result]]:
     """Every case's outcome, four processes at a time (each is a cold Python start)."""
     cwd = tmp_path_factory.mktemp("bad-input")
+    (cwd / REPLAY_FILE).write_text('{"conversation_id": "c1", "model": "m", "messages": [{"role": "user", "content": "hi"}]}\n')
     cases = _cases(secured)
     with ThreadPoolExecutor(4) as pool:
         outcomes = dict(zip(cases, pool.map(lambda c: _run(c, cwd), cases.values()), strict=True))
@@ -156,18 +161,9 @@ def _case_ids() -> list[str]:
     return list(_cases("127.0.0.1:1"))
 
 
-def _param(name: str) -> object:
-    command, _, kind = name.partition(" / ")
-    if kind in ("not a URL",) and command in SETTINGS_TWO_LINES:
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="load_settings prints two lines (libs)"))
-    if name in KNOWN_GAPS:
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[name]))
-    return name
-
-
 # The first case waits for all of them (about seventy cold starts) on a machine that may be busy.
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", [_param(n) for n in _case_ids()])
+@pytest.mark.parametrize("name", _case_ids())
 def test_one_line_that_says_what_failed_and_how_to_fix_it(name: str, results: dict[str, tuple[Case, Result]]) -> None:
     case, result = results[name]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -187,6 +183,13 @@ def test_one_line_that_says_what_failed_and_how_to_fix_it(name: str, results: di
     assert last.startswith(f"boomerang {command}: "), last
     assert case.names in last, last
     assert FIX.search(last.split(": ", 1)[1]), f"no fix in: {last}"
+
+
+def test_demo_and_replay_check_their_target_before_they_run(results: dict[str, tuple[Case, Result]]) -> None:
+    # Nothing on stdout: no banner, no progress, no table of nothing (the demo used to spend a
+    # minute on its database-free deployments first; replay printed a table of failed turns).
+    for name in ("demo / closed port", "demo / not a URL", "replay / closed port", "replay / not a URL"):
+        assert results[name][1].stdout == "", f"{name}: {results[name][1].stdout[:500]}"
 
 
 def test_every_subcommand_is_swept_for_bad_flags() -> None:

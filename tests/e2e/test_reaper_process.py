@@ -331,7 +331,10 @@ async def test_advise_ttl_on_a_recorded_history(reapers: dict[str, ServiceProces
     assert "recommendation: decoder_kv_blocks_ttl = 96 s (95.0% of next turns" in table.stdout
     assert "p50 52.5 s" in table.stdout and "vs the current 480 s" in table.stdout
     bad = await asyncio.to_thread(advise_cli, "--reaper", reapers["a"].address, "--target", "2")
-    assert bad.returncode == 2 and "target_reuse" in bad.stderr
+    # One line (issue 26): who refused, what, and the fix.
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        f"boomerang advise-ttl: the reaper at {reapers['a'].address} rejected AdviseTTL: "
+        "target_reuse: must be above 0 and at most 1 (0: default 0.95); fix that value"), bad.stderr
 
 
 async def test_fenced_registry_rpcs_name_every_bad_field(registry: ServiceProcess) -> None:

@@ -243,8 +243,9 @@ def test_bad_configuration_is_a_clear_error() -> None:
 
     out = subprocess.run([BOOMERANG, "registry", "--listen", "nonsense"], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "BOOMERANG_DATABASE_URL": "postgresql://x@127.0.0.1/x"})
-    assert out.returncode == 2
-    assert "BOOMERANG_LISTEN (--listen): Value error, must be HOST:PORT" in out.stderr
+    assert out.returncode == 1
+    assert out.stderr.strip() == ("boomerang registry: invalid configuration: BOOMERANG_LISTEN (--listen): must be "
+                                  "HOST:PORT, e.g. 127.0.0.1:50051 (port 0 picks a free one); fix that flag or variable")
     out = subprocess.run([BOOMERANG, "registry"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode != 0 and "set BOOMERANG_DATABASE_URL" in out.stderr
     _ = chain_proto

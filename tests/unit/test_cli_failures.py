@@ -14,8 +14,10 @@ from pathlib import Path
 
 import asyncpg
 import grpc
+import httpx
 import pytest
 from boomerang.clients.base import BoomerangClientError
+from boomerang.config.settings import InvalidSettings
 from boomerang.errors import BoomerangError, Code
 from boomerang_cli import main as cli_main
 from boomerang_cli.context import StackContext, load_context, remove_context, write_context
@@ -69,6 +71,23 @@ def test_a_connection_failure_found_while_handling_another_is_the_one_reported()
     except ValueError as exc:
         line = describe(exc)
     assert line is not None and line.startswith("cannot reach the server"), line
+
+
+def test_a_bad_setting_is_the_configuration_not_the_database() -> None:
+    # load_settings' one line, as it is: not reworded as a database URL although a database URL was at hand.
+    bad = InvalidSettings(["BOOMERANG_DATABASE_URL (--database-url): must be a PostgreSQL URL"])
+    line = describe(_raised(bad), argparse.Namespace(database_url="nope"))
+    assert line == ("invalid configuration: BOOMERANG_DATABASE_URL (--database-url): must be a PostgreSQL URL; "
+                    "fix that flag or variable")
+
+
+def test_a_command_of_one_service_names_it_by_its_flag() -> None:
+    err = BoomerangClientError("AdviseTTL", BoomerangError(Code.UNAVAILABLE, "", "connection refused"))
+    line = describe(_raised(err), argparse.Namespace(command="advise-ttl", reaper="127.0.0.1:9"))
+    assert line == "cannot reach the reaper at 127.0.0.1:9: connection refused; is it running? check the address in --reaper"
+    refused = httpx.ConnectError("All connection attempts failed", request=httpx.Request("GET", "http://h:1/v1/models"))
+    line = describe(_raised(refused), argparse.Namespace(command="replay", url="http://h:1"))
+    assert line == "cannot reach the endpoint at http://h:1: All connection attempts failed; is it running? check the address in --url"
 
 
 def test_a_bug_is_left_to_its_traceback() -> None:

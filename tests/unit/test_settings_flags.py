@@ -13,6 +13,7 @@ import re
 import pytest
 from boomerang.config.fields import env_name, flag_spec, render_default
 from boomerang.config.flags import flag_dest, settings_from_args
+from boomerang.config.settings import InvalidSettings
 from boomerang_cli.main import build_parser
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
@@ -114,15 +115,19 @@ def test_the_gateways_renamed_settings_still_read_their_old_variables(monkeypatc
     assert _settings("gateway", ["--engine-refresh-seconds", "4"]).engine_refresh_seconds == 4  # type: ignore[attr-defined]
 
 
-def test_a_bad_value_names_its_variable_and_its_flag(capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(SystemExit):
+def test_a_bad_value_names_its_variable_and_its_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One line (issue 26): the command words it as its failure (boomerang_cli.failures), exit status 1.
+    with pytest.raises(InvalidSettings) as exc:
         _settings("reaper", ["--registry", "nowhere"])
-    assert "BOOMERANG_REGISTRY_ADDRESS (--registry): " in capsys.readouterr().err
+    assert str(exc.value).startswith("invalid configuration: BOOMERANG_REGISTRY_ADDRESS (--registry): must be HOST:PORT")
+    assert "\n" not in str(exc.value) and str(exc.value).endswith("; fix that flag or variable")
     monkeypatch.setenv("BOOMERANG_POOL_REFRESH_SECONDS", "-1")
-    with pytest.raises(SystemExit):
+    monkeypatch.setenv("BOOMERANG_DB_POOL_SIZE", "0")
+    with pytest.raises(InvalidSettings) as exc:
         _settings("gateway", [])
-    assert "BOOMERANG_ENGINE_REFRESH_SECONDS (--engine-refresh-seconds): " in capsys.readouterr().err
+    assert "BOOMERANG_ENGINE_REFRESH_SECONDS (--engine-refresh-seconds): " in str(exc.value)
+    assert "BOOMERANG_DB_POOL_SIZE (--db-pool-size): Input should be greater than or equal to 1; " in str(exc.value)
+    assert len(exc.value.problems) == 2 and "\n" not in str(exc.value)
 
 
 def test_a_flag_of_the_wrong_type_is_refused_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:

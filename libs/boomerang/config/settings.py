@@ -1,12 +1,11 @@
 """Configuration from `BOOMERANG_*` environment variables and command-line flags.
 
 Every service reads one settings class; flags override the environment. Values are
-validated at start-up and a bad one stops the process with a message naming the variable.
+validated at start-up; a bad one raises `InvalidSettings`, one line naming its flag and variable.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any, TypeVar
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator
@@ -127,20 +126,33 @@ def _field_name(cls: type[BaseSettings], loc: str) -> str:
     return loc
 
 
+class InvalidSettings(Exception):
+    """Settings that failed validation, as one line naming each bad setting's flag and variable.
+
+    Raised rather than printed, so the command that loaded them words the failure the way it
+    words every other (`boomerang_cli.failures`: one line, exit status 1). Not a ValueError:
+    callers that catch a ValueError of their own must not swallow it.
+    """
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        fix = "fix that flag or variable" if len(problems) == 1 else "fix those flags or variables"
+        super().__init__(f"invalid configuration: {'; '.join(problems)}; {fix}")
+
+
 def load_settings(cls: type[S], **overrides: Any) -> S:
-    """Build settings from the environment plus non-None overrides, or exit with a clear message."""
+    """Build settings from the environment plus non-None overrides; InvalidSettings if a value is bad."""
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
         return cls(**given)
     except ValidationError as exc:
-        lines = ["invalid configuration:"]
+        problems = []
         for err in exc.errors():
             name = _field_name(cls, ".".join(str(p) for p in err["loc"]))
             field = cls.model_fields.get(name)
             flag = flag_spec(name, field).name if field is not None else "--" + name.replace("_", "-")
-            lines.append(f"  {env_name(name)} ({flag}): {err['msg']}")
-        print("\n".join(lines), file=sys.stderr)
-        raise SystemExit(2) from None
+            problems.append(f"{env_name(name)} ({flag}): {err['msg'].removeprefix('Value error, ')}")
+        raise InvalidSettings(problems) from None
 
 
 class TelemetrySettings(BaseSettings):

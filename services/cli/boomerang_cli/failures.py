@@ -30,6 +30,9 @@ _UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH
 TOKEN_FIX = ("set BOOMERANG_AUTH_TOKEN (or BOOMERANG_AUTH_TOKEN_FILE) to a live token, "
              "issued with `boomerang credentials create service:NAME`")
 
+# Commands that talk to one service: its name, the argument holding its address, its flag (for the fix).
+_SERVICE_OF_COMMAND = {"advise-ttl": ("reaper", "reaper", "--reaper"), "replay": ("endpoint", "url", "--url")}
+
 URL_FORM = "it must look like postgresql://USER:PASSWORD@HOST:5432/DATABASE"
 
 T = TypeVar("T")
@@ -120,6 +123,10 @@ def _infer_target(chain: list[BaseException], args: argparse.Namespace | None) -
             m.startswith(_DATABASE_MODULES) for m in _modules(e)
         ):
             return database_target(getattr(args, "database_url", None))
+    name, dest, flag = _SERVICE_OF_COMMAND.get(getattr(args, "command", None) or "", ("", "", ""))
+    address = getattr(args, dest, None) if dest else None
+    if address:
+        return Target(name, str(address), flag)
     for e in chain:
         request = _httpx_request(e)
         if request is not None:
@@ -219,7 +226,12 @@ def _bad_url(e: BaseException, target: Target | None) -> str | None:
 
 
 def _settings(e: BaseException, target: Target | None) -> str | None:
-    """A pydantic-settings ValidationError: each bad setting with its variable and flag, on one line."""
+    """Each bad setting with its flag and variable, on one line (load_settings or pydantic-settings)."""
+    # deferred: only on failure (pydantic is not every command's to import)
+    from boomerang.config.settings import InvalidSettings
+
+    if isinstance(e, InvalidSettings):
+        return str(e)
     if type(e).__name__ != "ValidationError" or not hasattr(e, "errors"):
         return None
     bad = []

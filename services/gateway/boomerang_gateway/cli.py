@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     create.set_defaults(handler=_run_tenants)
     listing = actions.add_parser("list", help="list tenants (never their keys)")
     listing.set_defaults(handler=_run_tenants)
+    for sub in (create, listing):  # after the action too (`tenants list --database-url URL`), as credentials
+        sub.add_argument("--database-url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def _run_gateway(args: argparse.Namespace) -> int:

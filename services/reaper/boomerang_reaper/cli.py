@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 
-from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.reaper import ReaperClient
 from boomerang.config.flags import (
     add_settings_flags,
@@ -71,11 +69,12 @@ def _candidates(text: str) -> tuple[int, ...]:
 
 
 def _run_advise(args: argparse.Namespace) -> int:
+    # A failed call to the reaper (BoomerangClientError) is left to `boomerang`, which words it as
+    # every command's: one line naming the reaper at --reaper and the fix (boomerang_cli.failures).
     try:
         target, safety, advice, history = asyncio.run(_advice(args))
-    except (BoomerangError, BoomerangClientError) as exc:
-        print(f"boomerang advise-ttl: {exc}", file=sys.stderr)
-        return 2
+    except BoomerangError as exc:  # the query's own checks: the message names the field and its range
+        raise SystemExit(f"boomerang advise-ttl: {exc.message}") from None
     if args.json:
         print(json.dumps(to_json(advice, target, safety, history), indent=2))
     else:

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from boomerang.config.settings import normalize_database_url
+from boomerang.db.migrate import upgrade
 from rich.console import Console
 
 from boomerang_tools.demo.hbm import run_hbm
@@ -170,6 +172,24 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
             stack.stop()
 
 
+def _check_database(args: argparse.Namespace) -> None:
+    """A configured database, checked before the demo spends a minute on what needs none.
+
+    Its migrations are what the first Boomerang deployment would apply; a URL that is malformed,
+    a server that cannot be reached or a credential it refuses fails here, in one line
+    (`boomerang` words the failure: boomerang_cli.failures)."""
+    url = args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", "")
+    if not url:
+        return  # the embedded cluster, started by the first deployment
+    try:
+        normalize_database_url(url)
+    except ValueError as exc:
+        raise SystemExit(f"boomerang demo: --database-url {exc}; fix it, or leave it out for an embedded "
+                         "database") from None
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up, at INFO
+    upgrade(url)
+
+
 def _run(args: argparse.Namespace) -> int:
     # The tables are wide (a column per mode); piped into a log, rich would fold them to 80
     # columns and cut every figure, so a console that is not a terminal gets room for them.
@@ -185,6 +205,7 @@ def _run(args: argparse.Namespace) -> int:
         modes = parse_modes(args.modes)
     except ValueError as exc:
         raise SystemExit(f"boomerang demo: --modes: {exc}") from None
+    _check_database(args)
     points = {p: (QUICK_POINTS if args.quick else POINTS)[p] for p in profiles}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     console.rule("[bold]Boomerang demo[/bold]: KV-cache reuse in prefill/decode disaggregated serving")

@@ -8,13 +8,14 @@ import json
 import logging
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from boomerang_tools.replay.loader import ReplayFormatError, load
-from boomerang_tools.replay.runner import ReplayOptions, replay, summarize
+from boomerang_tools.replay.runner import ReplayOptions, check_reachable, replay, summarize
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -65,6 +66,11 @@ def _run(args: argparse.Namespace) -> int:
         conversations = conversations[: args.limit]
     if not conversations:
         raise SystemExit(f"boomerang replay: {args.file}: no conversations")
+    parts = urlsplit(args.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SystemExit(f"boomerang replay: --url {args.url!r}: give the endpoint's base URL, e.g. http://127.0.0.1:8000")
+    # Before any output: an endpoint that cannot be reached is one line from `boomerang`.
+    asyncio.run(check_reachable(args.url))
     modes = ("off", "on") if args.mode == "both" else (args.mode,)
     opts = ReplayOptions(url=args.url, modes=modes, model=args.model or "",
                          api_key=args.api_key or os.environ.get("OPENAI_API_KEY", ""),

@@ -159,6 +159,21 @@ async def _replay_one(
             history.append({"role": "assistant", "content": result.text})
 
 
+async def check_reachable(url: str) -> None:
+    """Connect to the endpoint once before replaying anything.
+
+    One that cannot be reached raises httpx's ConnectError (or ConnectTimeout) here, which
+    `boomerang` reports as one line, rather than failing every turn after a table of nothing.
+    Any answer, even an error status or a slow one, means it is there: the turns say the rest."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        try:
+            await http.get(url.rstrip("/") + "/v1/models")
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            raise
+        except httpx.HTTPError:
+            return
+
+
 async def replay(
     conversations: list[Conversation], opts: ReplayOptions, on_turn: Callable[[], None] = lambda: None
 ) -> ReplayResult:
