@@ -225,7 +225,12 @@ def free_port() -> int:
 
 async def test_static_engines_and_a_stopped_registry(database_url: str, http_engine: str, pg: asyncpg.Connection,
                                                       unique: str) -> None:
-    """Static pool with health checks; then the registry dies: plans stay on time, degraded."""
+    """Static pool with health checks; then the registry dies: plans stay on time, degraded.
+
+    The degraded plans are short prompts, whose claims have the 50 ms claim deadline: that
+    they answer within it is the point. The plans with the registry up are long prompts, whose
+    claims may wait what their reuse is worth (claim_wait_share 1: 1 s here), so a busy
+    machine's slow first claim does not turn them into degraded ones too."""
     reg_port = free_port()
     registry = ServiceProcess(["registry", "--listen", f"127.0.0.1:{reg_port}"], {"BOOMERANG_DATABASE_URL": database_url}).start()
     down = f"http://127.0.0.1:{free_port()}"
@@ -233,7 +238,8 @@ async def test_static_engines_and_a_stopped_registry(database_url: str, http_eng
         ["router", "--listen", "127.0.0.1:0", "--registry", registry.address, "--claim-deadline-ms", "50",
          "--prefill", f"p={http_engine}", "--decode", f"d-up={http_engine}", "--decode", f"d-down={down}",
          "--health-check-seconds", "0.2"],
-        {"BOOMERANG_DATABASE_URL": database_url, "BOOMERANG_BREAKER_COOLDOWN_SECONDS": "0.5"},
+        {"BOOMERANG_DATABASE_URL": database_url, "BOOMERANG_BREAKER_COOLDOWN_SECONDS": "0.5",
+         "BOOMERANG_CLAIM_WAIT_SHARE": "1"},
     ).start()
     try:
         async with RouterClient(router.address, plan_timeout=5.0) as client:
@@ -244,15 +250,11 @@ async def test_static_engines_and_a_stopped_registry(database_url: str, http_eng
 
             await eventually(down_left)
             req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=f"c-{unique}", model="any", prompt_token_ids=list(range(200)))
-            answers: list[rtpb.PlanTurnResponse] = []
-
-            async def answered_normally() -> bool:  # a loaded machine may miss the 50 ms once
-                answers.append(await client.plan_turn(req))
-                return answers[-1].reason == rtpb.PLAN_REASON_NO_LEASE
-
-            await eventually(answered_normally)
-            healthy = answers[-1]
-            assert healthy.decision == rtpb.PLAN_DECISION_COLD
+            # 50k tokens × 0.02061 ms (the default prefill cost) × share 1: past the 1 s cap.
+            long_req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=f"c-{unique}", model="any",
+                                            prompt_token_ids=[i % 150_000 for i in range(50_000)])
+            healthy = await client.plan_turn(long_req)
+            assert (healthy.decision, healthy.reason) == (rtpb.PLAN_DECISION_COLD, rtpb.PLAN_REASON_NO_LEASE)
             assert healthy.decode_engine.engine_id == "d-up" and healthy.prefill_engine.http_base_url == http_engine
 
             registry.kill()
@@ -276,8 +278,8 @@ async def test_static_engines_and_a_stopped_registry(database_url: str, http_eng
 
             registry = ServiceProcess(["registry", "--listen", f"127.0.0.1:{reg_port}"], {"BOOMERANG_DATABASE_URL": database_url}).start()
 
-            async def recovered() -> bool:
-                return (await client.plan_turn(req)).reason == rtpb.PLAN_REASON_NO_LEASE
+            async def recovered() -> bool:  # polls until the new registry answers (its start)
+                return (await client.plan_turn(long_req)).reason == rtpb.PLAN_REASON_NO_LEASE
 
             await eventually(recovered, timeout=15)
         assert router.terminate() == 0
