@@ -10,11 +10,13 @@ router down or hanging, the prefill side computes locally within its deadline.
 from __future__ import annotations
 
 import json
-import socket
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
 import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
@@ -216,13 +218,23 @@ def test_gateway_and_hook_both_report_one_turn(
         assert [e.reason for e in got.events] == ["REGISTERED"]
 
 
+# A wait long enough that a call which blocked on its plan could not pass for one that did not,
+# however busy the machine: 300 tokens at 10 ms × the 0.25 share is worth 750 ms; the deadline
+# caps it at WAIT_MS. Bounds are then fractions or multiples of the wait, not a few milliseconds.
+WAIT_MS = 500
+
+
+def waiting(role: str, **more: Any) -> dict[str, Any]:
+    return extra(role, plan_deadline_ms=WAIT_MS, prefill_ms_per_token=10.0, **more)
+
+
 def test_router_down_prefill_computes_locally_and_never_waits(
     database_url: str, registry: ServiceProcess, engines: list[Connector], unique: str
 ) -> None:
     doomed = ServiceProcess(["router", "--listen", "127.0.0.1:0", "--registry", registry.address],
                             {"BOOMERANG_DATABASE_URL": database_url}).start()
-    p = start(engines, f"p-{unique}", extra("prefill", router=doomed.address, tenant=f"t-{unique}",
-                                          breaker_failures=3, breaker_cooldown_seconds=30))
+    p = start(engines, f"p-{unique}", waiting("prefill", router=doomed.address, tenant=f"t-{unique}",
+                                            breaker_failures=3, breaker_cooldown_seconds=30))
     doomed.kill()
     timings = []
     for i in range(6):
@@ -236,33 +248,53 @@ def test_router_down_prefill_computes_locally_and_never_waits(
             time.sleep(0.001)
         assert got == (0, False)
         assert req.kv_transfer_params == {"do_remote_decode": True, "boomerang": {"conversation_id": "c"}}
-    assert max(timings) < 10, timings  # no call waits on the network
+    # No call waits on the network: a call that held the scheduler for its plan would take the wait.
+    assert max(timings) < WAIT_MS / 2, timings
     stats = p.boomerang.stats()
-    assert stats.get("fallback_unavailable", 0) + stats.get("fallback_deadline_exceeded", 0) == 3, stats
+    failed = ("fallback_unavailable", "fallback_deadline_exceeded", "fallback_wait_over")  # however each ended
+    assert sum(stats.get(k, 0) for k in failed) == 3, stats
     assert stats["fallback_breaker_open"] == 3 and stats["plans_started"] == 3, stats
 
 
-def test_hanging_router_holds_no_call_and_opens_the_breaker(engines: list[Connector], unique: str) -> None:
-    # A listener that never answers: TCP connects, HTTP/2 never starts, every call hangs.
-    with socket.socket() as sink:
-        sink.bind(("127.0.0.1", 0))
-        sink.listen(64)
-        address = f"127.0.0.1:{sink.getsockname()[1]}"
-        p = start(engines, f"p-{unique}", extra("prefill", router=address, tenant=f"t-{unique}", plan_deadline_ms=20,
-                                              breaker_failures=1, breaker_cooldown_seconds=30,
-                                              rpc_timeout_seconds=0.2))
-        first = Request("r0", list(range(300)), {"boomerang": {"conversation_id": "c"}})
-        begin = time.perf_counter()
-        assert p.get_num_new_matched_tokens(first, 0) == (None, False)  # ask again later
-        assert (time.perf_counter() - begin) * 1000 < 10
-        begin = time.perf_counter()
-        assert ask(p, first, 0) == (0, False)  # computed locally once its 20 ms wait is over
-        assert 15 <= (time.perf_counter() - begin) * 1000 < 20 + 200
-        assert wait_for(lambda: not p.boomerang.planner.allow(), 5)  # the failed plan opened the breaker
-        begin = time.perf_counter()
-        for i in range(50):
-            assert p.get_num_new_matched_tokens(Request(f"r{i + 1}", list(range(300)), {"boomerang": {"conversation_id": "c"}}), 0) == (0, False)
-        assert (time.perf_counter() - begin) * 1000 < 50  # the breaker is open: nothing waits
-        stats = p.boomerang.stats()
-        assert stats.get("fallback_wait_over", 0) + stats.get("fallback_deadline_exceeded", 0) == 1, stats
-        assert stats["fallback_breaker_open"] == 50
+@pytest.fixture
+def hanging_router() -> Iterator[str]:
+    """A router whose PlanTurn never answers (a stalled process): the connection is fine, the
+    call hangs until its deadline. (A bare TCP listener would not do: with no HTTP/2 the channel
+    gives up connecting after its 100 ms minimum and fails the call UNAVAILABLE, a down router.)"""
+    released = threading.Event()
+
+    def hang(request: bytes, context: grpc.ServicerContext) -> bytes:
+        released.wait(60)
+        return b""
+
+    server = grpc.server(ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "boomerang.v1.RouterService", {"PlanTurn": grpc.unary_unary_rpc_method_handler(hang)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    released.set()
+    server.stop(0)
+
+
+def test_hanging_router_holds_no_call_and_opens_the_breaker(
+    engines: list[Connector], unique: str, hanging_router: str
+) -> None:
+    p = start(engines, f"p-{unique}", waiting("prefill", router=hanging_router, tenant=f"t-{unique}",
+                                            breaker_failures=1, breaker_cooldown_seconds=30,
+                                            rpc_timeout_seconds=0.2))
+    first = Request("r0", list(range(300)), {"boomerang": {"conversation_id": "c"}})
+    begin = time.perf_counter()  # the hook's clock; its wait starts inside the first call
+    assert p.get_num_new_matched_tokens(first, 0) == (None, False)  # ask again later...
+    assert (time.perf_counter() - begin) * 1000 < WAIT_MS / 2  # ...at once, not after the wait
+    assert ask(p, first, 0) == (0, False)  # computed locally once its wait is over: not before, not long after
+    assert WAIT_MS <= (time.perf_counter() - begin) * 1000 < 2 * WAIT_MS
+    assert wait_for(lambda: not p.boomerang.planner.allow(), 5)  # the failed plan opened the breaker
+    begin = time.perf_counter()
+    for i in range(50):
+        assert p.get_num_new_matched_tokens(Request(f"r{i + 1}", list(range(300)), {"boomerang": {"conversation_id": "c"}}), 0) == (0, False)
+    # The breaker is open: nothing waits (fifty answers take less than one request's wait).
+    assert (time.perf_counter() - begin) * 1000 < WAIT_MS
+    stats = p.boomerang.stats()
+    assert stats.get("fallback_wait_over", 0) + stats.get("fallback_deadline_exceeded", 0) == 1, stats
+    assert stats["fallback_breaker_open"] == 50
