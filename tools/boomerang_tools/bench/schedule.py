@@ -26,6 +26,7 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.vllm_hook.config import parse_config
 from boomerang.vllm_hook.hook import BoomerangHook
 from boomerang.vllm_hook.mixin import engine_facts
+from boomerang.vllm_hook.requestview import TurnContext
 
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.relay import DelayRelay
@@ -113,9 +114,9 @@ def _synchronous(hook: BoomerangHook, requests: list[Req], rate: float) -> list[
         began = time.perf_counter()
         for r in new:
             named = r.kv_transfer_params["boomerang"]
-            ctx = SimpleNamespace(tenant=named["tenant"], conversation_id=named["conversation_id"])
+            ctx = TurnContext(named["tenant"], named["conversation_id"], prompt_tokens=len(r.prompt_token_ids))
             plan_started = time.perf_counter()
-            req = planner.build_request(ctx, r.prompt_token_ids, r.request_id)  # type: ignore[arg-type]
+            req = planner.build_request(ctx, r.prompt_token_ids, r.request_id)
             left = planner.deadline - (time.perf_counter() - plan_started)
             try:
                 planner.client.plan_turn(req, timeout=max(left, 0.001))

@@ -193,7 +193,7 @@ def _check_database(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace) -> int:
     # The tables are wide (a column per mode); piped into a log, rich would fold them to 80
     # columns and cut every figure, so a console that is not a terminal gets room for them.
-    console = Console() if sys.stdout.isatty() else Console(width=170)
+    console = Console() if sys.stdout.isatty() else Console(width=240)  # a file or pipe: every mode's columns on one line
     logging.getLogger("httpx").setLevel(logging.WARNING)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
     unknown = [p for p in profiles if p not in POINTS]
