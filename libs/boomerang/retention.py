@@ -115,6 +115,9 @@ class EngineMemory:
 
     free_blocks: int
     total_blocks: int
+    # Released already but maybe not yet freed in the report: D takes a release in one
+    # heartbeat and reports the freed blocks in a later one, so they count as free meanwhile.
+    pending_blocks: int = 0
 
 
 def hold_seconds(policy: Policy, evidence: Evidence, cap: float, params: Params) -> float | None:
@@ -163,7 +166,8 @@ def choose_releases(
     freed: dict[str, int] = {}  # blocks the policy's releases free, per engine
     for h in held:
         hold = hold_seconds(policy_for(h.tenant), evidence(h.tenant, h.model), h.cap_seconds, params)
-        if hold is not None and h.idle_seconds >= hold:
+        # A hold as long as the lease's life leaves it to its deadline: the reaper expires it.
+        if hold is not None and hold < h.cap_seconds and h.idle_seconds >= hold:
             out.append((h.lease_id, RETENTION_POLICY))
             freed[h.engine_id] = freed.get(h.engine_id, 0) + h.num_blocks
         elif hold is not None:
@@ -184,4 +188,4 @@ def pressure_shortfall(mem: EngineMemory, free_share: float) -> int:
     """Blocks to free for the engine to reach `free_share` free (0: no pressure, or not reported)."""
     if mem.total_blocks <= 0:
         return 0
-    return max(0, math.ceil(free_share * mem.total_blocks) - mem.free_blocks)
+    return max(0, math.ceil(free_share * mem.total_blocks) - mem.free_blocks - mem.pending_blocks)

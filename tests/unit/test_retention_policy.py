@@ -81,3 +81,10 @@ def test_memory_pressure_releases_the_least_valuable_first_and_only_what_is_need
     assert choose_releases(gone, lambda t, m: SEEN, p99.__getitem__, engines, PARAMS) == [
         ("gone", RETENTION_POLICY), ("short", MEMORY_PRESSURE)]
     assert pressure_shortfall(EngineMemory(0, 0), 0.1) == 0  # not reported: no pressure
+
+
+def test_a_hold_as_long_as_the_lease_leaves_it_to_its_deadline() -> None:
+    # TTL-bound (too few pauses, or `ttl`): released by expiry at the deadline, never by the policy.
+    leases = [held("at-deadline", 470, cap=470), held("past", 500, cap=470)]
+    few = Evidence(Pauses([1.0]))
+    assert choose_releases(leases, lambda t, m: few, lambda t: Policy.parse("p99"), {}, PARAMS) == []

@@ -517,3 +517,23 @@ class EnforceEventRetentionResponse(_message.Message):
     created_partitions: int
     cutoff_time: _timestamp_pb2.Timestamp
     def __init__(self, dropped_partitions: _Optional[_Iterable[str]] = ..., busy_partitions: _Optional[_Iterable[str]] = ..., created_partitions: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ReleaseLeasesRequest(_message.Message):
+    __slots__ = ("fence", "lease_ids", "reason", "actor", "request_id")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    fence: ReaperFence
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    actor: str
+    request_id: str
+    def __init__(self, fence: _Optional[_Union[ReaperFence, _Mapping]] = ..., lease_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseLeasesResponse(_message.Message):
+    __slots__ = ("released_lease_ids",)
+    RELEASED_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    released_lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, released_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -127,6 +127,11 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionResponse.FromString,
                 _registered_method=True)
+        self.ReleaseLeases = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/ReleaseLeases',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesResponse.FromString,
+                _registered_method=True)
 
 
 class BlockRegistryServiceServicer:
@@ -297,6 +302,17 @@ class BlockRegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseLeases(self, request, context):
+        """Releases retained leases before their deadline, for the retention policy or a decode
+        engine's memory pressure: each lease still RETAINED moves to RELEASED in one statement
+        (its event appended) and its engine takes the release in its next heartbeat; a lease
+        claimed or ended meanwhile is left as it is (a claimed lease is never released under its
+        puller). Fenced like ExpireLeases. Repeating a call releases nothing more.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BlockRegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -389,6 +405,11 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.EnforceEventRetention,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionResponse.SerializeToString,
+            ),
+            'ReleaseLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseLeases,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -880,6 +901,33 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/EnforceEventRetention',
             boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.EnforceEventRetentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/ReleaseLeases',
+            boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,6 +27,11 @@ EXPIRED = Counter("boomerang_reaper_expired_leases", "Leases this replica expire
 INVALIDATED = Counter(
     "boomerang_reaper_invalidated_leases", "Leases this replica invalidated for engine liveness as leader."
 )
+RELEASED = Counter(
+    "boomerang_reaper_released_leases",
+    "Retained leases this replica released early as leader, by reason (RETENTION_POLICY, MEMORY_PRESSURE).",
+    ["reason"],
+)
 LEADER = Gauge("boomerang_reaper_leader", "1 while this replica leads, else 0.")
 BACKLOG = Gauge("boomerang_reaper_backlog_leases", "Live leases whose deadline has passed (not expired yet).")
 LIVE = Gauge("boomerang_reaper_live_leases", "Live leases (RETAINED or CLAIMED).")

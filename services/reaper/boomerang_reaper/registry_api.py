@@ -12,8 +12,8 @@ from boomerang.v1 import registry_service_pb2 as rpb
 
 
 class ReaperRegistryClient(RegistryClient):
-    """RegistryClient with WatchLeaseDeadlines, ExpireLeases, SweepEngines and
-    EnforceEventRetention."""
+    """RegistryClient with WatchLeaseDeadlines, ExpireLeases, SweepEngines,
+    EnforceEventRetention and ReleaseLeases."""
 
     async def watch_lease_deadlines(self, watcher: str) -> AsyncIterator[rpb.WatchLeaseDeadlinesResponse]:
         """The deadline-hint stream (no deadline: it lives until either side ends it)."""
@@ -39,3 +39,9 @@ class ReaperRegistryClient(RegistryClient):
     ) -> rpb.EnforceEventRetentionResponse:
         """EnforceEventRetention."""
         return await call("EnforceEventRetention", self.stub.EnforceEventRetention, req, timeout or self.timeout)
+
+    async def release_leases(
+        self, req: rpb.ReleaseLeasesRequest, timeout: float | None = None
+    ) -> rpb.ReleaseLeasesResponse:
+        """ReleaseLeases."""
+        return await call("ReleaseLeases", self.stub.ReleaseLeases, req, timeout or self.timeout)

@@ -8,6 +8,7 @@ import os
 import socket
 import uuid
 
+from boomerang.config.settings import TelemetrySettings, load_settings
 from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
@@ -21,6 +22,7 @@ from boomerang_reaper.domain import ClockOffset
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.registry_api import ReaperRegistryClient
 from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.retainer import Retainer
 from boomerang_reaper.servicer import TTLReaperServicer
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_reaper.worker import Reaper
@@ -52,7 +54,11 @@ async def run(settings: ReaperSettings) -> None:
     election = LeaderElection(
         repo, settings.election, replica_id, settings.leader_lease_seconds, clock, lambda: reaper.stats.to_json()
     )
-    reaper = Reaper(settings, registry, election, clock, replica_id)
+    retainer = None
+    if settings.release_interval_seconds > 0:
+        per_token = load_settings(TelemetrySettings).prefill_ms_per_token / 1000
+        retainer = Retainer(settings, registry, repo, per_token, f"reaper:{replica_id}"[:128])
+    reaper = Reaper(settings, registry, election, clock, replica_id, retainer)
     tasks = [
         asyncio.create_task(election.run(), name="leader-election"),
         asyncio.create_task(reaper.run(), name="reaper"),

@@ -1,5 +1,6 @@
 """The leader's work: expire leases at their deadlines, sweep engine liveness, keep the
-audit partitions, all through the registry's fenced RPCs.
+audit partitions, release retained turns nobody will likely pull (retainer.py), all through
+the registry's fenced RPCs.
 
 While it leads, the replica watches the registry's deadline hints and sleeps until the
 earliest known deadline (or the next sweep or retention run), never polling on a short
@@ -24,6 +25,7 @@ from boomerang_reaper import metrics
 from boomerang_reaper.domain import ClockOffset, DeadlineTracker, LeaderStats
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.retainer import Retainer
 from boomerang_reaper.settings import ReaperSettings
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class Reaper:
         election: LeaderElection,
         clock: ClockOffset,
         replica_id: str,
+        retainer: Retainer | None = None,
     ):
         self.settings = settings
         self.registry = registry
@@ -68,6 +71,7 @@ class Reaper:
         self.clock = clock
         self.actor = f"reaper:{replica_id}"[:128]
         self.replica_id = replica_id
+        self.retainer = retainer  # None: no early releases (release_interval_seconds 0)
         self.stats = LeaderStats()
         self.tracker = DeadlineTracker()
         self._wake = asyncio.Event()
@@ -98,15 +102,17 @@ class Reaper:
         now = self._loop.time()
         last_call, retry_at = -math.inf, now  # expire at once: catch up on what fell due
         next_sweep, next_retention = now, now
+        # The first pass waits one interval: the leases' state settles after a failover.
+        next_release = now + s.release_interval_seconds if self.retainer is not None else math.inf
         failures = 0
         try:
             while self.election.holds(term):
                 now = self._loop.time()
                 expire_at = max(self._expire_at(last_call), retry_at)
                 job = "expire" if now >= expire_at else "sweep" if now >= next_sweep else (
-                    "retention" if now >= next_retention else "")
+                    "retention" if now >= next_retention else "release" if now >= next_release else "")
                 if not job:
-                    wake = min(expire_at, next_sweep, next_retention, self.election.valid_until)
+                    wake = min(expire_at, next_sweep, next_retention, next_release, self.election.valid_until)
                     await self._sleep(wake - now)
                     continue
                 try:
@@ -116,6 +122,9 @@ class Reaper:
                     elif job == "sweep":
                         await self.sweep_engines(term)
                         next_sweep = now + s.engine_sweep_interval_seconds
+                    elif job == "release":
+                        await self.release_unlikely(term)
+                        next_release = now + s.release_interval_seconds
                     else:
                         await self.enforce_retention(term)
                         next_retention = now + s.retention_interval_seconds
@@ -131,6 +140,8 @@ class Reaper:
                         retry_at = now + delay
                     elif job == "sweep":
                         next_sweep = now + delay
+                    elif job == "release":
+                        next_release = now + max(delay, s.release_interval_seconds)
                     else:
                         next_retention = now + delay
         finally:
@@ -246,6 +257,19 @@ class Reaper:
                 term, list(resp.dropped_partitions), list(resp.busy_partitions) or "none",
             )
         return list(resp.dropped_partitions)
+
+    async def release_unlikely(self, term: int) -> dict[str, int]:
+        """Run the retention policy once under `term`: leases released per reason."""
+        if self.retainer is None:
+            return {}
+        db_now = self.clock.db_now(self._loop.time())
+        if db_now is None:
+            return {}
+        async with self._work:
+            released = await self.retainer.run(self.fence(term), db_now)
+        if released:
+            log.info("term %d: released %s", term, ", ".join(f"{n} for {r}" for r, n in sorted(released.items())))
+        return released
 
     async def reap_now(self, sweep: bool, retention: bool, request_id: str) -> ReapResult:
         """Do the leader's work now (ReapNow); NotLeader on a standby."""

@@ -5,6 +5,7 @@ audit retention. A mixin of BlockRegistryServicer: validate, delegate to `expiry
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -14,14 +15,16 @@ from boomerang.errors import Violations
 from boomerang.grpcutil.status import error_for_exception, rpc, to_status
 from boomerang.v1 import registry_service_pb2 as rpb
 
-from boomerang_registry import convert, requests
+from boomerang_registry import convert, metrics, requests
 from boomerang_registry.deadline_watch import DeadlineHub
 from boomerang_registry.expiry import DEFAULT_ELECTION, ExpiryRepository, Fence
+from boomerang_registry.releases import RELEASE_REASONS
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
 
 log = logging.getLogger(__name__)
 MAX_EXPIRE_BATCH = 10_000
+MAX_RELEASE_BATCH = 10_000
 
 
 def _fenced(v: Violations, request: Any) -> Fence:
@@ -44,7 +47,7 @@ def _ts_from_epoch(seconds: float) -> datetime:
 
 
 class ReaperFacingServicer:
-    """WatchLeaseDeadlines, ExpireLeases, SweepEngines, EnforceEventRetention."""
+    """WatchLeaseDeadlines, ExpireLeases, SweepEngines, EnforceEventRetention, ReleaseLeases."""
 
     repo: RegistryRepository
     settings: RegistrySettings
@@ -172,3 +175,29 @@ class ReaperFacingServicer:
             created_partitions=out.created,
             cutoff_time=convert.ts(out.cutoff),
         )
+
+    @rpc
+    async def ReleaseLeases(
+        self, request: rpb.ReleaseLeasesRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.ReleaseLeasesResponse:
+        v = Violations()
+        fence = _fenced(v, request)
+        n = len(request.lease_ids)
+        v.require(1 <= n <= MAX_RELEASE_BATCH, "lease_ids", f"must list 1 to {MAX_RELEASE_BATCH} lease ids")
+        for i, lease_id in enumerate(request.lease_ids[:MAX_RELEASE_BATCH]):
+            try:
+                uuid.UUID(lease_id)
+            except ValueError:
+                v.add(f"lease_ids[{i}]", "must be a lease id (a UUID) returned by this registry")
+        v.require(request.reason in RELEASE_REASONS, "reason", f"must be one of {', '.join(sorted(RELEASE_REASONS))}")
+        v.raise_if_any()
+
+        async def fenced(conn: Any) -> None:
+            await self.expiry.check_fence(conn, fence)
+
+        released = await self.repo.releases.release(
+            list(request.lease_ids), request.reason, request.request_id, request.actor or "reaper", fenced
+        )
+        if released:
+            metrics.TRANSITIONS.labels("RELEASED").inc(len(released))
+        return rpb.ReleaseLeasesResponse(released_lease_ids=released)

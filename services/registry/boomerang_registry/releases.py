@@ -15,9 +15,10 @@ runs as the owner.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from boomerang_registry.domain import LeaseState
 from boomerang_registry.statements import TRANSITION_SQL
@@ -37,16 +38,28 @@ class ReleaseStore:
     def __init__(self, store: Store):
         self.store = store
 
-    async def release(self, lease_ids: Sequence[str], reason: str, request_id: str) -> list[str]:
-        """Move those of `lease_ids` still RETAINED to RELEASED; the ids moved."""
+    async def release(
+        self,
+        lease_ids: Sequence[str],
+        reason: str,
+        request_id: str,
+        actor: str = "",
+        check: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+    ) -> list[str]:
+        """Move those of `lease_ids` still RETAINED to RELEASED; the ids moved.
+
+        `check` runs first in the same transaction (ReleaseLeases passes the reaper's fence,
+        so a deposed leader's decision never lands)."""
         if reason not in RELEASE_REASONS:
             raise ValueError(f"release reason {reason!r} is not one of {sorted(RELEASE_REASONS)}")
         if not lease_ids:
             return []
         async with self.store.owner.begin() as conn:
+            if check is not None:
+                await check(conn)
             rows = await conn.execute(
                 text(RELEASE_LEASES_SQL),
                 {"ids": list(lease_ids), "to_state": LeaseState.RELEASED.value, "reason": reason,
-                 "actor": self.store.actor, "request_id": request_id, "event_claim_id": ""},
+                 "actor": actor or self.store.actor, "request_id": request_id, "event_claim_id": ""},
             )
             return [r.lease_id for r in rows]
