@@ -157,6 +157,20 @@ def test_no_service_imports_another() -> None:
     assert bad == set()
 
 
+# A service's conductor (the module that runs a plan or a turn top to bottom) is imported only
+# by the modules that serve it; nothing it calls sits above it for a type it happens to hold.
+CONDUCTORS = {
+    "boomerang_router.planner": {"boomerang_router.server", "boomerang_router.servicer"},
+    "boomerang_gateway.turn": {"boomerang_gateway.app", "boomerang_gateway.server", "boomerang_gateway.tracing"},
+}
+
+
+def test_only_the_serving_modules_import_a_conductor() -> None:
+    edges = graph()
+    for conductor, allowed in CONDUCTORS.items():
+        assert {v for v, ws in edges.items() if conductor in ws} <= allowed, conductor
+
+
 def function_imports(source: str) -> Iterator[tuple[ast.stmt, bool]]:
     """Each import inside a function, and whether it says why it is deferred: a `# deferred:`
     comment on it or in the comment lines right above, or it follows such an import directly."""

@@ -11,9 +11,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse, PlanDecision, PlanReason, Retention
 from boomerang_router.kvparams import KvParams
-from boomerang_router.planner import ReportResult
 from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import PoolEntry, Role, Source
+from boomerang_router.reports import ReportResult
 
 DECISION = {
     PlanDecision.PULL: rtpb.PLAN_DECISION_PULL,

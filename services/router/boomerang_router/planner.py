@@ -21,7 +21,6 @@ import os
 import socket
 import time
 from collections import Counter as Tally
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,7 +38,6 @@ from boomerang.leases import ClaimOutcome
 from boomerang.metrics import LATENCY_BUCKETS
 from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
 from boomerang.tokenchain import build_chain
-from boomerang.v1 import types_pb2 as tpb
 from boomerang.worth import worth_waiting
 from prometheus_client import Counter, Histogram
 
@@ -50,7 +48,6 @@ from boomerang_router.domain import (
     HandleUse,
     PlanDecision,
     PlanReason,
-    Retention,
     claim_floor,
     decide,
     turn_outcome,
@@ -58,7 +55,7 @@ from boomerang_router.domain import (
 from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EnginePool, Role
 from boomerang_router.registry_api import RouterRegistry, claim_request
-from boomerang_router.reports import Reporter
+from boomerang_router.reports import Reporter, ReportResult
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.requests import PlanInput, ReportInput
 from boomerang_router.settings import RouterSettings
@@ -78,17 +75,6 @@ CLAIMS_UNANSWERED = Counter(
     "(deadline_exceeded, unavailable, ...) or the router's own queue's claim_queue_full / claim_queue_timeout.",
     ["why"],
 )
-
-
-@dataclass
-class ReportResult:
-    """What ReportTurn did."""
-
-    record: PlanRecord
-    claimed_lease_state: str
-    retention: Retention
-    lease: tpb.Lease | None
-    detail: str
 
 
 # What a plan keeps of its caller's deadline to answer in (decide, record, reply): a fifth,

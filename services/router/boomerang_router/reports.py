@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from boomerang.clients.base import BoomerangClientError
@@ -41,6 +42,17 @@ def registry_down(err: BoomerangClientError) -> BoomerangError:
     return BoomerangError(
         Code.UNAVAILABLE, "REGISTRY_UNAVAILABLE", f"the block registry did not answer ({err}); retry the call"
     )
+
+
+@dataclass
+class ReportResult:
+    """What ReportTurn did (the servicer's answer is built from it)."""
+
+    record: PlanRecord
+    claimed_lease_state: str
+    retention: Retention
+    lease: tpb.Lease | None
+    detail: str
 
 
 class Reporter:
