@@ -73,7 +73,7 @@ def test_one_turn_is_one_trace_across_every_service(traced: Traced) -> None:
         known = {s.span_id for s in mine} | {client_span}
         return (
             SERVICES <= {s.service for s in mine}
-            and any(s.name.endswith("/RegisterRetainedBlocks") and s.kind == SERVER for s in mine)
+            and any(s.name.endswith("/CompleteTurn") and s.kind == SERVER for s in mine)
             and all(s.parent_span_id in known for s in mine)
         )
 
@@ -107,7 +107,8 @@ def test_one_turn_is_one_trace_across_every_service(traced: Traced) -> None:
     assert ("boomerang-sim-decode", "POST /v1/chat/completions") in names
     assert ("boomerang-sim-decode", "POST /sim/nixl/read") in names  # P pulled D's blocks
     assert ("boomerang-router", "/boomerang.v1.RouterService/ReportTurn") in names
-    assert ("boomerang-registry", "/boomerang.v1.BlockRegistryService/RegisterRetainedBlocks") in names
+    # The turn ends in one registry call: the claim consumed and the new lease registered.
+    assert ("boomerang-registry", "/boomerang.v1.BlockRegistryService/CompleteTurn") in names
 
     plan = next(s for s in spans if s.name == "/boomerang.v1.RouterService/PlanTurn" and s.kind == SERVER)
     assert plan.attributes["boomerang.decision"] == "PULL"
