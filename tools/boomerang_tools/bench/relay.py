@@ -25,6 +25,7 @@ class DelayRelay:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="delay-relay", daemon=True)
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
 
     def start(self) -> DelayRelay:
         """Listen on a free port (`address` then says where)."""
@@ -44,20 +45,27 @@ class DelayRelay:
         self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         self._ready.set()
         self._loop.run_forever()
-        # Stopped: close the listener, end every connection's tasks, then the loop itself.
+        # Stopped: close the listener and every connection's sockets, end their tasks, then
+        # the loop (a socket still open when the loop closes is a ResourceWarning).
         self._server.close()
+        for writer in self._writers:
+            writer.close()
         tasks = asyncio.all_tasks(self._loop)
         for task in tasks:
             task.cancel()
         self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.run_until_complete(asyncio.sleep(0.01))  # the transports' close callbacks
+        self._writers.clear()
         self._loop.close()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self._writers.add(client_w)
         try:
             server_r, server_w = await asyncio.open_connection(*self.upstream)
         except OSError:
             client_w.close()
             return
+        self._writers.add(server_w)
         held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def read_client() -> None:
