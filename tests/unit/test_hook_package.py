@@ -21,6 +21,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.support.hook_wheel import build_hook_wheel
 from tests.unit.test_imports import MODULES, graph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,15 +41,7 @@ UNREACHED = {
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("hook-wheel")
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
-         "--no-build-isolation", str(ROOT / "hook"), "-w", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    (found,) = out.glob("boomerang_vllm_hook-*.whl")
-    return found
+    return build_hook_wheel(tmp_path_factory.mktemp("hook-wheel"))
 
 
 @pytest.fixture(scope="module")

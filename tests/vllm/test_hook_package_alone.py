@@ -17,21 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hook_wheel import build_hook_wheel
+
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("hook-wheel")
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
-         "--no-build-isolation", str(ROOT / "hook"), "-w", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    (found,) = out.glob("boomerang_vllm_hook-*.whl")
-    return found
+    return build_hook_wheel(tmp_path_factory.mktemp("hook-wheel"))
 
 
 def test_pip_installs_the_one_name_from_vllms_environment_offline(wheel: Path) -> None:
