@@ -223,6 +223,30 @@ class ReportTurnResponse(_message.Message):
     retention_detail: str
     def __init__(self, plan_id: _Optional[str] = ..., claimed_lease_state: _Optional[_Union[_types_pb2.LeaseState, str]] = ..., retention: _Optional[_Union[RetentionOutcome, str]] = ..., lease: _Optional[_Union[_types_pb2.Lease, _Mapping]] = ..., retention_detail: _Optional[str] = ...) -> None: ...
 
+class ReportTurnBatchRequest(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[ReportTurnRequest]
+    def __init__(self, reports: _Optional[_Iterable[_Union[ReportTurnRequest, _Mapping]]] = ...) -> None: ...
+
+class ReportTurnBatchResult(_message.Message):
+    __slots__ = ("response", "error_code", "error_reason", "error_message")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    response: ReportTurnResponse
+    error_code: int
+    error_reason: str
+    error_message: str
+    def __init__(self, response: _Optional[_Union[ReportTurnResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_reason: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class ReportTurnBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ReportTurnBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ReportTurnBatchResult, _Mapping]]] = ...) -> None: ...
+
 class TurnPlan(_message.Message):
     __slots__ = ("plan_id", "tenant", "conversation_id", "model", "decision", "reason", "prefill_engine", "decode_engine", "source_engine_id", "lease_id", "claim_id", "prompt_tokens", "reusable_tokens", "recompute_tokens", "verified_prefix_tokens", "create_time", "report_time", "handle_use", "claimed_lease_state", "retention", "new_lease_id", "outcome_detail", "outcome", "delivered_cached_tokens")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +312,26 @@ class GetTurnPlanResponse(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     plan: TurnPlan
     def __init__(self, plan: _Optional[_Union[TurnPlan, _Mapping]] = ...) -> None: ...
+
+class ListTurnPlansRequest(_message.Message):
+    __slots__ = ("tenant", "conversation_id", "page_size", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    conversation_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTurnPlansResponse(_message.Message):
+    __slots__ = ("plans", "next_page_token")
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    plans: _containers.RepeatedCompositeFieldContainer[TurnPlan]
+    next_page_token: str
+    def __init__(self, plans: _Optional[_Iterable[_Union[TurnPlan, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RouterServiceListEnginesRequest(_message.Message):
     __slots__ = ("model", "role")

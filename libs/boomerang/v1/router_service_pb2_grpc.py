@@ -53,10 +53,20 @@ class RouterServiceStub:
                 request_serializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnResponse.FromString,
                 _registered_method=True)
+        self.ReportTurnBatch = channel.unary_unary(
+                '/boomerang.v1.RouterService/ReportTurnBatch',
+                request_serializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnBatchRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnBatchResponse.FromString,
+                _registered_method=True)
         self.GetTurnPlan = channel.unary_unary(
                 '/boomerang.v1.RouterService/GetTurnPlan',
                 request_serializer=boomerang_dot_v1_dot_router__service__pb2.GetTurnPlanRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_router__service__pb2.GetTurnPlanResponse.FromString,
+                _registered_method=True)
+        self.ListTurnPlans = channel.unary_unary(
+                '/boomerang.v1.RouterService/ListTurnPlans',
+                request_serializer=boomerang_dot_v1_dot_router__service__pb2.ListTurnPlansRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_router__service__pb2.ListTurnPlansResponse.FromString,
                 _registered_method=True)
         self.ListEngines = channel.unary_unary(
                 '/boomerang.v1.RouterService/ListEngines',
@@ -102,9 +112,28 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportTurnBatch(self, request, context):
+        """Reports how several planned turns went, as ReportTurn would report each (same
+        validation and authentication per report), in one call: a prefill engine's hook sends
+        the reports it has gathered together. Each report gets its own answer, in order; one
+        refused report does not refuse the others. Idempotent on each report's `plan_id`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetTurnPlan(self, request, context):
         """Returns one recorded plan with its outcome. A plan made on another router replica is
         visible once that replica has written its audit row (normally within a second).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTurnPlans(self, request, context):
+        """Lists one conversation's recorded plans with their outcomes, oldest first, including
+        turns that registered no lease. Paged; a plan made on another router replica is listed
+        once that replica has written its audit row.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,10 +164,20 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     request_deserializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnResponse.SerializeToString,
             ),
+            'ReportTurnBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTurnBatch,
+                    request_deserializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnBatchRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnBatchResponse.SerializeToString,
+            ),
             'GetTurnPlan': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTurnPlan,
                     request_deserializer=boomerang_dot_v1_dot_router__service__pb2.GetTurnPlanRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_router__service__pb2.GetTurnPlanResponse.SerializeToString,
+            ),
+            'ListTurnPlans': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTurnPlans,
+                    request_deserializer=boomerang_dot_v1_dot_router__service__pb2.ListTurnPlansRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_router__service__pb2.ListTurnPlansResponse.SerializeToString,
             ),
             'ListEngines': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEngines,
@@ -242,6 +281,33 @@ class RouterService:
             _registered_method=True)
 
     @staticmethod
+    def ReportTurnBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.RouterService/ReportTurnBatch',
+            boomerang_dot_v1_dot_router__service__pb2.ReportTurnBatchRequest.SerializeToString,
+            boomerang_dot_v1_dot_router__service__pb2.ReportTurnBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetTurnPlan(request,
             target,
             options=(),
@@ -258,6 +324,33 @@ class RouterService:
             '/boomerang.v1.RouterService/GetTurnPlan',
             boomerang_dot_v1_dot_router__service__pb2.GetTurnPlanRequest.SerializeToString,
             boomerang_dot_v1_dot_router__service__pb2.GetTurnPlanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTurnPlans(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.RouterService/ListTurnPlans',
+            boomerang_dot_v1_dot_router__service__pb2.ListTurnPlansRequest.SerializeToString,
+            boomerang_dot_v1_dot_router__service__pb2.ListTurnPlansResponse.FromString,
             options,
             channel_credentials,
             insecure,
