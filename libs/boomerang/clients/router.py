@@ -65,6 +65,12 @@ class RouterClient:
         """GetTurnPlan."""
         return await call("GetTurnPlan", self.stub.GetTurnPlan, req, timeout or self.timeout)
 
+    async def list_turn_plans(
+        self, req: rtpb.ListTurnPlansRequest, timeout: float | None = None
+    ) -> rtpb.ListTurnPlansResponse:
+        """ListTurnPlans (one page of a conversation's plans, oldest first)."""
+        return await call("ListTurnPlans", self.stub.ListTurnPlans, req, timeout or self.timeout)
+
     async def list_engines(
         self, req: rtpb.RouterServiceListEnginesRequest, timeout: float | None = None
     ) -> rtpb.RouterServiceListEnginesResponse:

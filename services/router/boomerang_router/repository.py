@@ -25,11 +25,11 @@ from typing import Any
 import asyncpg
 from boomerang.db.models import turn_plans
 from prometheus_client import Counter
-from sqlalchemy import and_, select, text
+from sqlalchemy import and_, literal, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_router.domain import PlanDecision, PlanReason
-from boomerang_router.plans import PlanRecord
+from boomerang_router.plans import PlanRecord, plan_time
 from boomerang_router.spool import REPLAYED, SET_ASIDE, AuditSpool
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,19 @@ class TurnPlanRepository:
         async with self.engine.connect() as conn:
             row = (await conn.execute(query)).first()
         return None if row is None else from_row(row._mapping, block_size)
+
+    async def conversation_page(
+        self, tenant: str, conversation_id: str, after: str, limit: int, block_size: int
+    ) -> list[PlanRecord]:
+        """Up to `limit` of a conversation's plans, oldest first, after the plan id `after` ("": from the first)."""
+        c = turn_plans.c
+        query = select(turn_plans).where(c.tenant == tenant, c.conversation_id == conversation_id)
+        if after:  # the keyset (ix_turn_plans_conversation); created_at comes from the id
+            key = (literal(plan_time(after), c.created_at.type), literal(after, c.plan_id.type))
+            query = query.where(tuple_(c.created_at, c.plan_id) > tuple_(*key))
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(query.order_by(c.created_at, c.plan_id).limit(limit))
+            return [from_row(r._mapping, block_size) for r in rows]
 
     async def claim_handed_out(self, tenant: str, conversation_id: str, claim_id: str, since: datetime) -> bool:
         """Whether a recorded PULL plan of the conversation (made after `since`) holds `claim_id`."""

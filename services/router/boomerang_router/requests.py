@@ -21,6 +21,13 @@ from boomerang.validation import check_conversation as _check_conversation
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse
 from boomerang_router.kvparams import KvParams
+from boomerang_router.listing import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    ListInput,
+    PageTokenError,
+    decode_page_token,
+)
 from boomerang_router.plans import plan_time
 
 MAX_SALT = 256
@@ -260,6 +267,23 @@ def get_plan(req: rtpb.GetTurnPlanRequest) -> datetime:
     v.raise_if_any()
     assert created is not None
     return created
+
+
+def list_plans(req: rtpb.ListTurnPlansRequest) -> ListInput:
+    """Validate ListTurnPlansRequest (a token is checked against the listing it names)."""
+    v = Violations()
+    check_id(v, "tenant", req.tenant)
+    _check_conversation(v, "conversation_id", req.conversation_id, required=True)
+    named = not v.items  # a token names its listing: judge it only against a valid one
+    v.require(0 <= req.page_size <= MAX_PAGE_SIZE, "page_size", f"must be 0 (default {DEFAULT_PAGE_SIZE}) to {MAX_PAGE_SIZE}")
+    after = ""
+    if req.page_token and named:
+        try:
+            after = decode_page_token(req.page_token, req.tenant, req.conversation_id)
+        except PageTokenError as exc:
+            v.add("page_token", str(exc))
+    v.raise_if_any()
+    return ListInput(req.tenant, req.conversation_id, req.page_size or DEFAULT_PAGE_SIZE, after)
 
 
 def list_engines(req: rtpb.RouterServiceListEnginesRequest) -> None:

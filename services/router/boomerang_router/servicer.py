@@ -12,7 +12,7 @@ from boomerang.grpcutil.streams import serve_items
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 
-from boomerang_router import convert, requests
+from boomerang_router import convert, listing, requests
 from boomerang_router.planner import Router
 
 
@@ -58,6 +58,15 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
         created = requests.get_plan(request)
         plan = await self.router.find(request.tenant, request.plan_id, created)
         return rtpb.GetTurnPlanResponse(plan=convert.turn_plan(plan))
+
+    @rpc
+    async def ListTurnPlans(
+        self, request: rtpb.ListTurnPlansRequest, context: grpc.aio.ServicerContext
+    ) -> rtpb.ListTurnPlansResponse:
+        q = requests.list_plans(request)
+        router = self.router
+        plans, token = await listing.list_plans(q, router.audit, router.repo, router.settings.block_size)
+        return rtpb.ListTurnPlansResponse(plans=[convert.turn_plan(p) for p in plans], next_page_token=token)
 
     @rpc
     async def ListEngines(
