@@ -12,8 +12,8 @@ A lease that shares only a start with the new prompt (a system prompt, a tool li
 turn. Nor is the previous prompt itself, sent again (a regenerated answer, or a client
 without an id asking the same thing): a continuation is strictly longer than what it
 continues, and that lease stays for its own next turn. Of the leases the prompt continues, the one with the longest previous prompt wins;
-the claim then is CLAIM_SQL's: the verified prefix, single use, the CLAIMED event in the
-same statement. One statement, one index: `ix_leases_live_prompt_key`, probed with every
+the claim then is CLAIM_SQL's, built by the same statements.claim_statement: the verified
+prefix, single use, the CLAIMED event in the same statement. One statement, one index: `ix_leases_live_prompt_key`, probed with every
 whole-block key of the new prompt (tokenchain.probe_keys).
 """
 
@@ -24,16 +24,15 @@ from typing import Any
 from boomerang.tokenchain import probe_keys
 
 from boomerang_registry.domain import ClaimQuery
-from boomerang_registry.statements import LEASE_COLUMNS
+from boomerang_registry.statements import claim_statement
 
 # `:keys[k]` is the key of the new prompt's first k whole blocks; a lease qualifies only at
 # its own position (its prompt's whole blocks), so a key seen elsewhere in the prompt does
 # not. `prompt_tail` is SHA-256(hash of the prompt's last whole block ‖ its tail tokens).
-CONTINUE_CLAIM_SQL = f"""
-WITH prior AS (
-    SELECT l.lease_id FROM leases l
-    WHERE l.tenant = :tenant AND l.claim_id = :claim_id AND l.state IN ('CLAIMED', 'CONSUMED')
-), hits AS (
+# The longest previous prompt wins; the rest of the claim is every claim's (claim_statement).
+CONTINUE_CLAIM_SQL = claim_statement(
+    lease_key="l.tenant = :tenant",
+    candidates="""hits AS (
     SELECT l.lease_id, l.state, l.expires_at, l.engine_id, l.engine_generation, l.prompt_tokens,
            CASE WHEN l.block_size = :block_size THEN
                boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens,
@@ -57,41 +56,10 @@ WITH prior AS (
               substring(h.chain FROM (h.prompt_blocks - 1) * 16 + 1 FOR 16)
               || substring(CAST(:tokens AS bytea) FROM h.prompt_blocks * h.block_size * 4 + 1
                            FOR (h.prompt_tokens - h.prompt_blocks * h.block_size)::int * 4)))
-), pick AS (
-    SELECT lease_id, common_tokens FROM cands
-    WHERE NOT EXISTS (SELECT 1 FROM prior) AND state = 'RETAINED' AND engine_ok
-      AND common_tokens >= :min_tokens AND common_tokens > 0
-      AND remaining_seconds > :min_remaining
-    ORDER BY prompt_tokens DESC, common_tokens DESC, expires_at DESC
-    LIMIT 1
-), claimed AS (
-    UPDATE leases l SET state = 'CLAIMED', claim_id = :claim_id, version = l.version + 1,
-                        updated_at = now()
-    FROM pick
-    WHERE l.tenant = :tenant AND l.lease_id = pick.lease_id AND l.state = 'RETAINED'
-      AND l.expires_at > now() + make_interval(secs => CAST(:min_remaining AS float8))
-    RETURNING {LEASE_COLUMNS}, pick.common_tokens,
-              EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
-), ev AS (
-    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
-                              actor, request_id, claim_id, details)
-    SELECT CAST(lease_id AS uuid), tenant, conversation_id, 'RETAINED', 'CLAIMED', 'CLAIMED',
-           :actor, :claim_id, :claim_id,
-           jsonb_build_object('reusable_tokens', common_tokens, 'found_by', 'prompt')
-    FROM claimed
+)""",
+    order="prompt_tokens DESC, common_tokens DESC, expires_at DESC",
+    found_by="prompt",
 )
-SELECT 'claimed' AS kind, TRUE AS engine_ok, TRUE AS block_size_ok, claimed.* FROM claimed
-UNION ALL
-SELECT 'prior', TRUE, TRUE, {LEASE_COLUMNS},
-       boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens, :chain, :tail_hash,
-                               :num_tokens, l.block_size),
-       EXTRACT(EPOCH FROM l.expires_at - now())::float8
-FROM prior JOIN leases l ON l.tenant = :tenant AND l.lease_id = prior.lease_id
-UNION ALL
-SELECT 'candidate', c.engine_ok, c.block_size_ok, {LEASE_COLUMNS}, c.common_tokens,
-       c.remaining_seconds
-FROM cands c JOIN leases l ON l.tenant = :tenant AND l.lease_id = c.lease_id
-"""
 
 
 def continue_params(q: ClaimQuery) -> dict[str, Any]:

@@ -76,20 +76,72 @@ UNION ALL
 SELECT *, false AS moved FROM old WHERE NOT EXISTS (SELECT 1 FROM moved)
 """
 
-# One statement, one round trip: find the conversation's live leases on the live-lease
-# index, verify each one's prefix against the prompt, claim the best under its row lock
-# (a concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
-# claims.py then asks once more, since the winner may be its own claim id),
-# append the CLAIMED event, and return the claimed lease, or a retried claim's lease, or
-# every candidate with why it did not qualify. With no live lease at all, the
-# conversation's newest lease when the retention policy or memory pressure released it
-# (`released`: reuse lost to an early release), one probe of the conversation-history index.
-CLAIM_SQL = f"""
+def claim_statement(lease_key: str, candidates: str, order: str, found_by: str = "") -> str:
+    """A claim statement around its own candidate CTEs: one statement, one round trip.
+
+    `candidates` defines `cands` (lease_id, state, expires_at, engine_ok, block_size_ok,
+    common_tokens, remaining_seconds, and whatever `order` ranks by); `lease_key` is the
+    condition on `leases l` that scopes every lookup to the claim's own index key. The rest
+    is every claim's: a retried claim id finds its earlier lease (`prior`) and takes no new
+    one; else the best qualifying RETAINED candidate is claimed under its row lock (a
+    concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
+    claims.py then asks once more, since the winner may be its own claim id), its CLAIMED
+    event (noting `found_by` when given) appended in the same statement. Rows: the claimed
+    lease, or the prior one, or every candidate, for claims.claim_result to explain.
+    """
+    details = "'reusable_tokens', common_tokens" + (f", 'found_by', '{found_by}'" if found_by else "")
+    return f"""
 WITH prior AS (
     SELECT l.lease_id FROM leases l
-    WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
+    WHERE {lease_key}
       AND l.claim_id = :claim_id AND l.state IN ('CLAIMED', 'CONSUMED')
-), cands AS (
+), {candidates}, pick AS (
+    SELECT lease_id, common_tokens FROM cands
+    WHERE NOT EXISTS (SELECT 1 FROM prior) AND state = 'RETAINED' AND engine_ok
+      AND common_tokens >= :min_tokens AND common_tokens > 0
+      AND remaining_seconds > :min_remaining
+    ORDER BY {order}
+    LIMIT 1
+), claimed AS (
+    UPDATE leases l SET state = 'CLAIMED', claim_id = :claim_id, version = l.version + 1,
+                        updated_at = now()
+    FROM pick
+    WHERE {lease_key}
+      AND l.lease_id = pick.lease_id AND l.state = 'RETAINED'
+      AND l.expires_at > now() + make_interval(secs => CAST(:min_remaining AS float8))
+    RETURNING {LEASE_COLUMNS}, pick.common_tokens,
+              EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
+), ev AS (
+    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
+                              actor, request_id, claim_id, details)
+    SELECT CAST(lease_id AS uuid), tenant, conversation_id, 'RETAINED', 'CLAIMED', 'CLAIMED',
+           :actor, :claim_id, :claim_id, jsonb_build_object({details})
+    FROM claimed
+)
+SELECT 'claimed' AS kind, TRUE AS engine_ok, TRUE AS block_size_ok, claimed.* FROM claimed
+UNION ALL
+SELECT 'prior', TRUE, TRUE, {LEASE_COLUMNS},
+       boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens, :chain, :tail_hash,
+                               :num_tokens, l.block_size),
+       EXTRACT(EPOCH FROM l.expires_at - now())::float8
+FROM prior JOIN leases l ON {lease_key}
+                       AND l.lease_id = prior.lease_id
+UNION ALL
+SELECT 'candidate', c.engine_ok, c.block_size_ok, {LEASE_COLUMNS}, c.common_tokens,
+       c.remaining_seconds
+FROM cands c JOIN leases l ON {lease_key}
+                       AND l.lease_id = c.lease_id
+"""
+
+
+# ClaimReuse with a conversation id: the conversation's live leases, found on the live-lease
+# index, each one's prefix verified against the prompt; the best is claimed. With no live
+# lease at all, the conversation's newest lease when the retention policy or memory pressure
+# released it (`released`: reuse lost to an early release), one probe of the
+# conversation-history index.
+CLAIM_SQL = claim_statement(
+    lease_key="l.tenant = :tenant AND l.conversation_id = :conversation_id",
+    candidates="""cands AS (
     SELECT l.lease_id, l.state, l.expires_at,
            (e.status = 'ACTIVE' AND e.generation = l.engine_generation) AS engine_ok,
            (l.block_size = :block_size) AS block_size_ok,
@@ -102,43 +154,9 @@ WITH prior AS (
     WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
       AND l.state IN ('RETAINED', 'CLAIMED')
       AND (:model = '' OR l.model = :model)
-), pick AS (
-    SELECT lease_id, common_tokens FROM cands
-    WHERE NOT EXISTS (SELECT 1 FROM prior) AND state = 'RETAINED' AND engine_ok
-      AND common_tokens >= :min_tokens AND common_tokens > 0
-      AND remaining_seconds > :min_remaining
-    ORDER BY common_tokens DESC, expires_at DESC
-    LIMIT 1
-), claimed AS (
-    UPDATE leases l SET state = 'CLAIMED', claim_id = :claim_id, version = l.version + 1,
-                        updated_at = now()
-    FROM pick
-    WHERE l.tenant = :tenant AND l.conversation_id = :conversation_id
-      AND l.lease_id = pick.lease_id AND l.state = 'RETAINED'
-      AND l.expires_at > now() + make_interval(secs => CAST(:min_remaining AS float8))
-    RETURNING {LEASE_COLUMNS}, pick.common_tokens,
-              EXTRACT(EPOCH FROM l.expires_at - now())::float8 AS remaining_seconds
-), ev AS (
-    INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state, reason,
-                              actor, request_id, claim_id, details)
-    SELECT CAST(lease_id AS uuid), tenant, conversation_id, 'RETAINED', 'CLAIMED', 'CLAIMED',
-           :actor, :claim_id, :claim_id, jsonb_build_object('reusable_tokens', common_tokens)
-    FROM claimed
-)
-SELECT 'claimed' AS kind, TRUE AS engine_ok, TRUE AS block_size_ok, claimed.* FROM claimed
-UNION ALL
-SELECT 'prior', TRUE, TRUE, {LEASE_COLUMNS},
-       boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens, :chain, :tail_hash,
-                               :num_tokens, l.block_size),
-       EXTRACT(EPOCH FROM l.expires_at - now())::float8
-FROM prior JOIN leases l ON l.tenant = :tenant AND l.conversation_id = :conversation_id
-                       AND l.lease_id = prior.lease_id
-UNION ALL
-SELECT 'candidate', c.engine_ok, c.block_size_ok, {LEASE_COLUMNS}, c.common_tokens,
-       c.remaining_seconds
-FROM cands c JOIN leases l ON l.tenant = :tenant AND l.conversation_id = :conversation_id
-                       AND l.lease_id = c.lease_id
-UNION ALL
+)""",
+    order="common_tokens DESC, expires_at DESC",
+) + f"""UNION ALL
 SELECT 'released', FALSE, TRUE, {LEASE_COLUMNS}, 0, 0::float8
 FROM (SELECT * FROM leases n WHERE n.tenant = :tenant AND n.conversation_id = :conversation_id
         AND (:model = '' OR n.model = :model)
