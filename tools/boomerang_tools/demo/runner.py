@@ -24,6 +24,7 @@ once would measure only this machine's CPU).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import uuid
 from collections.abc import Callable
@@ -34,6 +35,9 @@ import xxhash
 
 from boomerang_tools.demo.client import REUSE_HEADER, TurnResult, server_timing, stream_chat
 from boomerang_tools.demo.workload import AgentConversation, Step, prepare, steps
+from boomerang_tools.sim.costmodel import profile as sim_profile
+
+SIM_BLOCK_SIZE = 16  # the simulated engines' KV block (`sim --block-size`'s default)
 
 THINK_SECONDS = 0.3
 
@@ -106,6 +110,26 @@ class RunResult:
             timing = server_timing(r.result.headers)
             if "plan" in timing:
                 values.append(timing.get("tokenize", 0.0) + timing.get("report_wait", 0.0) + timing["plan"])
+        return statistics.median(values) if values else None
+
+    def ceiling(self, profile: str, point: int, deployment: str, block_size: int = SIM_BLOCK_SIZE) -> float | None:
+        """Median speedup the simulator's own cost model gives the measured turns at `point`
+        when nothing but the engines costs time: TTFT computing the whole prompt over TTFT
+        pulling every whole block of the previous turn's sequence (prompt and reply, which
+        the decode engine retained) and computing the rest. What a measured speedup is held
+        against: the share of it that survives Boomerang's own path."""
+        turns = [r for r in self.records if r.profile == profile and r.mode == "on" and r.deployment == deployment
+                 and r.conversations == 1]
+        model = sim_profile(profile)
+        values = []
+        for rep in {r.rep for r in turns}:
+            mine = [r for r in turns if r.rep == rep]
+            for previous, r in itertools.pairwise(mine):
+                if not (r.step and r.step.probe and r.step.point == point and previous.result.ok):
+                    continue
+                retained = previous.prompt_tokens + previous.result.completion_tokens
+                pulled = min(retained // block_size * block_size, (r.prompt_tokens - 1) // block_size * block_size)
+                values.append(model.ttft_ms(r.prompt_tokens) / model.ttft_ms(r.prompt_tokens, max(pulled, 0)))
         return statistics.median(values) if values else None
 
     def mismatched_replies(self) -> int:

@@ -103,13 +103,14 @@ def conclude(
     profiles: list[str],
     points: dict[str, tuple[int, ...]],
     out_dir: Path,
-    database_url: str,
+    services: tuple[str, str],
     started: float,
     modes: list[Mode],
     extra: dict[tuple[str, str], dict[str, Any]],
     rotations: list[tuple[str, str, int, tuple[int, ...]]] | None = None,
 ) -> int:
-    """Print the tables, write the report and chart, show an audit trail; the exit code.
+    """Print the tables, write the report and chart, show an audit trail (read over gRPC from
+    `services`, the running registry's and router's addresses); the exit code.
 
     `stats` sums every simulated engine's counters over every mode; `extra` holds each
     (profile, mode)'s own figures for the report (its engines' /tokenize calls, …);
@@ -131,9 +132,9 @@ def conclude(
     report.chart(tables, modes, png_path, lower)
     first = profiles[0]
     cid = result.conversation_ids.get((first, 0), "")
-    if cid:
+    if cid and all(services):
         try:
-            entries = asyncio.run(audit.trail(database_url, "anonymous", cid))
+            entries = asyncio.run(audit.trail(*services, "anonymous", cid))
             console.print()
             console.print(audit.render(entries, cid))
         except Exception as exc:  # noqa: BLE001 - the audit view is a bonus, never the verdict
@@ -160,6 +161,10 @@ def conclude(
         f"Boomerang on: {', '.join(f'{v} {k}' for k, v in sorted(plans.items()))} turns; "
         f"{stats['pulls']:,} pulls moved {stats['pulled_tokens']:,} tokens instead of recomputing them."
     )
+    for mode, t in data["ceiling_targets"].items():
+        below = ", ".join(f"{k} {v:.0%}" for k, v in t["below"].items())
+        console.print(f"{mode}: at AWS's published points, at least {t['lowest']:.0%} of the simulator's own ceiling "
+                      f"speedup (target ≥ {t['target']:.0%}): " + ("met" if t["met"] else f"not met ({below})"))
     for line in verdicts:
         console.print(line)
     console.print(f"Wrote {json_path} and {png_path} in {time.monotonic() - started:.0f}s.")
