@@ -1,13 +1,20 @@
-"""The gateway's own view of the engines: which serve which model, and a fallback choice.
+"""The gateway's engine choice over the shared engine table: which serve which model, and a fallback.
 
-The router picks the engines for a planned turn. The gateway still needs its own pool to
+The router picks the engines for a planned turn. The gateway still needs its own view to
 tokenize before the plan, to know which models exist (404 for the rest, `GET /v1/models`),
-and to keep serving when the router is down. Engines come from static flags (`--prefill`,
-`--decode`; their models read from each engine's `/v1/models`) or from the block registry
-(`ListEngines`: active engines with an HTTP base URL). A refresh that fails keeps the last
-good view. Static engines that answer the probe healthy are vouched for in the registry
-(a heartbeat on their behalf, see `liveness`), so idle engines without the hook keep their
-leases.
+and to keep serving when the router is down. Which engines exist, and which may serve, is
+`boomerang.enginepool`'s, shared with the router: static flags (`--prefill`, `--decode`:
+`URL` or `NAME=URL`) or the block registry's `ListEngines` (a refresh that fails keeps the
+last good view; dead engines, and engines without an HTTP base URL, are left out).
+
+The gateway adds:
+- static engines' models and health, from each one's `/v1/models` (probed every refresh);
+  engines that answer are vouched for in the registry (a heartbeat on their behalf, see
+  `liveness`), so idle engines without the hook keep their leases;
+- where a model has no registry engine with a fresh heartbeat, its stale ones: heartbeats
+  also stop when the registry or its database was down, not only when an engine died, and
+  a dead one is refused and skipped per request rather than failing every request;
+- its choice: the least busy by its own in-flight count, or a conversation's hash.
 """
 
 from __future__ import annotations
@@ -15,15 +22,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
 from boomerang.clients.registry import RegistryClient
-from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang.v1 import types_pb2 as tpb
+from boomerang.enginepool.refresh import RegistryRefresher
+from boomerang.enginepool.table import (
+    DOWN_SECONDS,
+    HEALTH_CHECK_FAILED,
+    HEARTBEAT_STALE,
+    EngineTable,
+    PoolEntry,
+    Role,
+    parse_static,
+)
 
 from boomerang_gateway.http import httpx
 from boomerang_gateway.liveness import Voucher
@@ -31,12 +45,12 @@ from boomerang_gateway.liveness import Voucher
 log = logging.getLogger(__name__)
 
 PREFILL, DECODE = "prefill", "decode"
-DOWN_SECONDS = 5.0
+_NAME = {Role.PREFILL: PREFILL, Role.DECODE: DECODE}
 
 
 @dataclass
 class EngineRef:
-    """One engine as the gateway knows it."""
+    """One engine as the gateway sends to it: one per role and URL, kept across refreshes."""
 
     url: str
     role: str
@@ -60,8 +74,8 @@ class EnginePool:
     def __init__(
         self,
         http: httpx.AsyncClient,
-        prefill_urls: list[str],
-        decode_urls: list[str],
+        prefill_engines: list[str],
+        decode_engines: list[str],
         registry: Callable[[], RegistryClient] | None,
         refresh_seconds: float,
         heartbeat_timeout: float = 30.0,
@@ -69,29 +83,34 @@ class EnginePool:
     ):
         self.http = http
         self.voucher = voucher
+        self.table = EngineTable(heartbeat_timeout=heartbeat_timeout)
+        # Models unknown (none served) until an engine's /v1/models answers.
+        self.table.set_static(
+            [parse_static(s, Role.PREFILL) for s in prefill_engines] + [parse_static(s, Role.DECODE) for s in decode_engines],
+            models=(),
+        )
         # A factory: a fresh client (channel) after a failed refresh, so a registry that
         # comes back is seen at the next refresh, not after gRPC's reconnect back-off.
-        self.new_registry = registry
-        self.registry = registry() if registry is not None else None
+        self.refresher = RegistryRefresher(self.table, registry(), reconnect=registry) if registry is not None else None
         self.refresh_seconds = refresh_seconds
-        self.static = [EngineRef(u, PREFILL, u) for u in prefill_urls] + [EngineRef(u, DECODE, u) for u in decode_urls]
-        self.view = PoolView(engines=list(self.static))
         self.refreshed = False
+        # (role, URL) → its ref: the same object across refreshes, so a turn that started
+        # before a refresh counts itself off the ref the next choice reads.
+        self._refs: dict[tuple[str, str], EngineRef] = {}
+        self.view = PoolView()
+        self._sync({})
         self._rr = itertools.count()
         self._task: asyncio.Task[None] | None = None
-        # URL → monotonic time until which it is skipped: set when a connection to it fails,
-        # so a dead engine costs one refused connection, not one per turn (the registry
-        # keeps listing it until its heartbeats time out).
-        self.down_until: dict[str, float] = {}
-        # engine id → (last heartbeat time seen, monotonic time it was first seen): an engine
-        # whose heartbeat stops advancing leaves the pool before the reaper marks it dead.
-        self.heartbeat_timeout = heartbeat_timeout
-        self._beats: dict[str, tuple[float, float]] = {}
 
     @property
     def source(self) -> str:
         """`static`, `registry`, or `none`."""
-        return "static" if self.static else ("registry" if self.registry else "none")
+        return "static" if self.table.static else ("registry" if self.refresher else "none")
+
+    @property
+    def down_until(self) -> dict[str, float]:
+        """URL → monotonic time until which it is skipped."""
+        return self.table.down_until
 
     def start(self) -> None:
         """Refresh now and every `refresh_seconds`."""
@@ -102,8 +121,8 @@ class EnginePool:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.registry is not None:
-            await self.registry.close()
+        if self.refresher is not None:
+            await self.refresher.close()
         if self.voucher is not None:
             await self.voucher.stop()
 
@@ -112,91 +131,82 @@ class EnginePool:
         while True:
             try:
                 await self.refresh()
-                if failing:
-                    log.info("engine refresh works again")
                 failing = False
-            except Exception as exc:  # noqa: BLE001 - keep the last good view
+            except Exception as exc:  # noqa: BLE001 - keep the last good view and keep refreshing
                 if not failing:  # once per outage, not once per attempt
-                    log.warning("engine refresh failed, keeping the last view: %s", exc)
+                    log.warning("engine refresh failed, keeping the last view: %r", exc)
                 failing = True
-                if self.new_registry is not None and self.registry is not None:
-                    await self.registry.close()
-                    self.registry = self.new_registry()
             await asyncio.sleep(self.refresh_seconds if self.refreshed else min(0.5, self.refresh_seconds))
 
     async def refresh(self) -> None:
         """Re-read engines and models from their source."""
-        if self.static:
+        if self.table.static:
             await self._refresh_static()
-        elif self.registry is not None:
-            await self._refresh_registry()
+        elif self.refresher is not None:
+            self.refreshed = await self.refresher.refresh() or self.refreshed
+            self._sync()
+
+    async def _probe(self, entry: PoolEntry) -> list[dict[str, Any]] | None:
+        """The model cards a static engine's /v1/models lists; None when it does not answer."""
+        url = entry.info.http_base_url
+        try:
+            resp = await self.http.get(url + "/v1/models", timeout=2.0)
+            resp.raise_for_status()
+            return [c for c in resp.json().get("data", []) if isinstance(c, dict) and isinstance(c.get("id"), str)]
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            if entry.available:
+                log.warning("engine %s: /v1/models failed: %r", url, exc)
+            return None
 
     async def _refresh_static(self) -> None:
-        async def probe(engine: EngineRef) -> list[dict[str, Any]]:
-            try:
-                resp = await self.http.get(engine.url + "/v1/models", timeout=2.0)
-                resp.raise_for_status()
-                cards = [c for c in resp.json().get("data", []) if isinstance(c, dict) and isinstance(c.get("id"), str)]
-            except (httpx.HTTPError, ValueError, AttributeError) as exc:
-                if engine.healthy:
-                    log.warning("engine %s: /v1/models failed: %r", engine.url, exc)
-                engine.healthy = False
-                return []
-            engine.healthy = True
-            engine.models = tuple(c["id"] for c in cards)
-            return cards
-
-        results = await asyncio.gather(*(probe(e) for e in self.static))
+        entries = list(self.table.static.values())
+        results = await asyncio.gather(*(self._probe(e) for e in entries))
         cards = dict(self.view.cards)
-        for engine, found in zip(self.static, results):
-            if engine.role == PREFILL:
+        for entry, found in zip(entries, results):
+            if found is None:
+                entry.set_health(False)
+                continue
+            entry.set_health(True, tuple(c["id"] for c in found))
+            if entry.info.role is Role.PREFILL:
                 for card in found:
                     cards[card["id"]] = {**card, "owned_by": card.get("owned_by") or "boomerang"}
-        self.view = PoolView(engines=list(self.static), cards=cards)
+        self._sync(cards)
         self.refreshed = self.refreshed or any(results)
         if self.voucher is not None:
-            self.voucher.after_probe(self.static)
+            self.voucher.after_probe(self.view.engines)
 
-    async def _refresh_registry(self) -> None:
-        assert self.registry is not None
-        listed = await self.registry.list_engines(rpb.ListEnginesRequest(), timeout=2.0)
-        old = {(e.role, e.url): e for e in self.view.engines}
-        engines: list[EngineRef] = []
-        stale: list[EngineRef] = []
-        cards: dict[str, dict[str, Any]] = {}
-        beats: dict[str, tuple[float, float]] = {}
-        now_mono, now_wall = time.monotonic(), time.time()
-        for e in listed.engines:
-            if e.status != tpb.ENGINE_STATUS_ACTIVE or not e.http_base_url:
-                continue
-            # Judged on this process's monotonic clock once seen (the router does the same);
-            # a first sighting estimates the heartbeat's age from wall clocks.
-            beat = e.heartbeat_time.seconds + e.heartbeat_time.nanos / 1e9
-            last = self._beats.get(e.engine_id)
-            if last is None or last[0] != beat:
-                last = (beat, now_mono - (max(0.0, now_wall - beat) if last is None and beat else 0.0))
-            beats[e.engine_id] = last
-            role = PREFILL if e.role == tpb.ENGINE_ROLE_PREFILL else DECODE
-            url = e.http_base_url.rstrip("/")
-            ref = EngineRef(url, role, e.engine_id, (e.model,))
-            if (role, url) in old:
-                ref.in_flight = old[(role, url)].in_flight
-            if self.heartbeat_timeout > 0 and now_mono - last[1] > self.heartbeat_timeout:
-                stale.append(ref)
-                continue
-            engines.append(ref)
-        # Heartbeats also stop when the registry or its database was down, not only when an
-        # engine died: where a model has no engine with a fresh heartbeat, its stale ones stay
-        # (a dead one is refused and skipped per request) rather than failing every request.
-        fresh_kinds = {(ref.role, ref.models) for ref in engines}
-        engines += [ref for ref in stale if (ref.role, ref.models) not in fresh_kinds]
-        for ref in engines:
-            if ref.role == PREFILL:
-                model = ref.models[0]
-                cards[model] = {"id": model, "object": "model", "created": 0, "owned_by": "boomerang", "root": model}
-        self.view = PoolView(engines=engines, cards=cards)
-        self._beats = beats
-        self.refreshed = True
+    def _usable(self) -> list[PoolEntry]:
+        """The static engines, else per (model, role) the registry's available ones, else its stale ones."""
+        if self.table.static:
+            return list(self.table.static.values())
+        usable: list[PoolEntry] = []
+        for model, role in sorted({(e.info.model, e.info.role) for e in self.table.registry.values()}):
+            found = self.table.candidates(model, role)
+            usable += [e for e in found if e.available] or [
+                e for e in found if e.unavailable_reason == HEARTBEAT_STALE and e.info.http_base_url
+            ]
+        return usable
+
+    def _sync(self, cards: dict[str, dict[str, Any]] | None = None) -> None:
+        """Rebuild the view from the table, keeping each (role, URL)'s ref and its in-flight count.
+
+        `cards`: the static engines' model cards; registry engines get one built per model.
+        """
+        refs: dict[tuple[str, str], EngineRef] = {}
+        for entry in self._usable():
+            key = (_NAME[entry.info.role], entry.info.http_base_url)
+            ref = refs.get(key)
+            if ref is None:
+                ref = refs[key] = self._refs.get(key) or EngineRef(key[1], key[0])
+                ref.models = ()
+            ref.engine_id = entry.info.engine_id
+            ref.models = tuple(dict.fromkeys((*ref.models, *(entry.models or ()))))
+            ref.healthy = entry.unavailable_reason != HEALTH_CHECK_FAILED
+        self._refs = refs
+        if cards is None:
+            models = {m for ref in refs.values() if ref.role == PREFILL for m in ref.models}
+            cards = {m: {"id": m, "object": "model", "created": 0, "owned_by": "boomerang", "root": m} for m in models}
+        self.view = PoolView(engines=list(refs.values()), cards=cards)
 
     def models(self) -> list[dict[str, Any]]:
         """The model cards of models with at least one prefill engine."""
@@ -208,11 +218,11 @@ class EnginePool:
 
     def mark_down(self, url: str, seconds: float = DOWN_SECONDS) -> None:
         """Skip `url` for a while: a connection to it was refused."""
-        self.down_until[url] = time.monotonic() + seconds
+        self.table.mark_down(url, seconds)
 
     def is_down(self, url: str) -> bool:
         """Whether `url` is being skipped."""
-        return self.down_until.get(url, 0.0) > time.monotonic()
+        return self.table.is_down(url)
 
     def choose(self, role: str, model: str, avoid: set[str] | None = None, key: str = "") -> EngineRef | None:
         """The least busy healthy engine of `role` serving `model` (round-robin on ties).

@@ -29,6 +29,7 @@ from typing import Protocol
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
+from boomerang.enginepool.table import Progress, progressed
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
@@ -87,8 +88,8 @@ class Voucher:
         self.heartbeat_timeout = heartbeat_timeout
         self.timeout = timeout
         self.sent = 0
-        # engine id → (last heartbeat time listed, monotonic time it was first listed)
-        self._progress: dict[str, tuple[float, float]] = {}
+        # engine id → its last heartbeat listed, and since when (monotonic) it was seen
+        self._progress: dict[str, Progress] = {}
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         # (role, url) → epoch seconds of its last failed probe
@@ -115,16 +116,12 @@ class Voucher:
             now, wall = time.monotonic(), time.time()
             for engine, probed in vouchable(listed.engines, healthy, self._down_at):
                 beat = _seconds(engine.heartbeat_time)
-                seen = self._progress.get(engine.engine_id)
-                if seen is None or seen[0] != beat:
-                    # Judged on this process's monotonic clock once seen; a first sighting
-                    # estimates the heartbeat's age from the wall clocks (as the pool does).
-                    since = now if seen is not None else now - max(0.0, wall - beat)
-                    seen = self._progress[engine.engine_id] = (beat, since)
-                if now - seen[1] < self.heartbeat_timeout / 3:
+                # Judged as the engine pool judges heartbeats (`boomerang.enginepool`).
+                seen = self._progress[engine.engine_id] = progressed(self._progress.get(engine.engine_id), beat, now, wall)
+                if now - seen.since < self.heartbeat_timeout / 3:
                     continue  # its own (or our last) heartbeat is recent
                 await self._heartbeat(engine, probed)
-                self._progress[engine.engine_id] = (beat, now)
+                self._progress[engine.engine_id] = Progress(beat, now)
             if self._failing:
                 log.info("heartbeats for static engines work again")
             self._failing = False

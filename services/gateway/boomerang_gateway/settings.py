@@ -6,18 +6,9 @@ from typing import Annotated, Any
 
 from boomerang.config.fields import Flag, renamed
 from boomerang.config.settings import EnginePoolSettings, check_listen
+from boomerang.enginepool.table import static_specs
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
-
-
-def _split_urls(value: Any) -> list[str]:
-    """A list of URLs from a list or a comma-separated string (the environment's form)."""
-    items = value.split(",") if isinstance(value, str) else list(value or [])
-    urls = [str(u).strip().rstrip("/") for u in items if str(u).strip()]
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"{url!r} must be an http:// or https:// base URL")
-    return urls
 
 
 def _split_tokenizers(value: Any) -> dict[str, str]:
@@ -47,16 +38,16 @@ class GatewaySettings(EnginePoolSettings):
         default="127.0.0.1:50052", description="HOST:PORT of the router; empty: no router."
     )
     # Named as the router's (`BOOMERANG_PREFILL_URLS` etc. were the gateway's own names).
-    prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "URL")] = Field(
+    prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "[NAME=]URL")] = Field(
         default_factory=list,
         validation_alias=renamed("prefill_engines", "prefill_urls"),
-        description="Static prefill engines' base URLs (the variable: comma-separated; the flag: "
+        description="Static prefill engines, `URL` or `NAME=URL` (the variable: comma-separated; the flag: "
         "repeated); none: engines come from the registry.",
     )
-    decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "URL")] = Field(
+    decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "[NAME=]URL")] = Field(
         default_factory=list,
         validation_alias=renamed("decode_engines", "decode_urls"),
-        description="Static decode engines' base URLs (the variable: comma-separated; the flag: repeated).",
+        description="Static decode engines, `URL` or `NAME=URL` (the variable: comma-separated; the flag: repeated).",
     )
     allow_anonymous: bool = Field(
         default=False, description="Serve requests without an API key as tenant `anonymous`."
@@ -155,4 +146,4 @@ class GatewaySettings(EnginePoolSettings):
     @field_validator("prefill_engines", "decode_engines", mode="before")
     @classmethod
     def _urls(cls, value: Any) -> list[str]:
-        return _split_urls(value)
+        return static_specs(value)

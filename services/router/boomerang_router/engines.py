@@ -1,10 +1,10 @@
 """Keeping the engine pool current in the background: registry refresh and health checks.
 
 Plans never ask the registry about engines; a background task refreshes the pool from
-`ListEngines` every `refresh_seconds`. When the registry cannot be reached the last
-snapshot stays (engines do not leave the pool just because the control plane is down).
-Static engines (`--prefill URL`, `--decode URL`) are probed with `GET <url>/health`; after
-`failures` consecutive failed probes an engine leaves the pool until a probe succeeds.
+`ListEngines` every `refresh_seconds` (`boomerang.enginepool.refresh.RegistryRefresher`,
+shared with the gateway: a failed refresh keeps the last snapshot). Static engines
+(`--prefill`, `--decode`) are probed with `GET <url>/health`; after `failures` consecutive
+failed probes an engine leaves the pool until a probe succeeds.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import httpx
-from boomerang.clients.registry import RegistryClient
+from boomerang.enginepool.refresh import RegistryRefresher
 
 from boomerang_router.pool import EnginePool
-from boomerang_router.registry_api import RouterRegistry
+
+__all__ = ["HealthProber", "Periodic", "RegistryRefresher"]
 
 log = logging.getLogger(__name__)
+
 
 class Periodic:
     """Runs an async function every `interval` seconds until stopped."""
@@ -54,33 +56,6 @@ class Periodic:
                 raise
             except Exception:
                 log.debug("%s failed", self.name, exc_info=True)
-
-
-class RegistryRefresher:
-    """Refreshes the pool's registry engines from ListEngines."""
-
-    def __init__(self, pool: EnginePool, registry: RegistryClient, timeout: float = 2.0):
-        self.pool = pool
-        self.api = RouterRegistry(registry)
-        self.timeout = timeout
-        self.failures = 0
-
-    async def refresh(self) -> bool:
-        """One refresh; False (and the old snapshot kept) when the registry did not answer."""
-        try:
-            engines = await self.api.list_engines(self.timeout)
-        except Exception as exc:  # noqa: BLE001 - any failure keeps the last snapshot
-            self.failures += 1
-            if self.failures == 1 or self.failures % 60 == 0:
-                log.warning("engine refresh failed (%d in a row): %s", self.failures, exc)
-            return False
-        self.failures = 0
-        self.pool.apply_registry_snapshot(engines)
-        return True
-
-    async def tick(self) -> None:
-        """Periodic entry point."""
-        await self.refresh()
 
 
 class HealthProber:

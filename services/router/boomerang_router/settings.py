@@ -6,15 +6,9 @@ from typing import Annotated, Any
 
 from boomerang.config.fields import Flag
 from boomerang.config.settings import EnginePoolSettings, check_listen
+from boomerang.enginepool.table import static_specs
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
-
-
-def _split_list(value: Any) -> Any:
-    """`a,b` from an environment variable, or a list from flags."""
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    return value
 
 
 class RouterSettings(EnginePoolSettings):
@@ -147,10 +141,5 @@ class RouterSettings(EnginePoolSettings):
 
     @field_validator("prefill_engines", "decode_engines", mode="before")
     @classmethod
-    def _engines(cls, value: Any) -> Any:
-        items = _split_list(value)
-        for item in items or []:
-            url = item.partition("=")[2] if "=" in item and "://" not in item.partition("=")[0] else item
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{item!r}: an engine is URL or NAME=URL, the URL starting with http://")
-        return items
+    def _engines(cls, value: Any) -> list[str]:
+        return static_specs(value)
