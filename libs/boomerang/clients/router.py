@@ -61,6 +61,12 @@ class RouterClient:
         """ReportTurn."""
         return await call("ReportTurn", self.stub.ReportTurn, req, timeout or self.timeout)
 
+    async def report_turn_batch(
+        self, req: rtpb.ReportTurnBatchRequest, timeout: float | None = None
+    ) -> rtpb.ReportTurnBatchResponse:
+        """ReportTurnBatch: one result per report, in order (a refused report fails alone)."""
+        return await call("ReportTurnBatch", self.stub.ReportTurnBatch, req, timeout or self.timeout)
+
     async def get_turn_plan(self, req: rtpb.GetTurnPlanRequest, timeout: float | None = None) -> rtpb.GetTurnPlanResponse:
         """GetTurnPlan."""
         return await call("GetTurnPlan", self.stub.GetTurnPlan, req, timeout or self.timeout)

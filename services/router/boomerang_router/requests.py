@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from boomerang import chainproto
-from boomerang.errors import Violations
+from boomerang.errors import BoomerangError, Violations
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
@@ -257,6 +257,28 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         prompt_len=len(req.prompt_token_ids),
         salt=req.cache_salt,
     )
+
+
+MAX_REPORT_BATCH = 256  # ReportTurnBatch's limit, as the proto states
+
+
+def report_batch(req: rtpb.ReportTurnBatchRequest, max_tokens: int) -> list[ReportInput | BoomerangError]:
+    """Validate ReportTurnBatchRequest: 1 to MAX_REPORT_BATCH reports, or the whole call is
+    INVALID_ARGUMENT; each report as ReportTurn validates it, a bad one being its own error
+    (in its place) that leaves the others alone."""
+    v = Violations()
+    v.require(
+        1 <= len(req.reports) <= MAX_REPORT_BATCH, "reports",
+        f"must hold 1 to {MAX_REPORT_BATCH} reports (got {len(req.reports)}); send more as further calls",
+    )
+    v.raise_if_any()
+    out: list[ReportInput | BoomerangError] = []
+    for item in req.reports:
+        try:
+            out.append(report_turn(item, max_tokens))
+        except BoomerangError as err:
+            out.append(err)
+    return out
 
 
 def get_plan(req: rtpb.GetTurnPlanRequest) -> datetime:

@@ -7,12 +7,12 @@ from typing import Any
 
 import grpc
 from boomerang.credentials import CredentialStore
-from boomerang.grpcutil.status import rpc
+from boomerang.grpcutil.status import rpc, write_item_error
 from boomerang.grpcutil.streams import serve_items
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 
-from boomerang_router import convert, listing, requests
+from boomerang_router import convert, listing, reports, requests
 from boomerang_router.planner import Router
 
 
@@ -52,6 +52,20 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
     async def ReportTurn(self, request: rtpb.ReportTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.ReportTurnResponse:
         result = await self.router.report(requests.report_turn(request, self.max_prompt_tokens))
         return convert.report_response(result)
+
+    @rpc
+    async def ReportTurnBatch(
+        self, request: rtpb.ReportTurnBatchRequest, context: grpc.aio.ServicerContext
+    ) -> rtpb.ReportTurnBatchResponse:
+        inputs = requests.report_batch(request, self.max_prompt_tokens)
+        outcomes = await reports.report_each(self.router.report, inputs)
+        results = [rtpb.ReportTurnBatchResult() for _ in outcomes]
+        for result, outcome in zip(results, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                write_item_error(result, outcome)
+            else:
+                result.response.CopyFrom(convert.report_response(outcome))
+        return rtpb.ReportTurnBatchResponse(results=results)
 
     @rpc
     async def GetTurnPlan(self, request: rtpb.GetTurnPlanRequest, context: grpc.aio.ServicerContext) -> rtpb.GetTurnPlanResponse:
