@@ -20,27 +20,28 @@ def has_control_characters(value: str) -> bool:
     return any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
 
 
-def check_id(v: Violations, path: str, value: str, limit: int = MAX_ID, required: bool = True) -> None:
-    """An identifier: printable ASCII without spaces, at most `limit` characters."""
+def _present_within(v: Violations, path: str, value: str, limit: int, required: bool) -> bool:
+    """Whether `value` is given and at most `limit` characters, its characters still to check;
+    records why not (an empty optional value is fine, and has nothing to check)."""
     if not value:
         if required:
             v.add(path, "is required")
-        return
+        return False
     if len(value) > limit:
         v.add(path, f"must be at most {limit} characters, got {len(value)}")
-    elif not _PRINTABLE.match(value):
+        return False
+    return True
+
+
+def check_id(v: Violations, path: str, value: str, limit: int = MAX_ID, required: bool = True) -> None:
+    """An identifier: printable ASCII without spaces, at most `limit` characters."""
+    if _present_within(v, path, value, limit, required) and not _PRINTABLE.match(value):
         v.add(path, "must be printable ASCII without spaces")
 
 
 def check_text(v: Violations, path: str, value: str, limit: int = MAX_TEXT, required: bool = False) -> None:
     """Free text (a model name, a host): no control characters, at most `limit` characters."""
-    if not value:
-        if required:
-            v.add(path, "is required")
-        return
-    if len(value) > limit:
-        v.add(path, f"must be at most {limit} characters, got {len(value)}")
-    elif has_control_characters(value):
+    if _present_within(v, path, value, limit, required) and has_control_characters(value):
         v.add(path, "must not contain control characters")
 
 
