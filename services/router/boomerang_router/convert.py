@@ -47,19 +47,7 @@ def params(p: KvParams) -> tpb.KvTransferParams:
     msg = tpb.KvTransferParams(do_remote_decode=p.do_remote_decode, do_remote_prefill=p.do_remote_prefill)
     for group in p.remote_block_ids or ():
         msg.remote_block_groups.add(block_ids=list(group))
-    for name in (
-        "remote_engine_id",
-        "remote_request_id",
-        "remote_host",
-        "remote_port",
-        "tp_size",
-        "dcp_size",
-        "pp_size",
-        "remote_num_tokens",
-        "remote_blocks_expiry_time",
-        "remote_registration_generation",
-        "transfer_mode",
-    ):
+    for name in kvparams.SCALAR_KEYS:
         value = getattr(p, name)
         if value is not None:
             setattr(msg, name, value)

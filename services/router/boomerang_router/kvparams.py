@@ -52,10 +52,9 @@ class KvParams:
 
 # Keys the first-turn form carries as explicit nulls (vLLM's example proxy sends them so).
 _ALWAYS = ("remote_engine_id", "remote_block_ids", "remote_host", "remote_port")
-_ORDER = (
-    "do_remote_decode",
-    "do_remote_prefill",
-    "remote_block_ids",
+# The optional single-valued keys, in the order vLLM writes them; the typed message
+# (convert.params) carries each under the same name.
+SCALAR_KEYS = (
     "remote_engine_id",
     "remote_request_id",
     "remote_host",
@@ -68,6 +67,7 @@ _ORDER = (
     "remote_registration_generation",
     "transfer_mode",
 )
+_ORDER = ("do_remote_decode", "do_remote_prefill", "remote_block_ids", *SCALAR_KEYS)
 _INT_KEYS = ("remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens", "remote_registration_generation")
 _STR_KEYS = ("remote_engine_id", "remote_request_id", "remote_host", "transfer_mode")
 
