@@ -12,14 +12,16 @@ PROTOS := $(wildcard proto/boomerang/v1/*.proto)
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.lock requirements-dev.lock pyproject.toml
+# Reinstalled whenever a lock or a pyproject.toml changes: the editable installs' metadata
+# (dependencies, the `boomerang` script, the commands' entry points) is written at install time.
+$(STAMP): requirements.lock requirements-tools.lock requirements-dev.lock pyproject.toml tools/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Boomerang needs Python 3.11 or newer; found " + sys.version.split()[0])'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-dev.lock
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e '.[tools]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-tools.lock -r requirements-dev.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e ./tools
 	touch $(STAMP)
 
-setup: $(STAMP) ## Create .venv and install Boomerang with pinned dependencies (idempotent)
+setup: $(STAMP) ## Create .venv and install Boomerang and its tools with pinned dependencies (idempotent)
 
 proto: setup ## Regenerate the Python stubs in libs/boomerang/v1 from proto/
 	$(BIN)/python -m boomerang.protogen libs

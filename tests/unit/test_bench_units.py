@@ -177,7 +177,10 @@ async def test_a_child_that_exits_before_it_is_ready_is_started_once_more(
               "    sys.exit(4)\n"
               "print('BOOMERANG_READY x 127.0.0.1:1', flush=True)\n"
               "time.sleep(30)\n")
-    monkeypatch.setattr(children, "BOOMERANG", [sys.executable, "-c", script])
+    fake = tmp_path / "boomerang"
+    fake.write_text(f"#!{sys.executable}\n{script}")
+    fake.chmod(0o755)
+    monkeypatch.setattr(children, "boomerang_script", lambda: fake)
     services = Services(tmp_path / "logs", {})
     try:
         services.start("flaky", ["flaky"])

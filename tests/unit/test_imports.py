@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
+import re
+import subprocess
+import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from boomerang_cli.main import COMMANDS, build_parser
+from boomerang_cli.main import COMMAND_GROUP, TOOL_COMMANDS, build_parser, commands
 
 ROOT = Path(__file__).resolve().parents[2]
 # Import roots: the library, each service, the CLI (composition root) and the tools.
@@ -28,6 +31,12 @@ SOURCES = {
     "boomerang_tools": ROOT / "tools",
 }
 SERVICES = {"boomerang_registry", "boomerang_router", "boomerang_gateway", "boomerang_reaper"}
+# Each distribution's pyproject.toml and the import roots it ships: the runtime package (the
+# library, the services and the CLI) and the tools, a package of their own above it.
+DISTRIBUTIONS = {
+    ROOT / "pyproject.toml": set(SOURCES) - {"boomerang_tools"},
+    ROOT / "tools" / "pyproject.toml": {"boomerang_tools"},
+}
 
 
 def modules() -> dict[str, Path]:
@@ -71,16 +80,7 @@ def _known(target: str, node: ast.stmt) -> Iterator[tuple[str, ast.stmt]]:
 
 
 def graph() -> dict[str, set[str]]:
-    edges = {name: {t for t, _ in imported(name, path) if t != name} for name, path in MODULES.items()}
-    # `boomerang_cli.main` imports each command's module by name (importlib, so that one
-    # command loads only its own): edges all the same, which the rules below must see.
-    edges["boomerang_cli.main"] |= set(COMMANDS.values())
-    return edges
-
-
-def test_the_scan_sees_the_commands_dispatched_by_name() -> None:
-    assert set(COMMANDS.values()) <= MODULES.keys()
-    assert "boomerang_tools.demo.cli" in graph()["boomerang_cli.main"]
+    return {name: {t for t, _ in imported(name, path) if t != name} for name, path in MODULES.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -126,7 +126,7 @@ def _package_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_the_scan_sees_the_tree() -> None:
     assert "boomerang.resilience" in MODULES and "boomerang_router.planner" in MODULES
-    assert "boomerang_router.registry_api" in graph()["boomerang_router.planner"]
+    assert "boomerang_router.reuse_claim" in graph()["boomerang_router.planner"]
 
 
 def test_no_import_circles() -> None:
@@ -143,12 +143,50 @@ def test_the_library_never_imports_a_service_or_a_tool() -> None:
     assert bad == set()
 
 
-def test_only_the_command_table_reaches_the_tools() -> None:
-    """The tools are the top layer (an optional extra's worth): the library, the services and
-    the CLI's own commands never import them; `boomerang_cli.main` lists their commands."""
+def test_nothing_below_the_tools_imports_them() -> None:
+    """The tools are the top layer, a distribution of their own: the library, the services and
+    the CLI never import them (the CLI finds the tools' commands as entry points)."""
     bad = {(v, w) for v, ws in graph().items() for w in ws
-           if w.split(".")[0] == "boomerang_tools" and v.split(".")[0] != "boomerang_tools" and v != "boomerang_cli.main"}
+           if w.split(".")[0] == "boomerang_tools" and v.split(".")[0] != "boomerang_tools"}
     assert bad == set()
+
+
+# Strings that spell a first-party module's name for another reason than importing it.
+NAMED_NOT_IMPORTED = {
+    # a traceback frame's module prefix ("the database was being talked to")
+    ("boomerang_cli.failures", "boomerang.db"),
+}
+MODULE_NAME = re.compile(r"([A-Za-z_][\w.]*)(?::\w+)?")
+
+
+def module_named(node: ast.AST, loggers: set[int]) -> str | None:
+    """The first-party module a string constant spells (`a.b` or `a.b:attr`), if it does."""
+    if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in loggers:
+        return None
+    match = MODULE_NAME.fullmatch(node.value)
+    return match[1] if match and match[1] in MODULES and match[1] != "boomerang" else None
+
+
+def test_no_module_names_a_first_party_module_in_a_string() -> None:
+    """An import by name (`importlib.import_module("…")`, `python -m …`) is an edge the rules
+    above cannot see: no module spells a first-party module's name in a string (a logger's
+    name aside)."""
+    named = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        loggers = {id(arg) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                   and getattr(call.func, "attr", getattr(call.func, "id", "")) == "getLogger" for arg in call.args}
+        named += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"  # type: ignore[attr-defined]
+                  for node in ast.walk(tree)
+                  if (target := module_named(node, loggers)) and (name, target) not in NAMED_NOT_IMPORTED]
+    assert named == []
+
+
+def test_the_string_rule_sees_an_import_by_name() -> None:
+    call = ast.parse('importlib.import_module("boomerang_tools.demo.cli")\n["-m", "boomerang_cli.main"]')
+    found = {module_named(n, set()) for n in ast.walk(call)}
+    assert {"boomerang_tools.demo.cli", "boomerang_cli.main"} <= found
+    assert module_named(ast.Constant("boomerang: a log line"), set()) is None
 
 
 def test_no_service_imports_another() -> None:
@@ -226,11 +264,57 @@ def test_function_import_rule(source: str, expected: list[bool]) -> None:
     assert [d for _, d in function_imports(source)] == expected
 
 
+def declared_commands() -> dict[str, tuple[str, Path]]:
+    """Each `boomerang.commands` entry point the pyproject.toml files declare: its name, and
+    its target with the file that declares it."""
+    found: dict[str, tuple[str, Path]] = {}
+    for pyproject in DISTRIBUTIONS:
+        table = tomllib.loads(pyproject.read_text())["project"]["entry-points"][COMMAND_GROUP]
+        for name, target in table.items():
+            assert name not in found, f"{name} is declared by {found[name][1]} and {pyproject}"
+            found[name] = (target, pyproject)
+    return found
+
+
+def test_each_command_entry_point_names_a_module_of_its_own_layer() -> None:
+    """A command's module exists and ships in the distribution that declares it: the runtime
+    package names no tool's module (so the CLI, its composition root, reaches no tool)."""
+    for name, (target, pyproject) in declared_commands().items():
+        module, _, attribute = target.partition(":")
+        assert module in MODULES and attribute == "register", f"{name} = {target!r} ({pyproject})"
+        assert module.split(".")[0] in DISTRIBUTIONS[pyproject], f"{name} = {target!r} lies outside {pyproject}"
+
+
+def test_the_tools_commands_are_the_tools_entry_points() -> None:
+    """What the CLI says the tools add, when they are not installed, is what they declare."""
+    tools = {n for n, (_, pyproject) in declared_commands().items() if pyproject.parent.name == "tools"}
+    assert set(TOOL_COMMANDS) == tools
+
+
+def test_the_installed_commands_are_the_declared_ones() -> None:
+    installed = {name: entry.value for name, entry in commands().items()}
+    declared = {name: target for name, (target, _) in declared_commands().items()}
+    assert installed == declared, "the installed entry points are stale: run `make setup`"
+
+
 def test_each_command_maps_to_the_module_that_adds_it() -> None:
-    """`boomerang X` imports only COMMANDS[X]; that module must add X (and every module's commands
-    must be listed, or they would be missing when another command runs)."""
-    for module in set(COMMANDS.values()):
+    """`boomerang X` loads only entry point X's module; that module must add X (and every
+    command it adds must be an entry point of that module, or it would be missing when
+    another command runs)."""
+    installed = commands()
+    for target in {e.value for e in installed.values()}:
         sub = argparse.ArgumentParser().add_subparsers()
-        importlib.import_module(module).register(sub)
-        assert {c for c, m in COMMANDS.items() if m == module} == set(sub.choices), module
+        next(e for e in installed.values() if e.value == target).load()(sub)
+        assert {n for n, e in installed.items() if e.value == target} == set(sub.choices), target
     assert build_parser("registry").parse_args(["registry", "--listen", "127.0.0.1:1"]).command == "registry"
+
+
+def test_one_command_loads_only_its_own_module() -> None:
+    """`boomerang registry` imports the registry and the library, never another service, the
+    operator commands or the tools (a fresh interpreter: this one has loaded them all)."""
+    code = ("import sys; from boomerang_cli.main import build_parser; build_parser('registry'); "
+            "print(' '.join(m for m in sys.modules if m.startswith('boomerang_')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = {m.split(".")[0] if not m.startswith("boomerang_cli") else m for m in done.stdout.split()}
+    assert loaded == {"boomerang_registry", "boomerang_cli", "boomerang_cli.main", "boomerang_cli.failures"}

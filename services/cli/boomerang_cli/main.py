@@ -1,8 +1,11 @@
 """`boomerang`: one command line for every service and operator tool.
 
-Each subcommand lives in its own module exposing `register(subparsers)`; this file only
-lists them. Service commands take their settings from `BOOMERANG_*` variables, and flags
-override them.
+Each subcommand lives in its own module exposing `register(subparsers)`, and the distribution
+that ships it names it as an entry point of the group `boomerang.commands` (pyproject.toml;
+the tools' in tools/pyproject.toml): this file finds them there and names no module, so the
+import rules (tests/unit/test_imports.py) see every edge, and a command of a package that is
+not installed (the tools, in the image) is simply absent. Service commands take their
+settings from `BOOMERANG_*` variables, and flags override them.
 
 Every command runs through `run`: a failure of a known class (failures.py) ends in one line
 on stderr and exit status 1, and libraries' log records below WARNING (httpx's request
@@ -13,47 +16,47 @@ the person reading it. Boomerang's own records keep their level (`--log-level` f
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 import traceback
+from importlib.metadata import EntryPoint, entry_points
 
 from boomerang_cli.failures import describe
 
-# Each subcommand and the module that adds it, in the order `boomerang --help` lists them.
-# A command module imports what its command runs (a server, a database driver) at its top, so
-# running one command imports only its own module: `boomerang registry` never loads the
-# gateway, the tools or the operator commands. Help and unknown commands load them all.
-COMMANDS = {
-    "registry": "boomerang_registry.cli",
-    "router": "boomerang_router.cli",
-    "gateway": "boomerang_gateway.cli",
-    "tenants": "boomerang_gateway.cli",
-    "up": "boomerang_tools.stack.cli",
-    "demo": "boomerang_tools.demo.cli",
-    "replay": "boomerang_tools.replay.cli",
-    "bench": "boomerang_tools.bench.cli",
-    "reaper": "boomerang_reaper.cli",
-    "advise-ttl": "boomerang_reaper.cli",
-    "migrate": "boomerang_cli.migrate",
-    "credentials": "boomerang_cli.credentials",
-    "status": "boomerang_cli.status",
-    "audit": "boomerang_cli.audit",
-    "sim": "boomerang_tools.sim.cli",
-}
-COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
+COMMAND_GROUP = "boomerang.commands"
+# The tools' commands come with the boomerang-tools distribution (tools/), which the image and
+# a plain `pip install .` leave out; asked for one, the CLI says how to get it
+# (tests/unit/test_imports.py checks this list against tools/pyproject.toml).
+TOOL_COMMANDS = ("up", "demo", "replay", "bench", "sim")
+TOOLS_HINT = ("the tools ({}) are not installed here: from a checkout, `pip install ./tools` "
+              "(`make setup` does); the image holds the services only")
+
+
+def commands() -> dict[str, EntryPoint]:
+    """Each installed subcommand's entry point, by name in alphabetical order (`--help`'s)."""
+    return {entry.name: entry for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name)}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser for `command` alone when it is a known command, else with every subcommand."""
+    """The parser for `command` alone when it is a known command, else with every subcommand.
+
+    A command's module imports what its command runs (a server, a database driver) at its
+    top, so running one command loads only its own module: `boomerang registry` never loads
+    the gateway, the tools or the operator commands. Help and unknown commands load them all.
+    """
+    installed = commands()
+    missing = [c for c in TOOL_COMMANDS if c not in installed]
     parser = argparse.ArgumentParser(
         prog="boomerang",
         description="Boomerang: KV-cache reuse control plane for disaggregated vLLM serving.",
+        epilog=TOOLS_HINT.format(", ".join(missing)) if missing else None,
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
-    for name in modules:
-        importlib.import_module(name).register(subparsers)
+    chosen = [installed[command]] if command in installed else list(installed.values())
+    # One module may add several commands (`gateway` and `tenants`): register it once.
+    for entry in {e.value: e for e in chosen}.values():
+        entry.load()(subparsers)
+    subparsers._choices_actions.sort(key=lambda action: action.dest)  # `--help` lists them by name
     _add_verbose(parser, top=True)
     return parser
 
@@ -70,18 +73,17 @@ def _add_verbose(parser: argparse.ArgumentParser, top: bool = False) -> None:
 
 
 def subcommand_names() -> list[str]:
-    """The names of every subcommand (used by tests of docker-compose.yml)."""
-    parser = build_parser()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return sorted(action.choices)
-    return []
+    """The names of every installed subcommand (used by tests of docker-compose.yml)."""
+    return sorted(commands())
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run the chosen subcommand."""
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
+    if command in TOOL_COMMANDS and command not in commands():
+        print(f"boomerang {command}: " + TOOLS_HINT.format(", ".join(TOOL_COMMANDS)), file=sys.stderr)
+        return 2
     args = build_parser(command).parse_args(argv)
     try:
         configure_logging(getattr(args, "log_level", None) or "INFO", args.verbose)

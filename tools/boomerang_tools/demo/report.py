@@ -138,12 +138,12 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path,
     """TTFT against context length, off and on in every mode, with AWS's published points,
     one panel per profile; `lower` draws a second panel under a profile's (given its axes)."""
     try:
-        # deferred: matplotlib (heavy, the tools extra, and only for the chart) loads only
-        # when a chart is drawn
+        # deferred: matplotlib (heavy, a dependency of the tools alone, and only for the
+        # chart) loads only when a chart is drawn
         import matplotlib
     except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError("the demo's chart needs matplotlib: pip install 'boomerang[tools]'",
-                                  name="matplotlib") from exc
+        raise ModuleNotFoundError("the demo's chart needs matplotlib: pip install -r requirements-tools.lock "
+                                  "(`make setup` does)", name="matplotlib") from exc
 
     matplotlib.use("Agg")
     # deferred: pyplot after the backend is chosen

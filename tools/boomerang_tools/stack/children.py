@@ -10,27 +10,42 @@ If the parent dies without stopping them (SIGKILL), each gets SIGTERM from the k
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
+from importlib.metadata import Distribution, distribution
 from pathlib import Path
 from typing import IO
 
 from boomerang_tools.stack.lifeline import die_with_parent
 
-# The `boomerang` script beside this interpreter (so `ps` shows `boomerang registry`, …), or
-# the same entry point through `-m` when it is not installed as a script.
-_SCRIPT = Path(sys.executable).with_name("boomerang")
-BOOMERANG = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "boomerang_cli.main"]
-
 
 class ChildFailed(RuntimeError):
     """A child exited or did not become ready; the message ends with its last log lines."""
+
+
+@functools.cache
+def boomerang_script() -> Path:
+    """The `boomerang` script of the Boomerang installed here: children run it (so `ps` shows
+    `boomerang registry`, …), never a module by name."""
+    return installed_script(distribution("boomerang"))
+
+
+def installed_script(dist: Distribution) -> Path:
+    """The `boomerang` script `dist`'s installation wrote, where its record says (a virtualenv's
+    bin/, ~/.local/bin, …: not always beside the interpreter)."""
+    for file in dist.files or ():
+        if file.name == "boomerang" and file.parent.name == "bin":
+            path = Path(str(dist.locate_file(file))).resolve()
+            if os.access(path, os.X_OK):
+                return path
+    raise ChildFailed(f"Boomerang {dist.version} is installed without its `boomerang` script; "
+                      "reinstall it (`make setup`, or `pip install --force-reinstall .`)")
 
 
 class Child:
@@ -62,7 +77,7 @@ class Child:
         self._log = open(self.log_path, "a", buffering=1)  # noqa: SIM115 - open while the child runs; stop() closes it
         self._log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} boomerang {' '.join(self.args)}\n")
         self.proc = subprocess.Popen(
-            [*BOOMERANG, *self.args],
+            [str(boomerang_script()), *self.args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
