@@ -1,8 +1,11 @@
 # One image for every Boomerang service; the command picks the service
 # (`boomerang registry`, `boomerang router`, ...).
 #
-# Runtime dependencies only (requirements.lock; the development and test pins
-# stay out), and Boomerang installed from a wheel, not editable.
+# Runtime dependencies only (requirements.lock; the tools' and the development and
+# test pins stay out), and Boomerang installed from a wheel, not editable. The
+# wheel is the runtime package alone: the tools (tools/, boomerang-tools: the demo,
+# the simulator, `boomerang up`, matplotlib) are a distribution of their own, outside
+# the build context (.dockerignore). tests/unit/test_image_contents.py checks both.
 
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -11,7 +14,6 @@ COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY libs ./libs
 COPY services ./services
-COPY tools ./tools
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -53,7 +53,7 @@ def test_dockerfile_installs_the_locked_requirements() -> None:
     # Runtime pins only, Boomerang from a wheel: no test tools and no editable install.
     assert "requirements-dev.lock" not in text
     assert " -e " not in text and "--editable" not in text
-    for folder in ("libs", "services", "tools"):
+    for folder in ("libs", "services"):
         assert f"COPY {folder} ./{folder}" in text, f"the image build lacks {folder}/"
 
 
