@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 import boomerang_router.claims as claims_module
-import boomerang_router.planner as planner_module
+import boomerang_router.reuse_claim as reuse_claim_module
 import pytest
 from boomerang.clients.registry import RegistryClient
 from boomerang.db.engine import make_engine
@@ -32,7 +32,7 @@ from boomerang_router.planner import Router
 from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import EngineInfo, Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
-from boomerang_router.server import build_pool
+from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
 from prometheus_client import REGISTRY
 
@@ -65,13 +65,18 @@ def make_router(database_url: str, registry_address: str, audit_url: str = "", *
     settings = RouterSettings(database_url=database_url, registry_address=registry_address, heartbeat_timeout_seconds=0, **overrides)
     repo = TurnPlanRepository(make_engine(audit_url or database_url, 2))
     audit = AuditWriter(repo, flush_interval=0.02, attempts=2)
-    return Router(settings, RegistryClient(registry_address), build_pool(settings), audit, repo, name="degraded-test")
+    return build_router(settings, RegistryClient(registry_address), build_pool(settings), audit, repo, name="degraded-test")
+
+
+def registry_client(router: Router) -> RegistryClient:
+    """The registry client the router was built over."""
+    return router.reporter.registry.client
 
 
 async def close(router: Router) -> None:
     await router.drain(1.0)
     await router.audit.stop(2.0)
-    await router.registry.close()
+    await registry_client(router).close()
     await router.repo.engine.dispose()
 
 
@@ -123,7 +128,7 @@ async def test_slow_postgres_answers_degraded_in_time_and_leaves_no_claim_behind
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=100)
     router.audit.start()
-    await RegistryRefresher(router.pool, router.registry).refresh()
+    await RegistryRefresher(router.pool, registry_client(router)).refresh()
     try:
         async with pg.transaction():
             await pg.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease_id))
@@ -153,7 +158,7 @@ async def test_a_plan_answers_within_its_callers_deadline_when_the_claim_hangs(
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=5000)
     router.audit.start()
-    await RegistryRefresher(router.pool, router.registry).refresh()
+    await RegistryRefresher(router.pool, registry_client(router)).refresh()
     try:
         async with pg.transaction():
             await pg.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease_id))
@@ -179,7 +184,7 @@ async def test_the_vllm_hooks_default_deadline_leaves_time_for_the_claim(
     margin left no time for the claim, so every plan of a default hook degraded; a short
     deadline now keeps half of it for the reply and gives the claim the rest.
 
-    What is measured is the claim's budget, on a stopped planner clock: how long the machine
+    What is measured is the claim's budget, on a stopped claim clock: how long the machine
     takes to reach the claim is not this test's (it made a busy machine miss the ~10 ms). The
     claim itself then runs with room, so the plan shows that the budget reaches a real claim."""
     from boomerang.vllm_hook.config import BoomerangHookConfig
@@ -188,17 +193,17 @@ async def test_the_vllm_hooks_default_deadline_leaves_time_for_the_claim(
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address)
     router.audit.start()
-    monkeypatch.setattr(planner_module, "time", _StoppedMonotonic())
+    monkeypatch.setattr(reuse_claim_module, "time", _StoppedMonotonic())
     budgets: list[float] = []
-    claim = router.batcher.claim
+    claim = router.claimer.batcher.claim_in_batch
 
     async def roomy_claim(req: Any, timeout: float, patient: bool = False) -> Any:
         budgets.append(timeout)
         return await claim(req, 10.0, patient)
 
-    monkeypatch.setattr(router.batcher, "claim", roomy_claim)
+    monkeypatch.setattr(router.claimer.batcher, "claim_in_batch", roomy_claim)
     try:
-        await RegistryRefresher(router.pool, router.registry).refresh()
+        await RegistryRefresher(router.pool, registry_client(router)).refresh()
         req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=history + [1] * 40)
         record = await router.plan(requests.plan_turn(req, 10**6), caller_seconds=hook_deadline)
         assert router.stats["claims_skipped_caller_deadline"] == 0  # the claim was asked...
@@ -209,8 +214,8 @@ async def test_the_vllm_hooks_default_deadline_leaves_time_for_the_claim(
 
 
 class _StoppedMonotonic:
-    """The `time` module as the planner sees it, with `monotonic` stopped: a deadline's budget
-    is then exactly what the planner computes from it, however slow the machine."""
+    """The `time` module as the plan's claim step sees it, with `monotonic` stopped: a deadline's
+    budget is then exactly what the claim step computes from it, however slow the machine."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
@@ -233,7 +238,7 @@ async def test_a_slow_claim_degrades_a_short_prompt_and_serves_a_long_one(
     model, conv, history, lease_id = await retained_lease(registry, unique, n=tokens)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=50)
     router.audit.start()
-    await RegistryRefresher(router.pool, router.registry).refresh()
+    await RegistryRefresher(router.pool, registry_client(router)).refresh()
     req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=history + [1] * 40)
     try:
         async with pg.transaction():
@@ -289,7 +294,7 @@ async def test_orphan_probe_leaves_a_claim_that_a_retry_was_handed(
     first, retry = (make_router(database_url, registry_proc.address) for _ in range(2))
     for r in (first, retry):
         r.audit.start()
-        await RegistryRefresher(r.pool, r.registry).refresh()
+        await RegistryRefresher(r.pool, registry_client(r)).refresh()
     try:
         # The retry (on another replica) gets the claim and hands it out...
         req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=prompt, request_id=f"r-{unique}")
@@ -327,7 +332,7 @@ async def test_registry_down_answers_degraded_and_the_breaker_stops_asking(datab
             assert record.prefill_engine_id == "p" and record.decode_engine_id == "d"
             timings.append(took)
         assert max(timings) < 0.05 + 0.25, timings
-        assert router.breaker.is_open and router.stats["claims_skipped_breaker_open"] == 3
+        assert router.claimer.breaker.is_open and router.stats["claims_skipped_breaker_open"] == 3
         assert max(timings[2:]) < 0.02, timings  # no registry call at all while open
         # Reports need the registry: they fail UNAVAILABLE for the caller to retry.
         with pytest.raises(BoomerangError) as err:
@@ -361,9 +366,9 @@ async def test_the_breaker_counts_failed_calls_not_the_claims_in_them(database_u
         assert {(r.decision, r.reason) for r, _ in records} == {(PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED)}
         failed = {k: v for k, v in router.stats.items() if k.startswith("claims_failed_")}
         assert sum(failed.values()) == 8, failed  # UNAVAILABLE, then DEADLINE_EXCEEDED while the channel backs off
-        assert not router.breaker.is_open
+        assert not router.claimer.breaker.is_open
         await plan(router, "acme", f"c-{unique}-x", "m", list(range(100)))
-        assert router.breaker.is_open
+        assert router.claimer.breaker.is_open
         await plan(router, "acme", f"c-{unique}-y", "m", list(range(100)))
         # The metric operators see says the same, and names the breaker for the plan it skipped.
         counted = {k: v - before.get(k, 0) for k, v in unanswered().items() if v > before.get(k, 0)}
@@ -397,7 +402,7 @@ async def test_caller_that_gives_up_mid_claim_gets_its_claim_released(
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=5000)
     router.audit.start()
-    await RegistryRefresher(router.pool, router.registry).refresh()
+    await RegistryRefresher(router.pool, registry_client(router)).refresh()
     try:
         async with pg.transaction():
             await pg.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease_id))
@@ -425,7 +430,7 @@ async def test_a_degraded_plan_is_not_replayed_to_a_retry(
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=100)
     router.audit.start()
-    await RegistryRefresher(router.pool, router.registry).refresh()
+    await RegistryRefresher(router.pool, registry_client(router)).refresh()
     req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=history + [3] * 40,
                                request_id=f"r-{unique}")
     try:

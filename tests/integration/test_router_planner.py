@@ -26,11 +26,10 @@ from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import requests
 from boomerang_router.domain import PlanDecision, PlanReason, Retention
 from boomerang_router.engines import RegistryRefresher
-from boomerang_router.planner import Router
 from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
-from boomerang_router.server import build_pool
+from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
 
 from tests.support.procs import ServiceProcess
@@ -69,7 +68,7 @@ class Harness:
         self.client = RegistryClient(registry_address)
         self.pool = build_pool(self.settings)
         self.refresher = RegistryRefresher(self.pool, self.client)
-        self.router = Router(self.settings, self.client, self.pool, self.audit, self.repo, name="test-router")
+        self.router = build_router(self.settings, self.client, self.pool, self.audit, self.repo, name="test-router")
 
     async def start(self) -> Harness:
         self.audit.start()

@@ -73,7 +73,7 @@ def req(n: int) -> rpb.ClaimReuseRequest:
 async def test_claims_arriving_while_one_call_is_out_leave_together() -> None:
     api = FakeRegistry(delay=0.02)
     batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
-    results = await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(11)))
+    results = await asyncio.gather(*(batcher.claim_in_batch(req(n), 1.0) for n in range(11)))
     assert [r.verified_tokens for r in results] == list(range(11))  # each its own answer
     assert api.calls == [["c0"], [f"c{n}" for n in range(1, 11)]]
 
@@ -82,7 +82,7 @@ async def test_on_a_stream_a_lone_claim_goes_as_a_batch_of_one() -> None:
     unary, streamed = FakeRegistry(), FakeRegistry(streaming=True)
     for api in (unary, streamed):
         batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
-        assert (await batcher.claim(req(3), 1.0)).verified_tokens == 3
+        assert (await batcher.claim_in_batch(req(3), 1.0)).verified_tokens == 3
     assert (unary.methods, streamed.methods) == (["ClaimReuse"], ["ClaimReuseBatch"])
     assert unary.calls == streamed.calls == [["c3"]]
 
@@ -90,7 +90,7 @@ async def test_on_a_stream_a_lone_claim_goes_as_a_batch_of_one() -> None:
 async def test_batches_are_capped_and_calls_in_flight_bounded() -> None:
     api = FakeRegistry(delay=0.01)
     batcher = ClaimBatcher(api, max_batch=4, in_flight=2, queue_max=100)  # type: ignore[arg-type]
-    await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(14)))
+    await asyncio.gather(*(batcher.claim_in_batch(req(n), 1.0) for n in range(14)))
     assert [len(c) for c in api.calls] == [1, 1, 4, 4, 4]
     assert sorted(c for call in api.calls for c in call) == sorted(f"c{n}" for n in range(14))
 
@@ -98,9 +98,9 @@ async def test_batches_are_capped_and_calls_in_flight_bounded() -> None:
 async def test_a_claim_queued_past_its_deadline_is_never_sent() -> None:
     api = FakeRegistry(delay=0.2)
     batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
-    first = asyncio.ensure_future(batcher.claim(req(0), 0.05))
+    first = asyncio.ensure_future(batcher.claim_in_batch(req(0), 0.05))
     await asyncio.sleep(0)
-    queued = asyncio.ensure_future(batcher.claim(req(1), 0.05))
+    queued = asyncio.ensure_future(batcher.claim_in_batch(req(1), 0.05))
     with pytest.raises(BoomerangClientError) as late:
         await first
     assert late.value.code == "DEADLINE_EXCEEDED"  # it was sent: it may have committed
@@ -115,10 +115,10 @@ async def test_a_claim_queued_past_its_deadline_is_never_sent() -> None:
 async def test_a_full_queue_answers_at_once() -> None:
     api = FakeRegistry(delay=0.05)
     batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=2)  # type: ignore[arg-type]
-    waiting = [asyncio.ensure_future(batcher.claim(req(n), 1.0)) for n in range(3)]
+    waiting = [asyncio.ensure_future(batcher.claim_in_batch(req(n), 1.0)) for n in range(3)]
     await asyncio.sleep(0)
     with pytest.raises(BoomerangClientError) as full:
-        await batcher.claim(req(9), 1.0)
+        await batcher.claim_in_batch(req(9), 1.0)
     assert full.value.reason == QUEUE_FULL
     assert len(await asyncio.gather(*waiting)) == 3
 
@@ -126,7 +126,7 @@ async def test_a_full_queue_answers_at_once() -> None:
 async def test_one_bad_claim_fails_alone() -> None:
     api = FakeRegistry(delay=0.01, fail_conversation="c2")
     batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
-    results = await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(4)), return_exceptions=True)
+    results = await asyncio.gather(*(batcher.claim_in_batch(req(n), 1.0) for n in range(4)), return_exceptions=True)
     assert isinstance(results[2], BoomerangClientError) and results[2].code == "INVALID_ARGUMENT"
     assert [r.verified_tokens for r in results if isinstance(r, ClaimResult)] == [0, 1, 3]
 
@@ -138,7 +138,7 @@ async def test_a_failed_call_fails_every_claim_in_it() -> None:
 
     api = Down(delay=0.01)
     batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
-    results = await asyncio.gather(*(batcher.claim(req(n), 1.0) for n in range(5)), return_exceptions=True)
+    results = await asyncio.gather(*(batcher.claim_in_batch(req(n), 1.0) for n in range(5)), return_exceptions=True)
     assert isinstance(results[0], ClaimResult)
     assert all(isinstance(r, BoomerangClientError) and r.code == "UNAVAILABLE" for r in results[1:])
 
@@ -146,12 +146,12 @@ async def test_a_failed_call_fails_every_claim_in_it() -> None:
 async def test_a_call_carries_its_most_urgent_claim_s_deadline() -> None:
     api = FakeRegistry(delay=0.05)
     batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
-    first = asyncio.ensure_future(batcher.claim(req(0), 1.0))
+    first = asyncio.ensure_future(batcher.claim_in_batch(req(0), 1.0))
     await asyncio.sleep(0)
     queued = asyncio.get_running_loop().time()
-    urgent = asyncio.ensure_future(batcher.claim(req(1), 0.5))
+    urgent = asyncio.ensure_future(batcher.claim_in_batch(req(1), 0.5))
     await asyncio.sleep(0.01)
-    relaxed = asyncio.ensure_future(batcher.claim(req(2), 5.0))
+    relaxed = asyncio.ensure_future(batcher.claim_in_batch(req(2), 5.0))
     await asyncio.gather(first, urgent, relaxed)
     assert api.calls == [["c0"], ["c1", "c2"]]
     # The second call's deadline is what the urgent claim had left when it left: bounded by
@@ -166,12 +166,12 @@ async def test_a_patient_claim_leaves_with_patient_claims_only() -> None:
     line for the next call, and keeps its own deadline."""
     api = FakeRegistry(delay=0.05)
     batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
-    first = asyncio.ensure_future(batcher.claim(req(0), 1.0))
+    first = asyncio.ensure_future(batcher.claim_in_batch(req(0), 1.0))
     await asyncio.sleep(0)
     # Short claims of 0.5 s: ample for the first call's 50 ms on a busy machine.
-    short = [asyncio.ensure_future(batcher.claim(req(n), 0.5)) for n in (1, 2)]
-    patient = [asyncio.ensure_future(batcher.claim(req(n), 5.0, patient=True)) for n in (3, 4)]
-    short.append(asyncio.ensure_future(batcher.claim(req(5), 0.5)))
+    short = [asyncio.ensure_future(batcher.claim_in_batch(req(n), 0.5)) for n in (1, 2)]
+    patient = [asyncio.ensure_future(batcher.claim_in_batch(req(n), 5.0, patient=True)) for n in (3, 4)]
+    short.append(asyncio.ensure_future(batcher.claim_in_batch(req(5), 0.5)))
     await asyncio.gather(first, *short, *patient)
     assert api.calls == [["c0"], ["c1", "c2", "c5"], ["c3", "c4"]]
     assert api.timeouts[1] <= 0.5 and api.timeouts[2] > 4.5

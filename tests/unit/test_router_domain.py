@@ -16,7 +16,7 @@ from boomerang_router.domain import (
     reusable_tokens,
     turn_outcome,
 )
-from boomerang_router.planner import MAX_SHARE_WAIT_SECONDS, claim_wait, reply_budget
+from boomerang_router.reuse_claim import MAX_SHARE_WAIT_SECONDS, claim_wait, reply_budget
 
 BS = 16
 

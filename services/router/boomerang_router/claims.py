@@ -68,7 +68,13 @@ class ClaimKeeper:
         if not task.cancelled() and task.exception() is not None:
             log.error("background claim task failed", exc_info=task.exception())
 
-    async def release(self, tenant: str, lease_id: str, claim_id: str, reason: str, attempts: int = 3) -> bool:
+    def give_back(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> None:
+        """Release a claim nobody will read, in the background (`release_with_retries`)."""
+        self.spawn(self.release_with_retries(tenant, lease_id, claim_id, reason))
+
+    async def release_with_retries(
+        self, tenant: str, lease_id: str, claim_id: str, reason: str, attempts: int = 3
+    ) -> bool:
         """ReleaseClaim, retried while the registry is unreachable; whether it was released."""
         for attempt in range(attempts):
             try:
@@ -130,7 +136,7 @@ class ClaimKeeper:
                 self.stats["orphan_claims_in_use"] += 1
                 return
             self.stats["orphan_claims_found"] += 1
-            await self.release(claim.tenant, lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
+            await self.release_with_retries(claim.tenant, lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
             return
 
     async def drain(self, timeout: float = 5.0) -> None:
@@ -200,7 +206,7 @@ class ClaimBatcher:
         self.sending = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def claim(self, req: ClaimRequest, timeout: float, patient: bool = False) -> ClaimResult:
+    async def claim_in_batch(self, req: ClaimRequest, timeout: float, patient: bool = False) -> ClaimResult:
         """The claim's result within `timeout` seconds, or BoomerangClientError.
 
         A call carries its most urgent claim's deadline, so a `patient` claim (one allowed to

@@ -1,11 +1,10 @@
 """The router's reuse figures: tokens pulled and computed, prefill time saved, trace attributes.
 
-Plans by decision and reason and the plan-latency histogram live beside the planner
-(`boomerang_router_plans_total`, `boomerang_router_plan_seconds`); this module adds what
-an operator needs to see what reuse is worth: prompt tokens pulled instead of computed,
-tokens computed, and an estimate of the prefill time the pulls saved
-(reused tokens × `BOOMERANG_PREFILL_MS_PER_TOKEN`). It also puts the plan on the current
-trace span as `boomerang.*` attributes.
+Plans by decision and reason and the time to make them; and what an operator needs to see
+what reuse is worth: prompt tokens pulled instead of computed, tokens computed, and an
+estimate of the prefill time the pulls saved (reused tokens ×
+`BOOMERANG_PREFILL_MS_PER_TOKEN`). It also puts the plan on the current trace span as
+`boomerang.*` attributes.
 """
 
 from __future__ import annotations
@@ -13,11 +12,18 @@ from __future__ import annotations
 from functools import lru_cache
 
 from boomerang.config.settings import TelemetrySettings, load_settings
+from boomerang.metrics import LATENCY_BUCKETS
 from boomerang.telemetry import annotate
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from boomerang_router.plans import PlanRecord
 
+PLANS = Counter("boomerang_router_plans", "Plans made", ["decision", "reason"])
+PLAN_SECONDS = Histogram(
+    "boomerang_router_plan_seconds",
+    "Time to plan a turn, claim included",
+    buckets=LATENCY_BUCKETS,
+)
 REUSED_TOKENS = Counter(
     "boomerang_router_reused_prompt_tokens",
     "Prompt tokens the prefill engine was told to pull from a decode engine instead of computing.",

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 import socket
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -19,10 +20,15 @@ from boomerang.telemetry import grpc_server_interceptors, instrument_engine, set
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from sqlalchemy.engine import make_url
 
+from boomerang_router.claims import ClaimKeeper
 from boomerang_router.engines import HealthProber, Periodic, RegistryRefresher
+from boomerang_router.ledger import PlanLedger
 from boomerang_router.planner import Router
 from boomerang_router.pool import EnginePool, Role, parse_static
+from boomerang_router.registry_api import RouterRegistry
+from boomerang_router.reports import Reporter
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
+from boomerang_router.reuse_claim import ReuseClaimer
 from boomerang_router.servicer import RouterServicer
 from boomerang_router.settings import RouterSettings
 from boomerang_router.spool import AuditSpool
@@ -44,6 +50,22 @@ def build_pool(settings: RouterSettings) -> EnginePool:
         + [parse_static(s, Role.DECODE) for s in settings.decode_engines]
     )
     return pool
+
+
+def build_router(
+    settings: RouterSettings,
+    registry: RegistryClient,
+    pool: EnginePool,
+    audit: AuditWriter,
+    repo: TurnPlanRepository,
+    name: str = "",
+) -> Router:
+    """The router's steps put together: one registry adapter and one set of stats for all."""
+    stats: Counter[str] = Counter()
+    api = RouterRegistry(registry)
+    ledger = PlanLedger(settings, pool, audit, repo, stats)
+    keeper = ClaimKeeper(settings, api, ledger.store, repo, stats)
+    return Router(ledger, ReuseClaimer(settings, api, keeper, stats), Reporter(settings, api, pool), name)
 
 
 async def _warm_registry(registry: RegistryClient, refresher: RegistryRefresher, timeout: float = 5.0) -> None:
@@ -106,7 +128,7 @@ async def run(settings: RouterSettings) -> None:
     ]
     for loop in loops:
         loop.start()
-    router = Router(settings, registry, pool, audit, repo)
+    router = build_router(settings, registry, pool, audit, repo)
     serve_metrics(settings.metrics_listen)
 
     async def stop() -> None:

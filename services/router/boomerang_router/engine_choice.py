@@ -1,0 +1,52 @@
+"""The engines' part of a plan: which prefill and decode engine serve it, and whether the
+claimed lease's engine can still be read from when the plan decides.
+
+The pool is in memory (refreshed in the background), so choosing asks nobody; a model with
+no available engine of a role is the one thing that fails a plan (UNAVAILABLE, see
+ListEngines), since no turn can run without it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from dataclasses import dataclass
+
+from boomerang.errors import BoomerangError, Code
+
+from boomerang_router.domain import ClaimResult, Decision, decide
+from boomerang_router.pool import EngineInfo, EnginePool, Role
+from boomerang_router.requests import PlanInput
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engines a plan runs on, with the block size and recompute threshold it decides by."""
+
+    prefill: EngineInfo
+    decode: EngineInfo
+    threshold: int  # the prefill engine's kv_recompute_threshold
+    block_size: int
+
+
+def pick_engines(pool: EnginePool, p: PlanInput, stats: Tally[str]) -> EngineChoice:
+    """The least-loaded prefill and decode engine for the plan's model, or UNAVAILABLE."""
+    prefill = pool.choose(p.model, Role.PREFILL)
+    decode = pool.choose(p.model, Role.DECODE)
+    if prefill is None or decode is None:
+        role = "PREFILL" if prefill is None else "DECODE"
+        stats[f"no_{role.lower()}_engine"] += 1
+        raise BoomerangError(
+            Code.UNAVAILABLE,
+            f"NO_{role}_ENGINE",
+            f"no available {role.lower()} engine serves model {p.model!r}; see ListEngines",
+        )
+    block_size = p.chain.block_size if p.chain is not None else pool.block_size(p.model)
+    return EngineChoice(prefill, decode, pool.threshold(prefill), block_size)
+
+
+def decide_plan(pool: EnginePool, p: PlanInput, engines: EngineChoice, claim: ClaimResult) -> Decision:
+    """The plan decision (`domain.decide`), told whether the pool still sees the claimed
+    lease's engine alive (it may see a stopped heartbeat before the registry does)."""
+    lease = claim.lease
+    alive = lease is None or pool.source_alive(lease.engine_id, lease.engine_generation)
+    return decide(claim, p.prompt_tokens, engines.block_size, engines.threshold, alive)
