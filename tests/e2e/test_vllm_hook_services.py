@@ -162,7 +162,11 @@ def test_decode_registers_and_prefill_pulls_the_next_turn(
     # The report settles the claim: the lease was read once and is never handed out again.
     assert wait_for(lambda: leases(registry, tenant, conversation).leases[0].state == tpb.LEASE_STATE_CONSUMED, 10), \
         p.boomerang.stats()
-    assert p.boomerang.stats()["reporter"]["reported"] == 2
+    reporter = p.boomerang.stats()["reporter"]
+    assert reporter["reported"] == 2
+    # Over ReportTurnBatch (the router has it): no single ReportTurn call, nothing refused.
+    assert reporter["batched"] and reporter["batch_calls"] >= 1 and reporter["single_calls"] == 0
+    assert reporter["rejected"] == {}
     assert d.boomerang.stats()["sender"]["registered"] == 1
 
 

@@ -150,7 +150,13 @@ class FakeRegistry:
 
 class FakeRouter:
     """SyncRouterClient's surface. `planner` makes PlanTurn answers; `delay` sleeps (bounded
-    by the call's timeout, then DEADLINE_EXCEEDED, as gRPC would)."""
+    by the call's timeout, then DEADLINE_EXCEEDED, as gRPC would).
+
+    ReportTurnBatch answers each report as ReportTurn would, one result each (an error from
+    `report_errors` becomes that report's result); `batch_errors` fail whole calls, and
+    `batch_unimplemented` makes it answer as a router older than the batched RPC (reason
+    UNIMPLEMENTED). `reports` records every report answered, singly or in a batch; `batches`
+    the size of every batch call."""
 
     def __init__(self, planner: Callable[[opb.PlanTurnRequest], opb.PlanTurnResponse] | None = None):
         self.planner = planner or (lambda req: opb.PlanTurnResponse(plan_id="p-cold", decision=opb.PLAN_DECISION_COLD))
@@ -159,6 +165,10 @@ class FakeRouter:
         self.report_errors: deque[Exception] = deque()
         self.plans: list[opb.PlanTurnRequest] = []
         self.reports: list[opb.ReportTurnRequest] = []
+        self.batch_errors: deque[Exception] = deque()
+        self.batch_unimplemented = False
+        self.batches: list[int] = []
+        self.single_reports = 0
         self.closed = False
 
     def plan_turn(self, req: opb.PlanTurnRequest, timeout: float | None = None) -> opb.PlanTurnResponse:
@@ -193,6 +203,29 @@ class FakeRouter:
             raise self.report_errors.popleft()
         self.reports.append(req)
         return opb.ReportTurnResponse(plan_id=req.plan_id)
+
+    def report_turn_future(self, req: opb.ReportTurnRequest, timeout: float | None = None) -> Done:
+        self.single_reports += 1
+        try:
+            return Done(self.report_turn(req, timeout))
+        except BoomerangClientError as err:
+            return Done(error=err)
+
+    def report_turn_batch_future(self, req: opb.ReportTurnBatchRequest, timeout: float | None = None) -> Done:
+        if self.batch_unimplemented:
+            return Done(error=client_error("ReportTurnBatch", "INTERNAL", "UNIMPLEMENTED"))
+        if self.batch_errors:
+            return Done(error=self.batch_errors.popleft())
+        self.batches.append(len(req.reports))
+        results = []
+        for item in req.reports:
+            try:
+                results.append(opb.ReportTurnBatchResult(response=self.report_turn(item, timeout)))
+            except BoomerangClientError as err:
+                results.append(opb.ReportTurnBatchResult(
+                    error_code=grpc.StatusCode[err.code].value[0], error_reason=err.reason, error_message=str(err)
+                ))
+        return Done(opb.ReportTurnBatchResponse(results=results))
 
     def close(self) -> None:
         self.closed = True

@@ -176,6 +176,25 @@ class SyncRouterClient(SyncClient):
         """ReportTurn."""
         return self._call("ReportTurn", self.stub.ReportTurn, req, timeout)
 
+    def report_turn_future(
+        self, req: opb.ReportTurnRequest, timeout: float | None = None
+    ) -> grpc.Future[opb.ReportTurnResponse]:
+        """ReportTurn without waiting; read it with `result("ReportTurn", f)`."""
+        return self._future(self.stub.ReportTurn, req, timeout)
+
+    def report_turn_batch(
+        self, req: opb.ReportTurnBatchRequest, timeout: float | None = None
+    ) -> opb.ReportTurnBatchResponse:
+        """ReportTurnBatch: one result per report, in order. A router older than the batched
+        RPC fails it with reason `UNIMPLEMENTED`."""
+        return self._call("ReportTurnBatch", self.stub.ReportTurnBatch, req, timeout)
+
+    def report_turn_batch_future(
+        self, req: opb.ReportTurnBatchRequest, timeout: float | None = None
+    ) -> grpc.Future[opb.ReportTurnBatchResponse]:
+        """ReportTurnBatch without waiting; read it with `result("ReportTurnBatch", f)`."""
+        return self._future(self.stub.ReportTurnBatch, req, timeout)
+
     def get_turn_plan(self, req: opb.GetTurnPlanRequest, timeout: float | None = None) -> opb.GetTurnPlanResponse:
         """GetTurnPlan."""
         return self._call("GetTurnPlan", self.stub.GetTurnPlan, req, timeout)

@@ -119,8 +119,8 @@ class BoomerangHookConfig(BaseModel):
         default=64,
         ge=1,
         le=10_000,
-        description="Registrations sent together in one RegisterRetainedBlocksBatch call "
-        "(single calls in flight at once against an older registry).",
+        description="Registrations sent together in one RegisterRetainedBlocksBatch call, and reports in one "
+        "ReportTurnBatch call (single calls in flight at once against an older registry or router).",
     )
     rpc_timeout_seconds: float = Field(
         default=2.0, gt=0, le=60, description="Deadline of background calls (registrations, heartbeats, reports)."

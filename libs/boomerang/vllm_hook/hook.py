@@ -141,6 +141,7 @@ class BoomerangHook:
                 router_background or SyncRouterClient(b.router, b.rpc_timeout_seconds, **creds),
                 queue_size=b.queue_size,
                 when_full=b.when_full,
+                batch_size=b.batch_size,
                 rpc_timeout=b.rpc_timeout_seconds,
                 deadline=b.report_deadline_seconds,
             )

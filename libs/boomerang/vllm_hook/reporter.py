@@ -11,6 +11,21 @@ A plan whose answer never arrived (the deadline passed while the router worked) 
 hold a claim. The reporter asks again with the same `request_id`, which returns the same
 plan or at least the same claimed handle, and reports it `HANDLE_USE_NOT_READ`: this engine
 certainly never saw that handle, so the lease goes back to the conversation.
+
+The thread drains up to `batch_size` reports a round and sends them as one ReportTurnBatch
+(in calls of at most 256, the router's limit); the router settles them together, and
+answers each report on its own, in order:
+
+* answered — done;
+* transient (UNAVAILABLE, DEADLINE_EXCEEDED, …) — that report back to the front of the
+  queue, then a growing pause (50 ms to 2 s) before the next round, until its deadline;
+* anything else (an unknown plan, a bad report) — dropped, counted by reason.
+
+A router older than the batched RPC answers it UNIMPLEMENTED: from then on the reports go
+as single ReportTurn calls, all of a round in flight at once. A batch refused whole for
+another reason is sent again as single calls in the same round, so each report gets its
+own answer. A lost plan to give back (`replan`) is planned again first, in the same round,
+and its report joins the batch. Retries are safe: a report is idempotent on its `plan_id`.
 """
 
 from __future__ import annotations
@@ -24,12 +39,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from boomerang.clients.base import BoomerangClientError
-from boomerang.clients.sync import SyncRouterClient
+from boomerang.clients.sync import SyncRouterClient, result
+from boomerang.errors import BoomerangError, Code
+from boomerang.grpcutil.status import from_code_number
 from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.outbox import Entry, Outbox
 
 log = logging.getLogger(__name__)
+
+MAX_CALL = 256  # ReportTurnBatch's limit in the router
+_Answer = opb.ReportTurnResponse | BoomerangClientError
 
 
 @dataclass(frozen=True)
@@ -52,11 +72,13 @@ class TurnReporter:
         *,
         queue_size: int = 10_000,
         when_full: Literal["drop_oldest", "reject_new"] = "drop_oldest",
+        batch_size: int = 64,
         rpc_timeout: float = 2.0,
         deadline: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.client = client
+        self.batch_size = batch_size
         self.rpc_timeout = rpc_timeout
         self.deadline = deadline
         self.clock = clock
@@ -65,6 +87,9 @@ class TurnReporter:
         self.given_back = 0
         self.transient_failures = 0
         self.rejected: Counter[str] = Counter()
+        self.batched = True  # until the router answers ReportTurnBatch UNIMPLEMENTED
+        self.batch_calls = 0
+        self.single_calls = 0
         self._busy = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="boomerang-reporter", daemon=True)
@@ -103,6 +128,10 @@ class TurnReporter:
             "given_back": self.given_back,
             "transient_failures": self.transient_failures,
             "rejected": dict(self.rejected),
+            "batched": self.batched,
+            "batch_calls": self.batch_calls,
+            "single_calls": self.single_calls,
+            "retried": s.retried,
             "expired": s.expired,
             "dropped_full": s.dropped_full,
             "rejected_full": s.rejected_full,
@@ -111,47 +140,130 @@ class TurnReporter:
     def _run(self) -> None:
         backoff = Backoff()
         while not self._stop.is_set():
-            batch = self.outbox.take(1, timeout=0.5)
+            batch = self.outbox.take(self.batch_size, timeout=0.5)
             if not batch:
                 continue
             self._busy = True
             try:
-                ok = self._send(batch[0])
-            except Exception:
-                log.exception("boomerang: report failed")
-                ok = True
+                clean = self._send(batch)
+            except Exception:  # the thread must outlive any bug in one round
+                log.exception("boomerang: report round failed")
+                clean = True
             finally:
                 self._busy = False
-            if ok:
+            if clean:
                 backoff.reset()
             else:
                 self._stop.wait(backoff.next())
 
-    def _send(self, entry: Entry[Report]) -> bool:
-        report = entry.item
-        try:
-            plan_id = report.plan_id
-            if report.replan is not None:
-                plan = self.client.plan_turn(report.replan, timeout=self.rpc_timeout)
-                plan_id = plan.plan_id
-                if plan.decision != opb.PLAN_DECISION_PULL:
-                    entry.item = Report(report.tenant, plan_id, opb.HANDLE_USE_UNSPECIFIED)
+    def _send(self, batch: list[Entry[Report]]) -> bool:
+        """One round; True when nothing failed transiently."""
+        ready, transient = self._replan(batch)
+        answers = self._send_batched(ready) if self.batched and ready else self._send_singly(ready)
+        again: list[Entry[Report]] = []
+        for entry, answer in answers:
+            if isinstance(answer, BoomerangClientError):
+                if answer.code in TRANSIENT_CODES:
+                    transient = True
+                    self.transient_failures += 1
+                    again.append(entry)
                 else:
-                    entry.item = Report(report.tenant, plan_id, opb.HANDLE_USE_NOT_READ)
-                report = entry.item
-            req = opb.ReportTurnRequest(tenant=report.tenant, plan_id=plan_id, handle_use=report.handle_use)  # type: ignore[arg-type]
-            if report.delivered_cached_tokens is not None:
-                req.delivered_cached_tokens = report.delivered_cached_tokens
-            self.client.report_turn(req, timeout=self.rpc_timeout)
-        except BoomerangClientError as err:
-            if err.code in TRANSIENT_CODES:
-                self.transient_failures += 1
-                self.outbox.retry([entry])
-                return False
-            self.rejected[err.reason] += 1
-            log.warning("boomerang: ReportTurn refused for plan %s: %s", report.plan_id, err)
-            return True
-        if report.handle_use == opb.HANDLE_USE_NOT_READ:
-            self.given_back += 1
-        self.reported += 1
-        return True
+                    self.rejected[answer.reason] += 1
+                    log.warning("boomerang: ReportTurn refused for plan %s: %s", entry.item.plan_id, answer)
+                continue
+            if entry.item.handle_use == opb.HANDLE_USE_NOT_READ:
+                self.given_back += 1
+            self.reported += 1
+        if again:
+            self.outbox.retry(again)
+        return not transient
+
+    def _replan(self, batch: list[Entry[Report]]) -> tuple[list[Entry[Report]], bool]:
+        """Plan again every lost plan of the round (all in flight at once), so each has its
+        report; returns the entries ready to report and whether a PlanTurn failed transiently."""
+        calls = [(e, self.client.plan_turn_future(e.item.replan, timeout=self.rpc_timeout))
+                 for e in batch if e.item.replan is not None]
+        failed: list[Entry[Report]] = []
+        for entry, future in calls:
+            try:
+                plan: opb.PlanTurnResponse = result("PlanTurn", future)
+            except BoomerangClientError as err:
+                if err.code in TRANSIENT_CODES:
+                    self.transient_failures += 1
+                    failed.append(entry)
+                else:
+                    self.rejected[err.reason] += 1
+                    log.warning("boomerang: PlanTurn refused when giving back a lost plan: %s", err)
+                continue
+            # From here on the entry is a plain report: a retry sends it without planning again.
+            use = opb.HANDLE_USE_NOT_READ if plan.decision == opb.PLAN_DECISION_PULL else opb.HANDLE_USE_UNSPECIFIED
+            entry.item = Report(entry.item.tenant, plan.plan_id, use)
+        ready = [e for e in batch if e.item.replan is None]  # the unplanned ones wait or are dropped
+        if failed:
+            self.outbox.retry(failed)
+        return ready, bool(failed)
+
+    def _send_singly(self, entries: list[Entry[Report]]) -> list[tuple[Entry[Report], _Answer]]:
+        """One ReportTurn call per report, all in flight at once."""
+        calls = [(e, self.client.report_turn_future(_request(e.item), timeout=self.rpc_timeout)) for e in entries]
+        self.single_calls += len(calls)
+        answers: list[tuple[Entry[Report], _Answer]] = []
+        for entry, future in calls:
+            try:
+                answers.append((entry, result("ReportTurn", future)))
+            except BoomerangClientError as err:
+                answers.append((entry, err))
+        return answers
+
+    def _send_batched(self, entries: list[Entry[Report]]) -> list[tuple[Entry[Report], _Answer]]:
+        """ReportTurnBatch calls of at most MAX_CALL reports, all in flight at once."""
+        chunks = [entries[n : n + MAX_CALL] for n in range(0, len(entries), MAX_CALL)]
+        calls = [
+            (chunk, self.client.report_turn_batch_future(
+                opb.ReportTurnBatchRequest(reports=[_request(e.item) for e in chunk]), timeout=self.rpc_timeout))
+            for chunk in chunks
+        ]
+        self.batch_calls += len(calls)
+        answers: list[tuple[Entry[Report], _Answer]] = []
+        singly: list[Entry[Report]] = []
+        for chunk, future in calls:
+            try:
+                resp: opb.ReportTurnBatchResponse = result("ReportTurnBatch", future)
+            except BoomerangClientError as err:
+                if err.reason == "UNIMPLEMENTED":
+                    if self.batched:
+                        log.info("boomerang: the router has no ReportTurnBatch; sending single ReportTurn calls")
+                    self.batched = False
+                    singly.extend(chunk)
+                elif err.code in TRANSIENT_CODES:
+                    answers.extend((entry, err) for entry in chunk)  # as each call alone would have failed
+                else:
+                    log.warning("boomerang: router refused a batch of %d reports (%s); sending them singly",
+                                len(chunk), err)
+                    singly.extend(chunk)
+                continue
+            if len(resp.results) != len(chunk):
+                bad = BoomerangClientError(
+                    "ReportTurnBatch",
+                    BoomerangError(Code.INTERNAL, "INTERNAL", f"{len(resp.results)} results for {len(chunk)} reports"),
+                )
+                answers.extend((entry, bad) for entry in chunk)
+                continue
+            for entry, item in zip(chunk, resp.results, strict=True):
+                answers.append((entry, item.response if not item.error_code else _item_error(item)))
+        if singly:
+            answers.extend(self._send_singly(singly))
+        return answers
+
+
+def _request(report: Report) -> opb.ReportTurnRequest:
+    """The ReportTurn message of a report (its plan found)."""
+    req = opb.ReportTurnRequest(tenant=report.tenant, plan_id=report.plan_id, handle_use=report.handle_use)  # type: ignore[arg-type]
+    if report.delivered_cached_tokens is not None:
+        req.delivered_cached_tokens = report.delivered_cached_tokens
+    return req
+
+
+def _item_error(item: opb.ReportTurnBatchResult) -> BoomerangClientError:
+    """One failed report of a batch, as its own ReportTurn call would have raised it."""
+    return BoomerangClientError("ReportTurn", from_code_number(item.error_code, item.error_reason, item.error_message))
