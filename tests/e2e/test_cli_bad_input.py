@@ -56,7 +56,6 @@ DATABASE_COMMANDS = {
     "credentials": ["credentials", "--database-url", "{url}", "list"],
     "tenants": ["tenants", "--database-url", "{url}", "list"],
     "status": ["status", "--database-url", "{url}"],
-    "audit": ["audit", "conv-1", "--database-url", "{url}"],
     "advise-ttl": ["advise-ttl", "--database-url", "{url}"],
     "registry": ["registry", "--listen", "127.0.0.1:0", "--database-url", "{url}"],
     "router": ["router", "--listen", "127.0.0.1:0", "--database-url", "{url}"],
@@ -118,6 +117,9 @@ def _cases(secured: str) -> dict[str, Case]:
                                                   "--no-such-flag|the following arguments are required", flag_error=True)
     cases["status / bad number"] = Case(["status", "--timeout", "soon"], "--timeout", flag_error=True)
     cases["audit / no conversation"] = Case(["audit"], "CONVERSATION", flag_error=True)
+    # audit reads the services only (the router's plans, the registry's leases): no database flag.
+    cases["audit / database URL"] = Case(["audit", "conv-1", "--database-url", URLS["closed port"][0]],
+                                         "--database-url", flag_error=True)
     cases["up / bad engine spec"] = Case(["up", "--sim", "three"], "--sim wants PxD", flag_error=False)
     return cases
 

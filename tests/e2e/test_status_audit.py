@@ -1,10 +1,13 @@
 """`boomerang status` and `boomerang audit` against a running Boomerang, and every service's
 live /metrics: after a three-turn conversation (COLD, then two pulls) the operator's view
-and the exported metrics tell the same story as the gateway's response headers.
+and the exported metrics tell the same story as the gateway's response headers. The audit
+reads the router's ListTurnPlans and the registry's GetConversation, so turns that
+registered nothing are in it too; the demo shows the same trail.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -14,6 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+from boomerang.clients.router import RouterClient
+from boomerang.v1 import router_service_pb2 as rtpb
+from boomerang_tools.demo import audit as demo_audit
+from rich.console import Console
 
 from tests.support.ministack import MiniStack, converse
 from tests.support.procs import BOOMERANG
@@ -127,14 +134,6 @@ def _check_audit(d: dict[str, Any], conversation: dict[str, Any]) -> None:
     assert all("pulls lease" in e["detail"] for e in pulls)
 
 
-def test_audit_from_the_database(stack: MiniStack, conversation: dict[str, Any]) -> None:
-    out = boomerang("audit", conversation["id"], "--database-url", stack.env["BOOMERANG_DATABASE_URL"], "--json")
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
-    assert d["source"] == "database" and d["tenant"] == "anonymous"
-    _check_audit(d, conversation)
-
-
 def test_audit_from_the_apis(stack: MiniStack, conversation: dict[str, Any]) -> None:
     out = boomerang("audit", conversation["id"], "--tenant", "anonymous", "--json", "--registry", stack.address("registry"),
                     "--router", stack.address("router"))
@@ -150,11 +149,55 @@ def test_audit_from_the_apis(stack: MiniStack, conversation: dict[str, Any]) -> 
         assert text in table.stdout, text
 
 
+async def _computed_turns(stack: MiniStack, conversation: str, n: int) -> list[str]:
+    """`n` turns planned and reported with no decode handle: each computed, none registered."""
+    ids = []
+    async with RouterClient(stack.address("router"), plan_timeout=5.0) as router:
+        for i in range(n):
+            plan = await router.plan_turn(rtpb.PlanTurnRequest(
+                tenant="anonymous", conversation_id=conversation, model=stack.model,
+                prompt_token_ids=list(range(1, 50 + i))))
+            await router.report_turn(rtpb.ReportTurnRequest(tenant="anonymous", plan_id=plan.plan_id))
+            ids.append(plan.plan_id)
+    return ids
+
+
+def test_audit_shows_turns_that_registered_nothing(stack: MiniStack) -> None:
+    conv = "computed-" + stack.run
+    ids = asyncio.run(_computed_turns(stack, conv, 2))
+    out = boomerang("audit", conv, "--tenant", "anonymous", "--json", "--registry", stack.address("registry"),
+                    "--router", stack.address("router"))
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert [(t["plan_id"], t["decision"], t["outcome"]) for t in d["turns"]] == [(i, "COLD", "COMPUTED") for i in ids]
+    assert d["leases"] == [] and d["summary"]["not_reused"] == {"COLD NO_LEASE": 2}
+    assert [e["kind"] for e in d["timeline"]] == ["PLAN", "REPORT", "PLAN", "REPORT"]
+
+
+def test_the_demo_shows_the_trail_from_the_services(stack: MiniStack, conversation: dict[str, Any]) -> None:
+    entries = asyncio.run(demo_audit.trail(stack.address("registry"), stack.address("router"), "anonymous",
+                                           conversation["id"]))
+    plans = [e.what for e in entries if e.source == "router" and e.what.split(": ", 1)[1].startswith(("COLD", "PULL"))]
+    assert plans == ["turn 1: COLD NO_LEASE", "turn 2: PULL VERIFIED_PREFIX", "turn 3: PULL VERIFIED_PREFIX"]
+    assert {e.source for e in entries} == {"router", "registry"}
+    assert [e.at for e in entries] == sorted(e.at for e in entries)
+    console = Console(width=240, record=True)
+    console.print(demo_audit.render(entries, conversation["id"], limit=4))
+    text = console.export_text()
+    assert "ListTurnPlans" in text and "registry" in text and f"{len(entries) - 4} more" in text
+
+
 def test_operator_errors_are_plain(stack: MiniStack) -> None:
-    missing = boomerang("audit", "no-such-conversation", "--tenant", "anonymous", "--registry", stack.address("registry"))
+    missing = boomerang("audit", "no-such-conversation", "--tenant", "anonymous", "--registry", stack.address("registry"),
+                        "--router", stack.address("router"))
     assert missing.returncode == 1 and "no conversation 'no-such-conversation'" in missing.stderr
     no_tenant = boomerang("audit", "c", "--registry", stack.address("registry"))
     assert no_tenant.returncode == 2 and "--tenant is required" in no_tenant.stderr
+    router_down = boomerang("audit", "c", "--tenant", "anonymous", "--registry", stack.address("registry"),
+                            "--router", "127.0.0.1:1", "--timeout", "0.5")
+    assert router_down.returncode == 1 and "router at 127.0.0.1:1" in router_down.stderr, router_down.stderr
+    gone = boomerang("audit", "c", "--tenant", "anonymous", "--database-url", "postgresql://x@127.0.0.1/x")
+    assert gone.returncode == 2 and "--database-url" in gone.stderr  # audit reads the services only
     down = boomerang("status", "--registry", "127.0.0.1:1", "--timeout", "0.5")
     assert down.returncode == 1 and "127.0.0.1:1" in down.stderr and "Traceback" not in down.stderr
 

@@ -5,10 +5,11 @@ Every plan (decision and reason, tokens pulled and computed, engines), every rep
 and every lease event (who moved which lease from which state to which, and why), in
 time order, numbered by turn — so an operator sees at once why a turn did not reuse.
 
-With `--database-url` it reads `turn_plans`, `leases` and `lease_events`. From the APIs it
-reads the registry's GetConversation (leases and events) and, for each plan id a lease
-names (the router registers a turn's blocks with request id `report-<plan id>`), the
-router's GetTurnPlan; turns that registered nothing are only in the database.
+It reads the services that own the records (docs/design.md, "Who owns which table"): the
+router's ListTurnPlans for every plan of the conversation (turns that registered nothing
+too) and the registry's GetConversation for its leases and their events. A conversation
+with plans but no lease (every turn computed, nothing retained) is no error; one with
+neither is.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 
-from boomerang_cli.audit_db import gather_db
 from boomerang_cli.audit_report import build
-from boomerang_cli.failures import database_target, run_against
+from boomerang_cli.failures import run_against
 from boomerang_cli.sources import add_source_flags, resolve_sources, service_target
 from boomerang_cli.tables import emit, iso, short_time, table
 
-REPORT_PREFIX = "report-"
+PAGE_SIZE = 1000
+MAX_PAGES = 20  # × PAGE_SIZE plans; beyond that the report says it shows the oldest only
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,44 +39,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser = subparsers.add_parser(
         "audit",
         help="show one conversation's turns: plans, decisions with reasons, leases and every event",
-        description="A conversation's turns as a timeline, from Postgres (--database-url) or the services' APIs.",
+        description="A conversation's turns as a timeline, from the router's plans and the registry's leases.",
     )
     parser.add_argument("conversation", metavar="CONVERSATION", help="the conversation id")
-    parser.add_argument("--tenant", help="the tenant (with the APIs: default the `boomerang up` context's anonymous "
-                        "tenant, else required; with --database-url, default every tenant)")
-    add_source_flags(parser, reaper=False)
+    parser.add_argument("--tenant", help="the tenant (default the `boomerang up` context's anonymous tenant, "
+                        "else required)")
+    add_source_flags(parser, reaper=False, database=False)
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     # Failures go up to `boomerang`'s one place (failures.py), named after whom they were talking to.
-    if args.database_url:
-        data = run_against(database_target(args.database_url),
-                           gather_db(args.database_url, args.conversation, args.tenant))
+    origin = resolve_sources(args, "registry", "router")
+    if not args.tenant:
+        print("boomerang audit: --tenant is required (no `boomerang up` context in this folder names one)",
+              file=sys.stderr)
+        return 2
+    leases, events = run_against(service_target("registry", args.registry, origin),
+                                 conversation_leases(args.registry, args.conversation, args.tenant, args.timeout))
+    notes: list[str] = []
+    turns: list[dict[str, Any]] = []
+    if args.router:
+        turns, notes = run_against(service_target("router", args.router, origin),
+                                   conversation_plans(args.router, args.conversation, args.tenant, args.timeout))
     else:
-        origin = resolve_sources(args, "registry", "router")
-        if not args.tenant:
-            print("boomerang audit: --tenant is required when reading the services' APIs (no `boomerang up` context "
-                  "in this folder names one; or give --database-url)", file=sys.stderr)
-            return 2
-        try:
-            data = run_against(service_target("registry", args.registry, origin),
-                               gather_api(args.registry, args.router, args.conversation, args.tenant, args.timeout))
-        except Exception as exc:
-            cause = exc.__cause__
-            if isinstance(cause, BoomerangClientError) and cause.code == "NOT_FOUND":
-                print(f"boomerang audit: no conversation {args.conversation!r} for tenant {args.tenant!r} "
-                      f"(a tenant other than {args.tenant!r}? give --tenant)", file=sys.stderr)
-                return 1
-            raise
-    if not data["turns"] and not data["leases"]:
-        print(f"boomerang audit: nothing recorded for conversation {args.conversation!r}", file=sys.stderr)
+        notes.append("plans omitted (--router '')")
+    if not turns and not leases:
+        print(f"boomerang audit: no conversation {args.conversation!r} for tenant {args.tenant!r} "
+              f"(a tenant other than {args.tenant!r}? give --tenant)", file=sys.stderr)
         return 1
-    emit(data, args.json, render)
+    emit(build("api", args.conversation, args.tenant, turns, leases, events, notes), args.json, render)
     return 0
-
-
-# -- the timeline (pure) -----------------------------------------------------------------------
 
 
 # -- from the APIs -----------------------------------------------------------------------------
@@ -104,15 +98,22 @@ def plan_dict(p: Any) -> dict[str, Any]:
     }
 
 
-async def gather_api(registry: str, router: str, conversation: str, tenant: str, timeout: float) -> dict[str, Any]:
-    """The report from the registry's GetConversation and the router's GetTurnPlan."""
+async def conversation_leases(
+    registry: str, conversation: str, tenant: str, timeout: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The conversation's leases and their events, from the registry's GetConversation (none: [], [])."""
     def state(value: int) -> str:
         return _name(tpb.LeaseState, value, "LEASE_STATE_")
 
     async with RegistryClient(registry, timeout=timeout) as reg:
-        conv = await reg.get_conversation(
-            rpb.GetConversationRequest(tenant=tenant, conversation_id=conversation, include_events=True)
-        )
+        try:
+            conv = await reg.get_conversation(
+                rpb.GetConversationRequest(tenant=tenant, conversation_id=conversation, include_events=True)
+            )
+        except BoomerangClientError as exc:
+            if exc.code == "NOT_FOUND":  # no lease: every turn computed, or no such conversation
+                return [], []
+            raise
     leases = [
         {"lease_id": x.lease_id, "tenant": x.tenant, "state": state(x.state), "engine_id": x.engine_id,
          "engine_generation": x.engine_generation, "num_tokens": x.num_tokens,
@@ -125,25 +126,27 @@ async def gather_api(registry: str, router: str, conversation: str, tenant: str,
          "actor": e.actor, "request_id": e.request_id, "claim_id": e.claim_id, "time": iso(e.event_time)}
         for e in conv.events
     ]
-    plan_ids = list(dict.fromkeys(
-        e["request_id"][len(REPORT_PREFIX):] for e in events
-        if e["request_id"].startswith(REPORT_PREFIX) and not e["request_id"].endswith("-engine")
-    ))
-    turns: list[dict[str, Any]] = []
-    notes = ["plans come from the router for turns that registered a lease; --database-url lists every plan"]
-    if router and plan_ids:
-        try:
-            async with RouterClient(router, timeout=timeout) as rt:
-                for plan_id in plan_ids:
-                    try:
-                        got = await rt.get_turn_plan(rtpb.GetTurnPlanRequest(tenant=tenant, plan_id=plan_id))
-                        turns.append(plan_dict(got.plan))
-                    except BoomerangClientError as exc:
-                        if exc.code != "NOT_FOUND":
-                            raise
-                        notes.append(f"plan {plan_id} not found at the router")
-        except BoomerangClientError as exc:
-            notes.append(f"router {router}: {exc.code}: {exc.error.message}; plans omitted")
+    return leases, events
+
+
+async def conversation_plans(router: str, conversation: str, tenant: str, timeout: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every plan of the conversation, oldest first, from the router's ListTurnPlans; and notes."""
+    plans: list[dict[str, Any]] = []
+    req = rtpb.ListTurnPlansRequest(tenant=tenant, conversation_id=conversation, page_size=PAGE_SIZE)
+    async with RouterClient(router, timeout=timeout) as rt:
+        for _ in range(MAX_PAGES):
+            page = await rt.list_turn_plans(req)
+            plans += [plan_dict(p) for p in page.plans]
+            if not page.next_page_token:
+                return plans, []
+            req.page_token = page.next_page_token
+    return plans, [f"the oldest {len(plans):,} plans only (the conversation has more)"]
+
+
+async def gather_api(registry: str, router: str, conversation: str, tenant: str, timeout: float) -> dict[str, Any]:
+    """The audit report from the registry's GetConversation and the router's ListTurnPlans."""
+    leases, events = await conversation_leases(registry, conversation, tenant, timeout)
+    turns, notes = await conversation_plans(router, conversation, tenant, timeout)
     return build("api", conversation, tenant, turns, leases, events, notes)
 
 

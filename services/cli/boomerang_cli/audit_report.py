@@ -1,5 +1,5 @@
-"""The audit report of one conversation, from either source (`audit.py` reads the APIs,
-`audit_db.py` the database): numbered turns, leases, the merged timeline and a summary."""
+"""The audit report of one conversation (`audit.py` reads it from the router and the registry;
+the demo shows the same): numbered turns, leases, the merged timeline and a summary."""
 
 from __future__ import annotations
 

@@ -26,15 +26,18 @@ SOURCES = {
 }
 
 
-def add_source_flags(parser: argparse.ArgumentParser, router: bool = True, reaper: bool = True) -> None:
-    """--registry/--router/--reaper (the services' APIs, the default) or --database-url."""
+def add_source_flags(
+    parser: argparse.ArgumentParser, router: bool = True, reaper: bool = True, database: bool = True
+) -> None:
+    """--registry/--router/--reaper (the services' APIs, the default) and, with `database`, --database-url."""
     where = "default: $%s, else the `boomerang up` context in ./.boomerang, else %s"
     parser.add_argument("--registry", help="registry HOST:PORT (" + where % SOURCES["registry"][1:] + ")")
     if router:
         parser.add_argument("--router", help="router HOST:PORT; '' to skip (" + where % SOURCES["router"][1:] + ")")
     if reaper:
         parser.add_argument("--reaper", help="reaper HOST:PORT; '' to skip (" + where % SOURCES["reaper"][1:] + ")")
-    parser.add_argument("--database-url", help="read Postgres directly instead of the services' APIs")
+    if database:
+        parser.add_argument("--database-url", help="read Postgres directly instead of the services' APIs")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per call (default 5)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 

@@ -1,10 +1,11 @@
 """`boomerang status`: engines, leases, retained memory, the reaper, and recent reuse.
 
 By default it asks the services (registry `ListEngines`/`ListLeases`, router `ListEngines`,
-reaper `GetStatus`); with `--database-url` it reads Postgres instead. The reuse figures of
-the last `--window` seconds are exact from the database (`turn_plans`); from the APIs they
-are derived from the leases (no service API lists plans): a turn that pulled consumed the
-previous turn's lease, and each retained turn created one.
+reaper `GetStatus`); with `--database-url` it reads Postgres instead, through the owning
+services' own functions (status_db.py says why that path stays). The reuse figures of the
+last `--window` seconds are exact from the database (`turn_plans`); from the APIs they are
+derived from the leases (the router lists one conversation's plans, not a window's): a turn
+that pulled consumed the previous turn's lease, and each retained turn created one.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
 """`boomerang status --database-url`: the same report read straight from Postgres.
 
-Reuse over the window is exact here: it counts the router's `turn_plans` rows. The SQL is
-the owning services' (the registry's, the router's and the reaper's; docs/design.md, "Who
-owns which table"): this module only runs it and shapes the rows.
+Why a database path at all, when `boomerang audit` and the rest read the services: the
+window's figures are exact here and have no RPC yet (reuse counted from every `turn_plans`
+row, releases split by why the registry released a lease, block-seconds from every lease
+that ended in the window; the APIs' report derives them from listed leases), and an operator
+can still read the state while the services are down. It runs no SQL of its own: each
+owner's function reads its tables (docs/design.md, "Who owns which table") and this module
+only shapes the rows.
 """
 
 from __future__ import annotations
@@ -12,17 +16,9 @@ from typing import Any
 
 from boomerang.db.engine import make_engine
 from boomerang.leases import ENDED_STATES, LIVE_STATES
-from boomerang_reaper.repository import STATUS_LEADER_SQL
-from boomerang_registry.inspection import (
-    LEASE_FIGURES_SQL,
-    STATUS_BLOCK_SECONDS_SQL,
-    STATUS_ENDED_SQL,
-    STATUS_ENGINES_SQL,
-    STATUS_LIVE_SQL,
-    STATUS_RELEASES_SQL,
-)
-from boomerang_router.inspection import WINDOW_OUTCOMES_SQL, WINDOW_PLANS_SQL
-from sqlalchemy import text
+from boomerang_reaper.repository import status_leader
+from boomerang_registry.inspection import StatusFigures, status_figures
+from boomerang_router.inspection import reuse_window
 
 from boomerang_cli.status_common import retained_rows, saved_seconds
 from boomerang_cli.status_memory import memory_section
@@ -57,18 +53,12 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
     engine = make_engine(url, 1, "boomerang-status")
     try:
         async with engine.connect() as conn:
-            engines = [dict(r._mapping) for r in await conn.execute(text(STATUS_ENGINES_SQL))]
-            live = {r.state: int(r.n) for r in await conn.execute(text(STATUS_LIVE_SQL))}
-            ended = {r.state: int(r.n) for r in await conn.execute(text(STATUS_ENDED_SQL), {"window": window})}
-            plans = [dict(r._mapping) for r in await conn.execute(text(WINDOW_PLANS_SQL), {"window": window})]
-            outcomes = [dict(r._mapping) for r in await conn.execute(text(WINDOW_OUTCOMES_SQL), {"window": window})]
-            leader = (await conn.execute(text(STATUS_LEADER_SQL))).first()
-            figures = (await conn.execute(text(LEASE_FIGURES_SQL))).one()
-            held = {r.engine_id: float(r.block_seconds)
-                    for r in await conn.execute(text(STATUS_BLOCK_SECONDS_SQL), {"window": window})}
-            releases = {r.reason: int(r.n) for r in await conn.execute(text(STATUS_RELEASES_SQL), {"window": window})}
+            registry = await status_figures(conn, window)
+            plans, outcomes = await reuse_window(conn, window)
+            leader = await status_leader(conn)
     finally:
         await engine.dispose()
+    engines, ended = registry.engines, registry.ended
     rows = [
         {
             "engine_id": e["engine_id"],
@@ -94,17 +84,17 @@ async def gather_db(url: str, window: float) -> dict[str, Any]:
         "source": "database",
         "generated_at": iso(now),
         "engines": rows,
-        "live_leases": {"by_state": {s: live.get(s, 0) for s in LIVE_STATES}, "partial": False},
+        "live_leases": {"by_state": {s: registry.live.get(s, 0) for s in LIVE_STATES}, "partial": False},
         "retained": retained_rows(rows),
         "reuse": reuse,
         "router": None,
-        "reaper": _reaper(leader, figures),
-        "memory": memory_section(retained_rows(rows), held, releases,
+        "reaper": _reaper(leader, registry),
+        "memory": memory_section(retained_rows(rows), registry.block_seconds, registry.releases,
                                  sum(int(p["turns"]) for p in plans if p["reason"] == "LEASE_RELEASED"), window, exact=True),
     }
 
 
-def _reaper(row: Any, figures: Any) -> dict[str, Any] | None:
+def _reaper(row: Any, figures: StatusFigures) -> dict[str, Any] | None:
     if row is None:
         return None
     stats = row.stats or {}
@@ -113,8 +103,8 @@ def _reaper(row: Any, figures: Any) -> dict[str, Any] | None:
         "address": "database",
         "leader_replica_id": row.holder if row.unexpired else "",
         "term": int(row.term),
-        "live_leases": int(figures.live),
-        "backlog_leases": int(figures.backlog),
+        "live_leases": figures.live_leases,
+        "backlog_leases": figures.backlog_leases,
         "next_expire_time": iso(figures.next_deadline),
         "expired_leases": int(stats.get("expired", 0)),
         "invalidated_leases": int(stats.get("invalidated", 0)),

@@ -46,7 +46,7 @@ def _summary(turns: int, prompt: int, planned: int, delivered: int, planned_repo
 
 
 def outcomes_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The outcomes from `boomerang_router.inspection.WINDOW_OUTCOMES_SQL` rows (one per miss reason, NULL for no miss)."""
+    """The outcomes from `boomerang_router.inspection.reuse_window`'s rows (one per miss reason, None for no miss)."""
     def total(key: str) -> int:
         return sum(int(r[key]) for r in rows)
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from boomerang_reaper.advice import TurnRecord
 
@@ -175,3 +175,9 @@ def _leader_row(row: Any) -> LeaderRow | None:
     if row is None:
         return None
     return LeaderRow(row.holder, row.term, row.expires_at, row.db_now, dict(row.stats or {}))
+
+
+async def status_leader(conn: AsyncConnection) -> Any:
+    """The latest election row (holder, term, unexpired, stats) as `boomerang status --database-url`
+    shows it, or None before any election."""
+    return (await conn.execute(text(STATUS_LEADER_SQL))).first()

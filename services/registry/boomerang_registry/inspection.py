@@ -1,17 +1,23 @@
-"""The SQL others run against the registry's tables: `engines`, `leases`, `lease_events`.
+"""What others read of the registry's tables (`engines`, `leases`, `lease_events`) straight
+from Postgres.
 
 The registry owns these tables; every statement naming them lives in this package (see
-docs/design.md, "Who owns which table", and tests/unit/test_table_owners.py). The statements
-here are the ones run outside the registry's process: `boomerang status --database-url`
-and `boomerang audit --database-url` read through them, and the benchmark loads and
-inspects leases with them. Changing a lease column means changing this package alone.
+docs/design.md, "Who owns which table", and tests/unit/test_table_owners.py). Readers go
+through the registry's RPCs; the exceptions run here, outside the registry's process:
+`boomerang status --database-url` (`status_figures`: the window's exact figures, which no
+registry RPC serves yet, also while the services are down) and the benchmark, which loads
+and inspects leases. Changing a lease column means changing this package alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 # -- `boomerang status --database-url` ---------------------------------------------------------
 
@@ -55,18 +61,33 @@ WHERE created_at >= now() - make_interval(secs => :window)
 GROUP BY 1
 """
 
-# -- `boomerang audit --database-url` (`{tenant}` is "" or " AND tenant = :tenant") -------------
 
-CONVERSATION_LEASES_SQL = """
-SELECT lease_id::text AS lease_id, tenant, state, engine_id, engine_generation, num_tokens, num_blocks,
-       created_at, expires_at, updated_at
-FROM leases WHERE conversation_id = :conversation{tenant} ORDER BY created_at LIMIT 10000
-"""
-CONVERSATION_EVENTS_SQL = """
-SELECT lease_id::text AS lease_id, COALESCE(from_state, '') AS from_state, to_state, reason, actor, request_id,
-       claim_id, created_at
-FROM lease_events WHERE conversation_id = :conversation{tenant} ORDER BY created_at, event_id LIMIT 100000
-"""
+@dataclass(frozen=True)
+class StatusFigures:
+    """The registry's part of `boomerang status --database-url`."""
+
+    engines: list[dict[str, Any]]  # STATUS_ENGINES_SQL's rows
+    live: dict[str, int]  # live leases by state
+    ended: dict[str, int]  # leases that ended in the window, by state
+    live_leases: int
+    backlog_leases: int  # live leases past their deadline (the reaper's backlog)
+    next_deadline: Any  # the earliest live deadline (datetime), or None
+    block_seconds: dict[str, float]  # per engine, over the window
+    releases: dict[str, int]  # the window's ending events by reason (RELEASED split by why)
+
+
+async def status_figures(conn: AsyncConnection, window: float) -> StatusFigures:
+    """Engines, leases by state and decode memory over the last `window` seconds."""
+    w = {"window": window}
+    engines = [dict(r._mapping) for r in await conn.execute(text(STATUS_ENGINES_SQL))]
+    live = {r.state: int(r.n) for r in await conn.execute(text(STATUS_LIVE_SQL))}
+    ended = {r.state: int(r.n) for r in await conn.execute(text(STATUS_ENDED_SQL), w)}
+    figures = (await conn.execute(text(LEASE_FIGURES_SQL))).one()
+    held = {r.engine_id: float(r.block_seconds) for r in await conn.execute(text(STATUS_BLOCK_SECONDS_SQL), w)}
+    releases = {r.reason: int(r.n) for r in await conn.execute(text(STATUS_RELEASES_SQL), w)}
+    return StatusFigures(engines, live, ended, int(figures.live), int(figures.backlog), figures.next_deadline,
+                         held, releases)
+
 
 # -- the benchmark (asyncpg, `$n` parameters) --------------------------------------------------
 

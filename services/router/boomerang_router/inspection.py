@@ -1,12 +1,19 @@
-"""The SQL others run against the router's table, `turn_plans`.
+"""What others read of the router's table, `turn_plans`, straight from Postgres.
 
 The router owns `turn_plans`; every statement naming it lives in this package (repository.py
 writes and reads it for the RPCs; see docs/design.md, "Who owns which table", and
-tests/unit/test_table_owners.py). The statements here are run outside the router's process,
-by `boomerang status --database-url` and `boomerang audit --database-url`.
+tests/unit/test_table_owners.py). Readers go through the router's RPCs (ListTurnPlans,
+GetTurnPlan); the one exception is `boomerang status --database-url`, the exact window of
+reuse an operator reads from the database (also while the services are down), which calls
+`reuse_window` here rather than running SQL of its own.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 # Reuse over the last `:window` seconds, by decision and reason.
 WINDOW_PLANS_SQL = """
@@ -32,14 +39,10 @@ FROM turn_plans WHERE created_at >= now() - make_interval(secs => :window)
 GROUP BY 1
 """
 
-# A conversation's plans (`{tenant}` is "" or " AND tenant = :tenant").
-CONVERSATION_PLANS_SQL = """
-SELECT plan_id::text AS plan_id, tenant, created_at, decision, reason, prompt_tokens, reused_tokens,
-       recomputed_tokens, verified_tokens, prefill_engine_id, decode_engine_id,
-       COALESCE(source_engine_id, '') AS source_engine_id, COALESCE(lease_id::text, '') AS lease_id,
-       COALESCE(claim_id, '') AS claim_id, reported_at, COALESCE(handle_use, '') AS handle_use,
-       COALESCE(claimed_lease_state, '') AS claimed_lease_state, COALESCE(retention, '') AS retention,
-       COALESCE(new_lease_id::text, '') AS new_lease_id, COALESCE(outcome, '') AS outcome,
-       COALESCE(outcome_detail, '') AS outcome_detail, plan_micros
-FROM turn_plans WHERE conversation_id = :conversation{tenant} ORDER BY created_at, plan_id LIMIT 10000
-"""
+
+async def reuse_window(conn: AsyncConnection, window: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The last `window` seconds of plans: counts by decision and reason, and by miss reason."""
+    params = {"window": window}
+    plans = [dict(r._mapping) for r in await conn.execute(text(WINDOW_PLANS_SQL), params)]
+    outcomes = [dict(r._mapping) for r in await conn.execute(text(WINDOW_OUTCOMES_SQL), params)]
+    return plans, outcomes

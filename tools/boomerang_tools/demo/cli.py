@@ -4,10 +4,11 @@ Brings the whole system up (embedded Postgres unless a database is configured, r
 router, reaper, gateway, and a simulated prefill and decode engine per profile), replays
 agent conversations growing to AWS's context lengths with Boomerang off and on, prints
 AWS's table beside AWS's figures, writes `demo-report.json` and `demo-report.png`, shows one
-conversation's audit trail from Postgres, and exits non-zero on any failed request, any
-corrupt pull, or any reply that differs between off and on. It also measures the skeptic's
-alternative (`prefix-cache`: no Boomerang, prefix caching on the prefill engine, sticky
-routing) with 1, 8 and 32 conversations sharing that engine, beside off and Boomerang.
+conversation's audit trail (read over gRPC from the router and the registry), and exits
+non-zero on any failed request, any corrupt pull, or any reply that differs between off and
+on. It also measures the skeptic's alternative (`prefix-cache`: no Boomerang, prefix caching
+on the prefill engine, sticky routing) with 1, 8 and 32 conversations sharing that engine,
+beside off and Boomerang.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def _stack_config(args: argparse.Namespace, profiles: list[str], mode: Mode) -> 
 
 def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], mode: Mode, last: bool) -> int | None:
     """One deployment: bring it up, measure it, record its engines' counters; on the last
-    one (its database still up, for the audit trail) conclude. None: go on."""
+    one (its services still up, for the audit trail) conclude. None: go on."""
     profiles, points, result = run["profiles"], run["points"], run["result"]
     if args.quick and not mode.boomerang:
         profiles = profiles[:1]  # --quick: the alternative to Boomerang on the first profile only
@@ -165,7 +166,8 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
                                                     prefix_cache_evicted_blocks=counts["prefix_cache_evicted_blocks"])
         if not last:
             return None
-        return conclude(console, result, run["stats"], run["profiles"], points, Path(args.out), stack.database_url,
+        return conclude(console, result, run["stats"], run["profiles"], points, Path(args.out),
+                        (stack.registry_address, stack.router_address),
                         run["started"], run["modes"], run["extra"], run["rotations"])
     finally:
         with console.status("Stopping…"):
@@ -223,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
         run_hbm(console, Path(args.out), quick=args.quick)
     run: dict[str, Any] = {"profiles": profiles, "points": points, "result": RunResult(), "stats": {}, "extra": {},
                            "modes": modes, "started": time.monotonic(), "off_measured": False, "rotations": []}
-    # The alternatives to Boomerang first: the last deployment's database shows the audit trail.
+    # The alternatives to Boomerang first: the last deployment's services show the audit trail.
     order = [m for m in modes if not m.boomerang] + [m for m in modes if m.boomerang]
     for i, mode in enumerate(order):
         code = _run_mode(console, args, run, mode, last=i == len(order) - 1)

@@ -32,7 +32,7 @@ class PlainStack:
         self.prefill_urls: list[str] = []  # per profile, in order
         self.decode_urls: list[str] = []
         self.gateway_url = ""
-        self.database_url = ""  # none: no audit trail from this deployment
+        self.registry_address = self.router_address = ""  # none: no audit trail from this deployment
 
     def _spawn(self, name: str, args: list[str], wave: int) -> Child:
         child = Child(f"plain-{name}", args, self.log_dir, self.env, wave, "" if args[0] == "sim" else "gateway stopped",
