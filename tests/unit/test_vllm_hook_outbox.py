@@ -85,3 +85,18 @@ def test_close_releases_a_waiting_take() -> None:
     box.close()
     t.join(2)
     assert not t.is_alive()
+
+
+def test_pending_counts_taken_entries_until_done() -> None:
+    """What `flush` waits on: an entry taken is pending until its sender is done with it, so
+    there is no moment between a take and its work when the queue looks empty."""
+    box: Outbox[int] = Outbox(10)
+    for i in range(3):
+        box.offer(i, 1e12)
+    taken = box.take(2, 0)
+    assert len(box) == 1 and box.pending() == 3
+    box.retry(taken[1:])  # one failed: back in the queue before the round is done
+    box.done(len(taken))
+    assert box.pending() == 2
+    box.done(len(box.take(5, 0)))
+    assert box.pending() == 0

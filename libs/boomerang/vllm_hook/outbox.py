@@ -53,6 +53,7 @@ class Outbox(Generic[T]):
         self._items: deque[Entry[T]] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._taken = 0  # entries taken and not yet marked `done`
 
     def __len__(self) -> int:
         return len(self._items)
@@ -84,7 +85,19 @@ class Outbox(Generic[T]):
                     self.stats.expired += 1
                     continue
                 out.append(entry)
+            self._taken += len(out)
         return out
+
+    def done(self, entries: int) -> None:
+        """The sender finished with `entries` it took (after `retry`ing the failed ones)."""
+        with self._cond:
+            self._taken -= entries
+
+    def pending(self) -> int:
+        """Entries queued or taken and not yet `done`: 0 only when every offered entry was
+        sent, dropped or put back and taken again (no gap between a `take` and its work)."""
+        with self._cond:
+            return len(self._items) + self._taken
 
     def retry(self, entries: list[Entry[T]]) -> None:
         """Put failed entries back at the front, in their order, within the capacity."""

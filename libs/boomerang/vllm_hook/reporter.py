@@ -90,7 +90,6 @@ class TurnReporter:
         self.batched = True  # until the router answers ReportTurnBatch UNIMPLEMENTED
         self.batch_calls = 0
         self.single_calls = 0
-        self._busy = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="boomerang-reporter", daemon=True)
 
@@ -105,9 +104,9 @@ class TurnReporter:
     def flush(self, timeout: float) -> bool:
         """Wait until nothing is queued or being sent."""
         end = time.monotonic() + timeout
-        while (len(self.outbox) or self._busy) and time.monotonic() < end:
+        while self.outbox.pending() and time.monotonic() < end:
             time.sleep(0.005)
-        return not (len(self.outbox) or self._busy)
+        return not self.outbox.pending()
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what can be sent within `timeout`, then stop."""
@@ -143,14 +142,13 @@ class TurnReporter:
             batch = self.outbox.take(self.batch_size, timeout=0.5)
             if not batch:
                 continue
-            self._busy = True
             try:
                 clean = self._send(batch)
             except Exception:  # the thread must outlive any bug in one round
                 log.exception("boomerang: report round failed")
                 clean = True
             finally:
-                self._busy = False
+                self.outbox.done(len(batch))  # after any retry put its entries back
             if clean:
                 backoff.reset()
             else:
