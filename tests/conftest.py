@@ -9,20 +9,19 @@ conversation ids instead of truncating (the audit table refuses TRUNCATE by desi
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
-from boomerang.db.migrate import upgrade
 
 from tests.support.admin_db import DEFAULT_ADMIN_URL, choose_admin_url
+from tests.support.databases import fresh_database
 
 ADMIN_URL, _EMBEDDED, POSTGRES_NOTE = choose_admin_url(os.environ.get("BOOMERANG_TEST_ADMIN_URL", DEFAULT_ADMIN_URL))
 if _EMBEDDED is not None:
-    # Test modules read it at import (tests/support/gateway_stack.py), processes they start too.
+    # tests/support/databases.py reads it, and so do the processes tests start.
     os.environ["BOOMERANG_TEST_ADMIN_URL"] = ADMIN_URL
 
 
@@ -31,30 +30,13 @@ def pytest_report_header() -> str:
     return f"postgres: {POSTGRES_NOTE}"
 
 
-def _dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://")
-
-
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A migrated, empty database for this test session."""
     if POSTGRES_NOTE.startswith("nothing answers"):
         pytest.fail(POSTGRES_NOTE)
-    name = f"boomerang_test_{uuid.uuid4().hex[:12]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(_dsn(ADMIN_URL))
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    base = _dsn(ADMIN_URL).rsplit("/", 1)[0]
-    url = f"{base}/{name}"
-    upgrade(url)
-    yield url
-    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database("boomerang_test") as url:
+        yield url
 
 
 @pytest.fixture

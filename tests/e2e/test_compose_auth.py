@@ -24,7 +24,7 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 
-from tests.support.gateway_stack import fresh_database
+from tests.support.databases import fresh_database
 from tests.support.ministack import chat, user_turns
 from tests.support.procs import BOOMERANG, ROOT, ServiceProcess
 

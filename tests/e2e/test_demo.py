@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from boomerang_tools.demo.workload import QUICK_POINTS
 
-from tests.support.gateway_stack import BOOMERANG, fresh_database
+from tests.support.databases import fresh_database
+from tests.support.gateway_stack import BOOMERANG
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.gateway_stack import MODEL, GatewayStack, fresh_database
+from tests.support.databases import fresh_database
+from tests.support.gateway_stack import MODEL, GatewayStack
 from tests.support.procs import ServiceProcess
 
 pytestmark = pytest.mark.e2e

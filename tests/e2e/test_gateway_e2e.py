@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway_stack import BOOMERANG, MODEL, THINKING, GatewayStack, fresh_database
+from tests.support.gateway_stack import BOOMERANG, MODEL, THINKING, GatewayStack, running_stack
 
 pytestmark = pytest.mark.e2e
 SYSTEM = "You are a careful coding agent. " + "Read the code before you change it and run the tests. " * 30
@@ -30,19 +30,13 @@ SYSTEM = "You are a careful coding agent. " + "Read the code before you change i
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[GatewayStack]:
-    with fresh_database() as url:
-        s = GatewayStack(url).start()
+    with running_stack() as s:
         yield s
-        s.stop()
 
 
 @pytest.fixture(scope="module")
 def key(stack: GatewayStack) -> str:
-    return stack.create_tenant(f"e2e-{uuid.uuid4().hex[:8]}")
-
-
-def client(stack: GatewayStack, api_key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=stack.gateway_url + "/v1", api_key=api_key, max_retries=0, timeout=60)
+    return stack.new_key("e2e")
 
 
 async def chat(c: openai.AsyncOpenAI, messages: list[dict[str, Any]], conv: str, model: str = MODEL,
@@ -64,7 +58,7 @@ async def test_turns_two_and_later_pull_with_no_corrupt_pulls(stack: GatewayStac
     conv = f"conv-{uuid.uuid4().hex}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     reused = []
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         for i in range(5):
             messages.append(user(i))
             reply, headers = await chat(c, messages, conv)
@@ -80,7 +74,7 @@ async def test_turns_two_and_later_pull_with_no_corrupt_pulls(stack: GatewayStac
 
 
 async def test_streaming_and_non_streaming_give_the_same_turns(stack: GatewayStack, key: str) -> None:
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         await _streaming_and_not(stack, c)
     assert stack.unsafe() == 0
 
@@ -115,7 +109,7 @@ async def _streaming_and_not(stack: GatewayStack, c: openai.AsyncOpenAI) -> None
 async def test_completions_endpoint_streams_and_pulls(stack: GatewayStack, key: str) -> None:
     conv = f"cmpl-{uuid.uuid4().hex}"
     prompt = SYSTEM + "\n"
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         for i in range(3):
             raw = await c.completions.with_raw_response.create(
                 model=MODEL, prompt=prompt, max_tokens=12, extra_headers={"X-Conversation-Id": conv})
@@ -129,14 +123,14 @@ async def test_completions_endpoint_streams_and_pulls(stack: GatewayStack, key: 
 
 async def _off(stack: GatewayStack, key: str, messages: list[dict[str, Any]], model: str) -> str:
     """The reply a full recompute gives (Boomerang off): what a correct pull must also give."""
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         reply, headers = await chat(c, messages, "", model=model, extra_headers={"X-Boomerang-Reuse": "off"})
     assert headers["x-boomerang-plan"] == "COLD"
     return reply
 
 
 async def test_edited_history_reuses_only_the_verified_prefix(stack: GatewayStack, key: str) -> None:
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         await _edited_history(stack, key, c)
 
 
@@ -166,7 +160,7 @@ async def _edited_history(stack: GatewayStack, key: str, c: openai.AsyncOpenAI) 
 
 
 async def test_stripped_reasoning_reuses_only_the_verified_prefix(stack: GatewayStack, key: str) -> None:
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         await _stripped_reasoning(stack, key, c)
 
 
@@ -191,10 +185,10 @@ async def _stripped_reasoning(stack: GatewayStack, key: str, c: openai.AsyncOpen
 
 
 async def test_another_tenant_with_the_same_conversation_id_gets_no_reuse(stack: GatewayStack, key: str) -> None:
-    other = stack.create_tenant(f"other-{uuid.uuid4().hex[:8]}")
+    other = stack.new_key("other")
     conv = f"shared-{uuid.uuid4().hex}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, user(0)]
-    async with client(stack, key) as mine_c, client(stack, other) as theirs_c:
+    async with stack.openai_client(key) as mine_c, stack.openai_client(other) as theirs_c:
         reply, _ = await chat(mine_c, messages, conv)
         messages += [{"role": "assistant", "content": reply}, user(1)]
         _, theirs = await chat(theirs_c, messages, conv)
@@ -208,7 +202,7 @@ async def test_client_kv_transfer_params_never_reach_an_engine(stack: GatewaySta
     before = stack.stats()
     evil = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": "x", "remote_request_id": "y",
             "remote_block_ids": [[0, 1, 2]], "remote_host": "127.0.0.1", "remote_port": 9, "remote_num_tokens": 48}
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         reply, headers = await chat(c, [user(0)], "", extra_body={"kv_transfer_params": evil})
     assert reply and headers["x-boomerang-plan"] == "COLD"
     after = stack.stats()
@@ -253,8 +247,7 @@ async def test_errors_are_openai_shaped_with_the_right_status(stack: GatewayStac
 
 
 async def test_hundred_concurrent_conversations(stack: GatewayStack, key: str) -> None:
-    c = openai.AsyncOpenAI(base_url=stack.gateway_url + "/v1", api_key=key, max_retries=0, timeout=120,
-                           http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=200), timeout=120))
+    c = stack.openai_client(key, http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=200), timeout=120))
     plans: list[str] = []
 
     async def conversation(n: int) -> None:

@@ -19,7 +19,7 @@ from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
-from tests.support.gateway_stack import fresh_database
+from tests.support.databases import fresh_database
 from tests.support.ministack import chat, user_turns, wait_retained
 from tests.support.procs import ServiceProcess
 

@@ -14,7 +14,6 @@ import asyncio
 import itertools
 import random
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ import asyncpg
 import openai
 import pytest
 
-from tests.support.gateway_stack import MODEL, THINKING, GatewayStack, fresh_database
+from tests.support.gateway_stack import MODEL, THINKING, GatewayStack, running_stack
 
 pytestmark = pytest.mark.e2e
 # About 4k tokens with the simulated tokenizer, shared by every conversation.
@@ -31,19 +30,13 @@ SYSTEM = "You are a careful coding agent; read the code before you change it and
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[GatewayStack]:
-    with fresh_database() as url:
-        s = GatewayStack(url).start()
+    with running_stack() as s:
         yield s
-        s.stop()
 
 
 @pytest.fixture(scope="module")
 def key(stack: GatewayStack) -> str:
-    return stack.create_tenant(f"noid-{uuid.uuid4().hex[:8]}")
-
-
-def client(stack: GatewayStack, api_key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=stack.gateway_url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+    return stack.new_key("noid")
 
 
 async def chat(c: openai.AsyncOpenAI, messages: list[dict[str, Any]], model: str = MODEL,
@@ -88,7 +81,7 @@ async def test_64_interleaved_conversations_on_a_shared_system_prompt_pull_their
     before = stack.stats()
     gate = asyncio.Semaphore(16)  # interleaved, at a load the two-core test box serves in time
     order = list(range(n))
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         for step in range(turns):
             async def one(k: int, step: int = step) -> None:
                 histories[k].append(user(k, step))
@@ -116,7 +109,7 @@ async def test_64_interleaved_conversations_on_a_shared_system_prompt_pull_their
 async def test_a_fork_pulls_once_and_the_other_branch_recomputes(stack: GatewayStack, key: str) -> None:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Fork test. " * 50}, user(1000, 0)]
     before = stack.stats()
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         reply, _, _ = await chat(c, messages)
         messages.append({"role": "assistant", "content": reply})
         branches = await asyncio.gather(chat(c, messages + [user(1000, 1)]), chat(c, messages + [user(1001, 1)]))
@@ -127,9 +120,9 @@ async def test_a_fork_pulls_once_and_the_other_branch_recomputes(stack: GatewayS
 
 
 async def test_another_tenant_sending_the_same_prompt_is_cold(stack: GatewayStack, key: str) -> None:
-    other = stack.create_tenant(f"other-{uuid.uuid4().hex[:8]}")
+    other = stack.new_key("other")
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Tenant test. " * 50}, user(2000, 0)]
-    async with client(stack, key) as mine_c, client(stack, other) as theirs_c:
+    async with stack.openai_client(key) as mine_c, stack.openai_client(other) as theirs_c:
         reply, _, _ = await chat(mine_c, messages)
         messages += [{"role": "assistant", "content": reply}, user(2000, 1)]
         _, theirs, _ = await chat(theirs_c, messages)
@@ -141,7 +134,7 @@ async def test_another_tenant_sending_the_same_prompt_is_cold(stack: GatewayStac
 
 async def test_stripped_reasoning_pulls_the_verified_prefix(stack: GatewayStack, key: str) -> None:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Reasoning test. " * 60}, user(3000, 0)]
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         reply, _, first_prompt = await chat(c, messages, model=THINKING, max_tokens=64)
         assert "</think>" in reply
         messages += [{"role": "assistant", "content": reply}, user(3000, 1)]
@@ -154,7 +147,7 @@ async def test_stripped_reasoning_pulls_the_verified_prefix(stack: GatewayStack,
 async def test_a_first_turn_that_only_starts_like_a_lease_is_cold_and_leaves_it(stack: GatewayStack, key: str) -> None:
     system = {"role": "system", "content": "Shared start. " * 80}
     mine: list[dict[str, Any]] = [system, user(4000, 0)]
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         reply, _, _ = await chat(c, mine)
         mine += [{"role": "assistant", "content": reply}, user(4000, 1)]
         _, stranger, _ = await chat(c, [system, user(4001, 0)])
@@ -166,7 +159,7 @@ async def test_a_first_turn_that_only_starts_like_a_lease_is_cold_and_leaves_it(
 
 async def test_another_cache_salt_sending_the_same_prompt_is_cold(stack: GatewayStack, key: str) -> None:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Salt test. " * 50}, user(5000, 0)]
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         reply, first, _ = await chat(c, messages, cache_salt="salt-a")
         assert first["x-boomerang-plan"] == "COLD", first
         messages += [{"role": "assistant", "content": reply}, user(5000, 1)]

@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway_stack import BOOMERANG, MODEL, GatewayStack, fresh_database
+from tests.support.gateway_stack import BOOMERANG, MODEL, GatewayStack, running_stack
 
 pytestmark = pytest.mark.e2e
 SYSTEM = "You are a careful coding agent. " + "Read the code before you change it and run the tests. " * 30
@@ -30,19 +30,13 @@ SYSTEM = "You are a careful coding agent. " + "Read the code before you change i
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[GatewayStack]:
-    with fresh_database() as url:
-        s = GatewayStack(url).start()
+    with running_stack() as s:
         yield s
-        s.stop()
 
 
 @pytest.fixture(scope="module")
 def key(stack: GatewayStack) -> str:
-    return stack.create_tenant(f"reuse-{uuid.uuid4().hex[:8]}")
-
-
-def client(stack: GatewayStack, api_key: str, **kw: Any) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=stack.gateway_url + "/v1", api_key=api_key, max_retries=0, timeout=60, **kw)
+    return stack.new_key("reuse")
 
 
 def user(i: int) -> dict[str, str]:
@@ -70,7 +64,7 @@ async def test_prompt_cache_key_alone_names_the_conversation(stack: GatewayStack
     conv = f"pck-{uuid.uuid4().hex}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     before = stack.stats()
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         for i in range(3):
             messages.append(user(i))
             raw = await c.chat.completions.with_raw_response.create(
@@ -92,7 +86,7 @@ async def test_prompt_cache_key_alone_names_the_conversation(stack: GatewayStack
 async def test_x_session_id_alone_names_the_conversation_streamed(stack: GatewayStack, key: str) -> None:
     conv = f"sid-{uuid.uuid4().hex}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-    async with client(stack, key, default_headers={"X-Session-Id": conv}) as c:
+    async with stack.openai_client(key, default_headers={"X-Session-Id": conv}) as c:
         for i in range(3):
             messages.append(user(i))
             raw = await c.chat.completions.with_raw_response.create(
@@ -111,7 +105,7 @@ async def test_x_session_id_alone_names_the_conversation_streamed(stack: Gateway
 
 
 async def test_two_different_names_for_the_conversation_are_a_400(stack: GatewayStack, key: str) -> None:
-    async with client(stack, key, default_headers={"X-Session-Id": "b"}) as c:
+    async with stack.openai_client(key, default_headers={"X-Session-Id": "b"}) as c:
         with pytest.raises(openai.BadRequestError) as err:
             await c.chat.completions.create(model=MODEL, messages=[user(0)], max_tokens=4, prompt_cache_key="a")  # type: ignore[arg-type]
         assert "prompt_cache_key" in err.value.message and "X-Session-Id" in err.value.message
@@ -131,7 +125,7 @@ async def test_reuse_outcomes_in_counters_and_status(stack: GatewayStack, key: s
     conv = f"edit-{uuid.uuid4().hex}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     planned = []
-    async with client(stack, key) as c:
+    async with stack.openai_client(key) as c:
         for i in range(3):
             messages.append(user(i))
             raw = await c.chat.completions.with_raw_response.create(

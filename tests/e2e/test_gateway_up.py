@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.gateway_stack import MODEL, fresh_database
+from tests.support.databases import fresh_database
+from tests.support.gateway_stack import MODEL
 from tests.support.procs import ServiceProcess
 
 pytestmark = pytest.mark.e2e
@@ -42,6 +43,11 @@ def _up(database_url: str, tmp_path: Path) -> None:
                 messages += [{"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]},
                              {"role": "user", "content": f"and then {turn}?"}]
         assert plans == ["COLD", "PULL"]
+        # The gateway tokenized both prompts in-process with the simulator's model files, as
+        # the bench's gateway does (BOOMERANG_TOKENIZERS set by `up`), not on P's /tokenize.
+        metrics = httpx.get(gateway + "/metrics", timeout=5).text
+        assert re.search(r'^boomerang_gateway_local_tokenize_total\{outcome="local"\} 2\.0$', metrics, re.MULTILINE), \
+            [line for line in metrics.splitlines() if "local_tokenize" in line]
         assert up.proc is not None
         up.proc.send_signal(signal.SIGINT)
         assert up.proc.wait(timeout=60) == 0

@@ -22,12 +22,11 @@ import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.reaper import ReaperClient
 from boomerang.clients.registry import RegistryClient
-from boomerang.db.migrate import upgrade
 from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_reaper.registry_api import ReaperRegistryClient
 
-from tests.conftest import ADMIN_URL
+from tests.support.databases import execute, fresh_database
 from tests.support.procs import BOOMERANG, ServiceProcess
 from tests.support.registry_data import blocks_request, claim_request, engine_request
 
@@ -39,23 +38,10 @@ OLD_PARTITION = "lease_events_p20200101"
 @pytest.fixture(scope="module")
 def db_url() -> Iterator[str]:
     """A fresh migrated database for this module, with an audit partition from 2020."""
-    name = f"boomerang_reaper_e2e_{uuid.uuid4().hex[:10]}"
-    admin = ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
-
-    async def run(url: str, sql: str) -> None:
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(admin, f'CREATE DATABASE "{name}"'))
-    url = f"{admin.rsplit('/', 1)[0]}/{name}"
-    upgrade(url)
-    asyncio.run(run(url, f"CREATE TABLE {OLD_PARTITION} PARTITION OF lease_events "
-                         "FOR VALUES FROM ('2020-01-01 00:00+00') TO ('2020-01-02 00:00+00')"))
-    yield url
-    asyncio.run(run(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database("boomerang_reaper_e2e") as url:
+        asyncio.run(execute(url, f"CREATE TABLE {OLD_PARTITION} PARTITION OF lease_events "
+                                 "FOR VALUES FROM ('2020-01-01 00:00+00') TO ('2020-01-02 00:00+00')"))
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,10 @@ import asyncpg
 import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
-from boomerang.db.migrate import upgrade
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_reaper.registry_api import ReaperRegistryClient
 
-from tests.conftest import ADMIN_URL
+from tests.support.databases import fresh_database
 from tests.support.procs import ServiceProcess
 from tests.support.registry_data import blocks_request, claim_request, engine_request
 
@@ -35,21 +34,8 @@ def tokens(n: int, seed: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def db_url() -> Iterator[str]:
-    name = f"boomerang_retention_e2e_{uuid.uuid4().hex[:10]}"
-    admin = ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
-
-    async def run(url: str, sql: str) -> None:
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(admin, f'CREATE DATABASE "{name}"'))
-    url = f"{admin.rsplit('/', 1)[0]}/{name}"
-    upgrade(url)
-    yield url
-    asyncio.run(run(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database("boomerang_retention_e2e") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

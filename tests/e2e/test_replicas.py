@@ -21,7 +21,8 @@ import httpx
 import pytest
 from boomerang.clients.reaper import ReaperClient
 
-from tests.support.gateway_stack import MODEL, fresh_database
+from tests.support.databases import fresh_database
+from tests.support.gateway_stack import MODEL
 from tests.support.procs import ServiceProcess, wait_for
 
 pytestmark = pytest.mark.e2e

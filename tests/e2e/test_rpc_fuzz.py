@@ -17,7 +17,7 @@ from boomerang.v1 import reaper_service_pb2, registry_service_pb2, router_servic
 from google.protobuf import descriptor_pb2  # noqa: F401 - keeps descriptor pool warm
 from hypothesis import HealthCheck, given, settings
 
-from tests.support.gateway_stack import fresh_database
+from tests.support.databases import fresh_database
 from tests.support.procs import ServiceProcess
 from tests.support.proto_strategies import messages
 

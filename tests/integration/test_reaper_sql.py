@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 from boomerang.db.engine import make_engine
-from boomerang.db.migrate import upgrade
 from boomerang.errors import BoomerangError
 from boomerang_reaper.advice import advise
 from boomerang_reaper.domain import ClockOffset
@@ -26,7 +25,7 @@ from boomerang_registry.deadline_watch import DeadlineHub, Subscription
 from boomerang_registry.expiry import ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
 
-from tests.conftest import ADMIN_URL
+from tests.support.databases import fresh_database
 from tests.support.registry_data import blocks_request, claim_request, engine_request
 from tests.support.registry_repo import open_repository
 
@@ -37,21 +36,8 @@ ELECTION = "ttl-reaper"
 @pytest.fixture(scope="module")
 def db_url() -> Iterator[str]:
     """A fresh migrated database for this module."""
-    name = f"boomerang_reaper_{uuid.uuid4().hex[:10]}"
-    admin = ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(admin)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f'CREATE DATABASE "{name}"'))
-    url = f"{admin.rsplit('/', 1)[0]}/{name}"
-    upgrade(url)
-    yield url
-    asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database("boomerang_reaper") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The gateway's end-to-end stack: registry, router, two simulated P/D pairs and the gateway,
-all real processes on free ports, sharing the session's test database.
+all real processes on free ports, on a database of their own (`running_stack`).
 
 Pair `MODEL` is a plain Qwen3-32B; pair `THINKING` (`--strip-reasoning`) is a Qwen3 thinking
 model whose chat template drops earlier turns' reasoning. Engines register with the
@@ -10,7 +10,6 @@ registry; the router and the gateway find them there. API keys are made with the
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -19,44 +18,17 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-import asyncpg
 import httpx
+import openai
 
+from tests.support.databases import fresh_database
 from tests.support.procs import ServiceProcess
 
-ADMIN_URL = os.environ.get("BOOMERANG_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 MODEL = "Qwen/Qwen3-32B"
 THINKING = "qwen3-thinking"
 BOOMERANG = str(Path(sys.executable).with_name("boomerang"))
-
-
-@contextmanager
-def fresh_database() -> Iterator[str]:
-    """A migrated database of its own, dropped afterwards.
-
-    The session's shared database keeps every engine other tests registered (and left
-    ACTIVE until their heartbeats time out); a stack that discovers engines through the
-    registry must not see them.
-    """
-    from boomerang.db.migrate import upgrade
-
-    name = f"boomerang_gw_{uuid.uuid4().hex[:10]}"
-    base = ADMIN_URL.rsplit("/", 1)[0]
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(ADMIN_URL)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    try:
-        upgrade(f"{base}/{name}")
-        yield f"{base}/{name}"
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 class GatewayStack:
@@ -141,6 +113,16 @@ class GatewayStack:
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
+    def new_key(self, prefix: str) -> str:
+        """The API key of a new tenant named `prefix` and a random suffix (unique per call)."""
+        return self.create_tenant(f"{prefix}-{uuid.uuid4().hex[:8]}")
+
+    def openai_client(self, api_key: str, **kwargs: Any) -> openai.AsyncOpenAI:
+        """A stock OpenAI client on the gateway (`kwargs` as the client's): no retries, so a
+        test sees every failure; a timeout only a hung request reaches on a loaded host."""
+        return openai.AsyncOpenAI(base_url=self.gateway_url + "/v1", api_key=api_key, max_retries=0, timeout=120,
+                                  **kwargs)
+
     def wait_models(self, timeout: float = 30.0) -> None:
         """Until the gateway lists both models and the router sees all four engines."""
         deadline = time.monotonic() + timeout
@@ -170,3 +152,15 @@ class GatewayStack:
         for proc in reversed(list(self.procs.values())):
             if proc.proc is not None:
                 proc.kill()
+
+
+@contextmanager
+def running_stack() -> Iterator[GatewayStack]:
+    """A started `GatewayStack` on a database of its own; stopped, and the database dropped,
+    when the block ends."""
+    with fresh_database("boomerang_gw") as url:
+        stack = GatewayStack(url).start()
+        try:
+            yield stack
+        finally:
+            stack.stop()
