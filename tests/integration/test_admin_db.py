@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 
 from tests.conftest import ADMIN_URL
 from tests.support.admin_db import PREFIX, answers, choose_admin_url, sweep
+from tests.support.procs import pid_gone, wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,23 +56,6 @@ def _dead_url() -> str:
     return f"postgresql://postgres@127.0.0.1:{port}/postgres"  # nothing listens there once closed
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def _wait(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
     """A temp folder of its own that the `postgres` OS user can traverse."""
@@ -106,7 +89,7 @@ def test_nothing_answering_means_an_embedded_cluster_stopped_and_removed_at_exit
     assert seen["note"].startswith("embedded cluster"), seen["note"]
     assert Path(seen["folder"]).parent == open_dir and seen["folder"].startswith(str(open_dir / PREFIX))
     # Stopped and removed by the time the test process has exited.
-    assert _gone(seen["pid"])
+    assert pid_gone(seen["pid"])
     assert not Path(seen["folder"]).exists()
     with pytest.raises((OSError, asyncpg.PostgresError, asyncio.TimeoutError)):
         asyncio.run(asyncpg.connect(seen["url"], timeout=3))
@@ -117,11 +100,11 @@ def test_a_killed_test_process_takes_its_cluster_along(open_dir: Path) -> None:
     try:
         assert child.stdout is not None
         seen = json.loads(child.stdout.readline())
-        assert not _gone(seen["pid"]) and answers(seen["url"])
+        assert not pid_gone(seen["pid"]) and answers(seen["url"])
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
         # The kernel tells the postmaster its parent died: fast shutdown.
-        assert _wait(lambda: _gone(seen["pid"]), 10), "the cluster outlived its test process"
+        assert wait_for(lambda: pid_gone(seen["pid"]), 10), "the cluster outlived its test process"
         assert not answers(seen["url"])
         # Its folder stays until a later run sweeps it (its lock is free now).
         assert Path(seen["folder"]).exists()

