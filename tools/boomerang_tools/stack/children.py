@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from importlib.metadata import Distribution, distribution
+from importlib.metadata import Distribution, distributions
 from pathlib import Path
 from typing import IO
 
@@ -33,19 +33,24 @@ class ChildFailed(RuntimeError):
 def boomerang_script() -> Path:
     """The `boomerang` script of the Boomerang installed here: children run it (so `ps` shows
     `boomerang registry`, …), never a module by name."""
-    return installed_script(distribution("boomerang"))
+    # Every installation named boomerang, in path order: a build's boomerang.egg-info in the
+    # working directory (on sys.path under `python -m`) records no script and comes first.
+    for dist in distributions(name="boomerang"):
+        if (script := recorded_script(dist)) is not None:
+            return script
+    raise ChildFailed("Boomerang is installed without its `boomerang` script; reinstall it "
+                      "(`make setup`, or `pip install --force-reinstall .`)")
 
 
-def installed_script(dist: Distribution) -> Path:
+def recorded_script(dist: Distribution) -> Path | None:
     """The `boomerang` script `dist`'s installation wrote, where its record says (a virtualenv's
-    bin/, ~/.local/bin, …: not always beside the interpreter)."""
+    bin/, ~/.local/bin, …: not always beside the interpreter), if it is there."""
     for file in dist.files or ():
         if file.name == "boomerang" and file.parent.name == "bin":
             path = Path(str(dist.locate_file(file))).resolve()
             if os.access(path, os.X_OK):
                 return path
-    raise ChildFailed(f"Boomerang {dist.version} is installed without its `boomerang` script; "
-                      "reinstall it (`make setup`, or `pip install --force-reinstall .`)")
+    return None
 
 
 class Child:
