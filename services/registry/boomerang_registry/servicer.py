@@ -21,6 +21,7 @@ from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.events import decode_page_token
 from boomerang_registry.reaper_api import ReaperFacingServicer
+from boomerang_registry.registrations import Registered
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
 from boomerang_registry.store import Row
@@ -45,6 +46,17 @@ _ENGINE_SCOPED: dict[str, Callable[[Any], str]] = {
     "Heartbeat": lambda r: r.engine_id,
     "RegisterRetainedBlocks": lambda r: r.engine_id,
 }
+
+
+def _registered(registered: Registered, answer: rpb.RegisterRetainedBlocksResponse) -> None:
+    """Count a committed registration (created or repeated, and the leases it superseded) and
+    write its answer; the single, batched and turn-end registrations all answer this way."""
+    row, created, superseded = registered
+    metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
+    if superseded:
+        metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
+    answer.lease.CopyFrom(convert.lease(row))
+    answer.created, answer.superseded_leases = created, superseded
 
 
 def _claim_response(outcome: ClaimOutcome, row: Row | None, tokens: int, remaining: float) -> rpb.ClaimReuseResponse:
@@ -126,14 +138,13 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
     ) -> rpb.RegisterRetainedBlocksResponse:
         blocks = requests.retained_blocks(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
         try:
-            row, created, superseded = await self.batcher.register(blocks)
+            registered = await self.batcher.register(blocks)
         except Exception:
             metrics.REGISTRATIONS.labels("rejected").inc()
             raise
-        metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
-        if superseded:
-            metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
-        return rpb.RegisterRetainedBlocksResponse(lease=convert.lease(row), created=created, superseded_leases=superseded)
+        answer = rpb.RegisterRetainedBlocksResponse()
+        _registered(registered, answer)
+        return answer
 
     @rpc
     async def RegisterRetainedBlocksBatch(
@@ -158,13 +169,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
                 metrics.REGISTRATIONS.labels("rejected").inc()
                 write_item_error(results[n], outcome)
                 continue
-            row, created, superseded = outcome
-            metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
-            if superseded:
-                metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
-            results[n].response.lease.CopyFrom(convert.lease(row))
-            results[n].response.created = created
-            results[n].response.superseded_leases = superseded
+            _registered(outcome, results[n].response)
         return rpb.RegisterRetainedBlocksBatchResponse(results=results)
 
     @rpc
@@ -236,13 +241,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
                 write_item_error(resp.registration, ended.registration or BoomerangError(
                     Code.INTERNAL, "NO_OUTCOME", "the registration has no outcome"))
             else:
-                row, created, superseded = ended.registration
-                metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
-                if superseded:
-                    metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
-                r = resp.registration.response
-                r.lease.CopyFrom(convert.lease(row))
-                r.created, r.superseded_leases = created, superseded
+                _registered(ended.registration, resp.registration.response)
         return resp
 
     @rpc
