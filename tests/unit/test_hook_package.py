@@ -32,10 +32,6 @@ HOST = {"vllm"}
 UNREACHED = {
     # boomerang.telemetry and grpcutil.channel load OpenTelemetry once tracing is set up.
     "opentelemetry": ("boomerang.telemetry", "setup_tracing"),
-    # grpcutil.status's server side tells a database outage from a bug; only a serving
-    # process calls it.
-    "asyncpg": ("boomerang.grpcutil.status", "error_for_exception"),
-    "sqlalchemy": ("boomerang.grpcutil.status", "error_for_exception"),
 }
 
 
@@ -118,8 +114,10 @@ def test_the_wheel_holds_the_hook_and_what_it_imports_only(wheel: Path, unpacked
     assert tops == {"boomerang", "boomerang_vllm_hook-0.1.0.dist-info"}
     shipped = shipped_modules(unpacked)
     assert {m for m in shipped if not m.startswith("boomerang.v1")} == hook_closure()
-    # Not the services' halves of the library: no database, server, settings or metrics.
-    for absent in ("boomerang.db", "boomerang.grpcutil.server", "boomerang.config", "boomerang.metrics"):
+    # Not the services' halves of the library: no database, server (nor its side of errors and
+    # streams), settings or metrics.
+    for absent in ("boomerang.db", "boomerang.grpcutil.server", "boomerang.grpcutil.status", "boomerang.grpcutil.streams",
+                   "boomerang.config", "boomerang.metrics"):
         assert not any(m == absent or m.startswith(absent + ".") for m in shipped), absent
     assert not list(unpacked.rglob("README.md"))
 

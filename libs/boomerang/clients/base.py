@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import grpc
 
 from boomerang.errors import BoomerangError
-from boomerang.grpcutil.status import from_rpc_error
+from boomerang.grpcutil.client_status import from_rpc_error
 
 
 class BoomerangClientError(Exception):

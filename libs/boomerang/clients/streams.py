@@ -15,7 +15,7 @@ import grpc
 from boomerang import telemetry
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.status import from_code_number, from_rpc_error
+from boomerang.grpcutil.client_status import from_code_number, from_rpc_error
 from boomerang.grpcutil.streams import deadline_error, retrieve_exception, service_name
 
 log = logging.getLogger(__name__)

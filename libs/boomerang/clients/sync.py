@@ -23,7 +23,7 @@ import grpc
 from boomerang.auth import TlsFiles, client_token
 from boomerang.clients.base import BoomerangClientError
 from boomerang.grpcutil.channel import sync_channel
-from boomerang.grpcutil.status import from_rpc_error
+from boomerang.grpcutil.client_status import from_rpc_error
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import router_service_pb2 as opb

@@ -1,16 +1,17 @@
-"""The one place where domain errors become gRPC statuses, and back again on the client.
+"""The server's side of errors: the one place where domain errors become gRPC statuses.
 
 Servicer methods are wrapped with `@rpc`: a `BoomerangError` is sent as its canonical code
 with `google.rpc.ErrorInfo` (domain `boomerang.dev`, a stable reason) and, for bad input,
 `google.rpc.BadRequest` field violations; a lost database becomes UNAVAILABLE; anything
-else is logged and sent as INTERNAL without internals.
+else is logged and sent as INTERNAL without internals. A client reads them back with
+client_status.py.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -18,31 +19,16 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from boomerang.errors import BoomerangError, Code, FieldViolation
+from boomerang.errors import BoomerangError, Code
+from boomerang.grpcutil.codes import GRPC_CODES
 
 log = logging.getLogger(__name__)
 ERROR_DOMAIN = "boomerang.dev"
 
-_GRPC_CODES = {
-    Code.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
-    Code.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    Code.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    Code.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    Code.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    Code.CANCELLED: grpc.StatusCode.CANCELLED,
-    Code.INTERNAL: grpc.StatusCode.INTERNAL,
-}
-_FROM_GRPC = {v: k for k, v in _GRPC_CODES.items()}
-_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
-
 
 def to_status(err: BoomerangError) -> grpc.Status:
     """A rich gRPC status for a domain error."""
-    code = _GRPC_CODES[err.code]
+    code = GRPC_CODES[err.code]
     details = []
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain=ERROR_DOMAIN, metadata=err.metadata)
     details.append(info)
@@ -80,8 +66,8 @@ PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 def _is_database_outage(exc: BaseException) -> bool:
     """True for errors that mean Postgres is unreachable, not that the request is wrong."""
-    # deferred: the database drivers load only in a server that meets an error; the vLLM hook
-    # imports this module inside vLLM's environment, which need not have them
+    # deferred: the database drivers load only in a server that meets an error; a server
+    # without a database and the stream callers (through grpcutil.streams) import this module
     import asyncpg
     import sqlalchemy.exc
 
@@ -161,7 +147,7 @@ def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]])
 def code_number(err: BoomerangError) -> int:
     """The numeric gRPC code of a domain error, for a failed item of a batch or stream answer
     (what `from_code_number` reads back)."""
-    return int(_GRPC_CODES[err.code].value[0])
+    return int(GRPC_CODES[err.code].value[0])
 
 
 def write_item_error(item: Any, exc: BaseException) -> None:
@@ -174,36 +160,3 @@ def write_item_error(item: Any, exc: BaseException) -> None:
     if err.violations and hasattr(item, "error_fields"):
         for v in err.violations:
             item.error_fields.add(field=v.field, description=v.description)
-
-
-def from_code_number(number: int, reason: str, message: str, fields: Iterable[Any] = ()) -> BoomerangError:
-    """The domain error of one failed item of a batch or stream answer (its numeric gRPC code,
-    reason, message and any `FieldViolation`s), as the same call alone would have raised it:
-    an unmapped code is INTERNAL and keeps its own name, and an empty reason is the code's name."""
-    grpc_code = _BY_NUMBER.get(number)
-    code = _FROM_GRPC.get(grpc_code, Code.INTERNAL) if grpc_code is not None else Code.INTERNAL
-    name = grpc_code.name if grpc_code is not None else Code.INTERNAL.value
-    return BoomerangError(code, reason or name, message, [FieldViolation(f.field, f.description) for f in fields])
-
-
-def from_rpc_error(err: grpc.RpcError) -> BoomerangError:
-    """The domain error a client received (code, reason and field violations)."""
-    grpc_code = err.code() if hasattr(err, "code") else None
-    code = _FROM_GRPC.get(grpc_code, Code.INTERNAL)
-    # A code Boomerang never answers (UNIMPLEMENTED from an older server, UNKNOWN, ...) keeps
-    # its own name as the reason, so a caller can tell it from the server's INTERNAL.
-    unmapped = grpc_code is not None and grpc_code not in _FROM_GRPC
-    reason, violations = (str(getattr(grpc_code, "name", code.value)) if unmapped else code.value), []
-    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
-    if status is not None:
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                reason = info.reason
-            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
-                violations = [FieldViolation(v.field, v.description) for v in bad.field_violations]
-    message = err.details() if hasattr(err, "details") else str(err)
-    return BoomerangError(code, reason, message or "", violations)

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRouterClient, result
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.status import from_code_number
+from boomerang.grpcutil.client_status import from_code_number
 from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.vllm_hook.outbox import Entry, Outbox

@@ -18,7 +18,7 @@ from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.status import from_code_number
+from boomerang.grpcutil.client_status import from_code_number
 from boomerang.leases import ClaimOutcome
 from boomerang.resilience import TRANSIENT_CODES
 from boomerang.tokenchain import TokenChain
