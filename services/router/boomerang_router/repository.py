@@ -19,13 +19,13 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 from boomerang.db.models import turn_plans
 from prometheus_client import Counter
-from sqlalchemy import and_, literal, select, text, tuple_
+from sqlalchemy import and_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_router.domain import PlanDecision, PlanReason
@@ -144,6 +144,17 @@ UPSERT_SQL = (
 )
 
 
+# ListTurnPlans' page: the keyset (created_at, plan_id) after the previous page's last plan,
+# read in ix_turn_plans_conversation's order (tests/integration/test_router_list_plans_sql.py).
+CONVERSATION_PAGE_SQL = """
+SELECT * FROM turn_plans
+WHERE tenant = :tenant AND conversation_id = :conversation
+  AND (created_at, plan_id) > (:after_created, CAST(:after_id AS uuid))
+ORDER BY created_at, plan_id LIMIT :limit
+"""
+_BEFORE_ANY, _NIL = datetime(1, 1, 1, tzinfo=UTC), "00000000-0000-0000-0000-000000000000"
+
+
 class TurnPlanRepository:
     """Reads and writes of `turn_plans`; every read is scoped to one tenant."""
 
@@ -176,14 +187,11 @@ class TurnPlanRepository:
         self, tenant: str, conversation_id: str, after: str, limit: int, block_size: int
     ) -> list[PlanRecord]:
         """Up to `limit` of a conversation's plans, oldest first, after the plan id `after` ("": from the first)."""
-        c = turn_plans.c
-        query = select(turn_plans).where(c.tenant == tenant, c.conversation_id == conversation_id)
-        if after:  # the keyset (ix_turn_plans_conversation); created_at comes from the id
-            key = (literal(plan_time(after), c.created_at.type), literal(after, c.plan_id.type))
-            query = query.where(tuple_(c.created_at, c.plan_id) > tuple_(*key))
+        start = (plan_time(after), after) if after else (_BEFORE_ANY, _NIL)
+        params = {"tenant": tenant, "conversation": conversation_id, "after_created": start[0],
+                  "after_id": start[1], "limit": limit}
         async with self.engine.connect() as conn:
-            rows = await conn.execute(query.order_by(c.created_at, c.plan_id).limit(limit))
-            return [from_row(r._mapping, block_size) for r in rows]
+            return [from_row(r._mapping, block_size) for r in await conn.execute(text(CONVERSATION_PAGE_SQL), params)]
 
     async def claim_handed_out(self, tenant: str, conversation_id: str, claim_id: str, since: datetime) -> bool:
         """Whether a recorded PULL plan of the conversation (made after `since`) holds `claim_id`."""
