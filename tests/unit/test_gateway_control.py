@@ -28,13 +28,13 @@ async def test_dead_router_degrades_within_the_deadline_then_backs_off() -> None
     control = ControlPlane(router, plan_timeout=1.0, report_timeout=1.0, backoff=30.0, on_report=outcomes.append)
     try:
         t = time.monotonic()
-        assert await control.plan("t", "c", "m", [1, 2, 3]) is None
+        assert await control.ask_router_for_plan("t", "c", "m", [1, 2, 3]) is None
         assert time.monotonic() - t < 1.5  # the plan deadline and its guard, whatever gRPC does
         assert not control.available()  # backing off: the next turns do not even ask
         t = time.monotonic()
-        assert await control.plan("t", "c", "m", [1, 2, 3]) is None
+        assert await control.ask_router_for_plan("t", "c", "m", [1, 2, 3]) is None
         assert time.monotonic() - t < 0.5  # no call: well inside the deadline a call would have
-        control.report_later(Report("t", "0190f3c2-0000-7000-8000-000000000000", "c", "READ", None, [], [], time.time()))
+        control.send_report_later(Report("t", "0190f3c2-0000-7000-8000-000000000000", "c", "READ", None, [], [], time.time()))
         assert control.pending_reports == 1
         await control.drain(2.0)
         assert outcomes == ["FAILED"] and control.pending_reports == 0
@@ -67,13 +67,13 @@ async def test_late_plans_back_off_only_when_late_in_a_row() -> None:
     router = _ScriptedRouter(script)
     control = ControlPlane(router, plan_timeout=0.2, report_timeout=0.2, backoff=30.0)  # type: ignore[arg-type]
     for _ in range(SLOW_PLANS_TO_BACK_OFF - 1):
-        assert await control.plan("t", "c", "m", [1]) is None
+        assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
         assert control.available()
-    assert await control.plan("t", "c", "m", [1]) is not None  # answered: the count starts over
+    assert await control.ask_router_for_plan("t", "c", "m", [1]) is not None  # answered: the count starts over
     for _ in range(SLOW_PLANS_TO_BACK_OFF - 1):
-        assert await control.plan("t", "c", "m", [1]) is None
+        assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
         assert control.available()
-    assert await control.plan("t", "c", "m", [1]) is None
+    assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
     assert not control.available() and router.calls == len(script)
 
 
@@ -81,7 +81,7 @@ async def test_an_error_about_one_request_never_backs_off() -> None:
     router = _ScriptedRouter(["INVALID_ARGUMENT", "PERMISSION_DENIED", "FAILED_PRECONDITION"] * SLOW_PLANS_TO_BACK_OFF)
     control = ControlPlane(router, plan_timeout=0.2, report_timeout=0.2, backoff=30.0)  # type: ignore[arg-type]
     for _ in range(3 * SLOW_PLANS_TO_BACK_OFF):
-        assert await control.plan("t", "c", "m", [1]) is None
+        assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
         assert control.available()
 
 
@@ -89,7 +89,7 @@ async def test_a_model_without_engines_at_the_router_backs_nothing_off() -> None
     router = _ScriptedRouter(["UNAVAILABLE:NO_PREFILL_ENGINE", "UNAVAILABLE:NO_DECODE_ENGINE"] * SLOW_PLANS_TO_BACK_OFF)
     control = ControlPlane(router, plan_timeout=0.2, report_timeout=0.2, backoff=30.0)  # type: ignore[arg-type]
     for _ in range(2 * SLOW_PLANS_TO_BACK_OFF):
-        assert await control.plan("t", "c", "m", [1]) is None
+        assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
         assert control.available()
 
 
@@ -103,10 +103,10 @@ async def test_three_late_plans_back_off_and_the_next_ask_gets_a_fresh_channel()
     control = ControlPlane(factory(), plan_timeout=0.2, report_timeout=0.2, backoff=0.0,  # type: ignore[arg-type]
                            reconnect=factory)  # type: ignore[arg-type]
     for _ in range(SLOW_PLANS_TO_BACK_OFF - 1):
-        assert await control.plan("t", "c", "m", [1]) is None
+        assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
     assert len(made) == 1  # late answers alone keep the channel
-    assert await control.plan("t", "c", "m", [1]) is None  # the third: back off, channel stale
-    assert await control.plan("t", "c", "m", [1]) is None  # asked on a new channel (which is late too)
+    assert await control.ask_router_for_plan("t", "c", "m", [1]) is None  # the third: back off, channel stale
+    assert await control.ask_router_for_plan("t", "c", "m", [1]) is None  # asked on a new channel (which is late too)
     assert len(made) == 2 and control.router is made[1] and made[1].calls == 1
     await control.drain(1.0)
 
@@ -114,15 +114,15 @@ async def test_three_late_plans_back_off_and_the_next_ask_gets_a_fresh_channel()
 async def test_an_unreachable_router_backs_off_at_once() -> None:
     router = _ScriptedRouter(["UNAVAILABLE"])
     control = ControlPlane(router, plan_timeout=0.2, report_timeout=0.2, backoff=30.0)  # type: ignore[arg-type]
-    assert await control.plan("t", "c", "m", [1]) is None
+    assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
     assert not control.available()
 
 
 async def test_no_router_and_no_plan_id_send_nothing() -> None:
     control = ControlPlane(None, 0.1, 0.1, 1.0)
     assert not control.available()
-    assert await control.plan("t", "c", "m", [1]) is None
-    control.report_later(Report("t", "", "c", "READ", None, [], [], 0.0))
+    assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
+    control.send_report_later(Report("t", "", "c", "READ", None, [], [], 0.0))
     assert control.pending_reports == 0
 
 
@@ -130,9 +130,9 @@ async def test_the_next_plan_of_a_conversation_waits_for_its_report() -> None:
     router = RouterClient(f"127.0.0.1:{closed_port()}", timeout=0.3, plan_timeout=0.3)
     control = ControlPlane(router, plan_timeout=0.3, report_timeout=0.3, backoff=0.0)
     try:
-        control.report_later(Report("t", "0190f3c2-0000-7000-8000-000000000000", "c", "READ", None, [], [], 0.0))
+        control.send_report_later(Report("t", "0190f3c2-0000-7000-8000-000000000000", "c", "READ", None, [], [], 0.0))
         report = next(iter(control._reports))
-        await control.plan("t", "c", "m", [1])
+        await control.ask_router_for_plan("t", "c", "m", [1])
         assert report.done()  # the plan started only after the report ended
         await asyncio.sleep(0)
         assert control._pending == {}
@@ -150,8 +150,8 @@ async def test_a_failure_gets_a_fresh_channel_for_the_next_attempt() -> None:
         return made[-1]
 
     control = ControlPlane(factory(), plan_timeout=1.0, report_timeout=1.0, backoff=0.0, reconnect=factory)
-    assert await control.plan("t", "c", "m", [1]) is None  # fails on the first client
-    assert await control.plan("t", "c", "m", [1]) is None  # asks again on a new one
+    assert await control.ask_router_for_plan("t", "c", "m", [1]) is None  # fails on the first client
+    assert await control.ask_router_for_plan("t", "c", "m", [1]) is None  # asks again on a new one
     assert len(made) == 2 and control.router is made[1]
     await control.drain(1.0)
 
@@ -178,35 +178,35 @@ class _SlowRouter:
 PLAN_ID = "0190f3c2-0000-7000-8000-000000000000"
 
 
-async def test_settle_waits_for_the_answer_then_counts_it_committed() -> None:
+async def test_wait_for_report_waits_for_the_answer_then_counts_it_committed() -> None:
     control = ControlPlane(_SlowRouter(0.05), 0.2, 1.0, 0.0, commit_timeout=1.0)  # type: ignore[arg-type]
-    task = control.report_later(Report("t", PLAN_ID, "c", "READ", None, [], [], 0.0))
-    outcome, waited = await control.settle(task)
+    task = control.send_report_later(Report("t", PLAN_ID, "c", "READ", None, [], [], 0.0))
+    outcome, waited = await control.wait_for_report(task)
     assert outcome == "committed" and 0.04 <= waited < 0.5
     assert task is not None and task.done()
 
 
-async def test_settle_is_bounded_and_the_report_goes_on_in_the_background() -> None:
+async def test_wait_for_report_is_bounded_and_the_report_goes_on_in_the_background() -> None:
     outcomes: list[str] = []
     control = ControlPlane(_SlowRouter(0.4), 0.2, 2.0, 0.0, on_report=outcomes.append,  # type: ignore[arg-type]
                            commit_timeout=0.1)
-    task = control.report_later(Report("t", PLAN_ID, "c", "READ", None, [], [], 0.0))
+    task = control.send_report_later(Report("t", PLAN_ID, "c", "READ", None, [], [], 0.0))
     t = time.monotonic()
-    outcome, _ = await control.settle(task)
+    outcome, _ = await control.wait_for_report(task)
     assert outcome == "timed_out" and time.monotonic() - t < 0.3
     await control.drain(2.0)
     assert outcomes == ["REGISTERED"]  # it still landed, after the turn had ended
 
 
-async def test_settle_reports_a_failure_and_zero_means_no_wait() -> None:
+async def test_wait_for_report_says_a_failure_and_zero_means_no_wait() -> None:
     failing = ControlPlane(_SlowRouter(0.0, fail=True), 0.2, 1.0, 0.0, commit_timeout=1.0)  # type: ignore[arg-type]
-    assert (await failing.settle(failing.report_later(Report("t", PLAN_ID, "c", "READ", None, [], [], 0.0))))[0] == "failed"
+    assert (await failing.wait_for_report(failing.send_report_later(Report("t", PLAN_ID, "c", "READ", None, [], [], 0.0))))[0] == "failed"
     off = ControlPlane(_SlowRouter(0.3), 0.2, 1.0, 0.0, commit_timeout=0.0)  # type: ignore[arg-type]
     t = time.monotonic()
-    assert await off.settle(off.report_later(Report("t", PLAN_ID, "c", "READ", None, [], [], 0.0))) == ("none", 0.0)
+    assert await off.wait_for_report(off.send_report_later(Report("t", PLAN_ID, "c", "READ", None, [], [], 0.0))) == ("none", 0.0)
     assert time.monotonic() - t < 0.05
     await off.drain(1.0)
-    assert await off.settle(None) == ("none", 0.0)
+    assert await off.wait_for_report(None) == ("none", 0.0)
 
 
 class _RecordingRouter:
@@ -233,8 +233,8 @@ async def test_the_cache_salt_reaches_plan_and_report_and_a_long_one_its_digest(
     control = ControlPlane(router, 1.0, 1.0, 0.0)  # type: ignore[arg-type]
     plan_id = "0190f3c2-0000-7000-8000-000000000000"
     for salt in ("s-1", "", "x" * 300):
-        await control.plan("t", "", "m", [1, 2], cache_salt=salt)
-        control.report_later(Report("t", plan_id, "", "READ", None, [], [], 0.0, cache_salt=salt))
+        await control.ask_router_for_plan("t", "", "m", [1, 2], cache_salt=salt)
+        control.send_report_later(Report("t", plan_id, "", "READ", None, [], [], 0.0, cache_salt=salt))
     await control.drain(1.0)
     long_key = router.plans[2].cache_salt
     assert [p.cache_salt for p in router.plans[:2]] == ["s-1", ""]

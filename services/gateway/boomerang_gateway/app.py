@@ -108,7 +108,7 @@ class Handlers:
             if req.dropped_kv_params:
                 self.s.metrics.dropped_kv_params.inc()
             self._check_model(req.model)
-            turn = await self.s.runner.begin(req, tenant)
+            turn = await self.s.runner.start_turn(req, tenant)
         except ApiError as exc:
             self.s.metrics.requests.labels(endpoint, str(exc.status)).inc()
             return exc.response()

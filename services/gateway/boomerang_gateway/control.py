@@ -6,7 +6,7 @@ failure the gateway does not ask at all, so a dead router costs each turn nothin
 
 A turn's report registers the lease its next turn pulls, so the client gets its last byte
 only once ReportTurn is answered (the router answers after the registry committed):
-`settle` waits for it, at most `commit_timeout` seconds. Past that, or when the report
+`wait_for_report` waits for it, at most `commit_timeout` seconds. Past that, or when the report
 fails, the turn still ends (its next turn may recompute) and the miss is counted; the report
 goes on in the background, and shutdown waits for those (up to a deadline) so a drain loses
 none.
@@ -175,7 +175,7 @@ class ControlPlane:
             self._closers.add(task)
             task.add_done_callback(self._closers.discard)
 
-    async def plan(
+    async def ask_router_for_plan(
         self,
         tenant: str,
         conversation_id: str,
@@ -238,11 +238,11 @@ class ControlPlane:
             from_router=True,
         )
 
-    def report_later(self, report: Report) -> asyncio.Task[str] | None:
+    def send_report_later(self, report: Report) -> asyncio.Task[str] | None:
         """Send ReportTurn in the background; the task answers its outcome."""
         if self.router is None or not report.plan_id:
             return None
-        task = asyncio.ensure_future(self._report(report))
+        task = asyncio.ensure_future(self._send_report(report))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
         if report.conversation_id:
@@ -255,8 +255,8 @@ class ControlPlane:
         if self._pending.get(key) is task:
             del self._pending[key]
 
-    async def settle(self, task: asyncio.Task[str] | None) -> tuple[str, float]:
-        """Wait (at most `commit_timeout`) for a report sent by `report_later`.
+    async def wait_for_report(self, task: asyncio.Task[str] | None) -> tuple[str, float]:
+        """Wait (at most `commit_timeout`) for a report sent by `send_report_later`.
 
         Answers `committed` (ReportTurn answered: the registry has the lease), `failed`,
         `timed_out` (it goes on in the background), or `none` (nothing to wait for), and
@@ -271,7 +271,7 @@ class ControlPlane:
             return "timed_out", waited
         return ("failed" if task.cancelled() or task.result() == "FAILED" else "committed"), waited
 
-    async def _report(self, report: Report) -> str:
+    async def _send_report(self, report: Report) -> str:
         assert self.router is not None
         req = rtpb.ReportTurnRequest(
             tenant=report.tenant,

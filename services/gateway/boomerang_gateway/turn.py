@@ -1,5 +1,9 @@
 """One turn, exactly as docs/vllm-contract.md describes it, from the client's request to ReportTurn.
 
+The client's key, rate, body and model are checked first (`app.py`); then
+`TurnRunner.start_turn` runs steps 1 to 4 (the engine calls in `engine_calls.py`, the
+router's in `control.py`) and `Turn` steps 5 and 6.
+
 1. Tokenize the prompt: in-process for models with local tokenizer files (`localtokens`,
    checked against D's prompt ids at the end of the turn), else on a prefill engine
    (`/tokenize`, the engine's own chat template).
@@ -8,7 +12,8 @@
 4. The decode request: streamed, `return_token_ids`, with P's returned params
    (`remote_host` set to the host the gateway reached P at).
 5. Tokens go to the client as they come; D's final `kv_transfer_params` and the token ids
-   are captured; ReportTurn is sent and answered (the lease committed, bounded by
+   are captured.
+6. ReportTurn is sent and answered (the lease committed, bounded by
    `BOOMERANG_REPORT_COMMIT_TIMEOUT_SECONDS`) before the client's last byte — the
    non-streamed body, or the streamed `[DONE]` — so a crash after the turn loses no lease.
 
@@ -30,16 +35,10 @@ from typing import Any
 
 from boomerang_gateway import protocol, reuse
 from boomerang_gateway.chunks import DONE, Capture, sse_data
-from boomerang_gateway.control import (
-    ControlPlane,
-    Plan,
-    Report,
-    engine_plan,
-    fallback,
-    first_turn_params,
-)
+from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
+from boomerang_gateway.engine_calls import EngineCalls
 from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
-from boomerang_gateway.errors import ApiError, from_engine
+from boomerang_gateway.errors import ApiError
 from boomerang_gateway.http import httpx
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
@@ -47,9 +46,6 @@ from boomerang_gateway.protocol import ClientRequest
 from boomerang_gateway.reuse import ReuseOutcome
 
 log = logging.getLogger(__name__)
-# Engines tried for one request when they refuse connections (a crashed engine stays listed
-# until its heartbeats time out).
-ENGINE_ATTEMPTS = 3
 
 
 class UpstreamBroken(Exception):
@@ -114,7 +110,7 @@ class Turn:
             async for data in sse_data(self.response):
                 if data.strip() == DONE:
                     # Report now, before the client has `[DONE]` and can send its next turn.
-                    self._report()
+                    self._report_once()
                     return
                 try:
                     chunk = json.loads(data)
@@ -145,7 +141,7 @@ class Turn:
         self.decode.in_flight -= 1
         self.runner.metrics.in_flight.dec()
         await self.response.aclose()
-        self._report()
+        self._report_once()
 
     async def settle(self) -> None:
         """Report the finished turn and wait (bounded) until the router has answered it.
@@ -155,8 +151,8 @@ class Turn:
         its first token; a control plane that does not answer in time costs nothing more
         (the report goes on in the background) and is counted.
         """
-        self._report()
-        outcome, waited = await self.runner.control.settle(self.report_task)
+        self._report_once()
+        outcome, waited = await self.runner.control.wait_for_report(self.report_task)
         if outcome == "none":
             return
         self.timings["report"] = waited
@@ -166,7 +162,7 @@ class Turn:
             log.warning("turn %s ended before its report was answered (%s after %.3f s)",
                         self.plan.plan_id, outcome, waited)
 
-    def _report(self) -> None:
+    def _report_once(self) -> None:
         """Send ReportTurn in the background, once."""
         if self.reported:
             return
@@ -175,7 +171,7 @@ class Turn:
         prompt = self.capture.prompt_token_ids or self.prompt_token_ids or []
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
-        self.report_task = self.runner.control.report_later(
+        self.report_task = self.runner.control.send_report_later(
             Report(
                 tenant=self.tenant,
                 plan_id=self.plan.plan_id,
@@ -204,243 +200,129 @@ class TurnRunner:
         local: InProcessTokenizers | None = None,
     ):
         self.local = local
-        self.http = http
-        self.pool = pool
         self.control = control
         self.metrics = metrics
         self.config = config
+        self.engines = EngineCalls(http, pool, metrics, config.sticky_prefill)
 
-    async def begin(self, req: ClientRequest, tenant: str) -> Turn:
-        """Plan, prefill, and open the decode stream; ApiError for the client otherwise."""
-        started = time.monotonic()
-        timings: dict[str, float] = {}
-        request_id = uuid.uuid4().hex
+    async def start_turn(self, req: ClientRequest, tenant: str) -> Turn:
+        """Tokenize → plan → prefill → open the decode stream; ApiError for the client otherwise.
+
+        The client is authenticated and its request checked before (`app.py`); the turn
+        streams and completes after, on the `Turn` returned (`chunks`, `settle`)."""
+        started, timings, request_id = time.monotonic(), dict[str, float](), uuid.uuid4().hex
         plan, tokens, local = await self._plan(req, tenant, timings)
-        self.metrics.turns.labels(plan.decision, plan.reason).inc()
-        if tokens:
-            self.metrics.prompt_tokens.inc(len(tokens))
-        self.metrics.reused_tokens.inc(plan.reused_tokens)
-        planned = plan.reused_tokens
-        prefill = self._engine(PREFILL, plan.prefill_url, req.model, self._sticky_key(req))
-        handle_use = "READ"
-        t = time.monotonic()
-        try:
-            p_params, prefill, handle_use, p_body = await self._prefill(req, plan, prefill, request_id)
-        except ApiError as exc:
-            self._report_failed(req, tenant, plan, getattr(exc, "handle_use", "UNKNOWN"))
-            raise
-        timings["prefill"] = time.monotonic() - t
-        outcome = reuse.outcome(plan.decision, plan.reason, len(tokens) if tokens else reuse.prompt_tokens_of(p_body),
-                                planned, reuse.delivered_by_prefill(p_body))
-        self.metrics.observe_reuse(outcome)
-        self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
-        if self.config.rewrite_remote_host:
-            p_params = protocol.rewrite_remote_host(p_params, prefill.url)
-        decode = self._engine(DECODE, plan.decode_url, req.model)
-        try:
-            response, decode = await self._open_decode(req, p_params, decode, request_id)
-        except ApiError:
-            self._report_failed(req, tenant, plan, handle_use)
-            raise
+        self._count_plan(plan, tokens)
+        p_params, prefill, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id, timings)
+        response, decode = await self._open_decode(req, tenant, plan, p_params, handle_use, request_id)
         self.metrics.in_flight.inc()
         return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self,
-                    reuse=outcome, tokenized_locally=local)
+                    reuse=reused, tokenized_locally=local)
 
-    # -- steps 1 and 2: Boomerang's, never fatal ---------------------------------------------
+    # -- tokenize and plan: Boomerang's, never fatal -------------------------------------------
 
     async def _plan(
         self, req: ClientRequest, tenant: str, timings: dict[str, float]
     ) -> tuple[Plan, list[int] | None, bool]:
         """The plan, the prompt's ids, and whether they were tokenized in-process."""
-        tokens, local = req.prompt_token_ids, False
-        if not req.reuse:
-            return fallback("", "REUSE_OFF"), tokens, local
-        if self.config.engine_hook:
-            return engine_plan(req.conversation_id, tenant), tokens, local
-        if self.control.router is None:
-            return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED"), tokens, local
-        if not self.control.available():
-            self.metrics.fallbacks.labels("router_backoff").inc()
-            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED"), tokens, local
+        tokens = req.prompt_token_ids
+        plan = self._plan_without_router(req, tenant)
+        if plan is not None:
+            return plan, tokens, False
+        local = False
         if tokens is None:
-            t = time.monotonic()
-            if self.local is not None and self.local.serves(req.model):
-                tokens = await self.local.ids(req)
-                local = tokens is not None
-            if tokens is None:
-                tokens = await self._tokenize(req)
-            timings["tokenize"] = time.monotonic() - t
-            self.metrics.stage_seconds.labels("tokenize").observe(timings["tokenize"])
+            tokens, local = await self._tokenize(req, timings)
             if tokens is None:
                 self.metrics.fallbacks.labels("tokenize").inc()
                 return fallback(req.conversation_id, "TOKENIZE_FAILED"), None, local
+        return await self._ask_router(req, tenant, tokens, timings), tokens, local
+
+    def _plan_without_router(self, req: ClientRequest, tenant: str) -> Plan | None:
+        """The plan when the router is not asked: reuse off, the engines' hook plans, no
+        router configured, or backing off after its failures; None: ask it."""
+        if not req.reuse:
+            return fallback("", "REUSE_OFF")
+        if self.config.engine_hook:
+            return engine_plan(req.conversation_id, tenant)
+        if self.control.router is None:
+            return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED")
+        if not self.control.available():
+            self.metrics.fallbacks.labels("router_backoff").inc()
+            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED")
+        return None
+
+    async def _tokenize(self, req: ClientRequest, timings: dict[str, float]) -> tuple[list[int] | None, bool]:
+        """The prompt's ids, in-process where the model's tokenizer is local (and whether they
+        were), else from a prefill engine's `/tokenize`; None when neither could."""
         t = time.monotonic()
-        plan = await self.control.plan(tenant, req.conversation_id, req.model, tokens, timings, req.cache_salt)
+        tokens = None
+        if self.local is not None and self.local.serves(req.model):
+            tokens = await self.local.ids(req)
+        local = tokens is not None
+        if tokens is None:
+            tokens = await self.engines.tokenize_on_engine(req, self.config.tokenize_timeout)
+        timings["tokenize"] = time.monotonic() - t
+        self.metrics.stage_seconds.labels("tokenize").observe(timings["tokenize"])
+        return tokens, local
+
+    async def _ask_router(self, req: ClientRequest, tenant: str, tokens: list[int], timings: dict[str, float]) -> Plan:
+        """PlanTurn's plan, or a recompute when the router failed or was late."""
+        t = time.monotonic()
+        plan = await self.control.ask_router_for_plan(tenant, req.conversation_id, req.model, tokens, timings,
+                                                      req.cache_salt)
         timings["plan"] = time.monotonic() - t - timings.get("report_wait", 0.0)
         self.metrics.stage_seconds.labels("plan").observe(timings["plan"])
         if plan is None:
             self.metrics.fallbacks.labels("router").inc()
-            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED"), tokens, local
-        return plan, tokens, local
+            return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED")
+        return plan
 
-    async def _tokenize(self, req: ClientRequest) -> list[int] | None:
-        engine = self.pool.choose(PREFILL, req.model)
-        deadline = time.monotonic() + self.config.tokenize_timeout
-        tokens, tried = None, set()
-        for _ in range(ENGINE_ATTEMPTS):
-            if engine is None:
-                return None
-            tried.add(engine.url)
-            try:
-                resp = await self.http.post(engine.url + "/tokenize", json=protocol.tokenize_body(req),
-                                            timeout=max(0.01, deadline - time.monotonic()))
-                if resp.status_code != 200:
-                    log.warning("tokenize on %s: HTTP %d", engine.url, resp.status_code)
-                    return None
-                tokens = resp.json().get("tokens")
-                break
-            except httpx.ConnectError as exc:
-                log.warning("tokenize on %s: cannot connect: %r", engine.url, exc)
-                self.pool.mark_down(engine.url)
-                engine = self.pool.choose(PREFILL, req.model, avoid=tried)
-            except (httpx.HTTPError, ValueError, AttributeError) as exc:
-                log.warning("tokenize on %s failed: %r", engine.url, exc)
-                return None
-        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
-            return None
-        return tokens
+    def _count_plan(self, plan: Plan, tokens: list[int] | None) -> None:
+        self.metrics.turns.labels(plan.decision, plan.reason).inc()
+        if tokens:
+            self.metrics.prompt_tokens.inc(len(tokens))
+        self.metrics.reused_tokens.inc(plan.reused_tokens)
 
-    def _sticky_key(self, req: ClientRequest) -> str:
-        return req.conversation_id if self.config.sticky_prefill else ""
+    # -- prefill and decode: the engines' ------------------------------------------------------
 
-    def _engine(self, role: str, planned_url: str, model: str, key: str = "") -> EngineRef:
-        if planned_url:
-            return self.pool.find(role, planned_url)
-        engine = self.pool.choose(role, model, key=key)
-        if engine is None:
-            raise ApiError(503, f"no {role} engine is available for model {model!r}", code="no_engine")
-        return engine
+    async def _prefill(
+        self, req: ClientRequest, tenant: str, plan: Plan, tokens: list[int] | None, request_id: str,
+        timings: dict[str, float],
+    ) -> tuple[dict[str, Any] | None, EngineRef, str, ReuseOutcome]:
+        """P's params for D (their `remote_host` the host P was reached at), the engine used,
+        what became of the handle, and the reuse P delivered; a failed prefill still reports."""
+        planned = plan.reused_tokens  # before a retry on another engine may take the reuse away
+        engine = self.engines.engine_for(PREFILL, plan.prefill_url, req)
+        t = time.monotonic()
+        try:
+            params, engine, handle_use, body = await self.engines.prefill(req, plan, engine, request_id)
+        except ApiError as exc:
+            self._report_unfinished(req, tenant, plan, getattr(exc, "handle_use", "UNKNOWN"))
+            raise
+        timings["prefill"] = time.monotonic() - t
+        prompt = len(tokens) if tokens else reuse.prompt_tokens_of(body)
+        outcome = reuse.outcome(plan.decision, plan.reason, prompt, planned, reuse.delivered_by_prefill(body))
+        self.metrics.observe_reuse(outcome)
+        self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
+        if self.config.rewrite_remote_host:
+            params = protocol.rewrite_remote_host(params, engine.url)
+        return params, engine, handle_use, outcome
 
-    def _report_failed(self, req: ClientRequest, tenant: str, plan: Plan, handle_use: str) -> None:
+    async def _open_decode(
+        self, req: ClientRequest, tenant: str, plan: Plan, params: dict[str, Any] | None, handle_use: str,
+        request_id: str,
+    ) -> tuple[httpx.Response, EngineRef]:
+        """D's streaming response and its engine; a decode that never opened still reports."""
+        engine = self.engines.engine_for(DECODE, plan.decode_url, req)
+        try:
+            return await self.engines.open_decode(req, params, engine, request_id)
+        except ApiError:
+            self._report_unfinished(req, tenant, plan, handle_use)
+            raise
+
+    def _report_unfinished(self, req: ClientRequest, tenant: str, plan: Plan, handle_use: str) -> None:
         """A turn that never reached decoding still reports, so its claim is settled."""
-        self.control.report_later(
+        self.control.send_report_later(
             Report(tenant, plan.plan_id, req.conversation_id, handle_use, None, [], [], time.time(),
                    cache_salt=req.cache_salt)
         )
-
-    # -- steps 3 and 4: the engines ----------------------------------------------------------
-
-    async def _prefill(
-        self, req: ClientRequest, plan: Plan, engine: EngineRef, request_id: str
-    ) -> tuple[dict[str, Any] | None, EngineRef, str, Any]:
-        """P's returned kv_transfer_params, the engine used, what became of the handle, and P's
-        response body.
-
-        An engine that refuses the connection never saw the request, so the next engine gets
-        the same params (a pull's handle is still unread), up to `ENGINE_ATTEMPTS` engines.
-        Any other failure may have read the handle: one more try, computing everything.
-        """
-        handle_use, params, tried, recomputed = "READ", plan.kv_transfer_params, {engine.url}, False
-        for _ in range(ENGINE_ATTEMPTS):
-            try:
-                resp = await self._post_prefill(engine, req, params, request_id)
-            except httpx.HTTPError as exc:
-                refused = isinstance(exc, httpx.ConnectError)
-                status = 503 if refused else 504 if isinstance(exc, httpx.TimeoutException) else 502
-                error = ApiError(status, f"prefill engine unreachable: {exc!r}", code="engine_unavailable",
-                                 type_="upstream_error")
-                failed_use = "NOT_READ" if refused else "UNKNOWN"
-            else:
-                if resp.status_code == 200:
-                    body = _json_body(resp)
-                    kv = body.get("kv_transfer_params") if isinstance(body, dict) else None
-                    return (kv if isinstance(kv, dict) else None), engine, handle_use, body
-                self.metrics.engine_errors.labels(PREFILL, f"http_{resp.status_code}").inc()
-                error = from_engine("prefill", resp.status_code, resp.content)
-                if resp.status_code < 500:
-                    # The engine refused the request before running it; a retry would not help.
-                    error.handle_use = "NOT_READ" if handle_use == "READ" else handle_use  # type: ignore[attr-defined]
-                    raise error
-                failed_use = "UNKNOWN"
-            if failed_use == "UNKNOWN":
-                if recomputed:
-                    break
-                recomputed, params = True, first_turn_params()
-                if plan.decision == "PULL":
-                    handle_use = "UNKNOWN"
-                    plan.decision, plan.reason, plan.reused_tokens = "RECOMPUTE", "PREFILL_RETRY", 0
-            other = self.pool.choose(PREFILL, req.model, avoid=tried, key=self._sticky_key(req))
-            if other is None:
-                if failed_use == "NOT_READ":
-                    break
-                other = engine  # a 5xx on the only engine: try it once more, computing everything
-            engine = other
-            tried.add(engine.url)
-        error.handle_use = "NOT_READ" if handle_use == "READ" and plan.decision == "PULL" else handle_use  # type: ignore[attr-defined]
-        raise error
-
-    async def _post_prefill(
-        self, engine: EngineRef, req: ClientRequest, params: dict[str, Any], request_id: str
-    ) -> httpx.Response:
-        engine.in_flight += 1
-        try:
-            return await self.http.post(engine.url + req.kind.path, json=protocol.prefill_body(req, params),
-                                        headers={"X-Request-Id": request_id})
-        except httpx.HTTPError as exc:
-            self.metrics.engine_errors.labels(PREFILL, type(exc).__name__).inc()
-            log.warning("prefill on %s failed: %r", engine.url, exc)
-            if isinstance(exc, httpx.ConnectError):
-                self.pool.mark_down(engine.url)
-            raise
-        finally:
-            engine.in_flight -= 1
-
-    async def _open_decode(
-        self, req: ClientRequest, params: dict[str, Any] | None, engine: EngineRef, request_id: str
-    ) -> tuple[httpx.Response, EngineRef]:
-        """D's streaming response; an engine that refuses the connection is replaced by
-        another (nothing reached it, so P's blocks are still unread), up to `ENGINE_ATTEMPTS`."""
-        body = protocol.decode_body(req, params)
-        tried = {engine.url}
-        while True:
-            engine.in_flight += 1
-            try:
-                resp = await self.http.send(
-                    self.http.build_request(
-                        "POST", engine.url + req.kind.path, json=body, headers={"X-Request-Id": request_id}
-                    ),
-                    stream=True,
-                )
-            except httpx.ConnectError as exc:
-                engine.in_flight -= 1
-                self.pool.mark_down(engine.url)
-                self.metrics.engine_errors.labels(DECODE, "ConnectError").inc()
-                log.warning("decode on %s: cannot connect: %r", engine.url, exc)
-                other = self.pool.choose(DECODE, req.model, avoid=tried)
-                if other is None or len(tried) >= ENGINE_ATTEMPTS:
-                    raise ApiError(503, f"decode engine unreachable: {exc!r}", code="engine_unavailable",
-                                   type_="upstream_error") from None
-                engine = other
-                tried.add(engine.url)
-                continue
-            except httpx.HTTPError as exc:
-                engine.in_flight -= 1
-                self.metrics.engine_errors.labels(DECODE, type(exc).__name__).inc()
-                status = 504 if isinstance(exc, httpx.TimeoutException) else 502
-                raise ApiError(status, f"decode engine failed: {exc!r}", code="engine_error",
-                               type_="upstream_error") from None
-            if resp.status_code != 200:
-                engine.in_flight -= 1
-                raw = await resp.aread()
-                await resp.aclose()
-                self.metrics.engine_errors.labels(DECODE, f"http_{resp.status_code}").inc()
-                raise from_engine("decode", resp.status_code, raw)
-            return resp, engine
-
-
-def _json_body(resp: httpx.Response) -> Any:
-    """A response's JSON body, or None."""
-    try:
-        return resp.json()
-    except ValueError:
-        return None
