@@ -5,7 +5,8 @@ Every source file of the library, the services and the tools is read as text (no
 imported); SQL that names a table — `FROM t`, `JOIN t`, `UPDATE t`, `INSERT INTO t`,
 `DELETE FROM t`, `COPY t`, `VACUUM t`, `'t'::regclass`, a COPY through asyncpg
 (`copy_records_to_table("t")`) or a SQLAlchemy `Table` imported from `boomerang.db.models`
-— must sit in the table's owner. Everyone else goes through the owner's module or its RPCs.
+— must sit in the table's owner. Everyone else goes through the owner's module or its RPCs,
+and the CLI runs no SQL of its own at all.
 """
 
 from __future__ import annotations
@@ -105,6 +106,19 @@ def test_sql_names_a_table_only_in_its_owner() -> None:
 def test_the_allow_list_only_shrinks() -> None:
     stale = set(ALLOWED) - set(offenders())
     assert stale == set(), "remove these entries: the SQL they excused is gone"
+
+
+def test_the_cli_runs_no_sql_of_its_own() -> None:
+    """`boomerang audit` reads the services; `status --database-url` calls the owners' functions
+    (docs/operating.md says why that path stays): no CLI module runs SQL text or imports a statement."""
+    found = []
+    for path in sorted((ROOT / "services/cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = {a.name for a in node.names}
+                if (node.module or "").startswith("sqlalchemy") or any(n.endswith("_SQL") for n in names):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {', '.join(sorted(names))}")
+    assert found == [], "call the owner's function instead (docs/design.md, 'Who owns which table')"
 
 
 @pytest.mark.parametrize(
