@@ -45,6 +45,8 @@ class GatewayStack:
             "BOOMERANG_CLAIM_DEADLINE_MS": "2000",
             "BOOMERANG_POOL_REFRESH_SECONDS": "0.2",
             "BOOMERANG_PLAN_TIMEOUT_SECONDS": "3",
+            # Nor a turn go COLD because its /tokenize took over the default second on a busy box.
+            "BOOMERANG_TOKENIZE_TIMEOUT_SECONDS": "10",
             # Small pools: the test Postgres is shared by every test session on the machine.
             "BOOMERANG_DB_POOL_SIZE": "3",
         }
