@@ -147,9 +147,10 @@ def test_a_tenant_over_its_rate_gets_429_and_others_do_not(engines: tuple[str, s
         assert out.returncode == 0, out.stderr
         keys.append(out.stdout.strip())
     gw = ServiceProcess(["gateway", "--listen", "127.0.0.1:0", "--router", "", "--prefill", engines[0], "--decode",
-                         engines[1], "--tenant-requests-per-second", "0.5", "--tenant-burst", "3"], env).start()
+                         engines[1], "--tenant-requests-per-second", "0.001", "--tenant-burst", "3"], env).start()
     try:
         url = f"http://{gw.address}/v1/chat/completions"
+        # One token a thousand seconds: none comes back while the five requests run, however slow the host.
         noisy = [httpx.post(url, json=GOOD, headers={"Authorization": f"Bearer {keys[0]}"}, timeout=30) for _ in range(5)]
         assert [r.status_code for r in noisy] == [200, 200, 200, 429, 429]
         assert_openai_error(noisy[-1], 429)
