@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from boomerang_tools.stack.children import Child, ChildFailed, stop_all
+from boomerang_tools.stack.stack import sim_tokenizers, tokenizers_env
 
 
 class PlainStack:
@@ -34,9 +35,9 @@ class PlainStack:
         self.gateway_url = ""
         self.registry_address = self.router_address = ""  # none: no audit trail from this deployment
 
-    def _spawn(self, name: str, args: list[str], wave: int) -> Child:
-        child = Child(f"plain-{name}", args, self.log_dir, self.env, wave, "" if args[0] == "sim" else "gateway stopped",
-                      args[0] == "sim")
+    def _spawn(self, name: str, args: list[str], wave: int, env: dict[str, str] | None = None) -> Child:
+        child = Child(f"plain-{name}", args, self.log_dir, {**self.env, **(env or {})}, wave,
+                      "" if args[0] == "sim" else "gateway stopped", args[0] == "sim")
         child.start()
         self.children.append(child)
         return child
@@ -52,7 +53,8 @@ class PlainStack:
             static = [a for u in self.prefill_urls for a in ("--prefill", u)]
             static += [a for u in self.decode_urls for a in ("--decode", u)]
             gateway = self._spawn("gateway", ["gateway", "--listen", "127.0.0.1:0", "--allow-anonymous", *static,
-                                              *self.gateway_args], 1)
+                                              *self.gateway_args], 1,
+                                  tokenizers_env(sim_tokenizers(self.profiles, self.sim_args)))
             self.gateway_url = f"http://{gateway.wait_ready()}"
             self._wait_models()
         except BaseException:

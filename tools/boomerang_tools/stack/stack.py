@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -26,6 +28,8 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 
+from boomerang_tools.sim import hfmodel
+from boomerang_tools.sim.costmodel import profile
 from boomerang_tools.stack.children import Child, ChildFailed, stop_all
 from boomerang_tools.stack.postgres import EmbeddedPostgres
 
@@ -75,6 +79,31 @@ def sims_for(spec: str, profile: str, prefill_base: int = 8100, decode_base: int
     return out
 
 
+def sim_tokenizers(profiles: Iterable[str], sim_args: Sequence[str], strip_reasoning: bool = False) -> dict[str, str]:
+    """The gateway's BOOMERANG_TOKENIZERS entries for simulated engines of these profiles: the
+    simulator's own model files (`hfmodel`), so the gateway tokenizes in-process as the bench's
+    does (and as it would with a real model's files), P's /tokenize its fallback."""
+    served = ""
+    for n, arg in enumerate(sim_args):
+        if arg == "--served-model-name" and n + 1 < len(sim_args):
+            served = sim_args[n + 1]
+        elif arg.startswith("--served-model-name="):
+            served = arg.partition("=")[2]
+    folder = str(hfmodel.folder(thinking=strip_reasoning or "--strip-reasoning" in sim_args))
+    return {served or profile(p).served_model_name: folder for p in profiles}
+
+
+def tokenizers_env(entries: dict[str, str]) -> dict[str, str]:
+    """BOOMERANG_TOKENIZERS for a gateway child: `entries`, after any the caller set for itself
+    (those win for their models)."""
+    if not entries:
+        return {}
+    given = os.environ.get("BOOMERANG_TOKENIZERS", "").strip()
+    named = {item.partition("=")[0].strip() for item in given.split(",")}
+    ours = [f"{model}={where}" for model, where in entries.items() if model not in named]
+    return {"BOOMERANG_TOKENIZERS": ",".join([given, *ours] if given else ours)}
+
+
 @dataclass
 class Endpoint:
     """One running piece, as printed."""
@@ -116,11 +145,12 @@ class Stack:
             "BOOMERANG_GRACE_SECONDS": "5",
         }
 
-    def _spawn(self, name: str, args: list[str], wave: int) -> Child:
+    def _spawn(self, name: str, args: list[str], wave: int, env: dict[str, str] | None = None) -> Child:
         # Services log "<name> stopped" once they neither serve nor call. Engines only heartbeat
         # (they are retired in the registry before they stop), so the registry need not wait.
         engine = args[0] == "sim"
-        child = Child(name, args, self.log_dir, self._env(), wave, "" if engine else f"{args[0]} stopped", engine)
+        child = Child(name, args, self.log_dir, {**self._env(), **(env or {})}, wave,
+                      "" if engine else f"{args[0]} stopped", engine)
         child.start()
         self.children.append(child)
         return child
@@ -205,7 +235,9 @@ class Stack:
         gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
                                           "--router", self.router_address, "--registry", self.registry_address,
                                           *static, *(["--allow-anonymous"] if cfg.allow_anonymous else []),
-                                          *(["--engine-hook"] if cfg.hook else []), *cfg.gateway_args], 2)
+                                          *(["--engine-hook"] if cfg.hook else []), *cfg.gateway_args], 2,
+                              tokenizers_env(sim_tokenizers({s.profile for s in cfg.sims}, cfg.sim_args,
+                                                            cfg.strip_reasoning)))
         self.gateway_url = f"http://{gateway.wait_ready()}"
         access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
         self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
