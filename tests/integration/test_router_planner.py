@@ -83,11 +83,11 @@ class Harness:
 
     async def plan(self, tenant: str, conv: str, model: str, tokens: list[int], **kw: Any) -> PlanRecord:
         req = rtpb.PlanTurnRequest(tenant=tenant, conversation_id=conv, model=model, prompt_token_ids=tokens, **kw)
-        return await self.router.plan(requests.plan_turn(req, 10**6))
+        return await self.router.plan_turn(requests.plan_turn(req, 10**6))
 
     async def report(self, plan: PlanRecord, **kw: Any):  # type: ignore[no-untyped-def]
         req = rtpb.ReportTurnRequest(tenant=plan.tenant, plan_id=plan.plan_id, **kw)
-        return await self.router.report(requests.report_turn(req, 10**6))
+        return await self.router.report_turn(requests.report_turn(req, 10**6))
 
 
 @pytest.fixture
@@ -219,7 +219,7 @@ async def test_delivered_reuse_is_recorded_beside_the_planned(harness: Harness, 
                              uuid.UUID(plan.plan_id)) == 200
     from boomerang_router.convert import turn_plan
 
-    view = turn_plan(await harness.router.find("acme", plan.plan_id, plan.created_at))
+    view = turn_plan(await harness.router.find_plan("acme", plan.plan_id, plan.created_at))
     assert view.HasField("delivered_cached_tokens") and view.delivered_cached_tokens == 200
     # The COLD first turn reported no count: NULL, and unset in the view.
     first = await pg.fetchrow("SELECT plan_id, delivered_cached_tokens FROM turn_plans WHERE conversation_id = $1 "
@@ -309,7 +309,7 @@ async def test_block_size_mismatch(harness: Harness, registry: RegistryClient, u
         tenant="acme", conversation_id=conv, model=model,
         prompt_chain=tpb.TokenChain(block_size=32, num_tokens=chain.num_tokens, block_hashes=chain.block_hashes, tail_hash=chain.tail_hash),
     )
-    plan = await harness.router.plan(requests.plan_turn(req, 10**6))
+    plan = await harness.router.plan_turn(requests.plan_turn(req, 10**6))
     assert (plan.decision, plan.reason) == (PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH)
 
 
@@ -396,10 +396,10 @@ async def test_request_id_makes_plans_idempotent_across_routers(harness: Harness
         assert c.plan_id != a.plan_id
         # The other replica finds this replica's plan once its audit row is written.
         await harness.audit.flush()
-        found = await replica.router.find("acme", a.plan_id, a.created_at)
+        found = await replica.router.find_plan("acme", a.plan_id, a.created_at)
         assert found.lease_id == a.lease_id and found.decision is PlanDecision.PULL
         with pytest.raises(BoomerangError) as err:
-            await replica.router.find("someone-else", a.plan_id, a.created_at)
+            await replica.router.find_plan("someone-else", a.plan_id, a.created_at)
         assert err.value.code is Code.NOT_FOUND
         rep = await replica.report(a, handle_use=rtpb.HANDLE_USE_READ)
         assert rep.claimed_lease_state == "CONSUMED"

@@ -46,13 +46,13 @@ class FakeRegistry:
             raise BoomerangClientError("ClaimReuse", BoomerangError(Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", "late"))
         await asyncio.sleep(self.delay)
 
-    async def claim(self, req: rpb.ClaimReuseRequest, timeout: float) -> ClaimResult:
+    async def claim_in_registry(self, req: rpb.ClaimReuseRequest, timeout: float) -> ClaimResult:
         self.calls.append([req.conversation_id])
         self.methods.append("ClaimReuse")
         await self.wait(timeout)
         return answer(number(req))
 
-    async def claim_batch(
+    async def claim_batch_in_registry(
         self, reqs: Sequence[rpb.ClaimReuseRequest], timeout: float
     ) -> list[ClaimResult | BoomerangClientError]:
         self.calls.append([r.conversation_id for r in reqs])
@@ -133,7 +133,7 @@ async def test_one_bad_claim_fails_alone() -> None:
 
 async def test_a_failed_call_fails_every_claim_in_it() -> None:
     class Down(FakeRegistry):
-        async def claim_batch(self, reqs, timeout):  # type: ignore[no-untyped-def]
+        async def claim_batch_in_registry(self, reqs, timeout):  # type: ignore[no-untyped-def]
             raise BoomerangClientError("ClaimReuseBatch", BoomerangError(Code.UNAVAILABLE, "UNAVAILABLE", "down"))
 
     api = Down(delay=0.01)
@@ -189,7 +189,7 @@ async def test_a_batch_answer_s_failed_item_is_the_error_its_claim_alone_would_r
             ])
 
     api = RouterRegistry(Client())  # type: ignore[arg-type]
-    ok, refused, down = await api.claim_batch([req(0), req(1), req(2)], 1.0)
+    ok, refused, down = await api.claim_batch_in_registry([req(0), req(1), req(2)], 1.0)
     assert isinstance(ok, ClaimResult) and ok.status is ClaimOutcome.NO_LEASE
     assert isinstance(refused, BoomerangClientError) and isinstance(down, BoomerangClientError)
     assert (refused.code, refused.reason, refused.error.message) == ("FAILED_PRECONDITION", "ENGINE_NOT_REGISTERED", "no such engine")

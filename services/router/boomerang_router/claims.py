@@ -78,7 +78,7 @@ class ClaimKeeper:
         """ReleaseClaim, retried while the registry is unreachable; whether it was released."""
         for attempt in range(attempts):
             try:
-                await self.registry.release_claim(
+                await self.registry.release_claim_in_registry(
                     tenant, lease_id, claim_id, reason, timeout=self.settings.report_timeout_seconds
                 )
                 self.stats["claims_released"] += 1
@@ -270,9 +270,9 @@ class ClaimBatcher:
         try:
             results: list[ClaimResult | BoomerangClientError]
             if len(batch) == 1 and not self.api.streaming:
-                results = [await self.api.claim(batch[0].req, timeout)]
+                results = [await self.api.claim_in_registry(batch[0].req, timeout)]
             else:
-                results = await self.api.claim_batch([item.req for item in batch], timeout)
+                results = await self.api.claim_batch_in_registry([item.req for item in batch], timeout)
         except BoomerangClientError as err:
             results = [err] * len(batch)
         except Exception as exc:  # every waiting caller gets an answer

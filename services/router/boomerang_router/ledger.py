@@ -34,7 +34,7 @@ from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.requests import PlanInput, ReportInput
 from boomerang_router.settings import RouterSettings
 
-# How the registry ended a turn (`Reporter.end_turn`): the claimed lease's state, why settling
+# How the registry ended a turn (`Reporter.end_turn_in_registry`): the claimed lease's state, why settling
 # it failed, the retention, the new lease, and why registering the blocks failed.
 TurnEnding = tuple[str, str, Retention, tpb.Lease | None, str]
 

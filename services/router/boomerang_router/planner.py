@@ -1,6 +1,6 @@
 """The router's conductor: plan a turn (one claim round trip) and settle its outcome.
 
-`Router.plan` is on the time-to-first-token path. Its steps, each in the module of its
+`Router.plan_turn` is on the time-to-first-token path. Its steps, each in the module of its
 concern: pick the engines from the in-memory pool (`engine_choice`), claim the
 conversation's retained blocks with a short deadline (`reuse_claim`), decide
 (`engine_choice.decide_plan`, over `domain.decide`), give back a claim it will not hand out
@@ -8,7 +8,7 @@ conversation's retained blocks with a short deadline (`reuse_claim`), decide
 writer). The servicer answers with it. Anything slow or failing in the control plane turns
 into a COLD plan with reason CONTROL_PLANE_DEGRADED, never a failed turn.
 
-`Router.report` settles a turn: find its plan, check the report against it, end the
+`Router.report_turn` settles a turn: find its plan, check the report against it, end the
 turn at the registry (`reports`: one CompleteTurn), and record the outcome (`ledger`).
 
 Claims the router will not hand out are given back in the background: when it decides
@@ -52,7 +52,7 @@ class Router:
 
     # -- PlanTurn ------------------------------------------------------------------------
 
-    async def plan(self, p: PlanInput, caller_seconds: float | None = None) -> PlanRecord:
+    async def plan_turn(self, p: PlanInput, caller_seconds: float | None = None) -> PlanRecord:
         """Plan one turn; retries with the same request id get the same plan.
 
         `caller_seconds` is what is left of the caller's deadline: the claim waits at most
@@ -102,15 +102,15 @@ class Router:
 
     # -- ReportTurn, GetTurnPlan ---------------------------------------------------------
 
-    async def report(self, r: ReportInput) -> ReportResult:
+    async def report_turn(self, r: ReportInput) -> ReportResult:
         """Settle a planned turn; repeating a report repeats nothing but the answer."""
         async with self._one_report_at_a_time(r.plan_id):
             record = await self.ledger.find_plan(r.tenant, r.plan_id, r.created_at)
             pulled = check_report(record, r)
-            ended = await self.reporter.end_turn(record, r, pulled)
+            ended = await self.reporter.end_turn_in_registry(record, r, pulled)
             return self.ledger.record_report(record, r, pulled, ended)
 
-    async def find(self, tenant: str, plan_id: str, created_at: datetime) -> PlanRecord:
+    async def find_plan(self, tenant: str, plan_id: str, created_at: datetime) -> PlanRecord:
         """A tenant's plan from memory or `turn_plans`, or NOT_FOUND."""
         return await self.ledger.find_plan(tenant, plan_id, created_at)
 

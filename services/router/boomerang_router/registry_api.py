@@ -236,11 +236,11 @@ class RouterRegistry:
         than ClaimReuse there)."""
         return self.client.claims is not None and self.client.claims.streaming
 
-    async def claim(self, req: ClaimRequest, timeout: float) -> ClaimResult:
+    async def claim_in_registry(self, req: ClaimRequest, timeout: float) -> ClaimResult:
         """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
         return claim_result(await self.client.claim_reuse(req, timeout=timeout))
 
-    async def claim_batch(
+    async def claim_batch_in_registry(
         self, reqs: Sequence[ClaimRequest], timeout: float
     ) -> list[ClaimResult | BoomerangClientError]:
         """ClaimReuseBatch: each claim's result, or the error that claim alone failed with."""
@@ -273,19 +273,19 @@ class RouterRegistry:
         resp = await self.client.list_engines(rpb.ListEnginesRequest(), timeout=timeout)
         return [i for i in map(engine_info, resp.engines) if i is not None]
 
-    async def release_claim(self, tenant: str, lease_id: str, claim_id: str, reason: str, timeout: float) -> str:
+    async def release_claim_in_registry(self, tenant: str, lease_id: str, claim_id: str, reason: str, timeout: float) -> str:
         """ReleaseClaim; the lease's state after it."""
         req = rpb.ReleaseClaimRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id, reason=reason)
         resp = await self.client.release_claim(req, timeout=timeout)
         return lease_state_name(resp.lease.state)
 
-    async def mark_consumed(self, tenant: str, lease_id: str, claim_id: str, timeout: float) -> str:
+    async def mark_consumed_in_registry(self, tenant: str, lease_id: str, claim_id: str, timeout: float) -> str:
         """MarkConsumed; the lease's state after it."""
         req = rpb.MarkConsumedRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id)
         resp = await self.client.mark_consumed(req, timeout=timeout)
         return lease_state_name(resp.lease.state)
 
-    async def heartbeat(self, engine_id: str, generation: int, timeout: float) -> None:
+    async def heartbeat_in_registry(self, engine_id: str, generation: int, timeout: float) -> None:
         """Heartbeat on an engine's behalf (no load figures)."""
         await self.client.heartbeat(
             rpb.HeartbeatRequest(engine_id=engine_id, registration_generation=generation), timeout=timeout
@@ -296,7 +296,7 @@ class RouterRegistry:
         resp = await self.client.register_retained_blocks(retained_request(r), timeout=timeout)
         return resp.created, resp.lease
 
-    async def complete_turn(
+    async def complete_turn_in_registry(
         self, tenant: str, claim: TurnClaim | None, retained: Retained | None, timeout: float
     ) -> TurnEnd:
         """CompleteTurn: the claim settled and the blocks registered in one call (either may be None).
@@ -331,9 +331,9 @@ class RouterRegistry:
         if claim is not None:
             try:
                 if claim.read:
-                    out.claim_state = await self.mark_consumed(tenant, claim.lease_id, claim.claim_id, timeout)
+                    out.claim_state = await self.mark_consumed_in_registry(tenant, claim.lease_id, claim.claim_id, timeout)
                 else:
-                    out.claim_state = await self.release_claim(
+                    out.claim_state = await self.release_claim_in_registry(
                         tenant, claim.lease_id, claim.claim_id, claim.release_reason, timeout
                     )
             except BoomerangClientError as err:

@@ -119,12 +119,12 @@ class Reporter:
 
     async def _heartbeat(self, engine_id: str, generation: int) -> None:
         try:
-            await self.registry.heartbeat(engine_id, generation, timeout=self.settings.report_timeout_seconds)
+            await self.registry.heartbeat_in_registry(engine_id, generation, timeout=self.settings.report_timeout_seconds)
             self.vouched += 1
         except BoomerangClientError as err:  # best effort: a stale engine only costs reuse
             log.debug("heartbeat for %s after its turn failed: %s", engine_id, err)
 
-    async def end_turn(
+    async def end_turn_in_registry(
         self, record: PlanRecord, r: ReportInput, pulled: bool
     ) -> tuple[str, str, Retention, tpb.Lease | None, str]:
         """Settle the claim and register D's retained blocks: one CompleteTurn, one transaction.
@@ -141,7 +141,7 @@ class Reporter:
         timeout = self.settings.report_timeout_seconds
         for attempt in (1, 2):
             try:
-                end = await self.registry.complete_turn(record.tenant, claim, retained, timeout)
+                end = await self.registry.complete_turn_in_registry(record.tenant, claim, retained, timeout)
             except BoomerangClientError as err:
                 if err.code in TRANSIENT_CODES:
                     raise registry_down(err) from None

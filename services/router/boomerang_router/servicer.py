@@ -36,7 +36,7 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
 
     @rpc
     async def PlanTurn(self, request: rtpb.PlanTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.PlanTurnResponse:
-        plan = await self.router.plan(requests.plan_turn(request, self.max_prompt_tokens), context.time_remaining())
+        plan = await self.router.plan_turn(requests.plan_turn(request, self.max_prompt_tokens), context.time_remaining())
         response = convert.plan_response(plan)
         if not plan.request_id:
             plan.params = None  # only retries by request id replay the answer; keep memory small
@@ -50,7 +50,7 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
 
     @rpc
     async def ReportTurn(self, request: rtpb.ReportTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.ReportTurnResponse:
-        result = await self.router.report(requests.report_turn(request, self.max_prompt_tokens))
+        result = await self.router.report_turn(requests.report_turn(request, self.max_prompt_tokens))
         return convert.report_response(result)
 
     @rpc
@@ -58,7 +58,7 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
         self, request: rtpb.ReportTurnBatchRequest, context: grpc.aio.ServicerContext
     ) -> rtpb.ReportTurnBatchResponse:
         inputs = requests.report_batch(request, self.max_prompt_tokens)
-        outcomes = await reports.report_each(self.router.report, inputs)
+        outcomes = await reports.report_each(self.router.report_turn, inputs)
         results = [rtpb.ReportTurnBatchResult() for _ in outcomes]
         for result, outcome in zip(results, outcomes, strict=True):
             if isinstance(outcome, BaseException):
@@ -70,7 +70,7 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
     @rpc
     async def GetTurnPlan(self, request: rtpb.GetTurnPlanRequest, context: grpc.aio.ServicerContext) -> rtpb.GetTurnPlanResponse:
         created = requests.get_plan(request)
-        plan = await self.router.find(request.tenant, request.plan_id, created)
+        plan = await self.router.find_plan(request.tenant, request.plan_id, created)
         return rtpb.GetTurnPlanResponse(plan=convert.turn_plan(plan))
 
     @rpc
