@@ -33,7 +33,8 @@ class Mode:
 
 GATEWAY = Mode(
     "gateway", "gateway",
-    "engines unchanged; the gateway tokenizes on the prefill engine, plans with the router and reports each turn",
+    "engines unchanged; the gateway tokenizes in-process with the model's own files (the prefill engine's "
+    "/tokenize its fallback), plans with the router and reports each turn",
 )
 GATEWAY_NO_ID = Mode(
     "gateway-no-id", "gateway, no id",

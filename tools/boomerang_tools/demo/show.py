@@ -145,8 +145,8 @@ def conclude(
     spent = [f"{p} {points[p][-1] // 1000}k: {ms:.0f} ms" for p in profiles
              if (ms := result.overhead_ms(p, points[p][-1], "gateway")) is not None]
     if spent:
-        console.print("Boomerang's own share of a turn's TTFT with the gateway planning (tokenize on the prefill "
-                      f"engine + plan), at the longest context: {', '.join(spent)}.")
+        console.print("Boomerang's own share of a turn's TTFT with the gateway planning (tokenize + plan), at the "
+                      f"longest context: {', '.join(spent)}.")
     for m in modes:
         calls = sum(extra.get((p, m.name), {}).get("tokenize_calls", 0) for p in profiles)
         planned = [f"{p}: {v:.1f} ms" for p in profiles
