@@ -37,14 +37,16 @@ def commands() -> dict[str, EntryPoint]:
     return {entry.name: entry for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name)}
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None,
+                 installed: dict[str, EntryPoint] | None = None) -> argparse.ArgumentParser:
     """The parser for `command` alone when it is a known command, else with every subcommand.
 
     A command's module imports what its command runs (a server, a database driver) at its
     top, so running one command loads only its own module: `boomerang registry` never loads
     the gateway, the tools or the operator commands. Help and unknown commands load them all.
+    `installed` saves finding the entry points again (a scan of every distribution's metadata).
     """
-    installed = commands()
+    installed = commands() if installed is None else installed
     missing = [c for c in TOOL_COMMANDS if c not in installed]
     parser = argparse.ArgumentParser(
         prog="boomerang",
@@ -81,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run the chosen subcommand."""
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    if command in TOOL_COMMANDS and command not in commands():
+    installed = commands()
+    if command in TOOL_COMMANDS and command not in installed:
         print(f"boomerang {command}: " + TOOLS_HINT.format(", ".join(TOOL_COMMANDS)), file=sys.stderr)
         return 2
-    args = build_parser(command).parse_args(argv)
+    args = build_parser(command, installed).parse_args(argv)
     try:
         configure_logging(getattr(args, "log_level", None) or "INFO", args.verbose)
         result = args.handler(args)
