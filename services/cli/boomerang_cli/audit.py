@@ -32,6 +32,7 @@ from boomerang_cli.tables import emit, iso, short_time, table
 
 PAGE_SIZE = 1000
 MAX_PAGES = 20  # × PAGE_SIZE plans; beyond that the report says it shows the oldest only
+LEASE_LIMIT = 100  # the registry's GetConversation answers with a conversation's newest 100 leases
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -64,6 +65,8 @@ def _run(args: argparse.Namespace) -> int:
                                    conversation_plans(args.router, args.conversation, args.tenant, args.timeout))
     else:
         notes.append("plans omitted (--router '')")
+    if len(leases) >= LEASE_LIMIT:
+        notes.append(f"the newest {LEASE_LIMIT} leases only (GetConversation's limit); every lease event")
     if not turns and not leases:
         print(f"boomerang audit: no conversation {args.conversation!r} for tenant {args.tenant!r} "
               f"(a tenant other than {args.tenant!r}? give --tenant)", file=sys.stderr)
