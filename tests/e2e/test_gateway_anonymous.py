@@ -66,7 +66,9 @@ async def test_anonymous_requests_are_served_but_a_wrong_key_is_not(engines: tup
 
 
 async def test_sigterm_drains_a_stream_in_flight(engines: tuple[str, str]) -> None:
-    gw = gateway(engines, "--allow-anonymous", drain="0.5").start()
+    # Draining lasts 5 s: the probe below lands inside it however long a busy host holds this
+    # test's loop (with 0.5 s, one run saw the listener already closed).
+    gw = gateway(engines, "--allow-anonymous", drain="5").start()
     url = f"http://{gw.address}"
     body = {"model": MODEL, "messages": [{"role": "user", "content": "tell me everything"}], "max_tokens": 120,
             "ignore_eos": True, "stream": True}
@@ -87,9 +89,7 @@ async def test_sigterm_drains_a_stream_in_flight(engines: tuple[str, str]) -> No
         assert rest[-1] == "data: [DONE]"
         texts = [json.loads(line[6:]) for line in rest[:-1]]
         assert sum(1 for c in texts if c["choices"] and c["choices"][0]["delta"].get("content")) >= 100
-        t = time.monotonic()
-        assert gw.proc.wait(timeout=15) == 0  # type: ignore[union-attr]
-        assert time.monotonic() - t < 15
+        assert gw.proc.wait(timeout=30) == 0  # type: ignore[union-attr]
     finally:
         gw.kill()
 
