@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_sim_hook import MODEL, HookStack
+from tests.support.gateway_stack import MODEL
+from tests.support.hook_stack import HookStack, running_hook_stack
 from tests.support.procs import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -28,11 +29,8 @@ SYSTEM = "You are a careful agent; read before you write. " * 60
 
 @pytest.fixture
 def stack(database_url: str) -> Iterator[HookStack]:
-    made = HookStack(database_url)
-    try:
-        yield made.start()
-    finally:
-        made.stop()
+    with running_hook_stack(database_url) as s:
+        yield s
 
 
 def proxy_chat(stack: HookStack, messages: list[dict[str, str]]) -> str:
