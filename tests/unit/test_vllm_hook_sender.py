@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -326,6 +327,7 @@ def test_superseded_engine_registers_nothing(fake: FakeRegistry, make: Any) -> N
     sender.start()
     assert wait_for(lambda: sender.snapshot()["rejected"].get("ENGINE_SUPERSEDED") == 1, 5)
     assert not fake.registrations and "RegisterRetainedBlocksBatch" not in fake.names()
+    assert sender.flush(5)  # the dropped turn is not left pending
 
 
 def test_bad_tokens_are_rejected_not_retried(fake: FakeRegistry, make: Any) -> None:
@@ -343,6 +345,53 @@ def test_close_flushes_and_closes_the_channel(fake: FakeRegistry, make: Any) -> 
     sender.submit(registration("r1"), far())
     sender.close(5)
     assert sender.registered == 1 and fake.closed
+
+
+class Gate:
+    """A point where the sender's thread waits until the test opens it; `reached` says it is there."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+
+    def stop_here(self) -> None:
+        self.reached.set()
+        self.opened.wait(10)  # bounded, so a failed test still lets the thread finish
+
+
+def test_flush_waits_for_a_round_taken_but_not_yet_sent(fake: FakeRegistry, make: Any, monkeypatch: Any) -> None:
+    """The thread empties the queue when it takes a round, before it sends it: flush must not
+    answer "nothing left" then, nor while the call is out (it did between the take and the
+    round being marked in flight, so a close could stop the thread with the round in hand)."""
+    sender = make()
+    after_take, in_call = Gate(), Gate()
+    take, batch_future = sender.outbox.take, fake.register_retained_blocks_batch_future
+
+    def take_then_stop(max_items: int, timeout: float) -> Any:
+        batch = take(max_items, timeout)
+        if batch and not after_take.reached.is_set():
+            after_take.stop_here()
+        return batch
+
+    def call_then_stop(req: rpb.RegisterRetainedBlocksBatchRequest, timeout: float | None = None) -> Any:
+        in_call.stop_here()
+        return batch_future(req, timeout)
+
+    monkeypatch.setattr(sender.outbox, "take", take_then_stop)
+    monkeypatch.setattr(fake, "register_retained_blocks_batch_future", call_then_stop)
+    sender.submit(registration("r1"), far())
+    sender.start()
+    try:
+        assert after_take.reached.wait(5)
+        assert len(sender.outbox) == 0 and not sender.flush(0)  # queue empty, round unsent
+        after_take.opened.set()
+        assert in_call.reached.wait(5)
+        assert not sender.flush(0)
+        in_call.opened.set()
+        assert sender.flush(5) and sender.registered == 1  # done means answered, not just taken
+    finally:
+        after_take.opened.set()
+        in_call.opened.set()
 
 
 def test_a_turn_without_a_conversation_is_registered_with_where_its_prompt_ended(fake: FakeRegistry, make: Any) -> None:

@@ -114,7 +114,6 @@ class RegistrationSender:
         self.batched = True  # until the registry answers the batched RPC UNIMPLEMENTED
         self.batch_calls = 0
         self.single_calls = 0
-        self._in_flight = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"boomerang-sender-{facts.engine_id}", daemon=True)
 
@@ -133,9 +132,9 @@ class RegistrationSender:
     def flush(self, timeout: float) -> bool:
         """Wait until nothing is queued or in flight; returns whether that happened in time."""
         end = time.monotonic() + timeout
-        while (len(self.outbox) or self._in_flight) and time.monotonic() < end:
+        while self.outbox.pending() and time.monotonic() < end:
             time.sleep(0.005)
-        return not (len(self.outbox) or self._in_flight)
+        return not self.outbox.pending()
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what can be sent within `timeout`, then stop the thread and close the channel."""
@@ -187,11 +186,10 @@ class RegistrationSender:
                 batch = self.outbox.take(self.batch_size, timeout=wait)
                 if not batch:
                     continue
-                self._in_flight = len(batch)
                 try:
                     clean = self._send(batch)
                 finally:
-                    self._in_flight = 0
+                    self.outbox.done(len(batch))  # after any retry put its entries back
                 if clean:
                     backoff.reset()
                 else:
@@ -201,8 +199,10 @@ class RegistrationSender:
                 self._stop.wait(backoff.next())
 
     def _drain_superseded(self) -> None:
-        for entry in self.outbox.take(self.batch_size, timeout=0):
-            self.rejected["ENGINE_SUPERSEDED"] += 1
+        dropped = self.outbox.take(self.batch_size, timeout=0)
+        if dropped:
+            self.rejected["ENGINE_SUPERSEDED"] += len(dropped)
+            self.outbox.done(len(dropped))  # taken only to be dropped: nothing left for flush to wait on
 
     def _prepare(self, entry: Entry[Registration]) -> rpb.RegisterRetainedBlocksRequest:
         reg = entry.item
