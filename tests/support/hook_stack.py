@@ -27,10 +27,12 @@ class HookStack:
                                        "--engine-refresh-seconds", "0.2"]).start().address
         common = ["sim", "--port", "0", "--hook", "--registry", registry, "--heartbeat-seconds", "0.5",
                   "--time-scale", "0.01"]
-        # A request waits for its plan up to all the prefill it could save (share 1): this test is
-        # about what the plans do, and a busy machine must not turn them into local computes.
+        # A request waits for its plan up to the whole plan deadline (1 s): these tests are about
+        # what the plans do, and a busy machine must not turn them into local computes. At the
+        # profile's own prefill cost (0.02 ms a token) a 700-token prompt would wait only 14 ms,
+        # which a host at load 15 overran (a later turn came out "wait over" and computed).
         sims = [self._proc("prefill", [*common, "--role", "prefill", "--router", router, "--plan-deadline-ms", "1000",
-                                       "--plan-wait-share", "1"]),
+                                       "--plan-wait-share", "1", "--prefill-ms-per-token", "1000"]),
                 self._proc("decode", [*common, "--role", "decode"])]
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda p: p.start(), sims))

@@ -54,6 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--plan-wait-share", type=float, default=0.25,
                         help="the share of the prefill time a pull could save that a request waits for its plan "
                         "(plan_wait_share, default 0.25; a pull is valued at the profile's prefill cost per token)")
+    parser.add_argument("--prefill-ms-per-token", type=float,
+                        help="what the prefill hook values one pulled token at, ms (prefill_ms_per_token; default "
+                        "the profile's prefill cost per token): a test that is about what plans do sets it high, so "
+                        "a busy host's slow plan is still waited for, up to --plan-deadline-ms")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="multiply every simulated latency by this (default 1.0; tests use ~0.01)")
     parser.add_argument("--expiry-margin", type=float, default=5.0,
@@ -101,9 +105,12 @@ def _run(args: argparse.Namespace) -> int:
         _check(args.role == "decode" or bool(args.router), "--hook on a prefill engine needs --router")
         _check(0 < args.plan_deadline_ms <= 1000, "--plan-deadline-ms must be in (0, 1000]")
         _check(0 <= args.plan_wait_share <= 1, "--plan-wait-share must be in [0, 1]")
+        _check(args.prefill_ms_per_token is None or args.prefill_ms_per_token > 0,
+               "--prefill-ms-per-token must be positive")
         hook = HookOptions(registry=args.registry or "", router=args.router or "", tenant=args.tenant,
                            plan_deadline_ms=args.plan_deadline_ms, plan_wait_share=args.plan_wait_share,
-                           heartbeat_interval_seconds=args.heartbeat_seconds)
+                           heartbeat_interval_seconds=args.heartbeat_seconds,
+                           prefill_ms_per_token=args.prefill_ms_per_token)
     side = args.side_channel_port
     if side is None:
         side = args.port + 1000 if args.port and args.port + 1000 <= 65535 else 0

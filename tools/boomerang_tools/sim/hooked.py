@@ -54,6 +54,7 @@ class HookOptions:
     plan_deadline_ms: float = 20.0
     plan_wait_share: float = 0.25
     heartbeat_interval_seconds: float = 2.0
+    prefill_ms_per_token: float | None = None  # None: the profile's own (its β)
 
 
 @dataclass
@@ -98,7 +99,8 @@ def extra_config(config: SimConfig, options: HookOptions, http_base_url: str) ->
         boomerang["plan_deadline_ms"] = options.plan_deadline_ms
         # The hook values a pull with the modelled engine's prefill cost (the cost model's β),
         # unscaled: `--time-scale` speeds the simulation up, the engine it models stays the same.
-        boomerang["prefill_ms_per_token"] = config.profile.beta_ms
+        boomerang["prefill_ms_per_token"] = (config.profile.beta_ms if options.prefill_ms_per_token is None
+                                             else options.prefill_ms_per_token)
         boomerang["plan_wait_share"] = options.plan_wait_share
     return {
         "bidirectional_kv_xfer": True,
