@@ -10,6 +10,7 @@ If the parent dies without stopping them (SIGKILL), each gets SIGTERM from the k
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import queue
@@ -115,6 +116,11 @@ class Child:
             self.stop(5)
             raise ChildFailed(f"{self.name} did not start within {timeout:.0f}s\n{self.tail()}") from None
         if not address:
+            # Its output ended: it is exiting. Wait for that, so that alive() says so to a caller
+            # deciding whether to start it again (the end of output can come before the exit).
+            if self.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(5)
             raise ChildFailed(f"{self.name} exited before it was ready\n{self.tail()}")
         self.address = address
         return address
