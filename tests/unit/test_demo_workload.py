@@ -80,12 +80,14 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
     result.records += [_rec("on", 2000, 120, deployment="hook"), _rec("on", 24000, 450, deployment="hook")]
     hook_rows = report.rows(result, "qwen3-32b", (2000, 24000), "hook")
     assert [(r["ttft_off_ms"], r["ttft_on_ms"], r["speedup"]) for r in hook_rows] == [(160.0, 120.0, 1.33), (900.0, 450.0, 2.0)]
-    assert report.rows(result, "qwen3-32b", (2000, 24000), "gateway") == rows
+    # A deployment's rows add its share of the simulator's ceiling (tests/unit/test_demo_ceiling.py).
+    gateway_rows = report.rows(result, "qwen3-32b", (2000, 24000), "gateway")
+    assert [{k: r[k] for k in rows[0]} for r in gateway_rows] == rows
     measured: list[report.Measured] = [("qwen3-32b", {"gateway": rows, "hook": hook_rows})]
     data = report.report(measured, 0, 0, {("qwen3-32b", "hook"): {"tokenize_calls": 0}})
     report.write_json(data, tmp_path / "r.json")
     loaded = json.loads((tmp_path / "r.json").read_text())
-    assert set(loaded) == {"profiles", "corrupt_pulls", "requests_failed"}
+    assert set(loaded) == {"profiles", "ceiling_targets", "corrupt_pulls", "requests_failed"}
     assert [(p["profile"], p["mode"]) for p in loaded["profiles"]] == [("qwen3-32b", "gateway"), ("qwen3-32b", "hook")]
     assert set(loaded["profiles"][0]) == {"profile", "mode", "rows"}
     assert loaded["profiles"][1]["tokenize_calls"] == 0

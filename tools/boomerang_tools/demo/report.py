@@ -23,8 +23,10 @@ from boomerang_tools.sim.costmodel import profile as sim_profile
 Measured = tuple[str, dict[str, list[dict[str, Any]]]]
 
 
-def rows(result: RunResult, profile: str, points: tuple[int, ...], mode: str | None = None) -> list[dict[str, Any]]:
-    """One row per measured context length (medians over repetitions), for one mode."""
+def rows(result: RunResult, profile: str, points: tuple[int, ...], mode: str | None = None,
+         ceiling: bool = True) -> list[dict[str, Any]]:
+    """One row per measured context length (medians over repetitions), for one mode; with
+    `ceiling` (a mode that pulls), its share of the simulator's own ceiling speedup."""
     out = []
     for point in points:
         off, on = result.ttft(profile, "off", point), result.ttft(profile, "on", point, mode)
@@ -36,10 +38,10 @@ def rows(result: RunResult, profile: str, points: tuple[int, ...], mode: str | N
             "ttft_on_ms": round(on, 1),
             "speedup": round(off / on, 2) if on > 0 else 0.0,
         }
-        ceiling = result.ceiling(profile, point, mode) if mode is not None else None
-        if ceiling is not None and on > 0:
-            row["ceiling_speedup"] = round(ceiling, 3)
-            row["share_of_ceiling"] = round((off / on) / ceiling, 3)
+        best = result.ceiling(profile, point, mode) if mode is not None and ceiling else None
+        if best is not None and on > 0:
+            row["ceiling_speedup"] = round(best, 3)
+            row["share_of_ceiling"] = round((off / on) / best, 3)
         out.append(row)
     return out
 

@@ -117,7 +117,7 @@ def conclude(
     `rotations` the (mode, profile, conversations, contexts) measured with many conversations."""
     # An alternative to Boomerang may have run on fewer profiles (--quick): no empty entries.
     tables: list[report.Measured] = [
-        (p, {m.name: report.rows(result, p, points[p], m.name) for m in modes if m.boomerang or (p, m.name) in extra})
+        (p, {m.name: report.rows(result, p, points[p], m.name, m.boomerang) for m in modes if m.boomerang or (p, m.name) in extra})
         for p in profiles]
     for name, by_mode in tables:
         console.print()
