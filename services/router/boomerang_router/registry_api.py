@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC
 from typing import TypeAlias
 
 from boomerang import chainproto
@@ -26,7 +25,6 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_router.domain import ClaimResult, LeaseHandle
-from boomerang_router.pool import EngineInfo, Role, Source
 
 log = logging.getLogger(__name__)
 
@@ -48,36 +46,6 @@ _CLAIM_STATUS = {
     rpb.CLAIM_OUTCOME_LEASE_RELEASED: ClaimOutcome.LEASE_RELEASED,
 }
 _LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
-_ROLE = {tpb.ENGINE_ROLE_PREFILL: Role.PREFILL, tpb.ENGINE_ROLE_DECODE: Role.DECODE}
-
-
-def engine_info(e: tpb.Engine) -> EngineInfo | None:
-    """A pool record for a registry Engine message (None for an unknown role)."""
-    role = _ROLE.get(e.role)
-    if role is None:
-        return None
-    return EngineInfo(
-        engine_id=e.engine_id,
-        role=role,
-        model=e.model,
-        http_base_url=e.http_base_url.rstrip("/"),
-        generation=e.registration_generation,
-        active=e.status == tpb.ENGINE_STATUS_ACTIVE,
-        heartbeat_at=e.heartbeat_time.ToDatetime(tzinfo=UTC) if e.HasField("heartbeat_time") else None,
-        in_flight=e.in_flight_requests,
-        queued_prompt_tokens=e.queued_prompt_tokens,
-        retained_blocks=e.retained_blocks,
-        bytes_per_block=e.bytes_per_block,
-        block_size=e.block_size,
-        kv_recompute_threshold=e.kv_recompute_threshold,
-        kv_blocks_ttl_seconds=e.kv_blocks_ttl_seconds,
-        side_channel_host=e.side_channel_host,
-        side_channel_port=e.side_channel_port,
-        tp_size=e.tp_size or 1,
-        dcp_size=e.dcp_size or 1,
-        pp_size=e.pp_size or 1,
-        source=Source.REGISTRY,
-    )
 # A min_reusable_tokens no prompt can reach: a claim asked with it can only return an
 # earlier claim under the same claim id (CLAIM_SQL's `prior`), never take a new one.
 _NEVER = 2**62
@@ -267,11 +235,6 @@ class RouterRegistry:
         if resp.outcome != rpb.CLAIM_OUTCOME_CLAIMED or not resp.HasField("lease"):
             return None
         return resp.lease.lease_id
-
-    async def list_engines(self, timeout: float) -> list[EngineInfo]:
-        """ListEngines, as pool records (engines of an unknown role left out)."""
-        resp = await self.client.list_engines(rpb.ListEnginesRequest(), timeout=timeout)
-        return [i for i in map(engine_info, resp.engines) if i is not None]
 
     async def release_claim_in_registry(self, tenant: str, lease_id: str, claim_id: str, reason: str, timeout: float) -> str:
         """ReleaseClaim; the lease's state after it."""
