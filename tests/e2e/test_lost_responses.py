@@ -14,15 +14,15 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from tests.support.lossy_proxy import LossyProxy
 from tests.support.procs import ServiceProcess
 from tests.support.registry_data import blocks_request, claim_request, engine_request
+from tests.support.router_stack import running_registry
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def registry(database_url: str) -> Iterator[ServiceProcess]:
-    proc = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
-    yield proc
-    proc.kill()
+    with running_registry(database_url) as proc:
+        yield proc
 
 
 @pytest.fixture

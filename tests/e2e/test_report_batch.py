@@ -5,9 +5,7 @@ answer per report in order, and a tenant's report never reaching another tenant'
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
@@ -21,48 +19,28 @@ from boomerang.v1 import types_pb2 as tpb
 from boomerang_router.plans import new_plan_id
 
 from tests.support.procs import ServiceProcess
+from tests.support.router_stack import BS, handle, history, running_registry, running_router
 
 pytestmark = pytest.mark.e2e
-BS = 16
 INVALID_ARGUMENT, NOT_FOUND = 3, 5
 
 
 @pytest.fixture(scope="module")
 def registry(database_url: str) -> Iterator[ServiceProcess]:
-    proc = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
-    yield proc
-    proc.kill()
+    with running_registry(database_url) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
 def router(database_url: str, registry: ServiceProcess) -> Iterator[ServiceProcess]:
-    proc = ServiceProcess(
-        ["router", "--listen", "127.0.0.1:0", "--registry", registry.address, "--engine-refresh-seconds", "0.2",
-         "--claim-deadline-ms", "2000", "--heartbeat-timeout-seconds", "0"],
-        {"BOOMERANG_DATABASE_URL": database_url},
-    ).start()
-    yield proc
-    proc.kill()
+    with running_router(database_url, registry.address) as proc:
+        yield proc
 
 
 @pytest.fixture
 async def clients(registry: ServiceProcess, router: ServiceProcess) -> AsyncIterator[tuple[RouterClient, RegistryClient]]:
     async with RouterClient(router.address, plan_timeout=5.0) as client, RegistryClient(registry.address) as rc:
         yield client, rc
-
-
-def history(n: int, seed: int) -> list[int]:
-    return [(seed * 1_000_003 + i * 7919) % 150_000 for i in range(n)]
-
-
-def handle(engine_id: str, num_tokens: int) -> str:
-    return json.dumps({
-        "do_remote_decode": True, "do_remote_prefill": False,
-        "remote_block_ids": [list(range(100, 100 + -(-num_tokens // BS)))],
-        "remote_engine_id": engine_id, "remote_request_id": f"cmpl-{uuid.uuid4().hex}",
-        "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
-        "remote_num_tokens": num_tokens, "remote_registration_generation": 1, "transfer_mode": "pull",
-    })
 
 
 async def engines(client: RouterClient, rc: RegistryClient, unique: str) -> tuple[str, str]:

@@ -24,6 +24,7 @@ from boomerang.v1 import types_pb2 as tpb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.procs import BOOMERANG, ServiceProcess
+from tests.support.router_stack import running_registry, running_router
 
 pytestmark = pytest.mark.e2e
 BS = 16
@@ -31,20 +32,14 @@ BS = 16
 
 @pytest.fixture(scope="module")
 def registry(database_url: str) -> Iterator[ServiceProcess]:
-    proc = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
-    yield proc
-    proc.kill()
+    with running_registry(database_url) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
 def router(database_url: str, registry: ServiceProcess) -> Iterator[ServiceProcess]:
-    proc = ServiceProcess(
-        ["router", "--listen", "127.0.0.1:0", "--registry", registry.address, "--engine-refresh-seconds", "0.2",
-         "--claim-deadline-ms", "2000", "--heartbeat-timeout-seconds", "0"],
-        {"BOOMERANG_DATABASE_URL": database_url},
-    ).start()
-    yield proc
-    proc.kill()
+    with running_router(database_url, registry.address) as proc:
+        yield proc
 
 
 @pytest.fixture

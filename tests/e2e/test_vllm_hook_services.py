@@ -26,6 +26,7 @@ from boomerang.v1 import types_pb2 as tpb
 from boomerang.vllm_hook.mixin import BoomerangConnectorMixin
 
 from tests.support.procs import ServiceProcess, wait_for
+from tests.support.router_stack import running_registry, running_router
 from tests.support.vllm_standin import (
     KVConnectorRole,
     Request,
@@ -53,19 +54,14 @@ def extra(role: str, **more: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def registry(database_url: str) -> Iterator[ServiceProcess]:
-    proc = ServiceProcess(["registry", "--listen", "127.0.0.1:0"], {"BOOMERANG_DATABASE_URL": database_url}).start()
-    yield proc
-    proc.kill()
+    with running_registry(database_url) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
 def router(database_url: str, registry: ServiceProcess) -> Iterator[ServiceProcess]:
-    proc = ServiceProcess(
-        ["router", "--listen", "127.0.0.1:0", "--registry", registry.address, "--engine-refresh-seconds", "0.2"],
-        {"BOOMERANG_DATABASE_URL": database_url},
-    ).start()
-    yield proc
-    proc.kill()
+    with running_router(database_url, registry.address, patient=False) as proc:
+        yield proc
 
 
 @pytest.fixture
