@@ -141,7 +141,7 @@ def test_a_batch_refused_whole_is_sent_singly(fake: FakeRegistry, make: Any) -> 
     sender.start()
     assert wait_for(lambda: sender.registered == 2, 5)
     assert fake.names().count("RegisterRetainedBlocks") == 2
-    assert sender.batched  # a refusal is not a registry without the batched RPC
+    assert sender.calls.batched  # a refusal is not a registry without the batched RPC
     sender.submit(registration("r2"), far())
     assert wait_for(lambda: sender.registered == 3, 5)
     assert batch_calls(fake)[-1] == ["r2"]

@@ -40,16 +40,13 @@ from typing import Any, Literal
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRouterClient, result
-from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.client_status import from_code_number
 from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.v1 import router_service_pb2 as opb
+from boomerang.vllm_hook.batching import BatchedRpc, BatchedSender
 from boomerang.vllm_hook.outbox import Entry, Outbox
 
 log = logging.getLogger(__name__)
 
-MAX_CALL = 256  # ReportTurnBatch's limit in the router
-_Answer = opb.ReportTurnResponse | BoomerangClientError
 
 
 @dataclass(frozen=True)
@@ -87,9 +84,12 @@ class TurnReporter:
         self.given_back = 0
         self.transient_failures = 0
         self.rejected: Counter[str] = Counter()
-        self.batched = True  # until the router answers ReportTurnBatch UNIMPLEMENTED
-        self.batch_calls = 0
-        self.single_calls = 0
+        self.calls: BatchedSender[Entry[Report]] = BatchedSender(BatchedRpc(
+            "ReportTurn", "ReportTurnBatch", "router",
+            single_future=lambda e: client.report_turn_future(_request(e.item), timeout=rpc_timeout),
+            batch_future=lambda chunk: client.report_turn_batch_future(
+                opb.ReportTurnBatchRequest(reports=[_request(e.item) for e in chunk]), timeout=rpc_timeout),
+        ))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="boomerang-reporter", daemon=True)
 
@@ -127,9 +127,9 @@ class TurnReporter:
             "given_back": self.given_back,
             "transient_failures": self.transient_failures,
             "rejected": dict(self.rejected),
-            "batched": self.batched,
-            "batch_calls": self.batch_calls,
-            "single_calls": self.single_calls,
+            "batched": self.calls.batched,
+            "batch_calls": self.calls.batch_calls,
+            "single_calls": self.calls.single_calls,
             "retried": s.retried,
             "expired": s.expired,
             "dropped_full": s.dropped_full,
@@ -157,7 +157,7 @@ class TurnReporter:
     def _send(self, batch: list[Entry[Report]]) -> bool:
         """One round; True when nothing failed transiently."""
         ready, transient = self._replan(batch)
-        answers = self._send_batched(ready) if self.batched and ready else self._send_singly(ready)
+        answers = self.calls.send(ready)
         again: list[Entry[Report]] = []
         for entry, answer in answers:
             if isinstance(answer, BoomerangClientError):
@@ -201,58 +201,6 @@ class TurnReporter:
             self.outbox.retry(failed)
         return ready, bool(failed)
 
-    def _send_singly(self, entries: list[Entry[Report]]) -> list[tuple[Entry[Report], _Answer]]:
-        """One ReportTurn call per report, all in flight at once."""
-        calls = [(e, self.client.report_turn_future(_request(e.item), timeout=self.rpc_timeout)) for e in entries]
-        self.single_calls += len(calls)
-        answers: list[tuple[Entry[Report], _Answer]] = []
-        for entry, future in calls:
-            try:
-                answers.append((entry, result("ReportTurn", future)))
-            except BoomerangClientError as err:
-                answers.append((entry, err))
-        return answers
-
-    def _send_batched(self, entries: list[Entry[Report]]) -> list[tuple[Entry[Report], _Answer]]:
-        """ReportTurnBatch calls of at most MAX_CALL reports, all in flight at once."""
-        chunks = [entries[n : n + MAX_CALL] for n in range(0, len(entries), MAX_CALL)]
-        calls = [
-            (chunk, self.client.report_turn_batch_future(
-                opb.ReportTurnBatchRequest(reports=[_request(e.item) for e in chunk]), timeout=self.rpc_timeout))
-            for chunk in chunks
-        ]
-        self.batch_calls += len(calls)
-        answers: list[tuple[Entry[Report], _Answer]] = []
-        singly: list[Entry[Report]] = []
-        for chunk, future in calls:
-            try:
-                resp: opb.ReportTurnBatchResponse = result("ReportTurnBatch", future)
-            except BoomerangClientError as err:
-                if err.reason == "UNIMPLEMENTED":
-                    if self.batched:
-                        log.info("boomerang: the router has no ReportTurnBatch; sending single ReportTurn calls")
-                    self.batched = False
-                    singly.extend(chunk)
-                elif err.code in TRANSIENT_CODES:
-                    answers.extend((entry, err) for entry in chunk)  # as each call alone would have failed
-                else:
-                    log.warning("boomerang: router refused a batch of %d reports (%s); sending them singly",
-                                len(chunk), err)
-                    singly.extend(chunk)
-                continue
-            if len(resp.results) != len(chunk):
-                bad = BoomerangClientError(
-                    "ReportTurnBatch",
-                    BoomerangError(Code.INTERNAL, "INTERNAL", f"{len(resp.results)} results for {len(chunk)} reports"),
-                )
-                answers.extend((entry, bad) for entry in chunk)
-                continue
-            for entry, item in zip(chunk, resp.results, strict=True):
-                answers.append((entry, item.response if not item.error_code else _item_error(item)))
-        if singly:
-            answers.extend(self._send_singly(singly))
-        return answers
-
 
 def _request(report: Report) -> opb.ReportTurnRequest:
     """The ReportTurn message of a report (its plan found)."""
@@ -260,8 +208,3 @@ def _request(report: Report) -> opb.ReportTurnRequest:
     if report.delivered_cached_tokens is not None:
         req.delivered_cached_tokens = report.delivered_cached_tokens
     return req
-
-
-def _item_error(item: opb.ReportTurnBatchResult) -> BoomerangClientError:
-    """One failed report of a batch, as its own ReportTurn call would have raised it."""
-    return BoomerangClientError("ReportTurn", from_code_number(item.error_code, item.error_reason, item.error_message))

@@ -37,13 +37,12 @@ from typing import Any, Literal
 
 from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
-from boomerang.clients.sync import SyncRegistryClient, result
-from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.client_status import from_code_number
+from boomerang.clients.sync import SyncRegistryClient
 from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang.vllm_hook.batching import BatchedRpc, BatchedSender
 from boomerang.vllm_hook.outbox import Entry, Outbox
 from boomerang.vllm_hook.presence import (
     REREGISTER_REASONS,
@@ -58,8 +57,6 @@ from boomerang.vllm_hook.requestview import RetainedHandle, TurnContext
 log = logging.getLogger(__name__)
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("b0e7a1f2-5c3d-4e8f-9a6b-7c2d1e0f3a4b")
-MAX_CALL = 256  # RegisterRetainedBlocksBatch's limit in the registry
-_Answer = rpb.RegisterRetainedBlocksResponse | BoomerangClientError
 
 
 def idempotency_key(engine_id: str, generation: int, remote_request_id: str) -> str:
@@ -111,9 +108,14 @@ class RegistrationSender:
         self.stale = 0
         self.rejected: Counter[str] = Counter()
         self.transient_failures = 0
-        self.batched = True  # until the registry answers the batched RPC UNIMPLEMENTED
-        self.batch_calls = 0
-        self.single_calls = 0
+        self.calls: BatchedSender[Entry[Registration]] = BatchedSender(BatchedRpc(
+            "RegisterRetainedBlocks", "RegisterRetainedBlocksBatch", "registry",
+            single_future=lambda e: client.register_retained_blocks_future(e.prepared, timeout=rpc_timeout),
+            batch_future=lambda chunk: client.register_retained_blocks_batch_future(
+                rpb.RegisterRetainedBlocksBatchRequest(registrations=[e.prepared for e in chunk]), timeout=rpc_timeout),
+            # "Register the engine first" refuses every registration of the call alike.
+            whole_call_answers=lambda err: err.reason in REREGISTER_REASONS,
+        ))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"boomerang-sender-{facts.engine_id}", daemon=True)
 
@@ -157,9 +159,9 @@ class RegistrationSender:
             "stale": self.stale,
             "rejected": dict(self.rejected),
             "transient_failures": self.transient_failures,
-            "batched": self.batched,
-            "batch_calls": self.batch_calls,
-            "single_calls": self.single_calls,
+            "batched": self.calls.batched,
+            "batch_calls": self.calls.batch_calls,
+            "single_calls": self.calls.single_calls,
             "retried": s.retried,
             "expired": s.expired,
             "dropped_full": s.dropped_full,
@@ -250,7 +252,7 @@ class RegistrationSender:
         if not self.presence.registered:
             self.outbox.retry(ready)  # the engine registers at the new generation first
             return True
-        answers = self._send_batched(ready) if self.batched and ready else self._send_singly(ready)
+        answers = self.calls.send(ready)
         again: list[Entry[Registration]] = []
         transient = False
         for entry, resp in answers:
@@ -274,66 +276,3 @@ class RegistrationSender:
         if again:
             self.outbox.retry(again)
         return not transient
-
-    def _send_singly(self, entries: list[Entry[Registration]]) -> list[tuple[Entry[Registration], _Answer]]:
-        """One RegisterRetainedBlocks call per registration, all in flight at once."""
-        calls = [(e, self.client.register_retained_blocks_future(e.prepared, timeout=self.rpc_timeout)) for e in entries]
-        self.single_calls += len(calls)
-        answers: list[tuple[Entry[Registration], _Answer]] = []
-        for entry, future in calls:
-            try:
-                answers.append((entry, result("RegisterRetainedBlocks", future)))
-            except BoomerangClientError as err:
-                answers.append((entry, err))
-        return answers
-
-    def _send_batched(self, entries: list[Entry[Registration]]) -> list[tuple[Entry[Registration], _Answer]]:
-        """RegisterRetainedBlocksBatch calls of at most MAX_CALL registrations, all in flight at once."""
-        chunks = [entries[n : n + MAX_CALL] for n in range(0, len(entries), MAX_CALL)]
-        calls = [
-            (
-                chunk,
-                self.client.register_retained_blocks_batch_future(
-                    rpb.RegisterRetainedBlocksBatchRequest(registrations=[e.prepared for e in chunk]),
-                    timeout=self.rpc_timeout,
-                ),
-            )
-            for chunk in chunks
-        ]
-        self.batch_calls += len(calls)
-        answers: list[tuple[Entry[Registration], _Answer]] = []
-        singly: list[Entry[Registration]] = []
-        for chunk, future in calls:
-            try:
-                resp: rpb.RegisterRetainedBlocksBatchResponse = result("RegisterRetainedBlocksBatch", future)
-            except BoomerangClientError as err:
-                if err.reason == "UNIMPLEMENTED":
-                    if self.batched:
-                        log.info("boomerang: the registry has no RegisterRetainedBlocksBatch; sending single calls")
-                    self.batched = False
-                    singly.extend(chunk)
-                elif err.code in TRANSIENT_CODES or err.reason in REREGISTER_REASONS:
-                    answers.extend((entry, err) for entry in chunk)  # as each call alone would have failed
-                else:
-                    log.warning("boomerang: registry refused a batch of %d (%s); sending them singly", len(chunk), err)
-                    singly.extend(chunk)
-                continue
-            if len(resp.results) != len(chunk):
-                bad = BoomerangClientError(
-                    "RegisterRetainedBlocksBatch",
-                    BoomerangError(Code.INTERNAL, "INTERNAL", f"{len(resp.results)} results for {len(chunk)} registrations"),
-                )
-                answers.extend((entry, bad) for entry in chunk)
-                continue
-            for entry, item in zip(chunk, resp.results, strict=True):
-                answers.append((entry, item.response if not item.error_code else _item_error(item)))
-        if singly:
-            answers.extend(self._send_singly(singly))
-        return answers
-
-
-def _item_error(item: rpb.RegisterRetainedBlocksBatchResult) -> BoomerangClientError:
-    """One failed registration of a batch, as its own RegisterRetainedBlocks call would have raised it."""
-    return BoomerangClientError(
-        "RegisterRetainedBlocks", from_code_number(item.error_code, item.error_reason, item.error_message)
-    )
