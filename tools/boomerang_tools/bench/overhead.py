@@ -98,9 +98,13 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     s.start("naive-proxy", ["bench", "--serve-naive-proxy", "127.0.0.1:0", "--prefill", prefill, "--decode", decode])
     # Hook mode: the engines plan (PlanTurn from P's own token ids) and register (D's sender,
     # RegisterRetainedBlocksBatch) themselves; the gateway only routes. The planning budget is
-    # `boomerang up --hook`'s (250 ms), not the hook's 20 ms default for real hosts.
+    # `boomerang up --hook`'s (250 ms), not the hook's 20 ms default for real hosts. At
+    # --time-scale 0 the engines compute nothing, so what a pull would save is moot: a token is
+    # valued high enough that every plan may be waited for up to that budget, and the turn
+    # measures the plan's own latency (at the profile's 0.02 ms a token a short bench prompt
+    # waited ~10 ms, and on a busy host every plan came too late: no turn pulled).
     hook_args = ["--hook", "--router", b.router_address, "--plan-deadline-ms", "250", "--plan-wait-share", "1",
-                 "--served-model-name", HOOK_MODEL]
+                 "--prefill-ms-per-token", "1000", "--served-model-name", HOOK_MODEL]
     s.start("sim-prefill-hook", ["sim", "--role", "prefill", "--engine-id", f"bench-sim-hp-{run}", *common, *hook_args])
     s.start("sim-decode-hook", ["sim", "--role", "decode", "--engine-id", f"bench-sim-hd-{run}", *common, *hook_args])
     await s.ready("sim-prefill-hook", "sim-decode-hook")
