@@ -200,8 +200,12 @@ async def grpc_floor(b: Bench, rate: int = 1000, seconds: float = 3.0) -> dict[s
     results = await running
     cpu = meter.stop()
     b.progress.remove_task(task)
-    sent = sum(r["sent"] for r in results)
-    return {"rate": rate, "calls": sent, "server_cpu_ms_per_call": round(1000 * cpu["registry"] / max(sent, 1), 3),
+    errors: Counter[str] = Counter()
+    for r in results:
+        errors.update(r["errors"])
+    sent = sum(r["sent"] for r in results) - sum(errors.values())  # the calls answered
+    return {"rate": rate, "calls": sent, "errors": dict(errors),
+            "server_cpu_ms_per_call": round(1000 * cpu["registry"] / max(sent, 1), 3),
             "client_cpu_ms_per_call": round(1000 * cpu["clients"] / max(sent, 1), 3)}
 
 

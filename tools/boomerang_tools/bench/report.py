@@ -255,7 +255,9 @@ def markdown(report: dict[str, Any]) -> str:
             lines += ["", (f"The floor under that: one empty gRPC call (grpc.health.v1 Check, {floor['rate']:,}/s) "
                            f"costs {floor['server_cpu_ms_per_call']:.2f} ms of server CPU and "
                            f"{floor['client_cpu_ms_per_call']:.2f} ms of client CPU here; a plan crosses two hops "
-                           f"(client → router → registry), {hops:.2f} ms before any work.")]
+                           f"(client → router → registry), {hops:.2f} ms before any work"
+                           + (f" ({_count(sum(floor['errors'].values()))} calls failed, by code "
+                              f"{floor['errors']}, left out)." if floor.get("errors") else "."))]
     if (report.get("plan_paths") or {}).get("rates"):
         lines += plan_paths_lines(report["plan_paths"])
     if report.get("lookup_paths"):
