@@ -99,6 +99,14 @@ class Outbox(Generic[T]):
         with self._cond:
             return len(self._items) + self._taken
 
+    def wait_drained(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds (wall clock) until nothing is `pending`; whether it
+        drained. What a sender's `flush` waits for."""
+        end = time.monotonic() + timeout
+        while self.pending() and time.monotonic() < end:
+            time.sleep(0.005)
+        return not self.pending()
+
     def retry(self, entries: list[Entry[T]]) -> None:
         """Put failed entries back at the front, in their order, within the capacity."""
         with self._cond:

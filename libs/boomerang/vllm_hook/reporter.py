@@ -48,7 +48,6 @@ from boomerang.vllm_hook.outbox import Entry, Outbox
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Report:
     """One ReportTurn to send, or (with `replan`) a lost plan to find and give back."""
@@ -103,10 +102,7 @@ class TurnReporter:
 
     def flush(self, timeout: float) -> bool:
         """Wait until nothing is queued or being sent."""
-        end = time.monotonic() + timeout
-        while self.outbox.pending() and time.monotonic() < end:
-            time.sleep(0.005)
-        return not self.outbox.pending()
+        return self.outbox.wait_drained(timeout)
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what can be sent within `timeout`, then stop."""

@@ -133,10 +133,7 @@ class RegistrationSender:
 
     def flush(self, timeout: float) -> bool:
         """Wait until nothing is queued or in flight; returns whether that happened in time."""
-        end = time.monotonic() + timeout
-        while self.outbox.pending() and time.monotonic() < end:
-            time.sleep(0.005)
-        return not self.outbox.pending()
+        return self.outbox.wait_drained(timeout)
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what can be sent within `timeout`, then stop the thread and close the channel."""
