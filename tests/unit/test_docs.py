@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from boomerang.config.fields import old_env_names
+from boomerang_server.config.fields import old_env_names
 from boomerang_tools import configdoc
 
 ROOT = Path(__file__).resolve().parents[2]

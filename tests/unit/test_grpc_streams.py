@@ -14,10 +14,10 @@ import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
 from boomerang.errors import BoomerangError, Code, Violations
-from boomerang.grpcutil.status import rpc
 from boomerang.grpcutil.streams import serve_items
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+from boomerang_server.rpc.status import rpc
 
 
 class Planner(rtgrpc.RouterServiceServicer):
