@@ -37,8 +37,9 @@ def test_pip_installs_the_hook_from_vllms_environment_offline(wheels: tuple[Path
     )
     assert done.returncode == 0, done.stderr
     installs = [item["metadata"]["name"] for item in json.loads(done.stdout)["install"]]
-    # every other dependency is already satisfied by vLLM's set
-    assert sorted(installs) == ["boomerang-client", "boomerang-vllm-hook"]
+    # Offline, so every third-party dependency was satisfied by vLLM's set; Boomerang's own two
+    # may already be there (this virtualenv holds them for the suite's engines).
+    assert set(installs) <= {"boomerang-client", "boomerang-vllm-hook"}
 
 
 # vLLM imports the connector from `kv_connector_module_path` while it builds the scheduler.
