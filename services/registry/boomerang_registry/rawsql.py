@@ -36,6 +36,10 @@ SET_TENANT_LOCAL = "SELECT set_config('boomerang.tenant', $1, true), set_config(
 SET_TENANTS_SESSION = "SELECT set_config('boomerang.tenant', '', false), set_config('boomerang.tenants', $1, false)"
 SET_TENANTS_LOCAL = "SELECT set_config('boomerang.tenant', '', true), set_config('boomerang.tenants', :t, true)"
 
+SET_SYSTEM_IDENTIFIER = (
+    "SELECT set_config('boomerang.system_identifier', system_identifier::text, false) FROM pg_control_system()"
+)
+
 
 def positional(sql: str) -> tuple[str, list[str]]:
     """`:name` parameters (SQLAlchemy style) as asyncpg's `$n`; the names in order."""
@@ -78,6 +82,10 @@ async def _init(conn: asyncpg.Connection) -> None:
     # As SQLAlchemy's asyncpg dialect does: jsonb parameters go as the JSON text the
     # repository already made, results come back decoded.
     await conn.set_type_codec("jsonb", encoder=str, decoder=json.loads, schema="pg_catalog")
+    # The server's system identifier for the failover fence's per-statement check (migration
+    # 0011): read from the control file once per connection, not on every claim. A session
+    # lives on one server, so the value never goes stale.
+    await conn.execute(SET_SYSTEM_IDENTIFIER)
 
 
 class TenantPool:
