@@ -70,7 +70,7 @@ WITH old AS (
     INSERT INTO lease_events (lease_id, tenant, conversation_id, from_state, to_state,
                               reason, actor, request_id, claim_id, details)
     SELECT lease_id, tenant, conversation_id, from_state, 'INVALIDATED', CAST(:reason AS text),
-           CAST(:actor AS text), '', claim_id, CAST(:details AS jsonb)
+           CAST(:actor AS text), '', COALESCE(claim_id, ''), CAST(:details AS jsonb)
     FROM moved
 )
 SELECT count(*) AS fenced, count(*) FILTER (WHERE from_state = 'RETAINED') AS released FROM moved
