@@ -65,8 +65,7 @@ class Node:
     def configure(self, **settings: str) -> None:
         """Append settings to postgresql.conf (read at the next start or reload)."""
         with open(self.data / "postgresql.conf", "a") as conf:
-            for key, value in settings.items():
-                conf.write(f"{key} = '{value}'\n")
+            conf.writelines(f"{key} = '{value}'\n" for key, value in settings.items())
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the postmaster and wait until it answers."""

@@ -28,9 +28,23 @@ def normalize_database_url(url: str) -> str:
     )
 
 
+def asyncpg_dsn(url: str) -> str:
+    """`url` as plain asyncpg reads it: several hosts in the libpq form (`h1:p1,h2:p2`), since
+    asyncpg keeps only the last of repeated `host` parameters (SQLAlchemy's form)."""
+    rest = normalize_database_url(url)[len("postgresql+asyncpg://") :]
+    netloc, _, tail = rest.partition("/")
+    path, question, query = tail.partition("?")
+    params = query.split("&") if question else []
+    hosts = [p[len("host=") :] for p in params if p.startswith("host=")]
+    if len(hosts) < 2:
+        return "postgresql://" + rest
+    others = "&".join(p for p in params if not p.startswith("host="))
+    return f"postgresql://{netloc}{','.join(hosts)}/{path}" + (f"?{others}" if others else "")
+
+
 def _hosts_as_query(rest: str) -> str:
     """`user@h1:p1,h2:p2/db?q` as `user@/db?host=h1:p1&host=h2:p2&q`; one host unchanged."""
-    netloc, slash, tail = rest.partition("/")
+    netloc, _, tail = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
     if "," not in hosts:
         return rest

@@ -82,7 +82,7 @@ def epoch_changed(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.PostgresError) and exc.sqlstate == EPOCH_CHANGED_SQLSTATE
 
 
-class Fence:
+class EpochFence:
     """Runs the fence at most once at a time per process; callers share the running one."""
 
     def __init__(self, owner: AsyncEngine, actor: str):
@@ -91,7 +91,7 @@ class Fence:
         self._running: asyncio.Task[int | None] | None = None
 
     async def ensure(self) -> int | None:
-        """Fence if the server's epoch is not the stored one; the leases fenced, or None if
+        """EpochFence if the server's epoch is not the stored one; the leases fenced, or None if
         the epoch was current (another caller or replica fenced first).
 
         The fence runs in its own task, shielded: a caller whose deadline passes (a claim's

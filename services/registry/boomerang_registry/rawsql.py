@@ -26,7 +26,9 @@ from typing import Any
 
 import asyncpg
 from boomerang import telemetry
-from boomerang.config.settings import normalize_database_url
+from boomerang.config.settings import asyncpg_dsn
+
+from boomerang_registry.fence import epoch_changed
 
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 # Each sets both settings, so a batch's tenant list never outlives the use that set it.
@@ -120,9 +122,16 @@ class TenantPool:
         async def init(conn: asyncpg.Connection) -> None:
             await _init(conn)
             for query, args in warm_args:
-                await conn.fetch(query, *args)
+                try:
+                    await conn.fetch(query, *args)
+                except asyncpg.PostgresError as exc:
+                    # A new connection after a failover, before the fence ran: the connection
+                    # is sound, and its first claim runs the fence (fence.py).
+                    if not epoch_changed(exc):
+                        raise
+                    return
 
-        dsn = normalize_database_url(url).replace("postgresql+asyncpg://", "postgresql://")
+        dsn = asyncpg_dsn(url)
         pool = await asyncpg.create_pool(dsn, min_size=size, max_size=size, init=init, reset=_keep_session,
                                          server_settings=settings, command_timeout=10, timeout=5)
         return cls(pool)

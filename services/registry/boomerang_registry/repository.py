@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from boomerang_registry.claims import ClaimStore
 from boomerang_registry.engines import EngineStore
 from boomerang_registry.events import EventStore
-from boomerang_registry.fence import Fence
+from boomerang_registry.fence import EpochFence
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.registrations import RegistrationStore
 from boomerang_registry.releases import ReleaseStore
@@ -38,7 +38,7 @@ class RegistryRepository:
         self.owner: AsyncEngine = owner
         self.pool: TenantPool = pool
         self.retained: RetainedTotals = store.retained
-        self.fence: Fence = store.fence
+        self.fence: EpochFence = store.fence
         self.engines = EngineStore(store)
         self.registrations = RegistrationStore(store)
         self.claims = ClaimStore(store)

@@ -17,7 +17,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_registry.batching import RegistrationBatcher
-from boomerang_registry.fence import Fence
+from boomerang_registry.fence import EpochFence
 from boomerang_registry.metrics import refresh_gauges
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
@@ -59,7 +59,7 @@ async def run(settings: RegistrySettings) -> None:
     # A registry started on a database that failed over fences before it serves (and before
     # the pool's warm-up claims, which the epoch check would refuse); later changes are found
     # by the statements themselves (fence.py).
-    await Fence(engine, "registry").run()
+    await EpochFence(engine, "registry").run()
     # Every tenant-scoped statement runs on this pool, as the row-level-security role.
     raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role, warm=WARM_UP)
     repo = RegistryRepository(engine, raw, settings.ttl_margin_seconds)
