@@ -68,7 +68,18 @@ class Node:
             conf.writelines(f"{key} = '{value}'\n" for key, value in settings.items())
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start the postmaster and wait until it answers."""
+        """Start the postmaster and wait until it answers (on another free port if another
+        process took this one since it was chosen)."""
+        for _ in range(3):
+            try:
+                return self._start(timeout)
+            except RuntimeError:
+                if "could not bind" not in self.log():
+                    raise
+                self.port = free_port()
+        self._start(timeout)
+
+    def _start(self, timeout: float) -> None:
         ent = _server_user()
         with open(self.data.parent / f"{self.name}.log", "ab") as log:
             self.proc = subprocess.Popen(

@@ -5,8 +5,8 @@ asynchronous standby that missed the last commits, a lease claimed and consumed 
 primary is RETAINED again on the new one, and its decode engine has freed the blocks.
 
 Migration 0011's `database_epoch` row holds the (system identifier, timeline) the registry
-last fenced on, and every claim and registration statement calls `boomerang_check_epoch()`,
-which raises SQLSTATE BX001 when the server's differs (a promotion starts a new timeline).
+last fenced on, and every claim and registration statement checks it (statements.EPOCH_GUARD),
+raising SQLSTATE BX001 when the server's differs (a promotion starts a new timeline).
 Nothing of that statement is applied. The caller (`fenced`) then runs the fence once for
 the whole process and repeats its call:
 
@@ -37,17 +37,16 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_registry.metrics import FENCED_LEASES, FENCES
-from boomerang_registry.statements import LIVE_LEASE_FILTER
+from boomerang_registry.statements import LIVE_LEASE_FILTER, SERVER_TIMELINE
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-EPOCH_CHANGED_SQLSTATE = "BX001"  # boomerang_check_epoch()'s refusal
+EPOCH_CHANGED_SQLSTATE = "BX001"  # the guard's refusal (boomerang_epoch_changed())
 
 _LOCK_EPOCH_SQL = "SELECT system_identifier, timeline FROM database_epoch FOR UPDATE"
 _SERVER_EPOCH_SQL = (
-    "SELECT (SELECT system_identifier FROM pg_control_system()) AS system_identifier, "
-    "boomerang_server_timeline() AS timeline"
+    f"SELECT system_identifier, {SERVER_TIMELINE} AS timeline FROM pg_control_system()"
 )
 _STORE_EPOCH_SQL = """
 INSERT INTO database_epoch (system_identifier, timeline, fenced_at)
@@ -78,7 +77,7 @@ SELECT count(*) AS fenced, count(*) FILTER (WHERE from_state = 'RETAINED') AS re
 
 
 def epoch_changed(exc: BaseException) -> bool:
-    """Whether `exc` is `boomerang_check_epoch()`'s refusal: the server is on a new epoch."""
+    """Whether `exc` is the epoch guard's refusal: the server is on a new epoch."""
     return isinstance(exc, asyncpg.PostgresError) and exc.sqlstate == EPOCH_CHANGED_SQLSTATE
 
 

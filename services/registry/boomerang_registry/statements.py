@@ -76,11 +76,24 @@ UNION ALL
 SELECT *, false AS moved FROM old WHERE NOT EXISTS (SELECT 1 FROM moved)
 """
 
-# A statement's gate (a one-time filter, evaluated once per execution): SQLSTATE BX001 when
+# The server's WAL insert timeline (right from the moment of promotion) and system
+# identifier (read once per pool connection into the setting, rawsql.py; else from the
+# control file). Inline, not SQL functions: one calling the volatile pg_current_wal_lsn()
+# would be planned again on every call.
+SERVER_TIMELINE = "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer"
+SERVER_SYSTEM_IDENTIFIER = (
+    "COALESCE(NULLIF(current_setting('boomerang.system_identifier', true), '')::bigint, "
+    "(SELECT system_identifier FROM pg_control_system()))"
+)
+# A statement's gate: an uncorrelated subquery, so a one-time filter evaluated once per
+# execution (a few microseconds). It raises SQLSTATE BX001 (boomerang_epoch_changed()) when
 # the server's timeline or system identifier is not the one the registry fenced on
 # (migration 0011, fence.py), so no claim and no registration lands on a new timeline
 # before every lease that might have been used on the lost one is invalidated.
-EPOCH_GUARD = "boomerang_check_epoch()"
+EPOCH_GUARD = f"""COALESCE((SELECT CASE WHEN e.timeline = {SERVER_TIMELINE}
+                               AND e.system_identifier = {SERVER_SYSTEM_IDENTIFIER}
+                          THEN true ELSE boomerang_epoch_changed() END
+                   FROM database_epoch e), boomerang_epoch_changed())"""
 
 
 def claim_statement(lease_key: str, candidates: str, order: str, found_by: str = "") -> str:

@@ -6,18 +6,20 @@ supersession. On it those leases look RETAINED again, and a claim would hand out
 decode engine already gave to a pull and freed.
 
 `database_epoch` holds the one (system identifier, timeline) the registry last fenced on.
-Every claim and registration calls `boomerang_check_epoch()`, which raises SQLSTATE BX001
-when the server's own differs: a promotion starts a new timeline, and a restore into
-another cluster a new system identifier. The registry then fences (fence.py): every live
-lease becomes INVALIDATED (`TIMELINE_CHANGED` or `SYSTEM_CHANGED`), the retained ones are
-marked for release, and the row takes the server's values and `fenced_at`.
+Every claim and registration statement compares it with the server's (statements.EPOCH_GUARD,
+a one-time filter: a few microseconds) and, when they differ, calls
+`boomerang_epoch_changed()`, which raises SQLSTATE BX001: a promotion starts a new timeline,
+and a restore into another cluster has a new system identifier. The registry then fences
+(fence.py): every live lease becomes INVALIDATED (`TIMELINE_CHANGED` or `SYSTEM_CHANGED`),
+the retained ones are marked for release, and the row takes the server's values and
+`fenced_at`.
 
-The server's timeline is the WAL insert timeline in the current WAL file's name (the first
+The server's timeline is the WAL insert timeline in the current WAL file's name (its first
 8 hex digits): right from the moment of promotion, where `pg_control_checkpoint()` still
 names the old timeline until the first checkpoint after it. The system identifier comes
-from `pg_control_system()`, which reads the control file (about 30 µs): the hot-path pool
-reads it once per connection into `boomerang.system_identifier` (rawsql.py), and the check
-reads the file only on connections that did not.
+from `pg_control_system()`, which reads and checksums the control file on every call: the
+hot-path pool reads it once per connection into `boomerang.system_identifier` (rawsql.py),
+and the guard reads the file only on connections that did not.
 
 Revision ID: 0011_database_epoch
 Revises: 0010_lease_release
@@ -33,15 +35,6 @@ branch_labels = None
 depends_on = None
 
 UPGRADE = r"""
-CREATE FUNCTION boomerang_server_timeline() RETURNS integer
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer
-$$;
-CREATE FUNCTION boomerang_server_system_identifier() RETURNS bigint
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT COALESCE(NULLIF(current_setting('boomerang.system_identifier', true), '')::bigint,
-                    (SELECT system_identifier FROM pg_control_system()))
-$$;
 CREATE TABLE database_epoch (
     singleton boolean DEFAULT true NOT NULL,
     system_identifier bigint NOT NULL,
@@ -52,35 +45,31 @@ CREATE TABLE database_epoch (
     CONSTRAINT ck_database_epoch_singleton CHECK (singleton)
 );
 INSERT INTO database_epoch (system_identifier, timeline)
-SELECT boomerang_server_system_identifier(), boomerang_server_timeline();
--- true, or SQLSTATE BX001 when the server is not the one the registry last fenced on.
-CREATE FUNCTION boomerang_check_epoch() RETURNS boolean
+SELECT system_identifier, ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer
+FROM pg_control_system();
+-- The guard's refusal (statements.EPOCH_GUARD calls it only when the epochs differ):
+-- SQLSTATE BX001, naming both.
+CREATE FUNCTION boomerang_epoch_changed() RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     stored database_epoch%ROWTYPE;
-    server_timeline integer := boomerang_server_timeline();
-    server_system bigint := boomerang_server_system_identifier();
 BEGIN
     SELECT * INTO stored FROM database_epoch;
-    IF stored.timeline IS DISTINCT FROM server_timeline
-       OR stored.system_identifier IS DISTINCT FROM server_system THEN
-        RAISE EXCEPTION USING ERRCODE = 'BX001',
-            MESSAGE = format('database epoch changed: leases were fenced on system %s timeline %s, '
-                             'the server is system %s timeline %s',
-                             stored.system_identifier, stored.timeline, server_system, server_timeline);
-    END IF;
-    RETURN true;
+    RAISE EXCEPTION USING ERRCODE = 'BX001',
+        MESSAGE = format('database epoch changed: leases were fenced on system %s timeline %s, '
+                         'the server is system %s timeline %s',
+                         stored.system_identifier, stored.timeline,
+                         (SELECT system_identifier FROM pg_control_system()),
+                         ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer);
 END
 $$;
 GRANT SELECT ON database_epoch TO boomerang_service;
-GRANT EXECUTE ON FUNCTION boomerang_check_epoch() TO boomerang_service;
+GRANT EXECUTE ON FUNCTION boomerang_epoch_changed() TO boomerang_service;
 """
 
 DOWNGRADE = r"""
-DROP FUNCTION boomerang_check_epoch();
+DROP FUNCTION boomerang_epoch_changed();
 DROP TABLE database_epoch;
-DROP FUNCTION boomerang_server_system_identifier();
-DROP FUNCTION boomerang_server_timeline();
 """
 
 
