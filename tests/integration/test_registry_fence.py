@@ -165,3 +165,17 @@ async def test_a_turn_end_on_a_new_epoch_is_fenced_first_and_never_half_applied(
     (after,) = await repo.turns.commit([TurnEnd(None, now)])
     assert not isinstance(after.registration, BoomerangError) and after.registration is not None
     assert after.registration[1]  # created
+
+
+async def test_a_claim_batch_on_a_new_timeline_is_fenced_and_claims_nothing(
+    repo: RegistryRepository, db: asyncpg.Connection
+) -> None:
+    eid = await engine(repo)
+    convs = [f"c-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    leases = [await lease_for(repo, eid, c) for c in convs]
+    await db.execute("UPDATE database_epoch SET timeline = timeline + 1")
+    answers = await repo.claims.claim_batch([requests.claim(claim_request(TENANT, c, tokens(400))) for c in convs])
+    assert [a[0] for a in answers] == [ClaimOutcome.NO_LEASE] * 3
+    for lease in leases:
+        assert await state(db, lease) == ("INVALIDATED", True)
+        assert [e[1] for e in await fence_events(db, lease)] == ["TIMELINE_CHANGED"]
