@@ -4,7 +4,8 @@ URL (`target_session_attrs=read-write`, the standby listed first) and reconnects
 
 - Asynchronous replication (issue 32's scenario): turn A's lease reaches the standby, the
   standby's replication is cut, turn B pulls A's lease on the primary alone, the primary dies
-  and the standby is promoted. The retry of turn B must not be given A's lease: the fence
+  and the standby is promoted. The retry of turn B, planned by a router, must not be given
+  A's lease (COLD, NO_LEASE): the fence
   invalidated it with its reason and told D to free it; a late repeat of turn B's
   registration (acknowledged on the lost timeline) is refused.
 - Synchronous replication: every acknowledged claim, consume and registration is on the
@@ -24,13 +25,16 @@ import asyncpg
 import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
+from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 
 from tests.support import pgcluster
 from tests.support.pgcluster import ReplicatedPostgres
 from tests.support.procs import ServiceProcess
 from tests.support.registry_data import blocks_request, claim_request, engine_request
+from tests.support.router_stack import running_router
 
 pytestmark = [
     pytest.mark.e2e,
@@ -41,6 +45,8 @@ T = TypeVar("T")
 TENANT = "t-failover"
 CONV = "conv-failover"
 ENGINE = "d-failover"
+PREFILL = "p-failover"
+MODEL = "qwen3-32b"  # engine_request's
 TURN_A = list(range(1000, 1320))
 TURN_B = [*TURN_A, *range(5000, 5100)]
 
@@ -97,6 +103,16 @@ async def turn_a(client: RegistryClient) -> str:
     return str((await client.register_retained_blocks(blocks_request(TENANT, CONV, ENGINE, TURN_A))).lease.lease_id)
 
 
+async def planned(planner: RouterClient, req: rtpb.PlanTurnRequest, timeout: float = 30.0) -> rtpb.PlanTurnResponse:
+    """The router's plan once it is made with the registry's answer (not CONTROL_PLANE_DEGRADED)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        plan = await planner.plan_turn(req)
+        if plan.reason != rtpb.PLAN_REASON_CONTROL_PLANE_DEGRADED or time.monotonic() > deadline:
+            return plan
+        await asyncio.sleep(0.1)
+
+
 def turn_b_blocks(finished: float = 0.0) -> rpb.RegisterRetainedBlocksRequest:
     """What D retained of turn B (its prompt and answer), finished at `finished` (0: now)."""
     return blocks_request(TENANT, CONV, ENGINE, [*TURN_B, *range(9000, 9030)], finish_time_unix=finished)
@@ -125,7 +141,14 @@ async def test_async_failover_never_hands_out_a_lease_used_on_the_lost_timeline(
 ) -> None:
     cluster = async_cluster
     registry = registry_on(cluster.url)
+    with running_router(cluster.url, registry.address) as router:
+        await failover_under(cluster, registry, router)
+    assert "database epoch changed" in registry.output()
+
+
+async def failover_under(cluster: ReplicatedPostgres, registry: ServiceProcess, router: ServiceProcess) -> None:
     async with RegistryClient(registry.address) as client:
+        await client.register_engine(engine_request(PREFILL, role=tpb.ENGINE_ROLE_PREFILL))
         a_lease = await turn_a(client)
         cluster.wait_replayed()  # A's lease is on the standby
         cluster.cut_replication()
@@ -133,9 +156,14 @@ async def test_async_failover_never_hands_out_a_lease_used_on_the_lost_timeline(
         b_lease = await pull_and_end(client, a_lease, b_reg)  # on the primary alone
 
         cluster.fail_over()
-        # A client's retry of turn B: a new plan, a new claim, through the same registry.
-        retry = await answered(lambda: client.claim_reuse(claim_request(TENANT, CONV, TURN_B)))
-        assert retry.outcome == rpb.CLAIM_OUTCOME_NO_LEASE and not retry.lease.lease_id
+        # A client's retry of turn B: a new plan through the router, which claims through the
+        # registry; both reconnect by themselves (the plan degrades until they have).
+        async with RouterClient(router.address) as planner:
+            retry = await planned(planner, rtpb.PlanTurnRequest(
+                tenant=TENANT, conversation_id=CONV, model=MODEL, prompt_token_ids=TURN_B))
+        assert (retry.decision, retry.reason) == (rtpb.PLAN_DECISION_COLD, rtpb.PLAN_REASON_NO_LEASE)
+        direct = await client.claim_reuse(claim_request(TENANT, CONV, TURN_B))
+        assert direct.outcome == rpb.CLAIM_OUTCOME_NO_LEASE and not direct.lease.lease_id
 
         conversation = await client.get_conversation(rpb.GetConversationRequest(tenant=TENANT, conversation_id=CONV, include_events=True))
         leases = {lease.lease_id: lease for lease in conversation.leases}
@@ -160,7 +188,6 @@ async def test_async_failover_never_hands_out_a_lease_used_on_the_lost_timeline(
         assert refused.value.code == "FAILED_PRECONDITION" and refused.value.reason == "FINISHED_BEFORE_FAILOVER"
         again = await client.claim_reuse(claim_request(TENANT, CONV, TURN_B))
         assert again.outcome == rpb.CLAIM_OUTCOME_NO_LEASE
-    assert "database epoch changed" in registry.output()
 
 
 async def commit_latency_ms(url: str, mode: str, n: int = 200) -> list[float]:
