@@ -27,6 +27,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "engines": (REGISTRY,),
     "leases": (REGISTRY,),
     "lease_events": (REGISTRY,),
+    "database_epoch": (REGISTRY,),
     "turn_plans": ("services/router/boomerang_router/",),
     "reaper_leader": ("services/reaper/boomerang_reaper/",),
     "tenants": ("services/gateway/boomerang_gateway/tenants.py",),

@@ -15,13 +15,42 @@ from boomerang_server.config.fields import ENV_PREFIX, Flag, env_name, flag_spec
 
 
 def normalize_database_url(url: str) -> str:
-    """Accept `postgres://` and `postgresql://` URLs and select the asyncpg driver."""
+    """Accept `postgres://` and `postgresql://` URLs and select the asyncpg driver.
+
+    A libpq multi-host URL (`postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write`)
+    becomes the same hosts as `host` query parameters, the one multi-host form both asyncpg and
+    SQLAlchemy read."""
     for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+asyncpg://" + url[len(prefix) :]
+            return "postgresql+asyncpg://" + _hosts_as_query(url[len(prefix) :])
     raise ValueError(
         "must be a PostgreSQL URL such as postgresql://user@127.0.0.1:5432/boomerang"
     )
+
+
+def asyncpg_dsn(url: str) -> str:
+    """`url` as plain asyncpg reads it: several hosts in the libpq form (`h1:p1,h2:p2`), since
+    asyncpg keeps only the last of repeated `host` parameters (SQLAlchemy's form)."""
+    rest = normalize_database_url(url)[len("postgresql+asyncpg://") :]
+    netloc, _, tail = rest.partition("/")
+    path, question, query = tail.partition("?")
+    params = query.split("&") if question else []
+    hosts = [p[len("host=") :] for p in params if p.startswith("host=")]
+    if len(hosts) < 2:
+        return "postgresql://" + rest
+    others = "&".join(p for p in params if not p.startswith("host="))
+    return f"postgresql://{netloc}{','.join(hosts)}/{path}" + (f"?{others}" if others else "")
+
+
+def _hosts_as_query(rest: str) -> str:
+    """`user@h1:p1,h2:p2/db?q` as `user@/db?host=h1:p1&host=h2:p2&q`; one host unchanged."""
+    netloc, _, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return rest
+    path, question, query = tail.partition("?")
+    params = "&".join(f"host={h}" for h in hosts.split(",") if h)
+    return f"{userinfo}{at}/{path}?{params}" + (f"&{query}" if question and query else "")
 
 
 def check_listen(value: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Integer,
@@ -108,6 +109,20 @@ lease_events = Table(
 )
 
 from sqlalchemy import CheckConstraint, Index
+
+# The database epoch the registry last fenced on (migration 0011, the registry's fence.py):
+# one row, the server's system identifier and WAL timeline; `fenced_at` is when the last
+# failover fence ran (NULL: none since the migration).
+database_epoch = Table(
+    "database_epoch",
+    metadata,
+    Column("singleton", Boolean, primary_key=True, server_default=text("true")),
+    Column("system_identifier", BigInteger, nullable=False),
+    Column("timeline", Integer, nullable=False),
+    Column("fenced_at", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    CheckConstraint("singleton", name="singleton"),
+)
 
 # One row per turn plan (router), written asynchronously in batches: the plan when made,
 # the same row again with its outcome when reported. Partitioned by day on `created_at`,

@@ -111,10 +111,15 @@ class ClaimStore:
     async def claim(self, q: ClaimQuery) -> ClaimAnswer:
         """Claim the best live lease in one statement; returns (outcome, lease, tokens, remaining).
 
-        A claim that lost its lease's row lock looks once more (see `lost_the_row_lock`).
+        A claim that lost its lease's row lock looks once more (see `lost_the_row_lock`); one
+        refused on a new database epoch, once more after the failover fence (fence.py).
         """
-        result = await self._claim(q)
-        return await self._claim(q) if lost_the_row_lock(result) else result
+
+        async def claim() -> ClaimAnswer:
+            result = await self._claim(q)
+            return await self._claim(q) if lost_the_row_lock(result) else result
+
+        return await self.store.fence.fenced(claim)
 
     async def _claim(self, q: ClaimQuery) -> ClaimAnswer:
         if not q.conversation_id:
@@ -130,14 +135,19 @@ class ClaimStore:
         A round holds at most one claim per conversation (CLAIM_BATCH_SQL's rule); a second
         claim on the same conversation goes in the next round, which runs after the first
         committed and so sees its claim (as two calls in a row would). Claims that lost a
-        row lock look once more, together.
+        row lock look once more, together. Refused on a new database epoch, the batch runs again
+        after the failover fence (a round that already claimed finds its claims as `prior`).
         """
-        results = await self._claim_batch(queries)
-        again = [n for n, result in enumerate(results) if lost_the_row_lock(result)]
-        if again:
-            for n, result in zip(again, await self._claim_batch([queries[n] for n in again]), strict=True):
-                results[n] = result
-        return results
+
+        async def claim_batch() -> list[ClaimAnswer]:
+            results = await self._claim_batch(queries)
+            again = [n for n, result in enumerate(results) if lost_the_row_lock(result)]
+            if again:
+                for n, result in zip(again, await self._claim_batch([queries[n] for n in again]), strict=True):
+                    results[n] = result
+            return results
+
+        return await self.store.fence.fenced(claim_batch)
 
     async def _claim_batch(self, queries: Sequence[ClaimQuery]) -> list[ClaimAnswer]:
         results: list[ClaimAnswer | None] = [None] * len(queries)

@@ -33,6 +33,14 @@ BATCH_SIZE = Histogram(
 TRANSITIONS = Counter(
     "boomerang_registry_lease_transitions_total", "Lease state changes by target state.", ["to_state"]
 )
+FENCES = Counter(
+    "boomerang_registry_fences_total",
+    "Failover fences run: the database's timeline (or system identifier) changed, every live lease invalidated.",
+    ["reason"],
+)
+FENCED_LEASES = Counter(
+    "boomerang_registry_fenced_leases_total", "Live leases invalidated by failover fences."
+)
 RELEASES = Counter(
     "boomerang_registry_releases_total",
     "Leases whose blocks a decode engine was told to free (in a heartbeat's answer), by the lease's state.",

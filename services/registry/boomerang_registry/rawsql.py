@@ -26,7 +26,9 @@ from typing import Any
 
 import asyncpg
 from boomerang import telemetry
-from boomerang_server.config.settings import normalize_database_url
+from boomerang_server.config.settings import asyncpg_dsn
+
+from boomerang_registry.fence import epoch_changed
 
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 # Each sets both settings, so a batch's tenant list never outlives the use that set it.
@@ -35,6 +37,10 @@ SET_TENANT_LOCAL = "SELECT set_config('boomerang.tenant', $1, true), set_config(
 # A batch's tenants (space-separated), no single tenant (migration 0007).
 SET_TENANTS_SESSION = "SELECT set_config('boomerang.tenant', '', false), set_config('boomerang.tenants', $1, false)"
 SET_TENANTS_LOCAL = "SELECT set_config('boomerang.tenant', '', true), set_config('boomerang.tenants', :t, true)"
+
+SET_SYSTEM_IDENTIFIER = (
+    "SELECT set_config('boomerang.system_identifier', system_identifier::text, false) FROM pg_control_system()"
+)
 
 
 def positional(sql: str) -> tuple[str, list[str]]:
@@ -78,6 +84,10 @@ async def _init(conn: asyncpg.Connection) -> None:
     # As SQLAlchemy's asyncpg dialect does: jsonb parameters go as the JSON text the
     # repository already made, results come back decoded.
     await conn.set_type_codec("jsonb", encoder=str, decoder=json.loads, schema="pg_catalog")
+    # The server's system identifier for the failover fence's per-statement check (migration
+    # 0011): read from the control file once per connection, not on every claim. A session
+    # lives on one server, so the value never goes stale.
+    await conn.execute(SET_SYSTEM_IDENTIFIER)
 
 
 class TenantPool:
@@ -112,9 +122,16 @@ class TenantPool:
         async def init(conn: asyncpg.Connection) -> None:
             await _init(conn)
             for query, args in warm_args:
-                await conn.fetch(query, *args)
+                try:
+                    await conn.fetch(query, *args)
+                except asyncpg.PostgresError as exc:
+                    # A new connection after a failover, before the fence ran: the connection
+                    # is sound, and its first claim runs the fence (fence.py).
+                    if not epoch_changed(exc):
+                        raise
+                    return
 
-        dsn = normalize_database_url(url).replace("postgresql+asyncpg://", "postgresql://")
+        dsn = asyncpg_dsn(url)
         pool = await asyncpg.create_pool(dsn, min_size=size, max_size=size, init=init, reset=_keep_session,
                                          server_settings=settings, command_timeout=10, timeout=5)
         return cls(pool)

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+from boomerang_server.config.settings import asyncpg_dsn
 from boomerang.errors import Violations
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_server.rpc.status import error_for_exception, rpc, to_status
@@ -65,8 +66,7 @@ class ReaperFacingServicer:
     def deadline_hub(self) -> DeadlineHub:
         """The process's LISTEN hub, created on first use."""
         if self._deadline_hub is None:
-            dsn = self.settings.require_database().replace("postgresql+asyncpg://", "postgresql://", 1)
-            self._deadline_hub = DeadlineHub(dsn)
+            self._deadline_hub = DeadlineHub(asyncpg_dsn(self.settings.require_database()))
         return self._deadline_hub
 
     async def close_deadline_watch(self) -> None:

@@ -20,7 +20,7 @@ from sqlalchemy import text
 from boomerang_registry.domain import RetainedBlocks
 from boomerang_registry.engines import engine_row
 from boomerang_registry.rawsql import Transaction, db_span
-from boomerang_registry.statements import LEASE_COLUMNS, REGISTER_BATCH_SQL
+from boomerang_registry.statements import FINISHED_AFTER_FENCE, LEASE_COLUMNS, REGISTER_BATCH_SQL
 from boomerang_registry.store import Row, Store, rounds
 
 Registered = tuple[Row, bool, int]  # (lease, created, how many leases it superseded)
@@ -30,6 +30,12 @@ _ARRAYS = (
     "lease_id", "tenant", "conversation_id", "model", "engine_id", "generation", "remote_request_id",
     "block_ids", "num_blocks", "num_tokens", "block_size", "chain", "tail_hash", "remote_host",
     "remote_port", "finished_at", "request_id", "prompt_tokens", "prompt_key", "prompt_tail",
+)
+# Whether a registration of a turn that finished at :f was refused by the failover fence
+# (statements.FINISHED_AFTER_FENCE, with `r.finished_at` as :f).
+_BEFORE_FENCE_SQL = (
+    "SELECT epoch.fenced_at FROM database_epoch epoch, (SELECT CAST(:f AS timestamptz) AS finished_at) r "
+    "WHERE NOT " + FINISHED_AFTER_FENCE
 )
 _BY_REQUEST_SQL = (
     f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.engine_id = :e "
@@ -84,9 +90,14 @@ class RegistrationStore:
         """Each registration's outcome, in order, all committed together.
 
         A refused registration writes nothing and gets its error; the rest commit. An error
-        of the transaction as a whole (a deadlock, a lost connection) is raised."""
-        async with self.store.pool.transaction() as tx:
-            return await self.register_in(tx, reqs)
+        of the transaction as a whole (a deadlock, a lost connection) is raised; one refused
+        on a new database epoch runs again after the failover fence (fence.py)."""
+
+        async def register() -> list[Registered | BoomerangError]:
+            async with self.store.pool.transaction() as tx:
+                return await self.register_in(tx, reqs)
+
+        return await self.store.fence.fenced(register)
 
     async def register_in(self, tx: Transaction, reqs: Sequence[RetainedBlocks]) -> list[Registered | BoomerangError]:
         """`register_batch` inside the caller's transaction (CompleteTurn's, turns.py).
@@ -125,6 +136,11 @@ class RegistrationStore:
                 )
             ).first()
             engine = None if existing is not None else await engine_row(conn, req.engine_id)
+            fenced_at = None if existing is not None else (
+                await conn.execute(
+                    text(_BEFORE_FENCE_SQL), {"f": req.finish_time, "margin": self.store.ttl_margin_seconds}
+                )
+            ).scalar_one_or_none()
         if existing is not None:
             lease = existing._mapping
             if (lease["tenant"], lease["conversation_id"]) != (req.tenant, req.conversation_id):
@@ -135,6 +151,12 @@ class RegistrationStore:
                     "already registered for another conversation",
                 )
             return lease
+        if fenced_at is not None:
+            raise failed_precondition(
+                "FINISHED_BEFORE_FAILOVER",
+                f"the turn finished before the database failed over (fenced at {fenced_at.isoformat()}, "
+                "less the clock allowance): it may have been pulled already, so it is not registered",
+            )
         if engine is None:
             raise failed_precondition(
                 "ENGINE_NOT_REGISTERED",

@@ -6,6 +6,7 @@
 - `turns` (turns.py): CompleteTurn, a claim settled and a registration in one transaction.
 - `events` (events.py): GetConversation, ListLeases.
 - `releases` (releases.py): early releases of retained leases (retention policy, memory).
+- `fence` (fence.py): the failover fence every claim and registration goes through.
 
 Each public method is one transaction, and every lease state change in it appends its
 `lease_events` row in the same statement. Expiry is always decided against the database's
@@ -20,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from boomerang_registry.claims import ClaimStore
 from boomerang_registry.engines import EngineStore
 from boomerang_registry.events import EventStore
+from boomerang_registry.fence import EpochFence
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.registrations import RegistrationStore
 from boomerang_registry.releases import ReleaseStore
@@ -36,6 +38,7 @@ class RegistryRepository:
         self.owner: AsyncEngine = owner
         self.pool: TenantPool = pool
         self.retained: RetainedTotals = store.retained
+        self.fence: EpochFence = store.fence
         self.engines = EngineStore(store)
         self.registrations = RegistrationStore(store)
         self.claims = ClaimStore(store)

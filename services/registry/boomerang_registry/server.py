@@ -17,6 +17,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_registry.batching import RegistrationBatcher
+from boomerang_registry.fence import EpochFence
 from boomerang_registry.metrics import refresh_gauges
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
@@ -55,6 +56,10 @@ async def run(settings: RegistrySettings) -> None:
     await warm_pool(engine, min(4, settings.db_pool_size))
     async with engine.begin() as conn:
         await conn.execute(text("SELECT boomerang_ensure_event_partitions(1, 7)"))
+    # A registry started on a database that failed over fences before it serves (and before
+    # the pool's warm-up claims, which the epoch check would refuse); later changes are found
+    # by the statements themselves (fence.py).
+    await EpochFence(engine, "registry").run()
     # Every tenant-scoped statement runs on this pool, as the row-level-security role.
     raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role, warm=WARM_UP)
     repo = RegistryRepository(engine, raw, settings.ttl_margin_seconds)

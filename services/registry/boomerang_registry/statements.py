@@ -76,6 +76,26 @@ UNION ALL
 SELECT *, false AS moved FROM old WHERE NOT EXISTS (SELECT 1 FROM moved)
 """
 
+# The server's WAL insert timeline (right from the moment of promotion) and system
+# identifier (read once per pool connection into the setting, rawsql.py; else from the
+# control file). Inline, not SQL functions: one calling the volatile pg_current_wal_lsn()
+# would be planned again on every call.
+SERVER_TIMELINE = "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer"
+SERVER_SYSTEM_IDENTIFIER = (
+    "COALESCE(NULLIF(current_setting('boomerang.system_identifier', true), '')::bigint, "
+    "(SELECT system_identifier FROM pg_control_system()))"
+)
+# A statement's gate: an uncorrelated subquery, so a one-time filter evaluated once per
+# execution (a few microseconds). It raises SQLSTATE BX001 (boomerang_epoch_changed()) when
+# the server's timeline or system identifier is not the one the registry fenced on
+# (migration 0011, fence.py), so no claim and no registration lands on a new timeline
+# before every lease that might have been used on the lost one is invalidated.
+EPOCH_GUARD = f"""COALESCE((SELECT CASE WHEN e.timeline = {SERVER_TIMELINE}
+                               AND e.system_identifier = {SERVER_SYSTEM_IDENTIFIER}
+                          THEN true ELSE boomerang_epoch_changed() END
+                   FROM database_epoch e), boomerang_epoch_changed())"""
+
+
 def claim_statement(lease_key: str, candidates: str, order: str, found_by: str = "") -> str:
     """A claim statement around its own candidate CTEs: one statement, one round trip.
 
@@ -87,13 +107,14 @@ def claim_statement(lease_key: str, candidates: str, order: str, found_by: str =
     concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
     claims.py then asks once more, since the winner may be its own claim id), its CLAIMED
     event (noting `found_by` when given) appended in the same statement. Rows: the claimed
-    lease, or the prior one, or every candidate, for claims.claim_result to explain.
+    lease, or the prior one, or every candidate, for claims.claim_result to explain. On a
+    server whose epoch is not the one fenced on, EPOCH_GUARD refuses the whole statement.
     """
     details = "'reusable_tokens', common_tokens" + (f", 'found_by', '{found_by}'" if found_by else "")
     return f"""
 WITH prior AS (
     SELECT l.lease_id FROM leases l
-    WHERE {lease_key}
+    WHERE {EPOCH_GUARD} AND {lease_key}
       AND l.claim_id = :claim_id AND l.state IN ('CLAIMED', 'CONSUMED')
 ), {candidates}, pick AS (
     SELECT lease_id, common_tokens FROM cands
@@ -224,6 +245,7 @@ WITH q AS (
                          CAST(:min_tokens AS bigint[]), CAST(:min_remaining AS float8[]))
         AS q(i, tenant, conversation_id, claim_id, block_size, chain, tail_hash, num_tokens, model,
              min_tokens, min_remaining)
+    WHERE {EPOCH_GUARD}
 ), prior AS (
     SELECT q.i, p.lease_id, q.tenant, q.conversation_id, q.chain, q.tail_hash, q.num_tokens
     FROM q CROSS JOIN LATERAL (
@@ -307,14 +329,20 @@ WARM_UP = (
     (CLAIM_BATCH_SQL, {**{k: [v] for k, v in _NOTHING.items() if k != "actor"}, "i": [0], "actor": "warm-up"}),
 )
 
+# A registration after a failover fence is only of a turn that finished after it (by
+# `margin`, the allowance for D's clock): one that finished before may have been
+# registered, pulled and freed on the lost timeline (fence.py). `epoch` is database_epoch's row.
+FINISHED_AFTER_FENCE = """(epoch.fenced_at IS NULL OR LEAST(COALESCE(r.finished_at, now()), now())
+           >= epoch.fenced_at + make_interval(secs => CAST(:margin AS float8)))"""
+
 # Registration, for one registration or many in one statement (the group commit's): one
 # multi-row INSERT from parallel arrays (row `i` one registration), each new lease
 # superseding its own conversation's older RETAINED leases, one REGISTERED event per new
 # lease and one SUPERSEDED event per superseded one. The caller puts at most one
 # registration per conversation in a statement (a second one must see the first's lease to
 # supersede it). A lease without a conversation id supersedes nothing: it is found only by
-# the prompt that continues it. A registration already recorded, or refused by its engine,
-# returns no row.
+# the prompt that continues it. A registration already recorded, or refused by its engine or
+# by the failover fence (FINISHED_AFTER_FENCE), returns no row.
 REGISTER_BATCH_SQL = f"""
 WITH r AS (
     SELECT * FROM unnest(CAST(:i AS int[]), CAST(:lease_id AS uuid[]), CAST(:tenant AS text[]),
@@ -329,6 +357,8 @@ WITH r AS (
         AS r(i, lease_id, tenant, conversation_id, model, engine_id, generation, remote_request_id,
              block_ids, num_blocks, num_tokens, block_size, chain, tail_hash, remote_host, remote_port,
              finished_at, request_id, prompt_tokens, prompt_key, prompt_tail)
+), epoch AS (
+    SELECT fenced_at FROM database_epoch WHERE {EPOCH_GUARD}
 ), eng AS (
     SELECT * FROM engines WHERE engine_id IN (SELECT engine_id FROM r) FOR SHARE
 ), ins AS (
@@ -346,9 +376,10 @@ WITH r AS (
            LEAST(COALESCE(r.finished_at, now()), now())
              + make_interval(secs => eng.kv_blocks_ttl_seconds - CAST(:margin AS float8)),
            r.prompt_tokens, r.prompt_key, r.prompt_tail
-    FROM r JOIN eng ON eng.engine_id = r.engine_id
+    FROM r JOIN eng ON eng.engine_id = r.engine_id CROSS JOIN epoch
     WHERE eng.generation = r.generation AND eng.status = 'ACTIVE'
       AND eng.role = 'DECODE' AND eng.block_size = r.block_size
+      AND {FINISHED_AFTER_FENCE}
     ON CONFLICT (engine_id, engine_generation, remote_request_id) DO NOTHING
     RETURNING {LEASE_COLUMNS}
 ), sup_old AS (

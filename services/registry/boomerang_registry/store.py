@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from boomerang_registry.fence import EpochFence
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.totals import RetainedTotals
 
@@ -34,6 +35,10 @@ class Store:
     ttl_margin_seconds: float
     actor: str = "registry"
     retained: RetainedTotals = field(default_factory=RetainedTotals)
+    fence: EpochFence = field(init=False)  # the failover fence every claim and registration goes through
+
+    def __post_init__(self) -> None:
+        self.fence = EpochFence(self.owner, self.actor)
 
 
 def rounds(keys: Sequence[tuple[str, str]]) -> list[list[int]]:

@@ -66,15 +66,21 @@ class TurnStore:
         """Each turn's outcome, in order, all in one transaction.
 
         An error of the transaction as a whole (a deadlock, a lost connection) is raised and
-        nothing of it committed; the caller may repeat every turn of it."""
-        async with self.store.pool.transaction() as tx:
-            settled = await self._settle_in(tx, turns)
-            regs = [t.registration for t in turns if t.registration is not None]
-            registered = iter(await self.registrations.register_in(tx, regs) if regs else ())
-        return [
-            TurnEnded(s, next(registered) if t.registration is not None else None)
-            for t, s in zip(turns, settled, strict=True)
-        ]
+        nothing of it committed; the caller may repeat every turn of it. Refused on a new
+        database epoch (a registration's guard), nothing of it is applied and it runs again
+        after the failover fence (fence.py)."""
+
+        async def commit() -> list[TurnEnded]:
+            async with self.store.pool.transaction() as tx:
+                settled = await self._settle_in(tx, turns)
+                regs = [t.registration for t in turns if t.registration is not None]
+                registered = iter(await self.registrations.register_in(tx, regs) if regs else ())
+            return [
+                TurnEnded(s, next(registered) if t.registration is not None else None)
+                for t, s in zip(turns, settled, strict=True)
+            ]
+
+        return await self.store.fence.fenced(commit)
 
     async def _settle_in(self, tx: Transaction, turns: Sequence[TurnEnd]) -> list[Row | BoomerangError | None]:
         """Each claim settled in turn order (one statement per consume; a release locks and
