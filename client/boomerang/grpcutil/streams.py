@@ -30,10 +30,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from boomerang_server.rpc.status import authorized_call, write_item_error
 
 from boomerang import telemetry
 from boomerang.errors import BoomerangError, Code
-from boomerang_server.rpc.status import authorized_call, write_item_error
 
 
 class _ItemContext:
