@@ -114,9 +114,9 @@ def test_the_wheel_holds_the_hook_and_what_it_imports_only(wheel: Path, unpacked
     assert tops == {"boomerang", "boomerang_vllm_hook-0.1.0.dist-info"}
     shipped = shipped_modules(unpacked)
     assert {m for m in shipped if not m.startswith("boomerang.v1")} == hook_closure()
-    # Not the services' halves of the library: no database, server (nor its side of errors and
-    # streams), settings or metrics.
-    for absent in ("boomerang.db", "boomerang.grpcutil.server", "boomerang.grpcutil.status", "boomerang.grpcutil.streams",
+    # Not the services' halves of the library: no database, server (nor its side of errors),
+    # settings or metrics.
+    for absent in ("boomerang.db", "boomerang.grpcutil.server", "boomerang.grpcutil.status",
                    "boomerang.config", "boomerang.metrics"):
         assert not any(m == absent or m.startswith(absent + ".") for m in shipped), absent
     assert not list(unpacked.rglob("README.md"))

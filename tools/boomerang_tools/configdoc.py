@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import annotated_types as at
-from boomerang.config.fields import env_name, flag_spec, old_env_names
+from boomerang.config.fields import env_name, flag_spec
 from boomerang.config.fields import render_default as render_value
 from boomerang.config.settings import CommonSettings, TelemetrySettings
 from boomerang_gateway.settings import GatewaySettings
@@ -90,8 +90,6 @@ def rows(name: str) -> list[str]:
             if not field.description:
                 raise ValueError(f"{cls.__name__}.{field_name} has no description: give its Field(description=...)")
             meaning = field.description.replace("|", "\\|").replace("\n", " ")
-            if old := old_env_names(field):
-                meaning += " Formerly " + ", ".join(f"`{n}`" for n in old) + " (still read, deprecated)."
             out.append(f"| `{env_name(field_name)}` | {render_flag(field_name, field)} | {render_default(field)} "
                        f"| {render_bounds(field)} | {meaning} |")
     return out
