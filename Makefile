@@ -14,29 +14,29 @@ help: ## List the targets
 
 # Reinstalled whenever a lock or a pyproject.toml changes: the editable installs' metadata
 # (dependencies, the `boomerang` script, the commands' entry points) is written at install time.
-$(STAMP): requirements.lock requirements-tools.lock requirements-dev.lock pyproject.toml tools/pyproject.toml
+$(STAMP): requirements.lock requirements-tools.lock requirements-dev.lock pyproject.toml client/pyproject.toml tools/pyproject.toml hook/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Boomerang needs Python 3.11 or newer; found " + sys.version.split()[0])'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-tools.lock -r requirements-dev.lock
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e ./tools
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e ./client -e . -e ./tools -e ./hook
 	touch $(STAMP)
 
 setup: $(STAMP) ## Create .venv and install Boomerang and its tools with pinned dependencies (idempotent)
 
-proto: setup ## Regenerate the Python stubs in libs/boomerang/v1 from proto/
-	$(BIN)/python -m boomerang.protogen libs
+proto: setup ## Regenerate the Python stubs in client/boomerang/v1 from proto/
+	$(BIN)/python -m boomerang_tools.protogen client
 
 docs: setup ## Regenerate docs/configuration.md's settings tables from the settings classes
 	$(BIN)/python -m boomerang_tools.configdoc
 
 lint: setup ## Lint the protos (buf, STANDARD rules), check the stubs match proto/ and the settings docs are current
 	$(BIN)/buf lint
-	$(BIN)/python -m boomerang.protogen --check libs
+	$(BIN)/python -m boomerang_tools.protogen --check client
 	$(BIN)/python -m boomerang_tools.configdoc --check
 
 check: setup ## Lint (ruff) and type-check (strict mypy) the Python sources
-	$(BIN)/ruff check libs services tools tests
-	$(BIN)/mypy libs services tools
+	$(BIN)/ruff check client libs services hook tools tests
+	$(BIN)/mypy client libs services hook/src tools
 
 test: setup ## Run every test: unit, integration (real Postgres), end-to-end (processes), real vLLM
 	$(BIN)/python -m pytest -q
@@ -45,9 +45,10 @@ test: setup ## Run every test: unit, integration (real Postgres), end-to-end (pr
 test-vllm: setup ## The hook inside vLLM 0.33.0's own scheduler (its virtualenv is built once, cached)
 	@venv=$$(PYTHON=$(PYTHON) tests/vllm/venv.sh) && BOOMERANG_VLLM_SUITE=1 "$$venv/bin/python" -m pytest -q tests/vllm
 
-hook-wheel: setup ## Build dist/boomerang_vllm_hook-*.whl: the vLLM hook alone, to `pip install` into vLLM's environment
-	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation ./hook -w dist
-	@ls dist/boomerang_vllm_hook-*.whl
+hook-wheel: setup ## Build dist/boomerang_vllm_hook-*.whl and dist/boomerang_client-*.whl: the vLLM hook, to `pip install` into vLLM's environment
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cp -r client hook "$$tmp" && rm -rf "$$tmp"/*/build "$$tmp"/*/*.egg-info && \
+	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation "$$tmp/client" "$$tmp/hook" -w dist
+	@ls dist/boomerang_client-*.whl dist/boomerang_vllm_hook-*.whl
 
 test-fast: setup ## Run unit tests only
 	$(BIN)/python -m pytest -q tests/unit

@@ -61,7 +61,7 @@ async def test_generated_certificates_carry_identities_between_real_services(
             with pytest.raises(BoomerangClientError) as err:
                 await as_engine.register_engine(engine_request("sim-prefill-0"))
             assert err.value.reason == "ENGINE_MISMATCH"
-        health = [str(Path(ROOT / ".venv/bin/python")), "-m", "boomerang.grpcutil.healthcheck"]
+        health = [str(Path(ROOT / ".venv/bin/python")), "-m", "boomerang_server.rpc.healthcheck"]
         ok = subprocess.run([*health, router.address], capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin", **tls_env(tmp_path, "gateway")})
         assert ok.returncode == 0, ok.stderr

@@ -1,5 +1,5 @@
 """`boomerang sim --hook` behind `boomerang gateway --engine-hook`: the engines run the vLLM
-hook's own planner, sender and reporter (boomerang.vllm_hook), the gateway only routes.
+hook's own planner, sender and reporter (boomerang_vllm_hook), the gateway only routes.
 
 Decode registers its retained blocks itself, prefill plans from its own token ids and pulls,
 and the gateway never calls /tokenize or the router."""

@@ -20,7 +20,6 @@ import boomerang_router.claims as claims_module
 import boomerang_router.reuse_claim as reuse_claim_module
 import pytest
 from boomerang.clients.registry import RegistryClient
-from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
@@ -34,6 +33,7 @@ from boomerang_router.pool import EngineInfo, Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
+from boomerang_server.db.engine import make_engine
 from prometheus_client import REGISTRY
 
 from tests.support.procs import ServiceProcess
@@ -187,7 +187,7 @@ async def test_the_vllm_hooks_default_deadline_leaves_time_for_the_claim(
     What is measured is the claim's budget, on a stopped claim clock: how long the machine
     takes to reach the claim is not this test's (it made a busy machine miss the ~10 ms). The
     claim itself then runs with room, so the plan shows that the budget reaches a real claim."""
-    from boomerang.vllm_hook.config import BoomerangHookConfig
+    from boomerang_vllm_hook.config import BoomerangHookConfig
 
     hook_deadline = BoomerangHookConfig.model_fields["plan_deadline_ms"].default / 1000
     model, conv, history, lease_id = await retained_lease(registry, unique)

@@ -17,7 +17,6 @@ from typing import Any
 import asyncpg
 import pytest
 from boomerang.clients.registry import RegistryClient
-from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError, Code
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -31,6 +30,7 @@ from boomerang_router.pool import Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
+from boomerang_server.db.engine import make_engine
 
 from tests.support.procs import ServiceProcess
 

@@ -46,9 +46,8 @@ class FakeRegistry:
 
     RegisterRetainedBlocksBatch answers each registration as RegisterRetainedBlocks would, in
     one result each (a scripted RegisterRetainedBlocks error becomes that registration's
-    result); its own script fails the whole call. `batch_unimplemented` makes it answer as a
-    registry older than the batched RPC (reason UNIMPLEMENTED). `registrations` records every
-    registration sent, singly or in a batch."""
+    result); its own script fails the whole call. `registrations` records every registration
+    sent."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

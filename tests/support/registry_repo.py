@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from boomerang.db.engine import make_engine
 from boomerang.errors import BoomerangError
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import WARM_UP
 from boomerang_registry.store import Row
 from boomerang_registry.turns import ClaimSettlement, TurnEnd
+from boomerang_server.db.engine import make_engine
 
 
 @asynccontextmanager

@@ -72,7 +72,7 @@ def vllm_config(
     return SimpleNamespace(
         kv_transfer_config=SimpleNamespace(
             kv_connector="BoomerangConnector",
-            kv_connector_module_path="boomerang.vllm_hook.connector",
+            kv_connector_module_path="boomerang_vllm_hook.connector",
             kv_role={"prefill": "kv_producer", "decode": "kv_consumer"}.get(
                 str((extra.get("boomerang") or {}).get("role")), "kv_producer"),
             engine_id=engine_id,

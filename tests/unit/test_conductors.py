@@ -31,8 +31,8 @@ LAYERS = {
     "registry": ROOT / "services/registry/boomerang_registry",
     "router": ROOT / "services/router/boomerang_router",
     "gateway": ROOT / "services/gateway/boomerang_gateway",
-    "hook": ROOT / "libs/boomerang/vllm_hook",
-    "clients": ROOT / "libs/boomerang/clients",
+    "hook": ROOT / "hook/src/boomerang_vllm_hook",
+    "clients": ROOT / "client/boomerang/clients",
 }
 SERVICE_PROTOS = {"registry": "registry_service.proto", "router": "router_service.proto"}
 TURN_WORDS = {"plan", "report", "claim", "release", "turn"}

@@ -5,8 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from boomerang.enginepool.refresh import RegistryRefresher, engine_info
-from boomerang.enginepool.table import (
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_gateway.engines import DECODE, PREFILL, EnginePool
+from boomerang_gateway.http import httpx
+from boomerang_server.enginepool.refresh import RegistryRefresher, engine_info
+from boomerang_server.enginepool.table import (
     EngineTable,
     Progress,
     Role,
@@ -15,10 +19,6 @@ from boomerang.enginepool.table import (
     progressed,
     static_specs,
 )
-from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang.v1 import types_pb2 as tpb
-from boomerang_gateway.engines import DECODE, PREFILL, EnginePool
-from boomerang_gateway.http import httpx
 from google.protobuf.timestamp_pb2 import Timestamp
 
 

@@ -16,9 +16,9 @@ import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.router import RouterClient
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.status import rpc
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+from boomerang_server.rpc.status import rpc
 
 
 class Failing(rtgrpc.RouterServiceServicer):  # type: ignore[misc]

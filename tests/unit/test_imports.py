@@ -20,22 +20,27 @@ import pytest
 from boomerang_cli.main import COMMAND_GROUP, TOOL_COMMANDS, build_parser, commands
 
 ROOT = Path(__file__).resolve().parents[2]
-# Import roots: the library, each service, the CLI (composition root) and the tools.
+# Import roots: the client library (wire and clients), the services' library, each service, the
+# CLI (composition root), the vLLM hook and the tools.
 SOURCES = {
-    "boomerang": ROOT / "libs",
+    "boomerang": ROOT / "client",
+    "boomerang_server": ROOT / "libs",
     "boomerang_registry": ROOT / "services/registry",
     "boomerang_router": ROOT / "services/router",
     "boomerang_gateway": ROOT / "services/gateway",
     "boomerang_reaper": ROOT / "services/reaper",
     "boomerang_cli": ROOT / "services/cli",
     "boomerang_tools": ROOT / "tools",
+    "boomerang_vllm_hook": ROOT / "hook/src",
 }
 SERVICES = {"boomerang_registry", "boomerang_router", "boomerang_gateway", "boomerang_reaper"}
 # Each distribution's pyproject.toml and the import roots it ships: the runtime package (the
 # library, the services and the CLI) and the tools, a package of their own above it.
 DISTRIBUTIONS = {
-    ROOT / "pyproject.toml": set(SOURCES) - {"boomerang_tools"},
+    ROOT / "client" / "pyproject.toml": {"boomerang"},
+    ROOT / "pyproject.toml": set(SOURCES) - {"boomerang", "boomerang_tools", "boomerang_vllm_hook"},
     ROOT / "tools" / "pyproject.toml": {"boomerang_tools"},
+    ROOT / "hook" / "pyproject.toml": {"boomerang_vllm_hook"},
 }
 
 
@@ -138,8 +143,11 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_the_library_never_imports_a_service_or_a_tool() -> None:
-    bad = {(v, w) for v, ws in graph().items() if v.split(".")[0] == "boomerang" for w in ws
-           if w.split(".")[0] != "boomerang"}
+    # The client library imports only itself; the services' library only itself and the client's.
+    below = {"boomerang": {"boomerang"}, "boomerang_server": {"boomerang", "boomerang_server"},
+             "boomerang_vllm_hook": {"boomerang", "boomerang_vllm_hook"}}
+    bad = {(v, w) for v, ws in graph().items() if v.split(".")[0] in below for w in ws
+           if w.split(".")[0] not in below[v.split(".")[0]]}
     assert bad == set()
 
 
@@ -154,7 +162,7 @@ def test_nothing_below_the_tools_imports_them() -> None:
 # Strings that spell a first-party module's name for another reason than importing it.
 NAMED_NOT_IMPORTED = {
     # a traceback frame's module prefix ("the database was being talked to")
-    ("boomerang_cli.failures", "boomerang.db"),
+    ("boomerang_cli.failures", "boomerang_server.db"),
 }
 MODULE_NAME = re.compile(r"([A-Za-z_][\w.]*)(?::\w+)?")
 
@@ -269,7 +277,7 @@ def declared_commands() -> dict[str, tuple[str, Path]]:
     its target with the file that declares it."""
     found: dict[str, tuple[str, Path]] = {}
     for pyproject in DISTRIBUTIONS:
-        table = tomllib.loads(pyproject.read_text())["project"]["entry-points"][COMMAND_GROUP]
+        table = tomllib.loads(pyproject.read_text())["project"].get("entry-points", {}).get(COMMAND_GROUP, {})
         for name, target in table.items():
             assert name not in found, f"{name} is declared by {found[name][1]} and {pyproject}"
             found[name] = (target, pyproject)
@@ -317,4 +325,5 @@ def test_one_command_loads_only_its_own_module() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     loaded = {m.split(".")[0] if not m.startswith("boomerang_cli") else m for m in done.stdout.split()}
-    assert loaded == {"boomerang_registry", "boomerang_cli", "boomerang_cli.main", "boomerang_cli.failures"}
+    assert loaded == {"boomerang_registry", "boomerang_server", "boomerang_cli", "boomerang_cli.main",
+                      "boomerang_cli.failures"}

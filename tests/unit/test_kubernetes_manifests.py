@@ -23,12 +23,12 @@ import kubernetes_validate
 import pytest
 import yaml
 from boomerang.auth import TlsFiles, client_token
-from boomerang.config.settings import ENV_PREFIX, CommonSettings, TelemetrySettings
 from boomerang_cli.main import build_parser
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router.settings import RouterSettings
+from boomerang_server.config.settings import ENV_PREFIX, CommonSettings, TelemetrySettings
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[2]

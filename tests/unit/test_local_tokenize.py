@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from boomerang import chatrender, localtokens
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import Kind, parse
 from boomerang_gateway.settings import GatewaySettings
+from boomerang_server import chatrender, localtokens
 from boomerang_tools.sim import hfmodel
 from boomerang_tools.sim.protocol import ProtocolError, chat_prompt_ids
 

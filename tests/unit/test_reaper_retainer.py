@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from boomerang.retention import EngineMemory, pressure_shortfall
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_reaper.advice import TurnRecord
 from boomerang_reaper.retainer import evidence_from, held_from
+from boomerang_server.retention import EngineMemory, pressure_shortfall
 
 
 def turn(conv: str, finished: float, claimed: float | None = None, tenant: str = "t") -> TurnRecord:

@@ -1,9 +1,9 @@
-"""The retention policy (boomerang.retention): holds, values, and what it releases first."""
+"""The retention policy (boomerang_server.retention): holds, values, and what it releases first."""
 
 from __future__ import annotations
 
 import pytest
-from boomerang.retention import (
+from boomerang_server.retention import (
     MEMORY_PRESSURE,
     RETENTION_POLICY,
     EngineMemory,

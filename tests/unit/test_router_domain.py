@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from boomerang.leases import ClaimOutcome
 from boomerang_router.domain import (
     ClaimResult,
     HandleUse,
@@ -17,6 +16,7 @@ from boomerang_router.domain import (
     turn_outcome,
 )
 from boomerang_router.reuse_claim import MAX_SHARE_WAIT_SECONDS, claim_wait, reply_budget
+from boomerang_server.leases import ClaimOutcome
 
 BS = 16
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 from boomerang.errors import BoomerangError
-from boomerang.leases import ClaimOutcome
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import convert, kvparams, requests
 from boomerang_router.domain import ClaimResult, LeaseHandle, PlanDecision, decide
+from boomerang_server.leases import ClaimOutcome
 
 BS = 16
 THRESHOLD = 64

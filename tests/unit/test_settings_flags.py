@@ -11,14 +11,14 @@ import argparse
 import re
 
 import pytest
-from boomerang.config.fields import env_name, flag_spec, render_default
-from boomerang.config.flags import flag_dest, settings_from_args
-from boomerang.config.settings import InvalidSettings
 from boomerang_cli.main import build_parser
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router.settings import RouterSettings
+from boomerang_server.config.fields import env_name, flag_spec, render_default
+from boomerang_server.config.flags import flag_dest, settings_from_args
+from boomerang_server.config.settings import InvalidSettings
 from pydantic_settings import BaseSettings
 
 SERVICES: dict[str, type[BaseSettings]] = {

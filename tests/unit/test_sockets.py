@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from boomerang.sockets import listen_socket
+from boomerang_server.sockets import listen_socket
 
 
 def test_port_zero_picks_a_free_port_and_the_socket_listens() -> None:

@@ -4,7 +4,7 @@ which table"). The import rules cannot see a table read behind a string; this te
 Every source file of the library, the services and the tools is read as text (nothing is
 imported); SQL that names a table — `FROM t`, `JOIN t`, `UPDATE t`, `INSERT INTO t`,
 `DELETE FROM t`, `COPY t`, `VACUUM t`, `'t'::regclass`, a COPY through asyncpg
-(`copy_records_to_table("t")`) or a SQLAlchemy `Table` imported from `boomerang.db.models`
+(`copy_records_to_table("t")`) or a SQLAlchemy `Table` imported from `boomerang_server.db.models`
 — must sit in the table's owner. Everyone else goes through the owner's module or its RPCs,
 and the CLI runs no SQL of its own at all.
 """
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("libs/boomerang", "services", "tools/boomerang_tools")
-SKIPPED = ("libs/boomerang/v1/",)  # generated stubs: their comments quote the protos
+SKIPPED = ("client/boomerang/v1/",)  # generated stubs: their comments quote the protos
 
 REGISTRY = "services/registry/boomerang_registry/"
 OWNERS: dict[str, tuple[str, ...]] = {
@@ -30,10 +30,10 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "turn_plans": ("services/router/boomerang_router/",),
     "reaper_leader": ("services/reaper/boomerang_reaper/",),
     "tenants": ("services/gateway/boomerang_gateway/tenants.py",),
-    "credentials": ("libs/boomerang/credentials.py",),
+    "credentials": ("libs/boomerang_server/credentials.py",),
 }
 # The schema itself (CREATE TABLE, partitions' DDL) is every table's, from the migrations.
-SCHEMA = ("libs/boomerang/db/migrations/", "libs/boomerang/db/models.py")
+SCHEMA = ("libs/boomerang_server/db/migrations/", "libs/boomerang_server/db/models.py")
 
 # Known readers outside the owner, each with the reason it is still there. An entry that no
 # longer matches anything fails the test too, so the list only shrinks.
@@ -64,7 +64,7 @@ def named_tables(source: str) -> Iterator[tuple[str, int]]:
     for m in SQL.finditer(source):
         yield m.group("a") or m.group("b") or m.group("c"), source.count("\n", 0, m.start()) + 1
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module == "boomerang.db.models":
+        if isinstance(node, ast.ImportFrom) and node.module == "boomerang_server.db.models":
             for alias in node.names:
                 if alias.name in OWNERS:
                     yield alias.name, node.lineno
@@ -91,7 +91,7 @@ def offenders() -> dict[tuple[str, str], list[int]]:
 
 
 def test_every_table_has_an_owner() -> None:
-    from boomerang.db.models import metadata  # deferred: only this test needs the schema
+    from boomerang_server.db.models import metadata  # deferred: only this test needs the schema
 
     assert {t.name for t in metadata.sorted_tables} == set(OWNERS)
 
@@ -129,7 +129,7 @@ def test_the_cli_runs_no_sql_of_its_own() -> None:
         ('q = "UPDATE leases SET state = 2"; r = "INSERT INTO turn_plans (a) VALUES (1)"', ["leases", "turn_plans"]),
         ('await c.copy_records_to_table("leases", records=r)', ["leases"]),
         ("q = \"SELECT pg_total_relation_size('leases'), 'lease_events'::regclass\"", ["leases", "lease_events"]),
-        ("from boomerang.db.models import turn_plans", ["turn_plans"]),
+        ("from boomerang_server.db.models import turn_plans", ["turn_plans"]),
         ('help = "the oldest are read back from turn_plans"', []),  # prose, not SQL
         ('x = "FROM turn_plans_default"; y = "SELECT turn_plans.plan_id"', []),
         ('q = "VACUUM (ANALYZE) leases"', ["leases"]),

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import yaml
-from boomerang.protogen import check
 from boomerang_cli.main import subcommand_names
+from boomerang_tools.protogen import check
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -20,7 +20,7 @@ def test_protos_pass_buf_lint() -> None:
 
 
 def test_committed_stubs_match_the_protos() -> None:
-    assert check(ROOT / "libs") == []
+    assert check(ROOT / "client") == []
 
 
 def test_compose_parses_and_every_command_is_a_boomerang_subcommand() -> None:
@@ -81,7 +81,7 @@ def test_the_configuration_reference_documents_every_setting() -> None:
 
     from pydantic_settings import BaseSettings
 
-    modules = ["boomerang.config.settings"] + [f"boomerang_{s}.settings" for s in ("registry", "router", "reaper", "gateway")]
+    modules = ["boomerang_server.config.settings"] + [f"boomerang_{s}.settings" for s in ("registry", "router", "reaper", "gateway")]
     reference = (ROOT / "docs" / "configuration.md").read_text()
     missing = []
     for obj in (o for m in modules for o in vars(importlib.import_module(m)).values()):

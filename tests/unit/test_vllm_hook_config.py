@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from boomerang.vllm_hook.config import HookConfigError, parse_config
+from boomerang_vllm_hook.config import HookConfigError, parse_config
 
 
 def extra(**boomerang: Any) -> dict[str, Any]:

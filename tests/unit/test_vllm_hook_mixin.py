@@ -7,11 +7,11 @@ import importlib
 import importlib.util
 import inspect
 
-from boomerang.vllm_hook.mixin import BoomerangConnectorMixin
+from boomerang_vllm_hook.mixin import BoomerangConnectorMixin
 
 
 def test_connector_module_imports_without_vllm() -> None:
-    module = importlib.import_module("boomerang.vllm_hook.connector")
+    module = importlib.import_module("boomerang_vllm_hook.connector")
     assert module.VLLM_AVAILABLE is (importlib.util.find_spec("vllm") is not None)
     assert hasattr(module, "BoomerangConnector") is module.VLLM_AVAILABLE
 

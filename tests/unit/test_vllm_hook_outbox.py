@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from boomerang.vllm_hook.outbox import Outbox
+from boomerang_vllm_hook.outbox import Outbox
 
 
 class Clock:

@@ -11,8 +11,8 @@ from boomerang.plans import decision_name, pull_params, reason_name
 from boomerang.resilience import CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
-from boomerang.vllm_hook.planner import PlanAttempt, PrefillPlanner, plan_breaker
-from boomerang.vllm_hook.requestview import TurnContext
+from boomerang_vllm_hook.planner import PlanAttempt, PrefillPlanner, plan_breaker
+from boomerang_vllm_hook.requestview import TurnContext
 
 from tests.support.hook_fakes import FakeRouter, client_error
 from tests.support.procs import wait_for

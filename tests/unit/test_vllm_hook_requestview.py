@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from boomerang.vllm_hook.requestview import (
+from boomerang_vllm_hook.requestview import (
     Skip,
     TurnContext,
     block_groups,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang.vllm_hook.presence import EngineFacts
-from boomerang.vllm_hook.requestview import RetainedHandle, TurnContext
-from boomerang.vllm_hook.sender import Registration, RegistrationSender, idempotency_key
+from boomerang_vllm_hook.presence import EngineFacts
+from boomerang_vllm_hook.requestview import RetainedHandle, TurnContext
+from boomerang_vllm_hook.sender import Registration, RegistrationSender, idempotency_key
 
 from tests.support.hook_fakes import FakeRegistry, client_error
 from tests.support.procs import wait_for

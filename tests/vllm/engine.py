@@ -76,7 +76,7 @@ def kv_transfer_config(engine_id: str, boomerang: dict[str, Any]) -> dict[str, A
         }
     return {
         "kv_connector": "BoomerangConnector",
-        "kv_connector_module_path": "boomerang.vllm_hook.connector",
+        "kv_connector_module_path": "boomerang_vllm_hook.connector",
         "kv_role": KV_ROLES[boomerang["role"]],
         "engine_id": engine_id,
         "kv_connector_extra_config": {

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from boomerang.vllm_hook.connector import VLLM_AVAILABLE, BoomerangConnector, NixlConnector
-from boomerang.vllm_hook.mixin import BoomerangConnectorMixin
+from boomerang_vllm_hook.connector import VLLM_AVAILABLE, BoomerangConnector, NixlConnector
+from boomerang_vllm_hook.mixin import BoomerangConnectorMixin
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
@@ -49,7 +49,7 @@ def test_the_connector_is_a_nixl_connector_with_vllms_signatures() -> None:
 def test_vllm_resolves_the_connector_from_the_readme_config() -> None:
     config = KVTransferConfig(
         kv_connector="BoomerangConnector",
-        kv_connector_module_path="boomerang.vllm_hook.connector",
+        kv_connector_module_path="boomerang_vllm_hook.connector",
         kv_role="kv_consumer",
         kv_connector_extra_config={"bidirectional_kv_xfer": True, "boomerang": {"role": "decode"}},
     )

@@ -3,7 +3,7 @@
 Each conversation goes through vLLM 0.33.0's `/tokenize` path — `TokenizeChatRequest`
 validation, `OnlineRenderer.preprocess_chat`, the HF renderer, transformers'
 `apply_chat_template` and the tokenizer `AutoTokenizer` loads from the folder — and through
-`boomerang.localtokens` with the same files. Templates: Llama 3.1 (tools), Qwen3 (tool
+`boomerang_server.localtokens` with the same files. Templates: Llama 3.1 (tools), Qwen3 (tool
 calls, reasoning stripped before the last user turn), Mistral (system prompt), Gemma 3
 (content parts), and the simulator's own Qwen-style files.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from boomerang import localtokens
+from boomerang_server import localtokens
 from boomerang_tools.sim import hfmodel
 from vllm.engine.arg_utils import EngineArgs
 from vllm.entrypoints.serve.tokenize.protocol import TokenizeChatRequest, TokenizeCompletionRequest

@@ -33,6 +33,6 @@ fi
 # BOOMERANG_VLLM_VENV_ONLY=1 (CI's early build) stops here: the reinstall writes build
 # files into the checkout, which `make setup` may be writing at the same moment.
 if [ -z "${BOOMERANG_VLLM_VENV_ONLY:-}" ]; then
-    "$venv/bin/python" -m pip install "${quiet[@]}" --no-deps --no-build-isolation --force-reinstall . ./tools >&2
+    "$venv/bin/python" -m pip install "${quiet[@]}" --no-deps --no-build-isolation --force-reinstall ./client . ./tools ./hook >&2
 fi
 echo "$venv"

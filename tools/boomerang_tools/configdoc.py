@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import annotated_types as at
-from boomerang.config.fields import env_name, flag_spec
-from boomerang.config.fields import render_default as render_value
-from boomerang.config.settings import CommonSettings, TelemetrySettings
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router.settings import RouterSettings
+from boomerang_server.config.fields import env_name, flag_spec
+from boomerang_server.config.fields import render_default as render_value
+from boomerang_server.config.settings import CommonSettings, TelemetrySettings
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 

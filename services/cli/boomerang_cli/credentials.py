@@ -9,10 +9,10 @@ import re
 from pathlib import Path
 
 from boomerang.auth import Principal
-from boomerang.config.settings import CommonSettings
-from boomerang.credentials import CredentialStore
-from boomerang.db.engine import make_engine
-from boomerang.db.migrate import upgrade
+from boomerang_server.config.settings import CommonSettings
+from boomerang_server.credentials import CredentialStore
+from boomerang_server.db.engine import make_engine
+from boomerang_server.db.migrate import upgrade
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

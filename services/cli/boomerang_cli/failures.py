@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 # Modules whose frames in a traceback mean "the database was being talked to".
-_DATABASE_MODULES = ("asyncpg", "sqlalchemy", "alembic", "boomerang.db")
+_DATABASE_MODULES = ("asyncpg", "sqlalchemy", "alembic", "boomerang_server.db")
 _UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNRESET,
                        errno.ETIMEDOUT, errno.EADDRNOTAVAIL}
 TOKEN_FIX = ("set BOOMERANG_AUTH_TOKEN (or BOOMERANG_AUTH_TOKEN_FILE) to a live token, "
@@ -228,7 +228,7 @@ def _bad_url(e: BaseException, target: Target | None) -> str | None:
 def _settings(e: BaseException, target: Target | None) -> str | None:
     """Each bad setting with its flag and variable, on one line (load_settings or pydantic-settings)."""
     # deferred: only on failure (pydantic is not every command's to import)
-    from boomerang.config.settings import InvalidSettings
+    from boomerang_server.config.settings import InvalidSettings
 
     if isinstance(e, InvalidSettings):
         return str(e)

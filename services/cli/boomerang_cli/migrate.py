@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from boomerang.config.settings import CommonSettings
-from boomerang.db.migrate import upgrade
+from boomerang_server.config.settings import CommonSettings
+from boomerang_server.db.migrate import upgrade
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

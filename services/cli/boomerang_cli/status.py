@@ -19,10 +19,10 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.reaper import ReaperClient
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
-from boomerang.leases import ENDED_STATES, LIVE_STATES
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.leases import ENDED_STATES, LIVE_STATES
 
 from boomerang_cli.failures import database_target, run_against
 from boomerang_cli.sources import add_source_flags, resolve_sources, service_target

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from boomerang.config.settings import TelemetrySettings, load_settings
+from boomerang_server.config.settings import TelemetrySettings, load_settings
 
 
 def saved_seconds(tokens: int) -> float:

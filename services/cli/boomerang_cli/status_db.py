@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from boomerang.db.engine import make_engine
-from boomerang.leases import ENDED_STATES, LIVE_STATES
 from boomerang_reaper.repository import status_leader
 from boomerang_registry.inspection import StatusFigures, status_figures
 from boomerang_router.inspection import reuse_window
+from boomerang_server.db.engine import make_engine
+from boomerang_server.leases import ENDED_STATES, LIVE_STATES
 
 from boomerang_cli.status_common import retained_rows, saved_seconds
 from boomerang_cli.status_memory import memory_section

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from boomerang.leases import LIVE_STATES
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.leases import LIVE_STATES
 
 from boomerang_cli.tables import table
 

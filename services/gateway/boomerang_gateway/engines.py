@@ -3,7 +3,7 @@
 The router picks the engines for a planned turn. The gateway still needs its own view to
 tokenize before the plan, to know which models exist (404 for the rest, `GET /v1/models`),
 and to keep serving when the router is down. Which engines exist, and which may serve, is
-`boomerang.enginepool`'s, shared with the router: static flags (`--prefill`, `--decode`:
+`boomerang_server.enginepool`'s, shared with the router: static flags (`--prefill`, `--decode`:
 `URL` or `NAME=URL`) or the block registry's `ListEngines` (a refresh that fails keeps the
 last good view; dead engines, and engines without an HTTP base URL, are left out).
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import xxhash
 from boomerang.clients.registry import RegistryClient
-from boomerang.enginepool.refresh import RegistryRefresher
-from boomerang.enginepool.table import (
+from boomerang_server.enginepool.refresh import RegistryRefresher
+from boomerang_server.enginepool.table import (
     DOWN_SECONDS,
     HEALTH_CHECK_FAILED,
     HEARTBEAT_STALE,

@@ -29,9 +29,9 @@ from typing import Protocol
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
-from boomerang.enginepool.table import Progress, progressed
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.enginepool.table import Progress, progressed
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class Voucher:
             now, wall = time.monotonic(), time.time()
             for engine, probed in vouchable(listed.engines, healthy, self._down_at):
                 beat = _seconds(engine.heartbeat_time)
-                # Judged as the engine pool judges heartbeats (`boomerang.enginepool`).
+                # Judged as the engine pool judges heartbeats (`boomerang_server.enginepool`).
                 seen = self._progress[engine.engine_id] = progressed(self._progress.get(engine.engine_id), beat, now, wall)
                 if now - seen.since < self.heartbeat_timeout / 3:
                     continue  # its own (or our last) heartbeat is recent

@@ -1,6 +1,6 @@
 """In-process tokenization: the model's own tokenizer and chat template, instead of P's `/tokenize`.
 
-Models named in `BOOMERANG_TOKENIZERS` are tokenized here (`boomerang.localtokens`, which
+Models named in `BOOMERANG_TOKENIZERS` are tokenized here (`boomerang_server.localtokens`, which
 renders as vLLM does); every other model, and every request the renderer does not mirror
 exactly, still goes to the prefill engine's `/tokenize`, which stays the truth. Each turn
 tokenized here is checked against the prompt ids the decode engine reports for it; one
@@ -14,8 +14,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from boomerang.chatrender import Unsupported
-from boomerang.localtokens import LocalTokenizer, TokenizerFilesError, load
+from boomerang_server.chatrender import Unsupported
+from boomerang_server.localtokens import LocalTokenizer, TokenizerFilesError, load
 
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest, Kind

@@ -18,10 +18,10 @@ from typing import Any
 import uvicorn
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
-from boomerang.db.engine import make_engine
-from boomerang.db.migrate import upgrade
-from boomerang.sockets import listen_socket
 from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
+from boomerang_server.db.engine import make_engine
+from boomerang_server.db.migrate import upgrade
+from boomerang_server.sockets import listen_socket
 
 from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang.config.fields import Flag
-from boomerang.config.settings import EnginePoolSettings, check_listen
-from boomerang.enginepool.table import static_specs
+from boomerang_server.config.fields import Flag
+from boomerang_server.config.settings import EnginePoolSettings, check_listen
+from boomerang_server.enginepool.table import static_specs
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 

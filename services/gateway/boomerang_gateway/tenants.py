@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from boomerang.db.models import tenants
+from boomerang_server.db.models import tenants
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine

@@ -7,16 +7,16 @@ import asyncio
 import json
 
 from boomerang.clients.reaper import ReaperClient
-from boomerang.config.flags import (
+from boomerang.errors import BoomerangError
+from boomerang.v1 import reaper_service_pb2 as pb
+from boomerang_server.config.flags import (
     add_settings_flags,
     require_database,
     run_async,
     settings_from_args,
 )
-from boomerang.config.settings import CommonSettings, load_settings
-from boomerang.db.engine import make_engine
-from boomerang.errors import BoomerangError
-from boomerang.v1 import reaper_service_pb2 as pb
+from boomerang_server.config.settings import CommonSettings, load_settings
+from boomerang_server.db.engine import make_engine
 
 from boomerang_reaper.advice_report import render_table, to_json
 from boomerang_reaper.advisor import advise_from_history, make_query

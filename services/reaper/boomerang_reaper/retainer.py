@@ -2,7 +2,7 @@
 
 Every `release_interval_seconds` the leading reaper reads the retained leases
 (ListLeases) and the decode engines' free KV blocks (ListEngines, from their heartbeats)
-over gRPC, decides with `boomerang.retention` (the simulator's decision too), and releases
+over gRPC, decides with `boomerang_server.retention` (the simulator's decision too), and releases
 through the registry's fenced ReleaseLeases: RETAINED → RELEASED in one statement, so a
 lease claimed meanwhile is never released under its puller. The evidence, the pauses
 between turns per tenant and model, comes from the audit history AdviseTTL reads,
@@ -16,7 +16,9 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from boomerang.retention import (
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.retention import (
     EngineMemory,
     Evidence,
     Held,
@@ -25,8 +27,6 @@ from boomerang.retention import (
     Policy,
     choose_releases,
 )
-from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_reaper import metrics
 from boomerang_reaper.advice import TurnRecord, observe

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang.config.fields import Flag
-from boomerang.config.settings import RegistryClientSettings, check_listen
-from boomerang.retention import Policy
+from boomerang_server.config.fields import Flag
+from boomerang_server.config.settings import RegistryClientSettings, check_listen
+from boomerang_server.retention import Policy
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 

@@ -12,11 +12,12 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
-# Defined once in the library; re-exported because the registry speaks of them as its own.
-from boomerang.leases import LIVE as LIVE
-from boomerang.leases import ClaimOutcome as ClaimOutcome
-from boomerang.leases import LeaseState as LeaseState
 from boomerang.tokenchain import TokenChain
+
+# Defined once in the library; re-exported because the registry speaks of them as its own.
+from boomerang_server.leases import LIVE as LIVE
+from boomerang_server.leases import ClaimOutcome as ClaimOutcome
+from boomerang_server.leases import LeaseState as LeaseState
 
 TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
     LeaseState.RETAINED: frozenset(

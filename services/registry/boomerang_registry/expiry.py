@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import sqlalchemy.exc
 from boomerang.errors import failed_precondition
-from boomerang.leases import LIVE_SQL
+from boomerang_server.leases import LIVE_SQL
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 from boomerang import telemetry
-from boomerang.config.settings import normalize_database_url
+from boomerang_server.config.settings import normalize_database_url
 
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 # Each sets both settings, so a batch's tenant list never outlives the use that set it.

@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 from boomerang.errors import Violations
-from boomerang.grpcutil.status import error_for_exception, rpc, to_status
 from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang_server.rpc.status import error_for_exception, rpc, to_status
 
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.deadline_watch import DeadlineHub

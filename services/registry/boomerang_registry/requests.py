@@ -16,10 +16,10 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
 # Re-exported: the servicers validate single fields through this module.
-from boomerang.validation import MAX_TEXT
-from boomerang.validation import check_conversation as check_conversation
-from boomerang.validation import check_id as check_id
-from boomerang.validation import check_text as check_text
+from boomerang_server.validation import MAX_TEXT
+from boomerang_server.validation import check_conversation as check_conversation
+from boomerang_server.validation import check_id as check_id
+from boomerang_server.validation import check_text as check_text
 
 from boomerang_registry.domain import ClaimQuery, EngineRole, EngineSpec, RetainedBlocks
 from boomerang_registry.turns import ClaimSettlement, TurnEnd

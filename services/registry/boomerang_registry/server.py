@@ -6,13 +6,13 @@ import asyncio
 import logging
 from typing import Any
 
-from boomerang.credentials import CredentialStore
-from boomerang.db.engine import make_engine, warm_pool
-from boomerang.db.migrate import upgrade
-from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
-from boomerang.metrics import refresh_forever, serve_metrics
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
+from boomerang_server.credentials import CredentialStore
+from boomerang_server.db.engine import make_engine, warm_pool
+from boomerang_server.db.migrate import upgrade
+from boomerang_server.metrics import refresh_forever, serve_metrics
+from boomerang_server.rpc.server import ServerOptions, ServiceSpec, serve
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from boomerang.config.flags import (
+from boomerang_server.config.flags import (
     add_settings_flags,
     require_database,
     run_async,

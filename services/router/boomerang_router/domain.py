@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from boomerang.leases import ClaimOutcome
+from boomerang_server.leases import ClaimOutcome
 
 
 class PlanDecision(str, enum.Enum):

@@ -16,10 +16,10 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
 from boomerang.grpcutil.client_status import from_code_number
-from boomerang.leases import ClaimOutcome
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.leases import ClaimOutcome
 
 from boomerang_router.domain import ClaimResult, LeaseHandle
 

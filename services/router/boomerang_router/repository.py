@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from boomerang.db.models import turn_plans
+from boomerang_server.db.models import turn_plans
 from prometheus_client import Counter
 from sqlalchemy import and_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine

@@ -15,8 +15,8 @@ from boomerang.errors import BoomerangError, Violations
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang.validation import MAX_TEXT, check_id, check_text
-from boomerang.validation import check_conversation as _check_conversation
+from boomerang_server.validation import MAX_TEXT, check_id, check_text
+from boomerang_server.validation import check_conversation as _check_conversation
 
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse

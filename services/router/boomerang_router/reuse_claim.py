@@ -13,10 +13,10 @@ import time
 from collections import Counter as Tally
 
 from boomerang.clients.base import BoomerangClientError
-from boomerang.leases import ClaimOutcome
 from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.worth import worth_waiting
+from boomerang_server.leases import ClaimOutcome
 from prometheus_client import Counter
 
 from boomerang_router import metrics

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import grpc
 from boomerang.clients.registry import RegistryClient
-from boomerang.credentials import CredentialStore
-from boomerang.db.engine import make_engine, warm_pool
-from boomerang.db.migrate import upgrade
-from boomerang.grpcutil.server import ServerOptions, ServiceSpec, serve
-from boomerang.metrics import serve_metrics
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+from boomerang_server.credentials import CredentialStore
+from boomerang_server.db.engine import make_engine, warm_pool
+from boomerang_server.db.migrate import upgrade
+from boomerang_server.metrics import serve_metrics
+from boomerang_server.rpc.server import ServerOptions, ServiceSpec, serve
 from sqlalchemy.engine import make_url
 
 from boomerang_router.claims import ClaimKeeper

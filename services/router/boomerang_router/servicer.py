@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from boomerang.credentials import CredentialStore
-from boomerang.grpcutil.status import rpc, write_item_error
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+from boomerang_server.credentials import CredentialStore
+from boomerang_server.rpc.status import rpc, write_item_error
 
 from boomerang_router import convert, listing, reports, requests
 from boomerang_router.planner import Router

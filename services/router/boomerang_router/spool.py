@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from boomerang.db.models import turn_plans
+from boomerang_server.db.models import turn_plans
 from prometheus_client import Counter, Gauge
 
 log = logging.getLogger(__name__)

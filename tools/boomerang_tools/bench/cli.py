@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from boomerang.config.flags import run_async
-from boomerang.config.settings import CommonSettings, load_settings
+from boomerang_server.config.flags import run_async
+from boomerang_server.config.settings import CommonSettings, load_settings
 
 from boomerang_tools.bench.config import PHASES, BenchConfig
 from boomerang_tools.bench.naive_proxy import serve

@@ -15,8 +15,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from boomerang.config.settings import normalize_database_url
 from boomerang_registry.inspection import BENCH_REARM_SQL, BENCH_SIZES_SQL, BENCH_VACUUM_SQL
+from boomerang_server.config.settings import normalize_database_url
 
 from boomerang_tools.stack.postgres import EmbeddedPostgres
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import uvicorn
-from boomerang.sockets import listen_socket
+from boomerang_server.sockets import listen_socket
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse

@@ -23,10 +23,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
-from boomerang.vllm_hook.config import parse_config
-from boomerang.vllm_hook.hook import BoomerangHook
-from boomerang.vllm_hook.mixin import engine_facts
-from boomerang.vllm_hook.requestview import TurnContext
+from boomerang_vllm_hook.config import parse_config
+from boomerang_vllm_hook.hook import BoomerangHook
+from boomerang_vllm_hook.mixin import engine_facts
+from boomerang_vllm_hook.requestview import TurnContext
 
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.relay import DelayRelay

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from boomerang.config.settings import normalize_database_url
-from boomerang.db.migrate import upgrade
+from boomerang_server.config.settings import normalize_database_url
+from boomerang_server.db.migrate import upgrade
 from rich.console import Console
 
 from boomerang_tools.demo.hbm import run_hbm

@@ -7,7 +7,7 @@ import time
 import uuid
 
 import xxhash
-from boomerang.config.flags import run_async
+from boomerang_server.config.flags import run_async
 
 from boomerang_tools.sim.costmodel import profile
 from boomerang_tools.sim.engine import SimConfig
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--registry", help="block-registry HOST:PORT to register with and heartbeat (optional)")
     parser.add_argument("--heartbeat-seconds", type=float, default=2.0, help="registry heartbeat interval (default 2)")
     parser.add_argument("--hook", action="store_true",
-                        help="run Boomerang's vLLM hook inside the engine (boomerang.vllm_hook, as BoomerangConnector "
+                        help="run Boomerang's vLLM hook inside the engine (boomerang_vllm_hook, as BoomerangConnector "
                         "does): decode registers its own retained blocks with --registry, prefill plans from its own "
                         "token ids with --router; the hook's sender registers and heartbeats the engine")
     parser.add_argument("--router", help="router HOST:PORT the prefill hook plans with (with --hook)")

@@ -19,7 +19,7 @@ Two policies, same workload (same seed):
   registry decides first (the lease leaves RETAINED, so no later claim gets it); D frees
   the blocks `release_delay` later (the heartbeat that carries the release).
 
-The retention decisions are the live reaper's (boomerang.retention): the hold, and the
+The retention decisions are the live reaper's (boomerang_server.retention): the hold, and the
 value per block that orders releases under pressure.
 
 Every pull reads through `KVStore.read`, which checks the blocks still hold the turn's
@@ -33,7 +33,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from boomerang.retention import (
+from boomerang_server.retention import (
     Evidence,
     Held,
     Params,

@@ -3,7 +3,7 @@
 The hook is built exactly as `BoomerangConnector` builds it inside vLLM — `parse_config` on a
 `kv_connector_extra_config`, `engine_facts` from a config shaped like vLLM's, then
 `BoomerangHook` with its planner, registration sender and turn reporter
-(`boomerang.vllm_hook`) — and it is called where vLLM's scheduler calls the connector:
+(`boomerang_vllm_hook`) — and it is called where vLLM's scheduler calls the connector:
 
 * before the engine reads a request's `kv_transfer_params`: `before_match` (a prefill
   engine starts a plan from its own token ids in the background; while it is in flight the
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from boomerang.vllm_hook.config import parse_config
-from boomerang.vllm_hook.hook import BoomerangHook
-from boomerang.vllm_hook.mixin import engine_facts
+from boomerang_vllm_hook.config import parse_config
+from boomerang_vllm_hook.hook import BoomerangHook
+from boomerang_vllm_hook.mixin import engine_facts
 
 from boomerang_tools.sim.state import GenRequest, SimConfig
 

@@ -25,10 +25,10 @@ from collections.abc import Generator
 import uvicorn
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
-from boomerang.sockets import listen_socket
 from boomerang.telemetry import asgi_app, setup_tracing
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.sockets import listen_socket
 
 from boomerang_tools.sim.app import make_app
 from boomerang_tools.sim.engine import Engine, SimConfig

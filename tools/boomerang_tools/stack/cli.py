@@ -9,7 +9,6 @@ import sys
 import threading
 from pathlib import Path
 
-from boomerang.config.settings import normalize_database_url
 from boomerang_cli.context import (
     CONTEXT_ENV,
     DEFAULT_PATH,
@@ -19,6 +18,7 @@ from boomerang_cli.context import (
     write_context,
 )
 from boomerang_cli.sources import SOURCES
+from boomerang_server.config.settings import normalize_database_url
 
 from boomerang_tools.sim.costmodel import profile
 from boomerang_tools.stack.children import ChildFailed

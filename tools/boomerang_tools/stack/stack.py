@@ -23,10 +23,10 @@ from urllib.parse import urlsplit
 import httpx
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
-from boomerang.db.migrate import upgrade
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.db.migrate import upgrade
 
 from boomerang_tools.sim import hfmodel
 from boomerang_tools.sim.costmodel import profile

@@ -1,0 +1,255 @@
+"""The prefill side: plans fetched in the background, never inside vLLM's scheduler step.
+
+`get_num_new_matched_tokens` runs on the scheduler thread, and vLLM's scheduler is
+synchronous: anything it waits for stalls every request on the engine. So the scheduler
+thread only *starts* a plan (`PrefillPlanner.begin`: a deque append under a lock) and then
+reads, on later calls, whether the answer is in (`PendingPlan.take`). One daemon thread,
+`boomerang-planner`, builds each prompt's token chain and sends PlanTurn as a gRPC future;
+the answer lands on a gRPC thread, which files it in the `PendingPlan`. Nothing on the
+scheduler thread touches the network, and many plans are in flight at once.
+
+Each plan has a wait: the time after which the scheduler stops holding the request back and
+computes it locally (`worth.worth_waiting`, at most `plan_deadline_ms`). The PlanTurn call
+carries that wait as its deadline, so the router sizes its claim to it.
+
+An answer that arrives after the scheduler gave up (or after the request ended) is *late*:
+whoever sees it second hands it to `on_late`, which gives back what it claimed. The race
+between "the scheduler gives up" and "the answer arrives" is settled under the plan's lock,
+so exactly one side acts on each answer.
+
+After `breaker_failures` failed plans in a row the breaker opens and requests skip planning
+for a pause (doubling from `breaker_cooldown_seconds` up to 30 s) before one tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from boomerang import chainproto
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.sync import SyncRouterClient, result
+from boomerang.resilience import CircuitBreaker
+from boomerang.tokenchain import build_chain
+from boomerang.v1 import router_service_pb2 as opb
+
+from boomerang_vllm_hook.requestview import TurnContext
+
+log = logging.getLogger(__name__)
+MAX_COOLDOWN = 30.0
+PLAN_NAMESPACE = uuid.UUID("5e1f0c2a-9d3b-4a7e-8f61-2b4c6d8e0a1f")
+# A wait shorter than this cannot see an answer (one loopback round trip is longer): the
+# request is not held back at all.
+MIN_WAIT_SECONDS = 0.0005
+# Gives up that say the router refused this request, not that it is slow or away.
+REFUSALS = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "FAILED_PRECONDITION"})
+
+
+def plan_breaker(failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
+    """The planner's breaker: open after `failures` in a row, for a cooldown that doubles on each
+    failed trial up to MAX_COOLDOWN."""
+    return CircuitBreaker(failures, cooldown, growth=2.0, max_cooldown=MAX_COOLDOWN, clock=clock)
+
+
+@dataclass
+class PlanAttempt:
+    """What one planning attempt produced: a plan, or why there is none."""
+
+    response: opb.PlanTurnResponse | None
+    error: str = ""  # a gRPC code name, `BAD_TOKENS`, `DEADLINE_SPENT` or an exception's name
+    request: opb.PlanTurnRequest | None = None
+    elapsed: float = 0.0  # seconds from `begin` to the answer
+
+
+@dataclass
+class PendingPlan:
+    """One plan in flight: started on the scheduler thread, answered on another."""
+
+    tenant: str
+    context: TurnContext
+    prompt: Sequence[int]
+    vllm_request_id: str
+    started: float
+    wait_until: float  # perf_counter time after which the scheduler computes locally
+    on_late: Callable[[PendingPlan, PlanAttempt], None]
+    attempt: PlanAttempt | None = None
+    abandoned: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def take(self) -> PlanAttempt | None:
+        """The scheduler's read: the answer if it is in, else None (and nothing changes)."""
+        with self._lock:
+            return self.attempt
+
+    def abandon(self) -> PlanAttempt | None:
+        """The scheduler stops waiting. Returns the answer if it came in meanwhile (the caller
+        settles it); otherwise the answer, when it comes, goes to `on_late`."""
+        with self._lock:
+            self.abandoned = True
+            return self.attempt
+
+    def resolve(self, attempt: PlanAttempt) -> None:
+        """The answer arrived (any thread)."""
+        with self._lock:
+            if self.attempt is not None:
+                return
+            self.attempt = attempt
+            late = self.abandoned
+        if late:
+            self.on_late(self, attempt)
+
+
+class PrefillPlanner:
+    """Starts plans without blocking and files their answers; never raises into vLLM."""
+
+    def __init__(
+        self,
+        client: SyncRouterClient,
+        *,
+        engine_id: str,
+        model: str,
+        deadline: float,
+        plan_with: Literal["chain", "tokens"],
+        chain_block_size: int,
+        breaker: CircuitBreaker,
+        max_in_flight: int = 4096,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.client = client
+        self.engine_id = engine_id
+        self.model = model
+        self.deadline = deadline
+        self.plan_with = plan_with
+        self.chain_block_size = chain_block_size
+        self.breaker = breaker
+        self.max_in_flight = max_in_flight
+        self.clock = clock
+        self.in_flight = 0
+        self.dropped_full = 0
+        self._queue: deque[PendingPlan] = deque()
+        self._lock = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="boomerang-planner", daemon=True)
+
+    # -- the scheduler thread --------------------------------------------------------------
+
+    def allow(self) -> bool:
+        """Whether a plan may start now (the breaker is closed, or this is its trial)."""
+        with self._lock:
+            return self.breaker.allow()
+
+    def begin(
+        self, context: TurnContext, prompt: Sequence[int], vllm_request_id: str, wait: float,
+        on_late: Callable[[PendingPlan, PlanAttempt], None],
+    ) -> PendingPlan | None:
+        """Start a plan that the scheduler waits for at most `wait` seconds; None when too many
+        are in flight (the request computes locally). Never blocks."""
+        now = self.clock()
+        pending = PendingPlan(context.tenant, context, prompt, vllm_request_id, now, now + min(wait, self.deadline), on_late)
+        with self._lock:
+            if self.in_flight >= self.max_in_flight:
+                self.dropped_full += 1
+                return None
+            self.in_flight += 1
+            self._queue.append(pending)
+            self._lock.notify()
+        return pending
+
+    # -- the planner thread ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background thread."""
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread and close the channel (calls in flight fail, their plans go late)."""
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+        self.client.close()
+
+    def request_id(self, vllm_request_id: str) -> str:
+        """The PlanTurn idempotency key (a UUID from engine and request id, so it fits the
+        router's 128-character limit): asking again returns the same plan, or the same claim."""
+        return str(uuid.uuid5(PLAN_NAMESPACE, f"{self.engine_id}\x00{vllm_request_id}"))
+
+    def build_request(self, context: TurnContext, prompt: Sequence[int], vllm_request_id: str) -> opb.PlanTurnRequest:
+        """The PlanTurn request for this prompt (its chain, or its token ids)."""
+        req = opb.PlanTurnRequest(
+            tenant=context.tenant,
+            conversation_id=context.conversation_id,
+            model=self.model,
+            num_prompt_tokens=len(prompt),
+            request_id=self.request_id(vllm_request_id),
+            cache_salt=context.salt,
+        )
+        # Without a conversation id the router finds the lease by the prompt, which needs its tokens.
+        if self.plan_with == "tokens" or not context.conversation_id:
+            req.prompt_token_ids.extend(prompt)
+        else:
+            req.prompt_chain.CopyFrom(chainproto.to_proto(build_chain(prompt, self.chain_block_size, context.salt)))
+        return req
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._stop:
+                    self._lock.wait()
+                if self._stop:
+                    pending_left = list(self._queue)
+                    self._queue.clear()
+                    break
+                pending = self._queue.popleft()
+            try:
+                self._send(pending)
+            except Exception as exc:
+                log.exception("boomerang: starting a plan failed")
+                self._finish(pending, PlanAttempt(None, type(exc).__name__, elapsed=self.clock() - pending.started))
+        for pending in pending_left:
+            self._finish(pending, PlanAttempt(None, "CANCELLED", elapsed=self.clock() - pending.started))
+
+    def _send(self, pending: PendingPlan) -> None:
+        if pending.abandoned:  # the request ended (or gave up) before its plan left: nothing claimed
+            self._finish(pending, PlanAttempt(None, "DEADLINE_SPENT", elapsed=self.clock() - pending.started))
+            return
+        try:
+            req = self.build_request(pending.context, pending.prompt, pending.vllm_request_id)
+        except ValueError:
+            self._finish(pending, PlanAttempt(None, "BAD_TOKENS", elapsed=self.clock() - pending.started))
+            return
+        left = pending.wait_until - self.clock()
+        if left <= MIN_WAIT_SECONDS:
+            self._finish(pending, PlanAttempt(None, "DEADLINE_SPENT", req, self.clock() - pending.started))
+            return
+        future = self.client.plan_turn_future(req, timeout=left)
+        future.add_done_callback(lambda f: self._answered(pending, req, f))
+
+    def _answered(self, pending: PendingPlan, req: opb.PlanTurnRequest, future: Any) -> None:
+        elapsed = self.clock() - pending.started
+        try:
+            resp = result("PlanTurn", future)
+        except BoomerangClientError as err:
+            self._finish(pending, PlanAttempt(None, err.code, req, elapsed), failed=err.code not in REFUSALS)
+            return
+        except Exception as exc:  # noqa: BLE001 - a cancelled future raises its own error class
+            self._finish(pending, PlanAttempt(None, type(exc).__name__, req, elapsed), failed=True)
+            return
+        self._finish(pending, PlanAttempt(resp, "", req, elapsed), succeeded=True)
+
+    def _finish(self, pending: PendingPlan, attempt: PlanAttempt, *, failed: bool = False, succeeded: bool = False) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            if failed:
+                self.breaker.record_failure()
+            elif succeeded:
+                self.breaker.record_success()
+        pending.resolve(attempt)
+

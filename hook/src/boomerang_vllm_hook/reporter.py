@@ -1,0 +1,202 @@
+"""The prefill side's background reports: how each planned turn went, told to the router.
+
+ReportTurn closes a plan (the router counts unreported plans as engine load) and settles a
+PULL plan's claim. The hook reports `HANDLE_USE_READ` once vLLM allocated the request with
+the handle (the NixlConnector then reads it, or tells D to free it), and
+`HANDLE_USE_UNKNOWN` otherwise — never `NOT_READ` for a handle vLLM has seen, because a
+handle given back after D freed its blocks would hand the next turn garbage. The router
+treats UNKNOWN as read: the worst case is one lost reuse.
+
+A plan whose answer never arrived (the deadline passed while the router worked) may still
+hold a claim. The reporter asks again with the same `request_id`, which returns the same
+plan or at least the same claimed handle, and reports it `HANDLE_USE_NOT_READ`: this engine
+certainly never saw that handle, so the lease goes back to the conversation.
+
+The thread drains up to `batch_size` reports a round and sends them as one ReportTurnBatch
+(in calls of at most 256, the router's limit); the router settles them together, and
+answers each report on its own, in order:
+
+* answered — done;
+* transient (UNAVAILABLE, DEADLINE_EXCEEDED, …) — that report back to the front of the
+  queue, then a growing pause (50 ms to 2 s) before the next round, until its deadline;
+* anything else (an unknown plan, a bad report) — dropped, counted by reason.
+
+A batch refused whole gives each of its reports that error as its answer. A lost plan to
+give back (`replan`) is planned again first, in the same round, and its report joins the
+batch. Retries are safe: a report is idempotent on its `plan_id`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.sync import SyncRouterClient, result
+from boomerang.resilience import TRANSIENT_CODES, Backoff
+from boomerang.v1 import router_service_pb2 as opb
+
+from boomerang_vllm_hook.batching import BatchedRpc, BatchedSender
+from boomerang_vllm_hook.outbox import Entry, Outbox
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Report:
+    """One ReportTurn to send, or (with `replan`) a lost plan to find and give back."""
+
+    tenant: str
+    plan_id: str = ""
+    handle_use: int = opb.HANDLE_USE_UNSPECIFIED
+    replan: opb.PlanTurnRequest | None = None
+    delivered_cached_tokens: int | None = None  # the hook's count of prompt tokens not computed
+
+
+class TurnReporter:
+    """Owns the thread that sends turn reports; `submit` never blocks."""
+
+    def __init__(
+        self,
+        client: SyncRouterClient,
+        *,
+        queue_size: int = 10_000,
+        when_full: Literal["drop_oldest", "reject_new"] = "drop_oldest",
+        batch_size: int = 64,
+        rpc_timeout: float = 2.0,
+        deadline: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.client = client
+        self.batch_size = batch_size
+        self.rpc_timeout = rpc_timeout
+        self.deadline = deadline
+        self.clock = clock
+        self.outbox: Outbox[Report] = Outbox(queue_size, when_full, clock)
+        self.reported = 0
+        self.given_back = 0
+        self.transient_failures = 0
+        self.rejected: Counter[str] = Counter()
+        self.calls: BatchedSender[Entry[Report]] = BatchedSender(BatchedRpc(
+            "ReportTurnBatch",
+            lambda chunk: client.report_turn_batch_future(
+                opb.ReportTurnBatchRequest(reports=[_request(e.item) for e in chunk]), timeout=rpc_timeout),
+        ))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="boomerang-reporter", daemon=True)
+
+    def submit(self, report: Report) -> bool:
+        """Queue a report; False when the full queue rejected it."""
+        return self.outbox.offer(report, self.clock() + self.deadline)
+
+    def start(self) -> None:
+        """Start the background thread."""
+        self._thread.start()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until nothing is queued or being sent."""
+        return self.outbox.wait_drained(timeout)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what can be sent within `timeout`, then stop."""
+        if self._thread.is_alive():
+            self.flush(timeout)
+        self._stop.set()
+        self.outbox.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout + self.rpc_timeout + 1.0)
+        self.client.close()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for logs and tests."""
+        s = self.outbox.stats
+        return {
+            "queued": len(self.outbox),
+            "reported": self.reported,
+            "given_back": self.given_back,
+            "transient_failures": self.transient_failures,
+            "rejected": dict(self.rejected),
+            "batch_calls": self.calls.batch_calls,
+            "retried": s.retried,
+            "expired": s.expired,
+            "dropped_full": s.dropped_full,
+            "rejected_full": s.rejected_full,
+        }
+
+    def _run(self) -> None:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            batch = self.outbox.take(self.batch_size, timeout=0.5)
+            if not batch:
+                continue
+            try:
+                clean = self._send(batch)
+            except Exception:  # the thread must outlive any bug in one round
+                log.exception("boomerang: report round failed")
+                clean = True
+            finally:
+                self.outbox.done(len(batch))  # after any retry put its entries back
+            if clean:
+                backoff.reset()
+            else:
+                self._stop.wait(backoff.next())
+
+    def _send(self, batch: list[Entry[Report]]) -> bool:
+        """One round; True when nothing failed transiently."""
+        ready, transient = self._replan(batch)
+        answers = self.calls.send(ready)
+        again: list[Entry[Report]] = []
+        for entry, answer in answers:
+            if isinstance(answer, BoomerangClientError):
+                if answer.code in TRANSIENT_CODES:
+                    transient = True
+                    self.transient_failures += 1
+                    again.append(entry)
+                else:
+                    self.rejected[answer.reason] += 1
+                    log.warning("boomerang: ReportTurn refused for plan %s: %s", entry.item.plan_id, answer)
+                continue
+            if entry.item.handle_use == opb.HANDLE_USE_NOT_READ:
+                self.given_back += 1
+            self.reported += 1
+        if again:
+            self.outbox.retry(again)
+        return not transient
+
+    def _replan(self, batch: list[Entry[Report]]) -> tuple[list[Entry[Report]], bool]:
+        """Plan again every lost plan of the round (all in flight at once), so each has its
+        report; returns the entries ready to report and whether a PlanTurn failed transiently."""
+        calls = [(e, self.client.plan_turn_future(e.item.replan, timeout=self.rpc_timeout))
+                 for e in batch if e.item.replan is not None]
+        failed: list[Entry[Report]] = []
+        for entry, future in calls:
+            try:
+                plan: opb.PlanTurnResponse = result("PlanTurn", future)
+            except BoomerangClientError as err:
+                if err.code in TRANSIENT_CODES:
+                    self.transient_failures += 1
+                    failed.append(entry)
+                else:
+                    self.rejected[err.reason] += 1
+                    log.warning("boomerang: PlanTurn refused when giving back a lost plan: %s", err)
+                continue
+            # From here on the entry is a plain report: a retry sends it without planning again.
+            use = opb.HANDLE_USE_NOT_READ if plan.decision == opb.PLAN_DECISION_PULL else opb.HANDLE_USE_UNSPECIFIED
+            entry.item = Report(entry.item.tenant, plan.plan_id, use)
+        ready = [e for e in batch if e.item.replan is None]  # the unplanned ones wait or are dropped
+        if failed:
+            self.outbox.retry(failed)
+        return ready, bool(failed)
+
+
+def _request(report: Report) -> opb.ReportTurnRequest:
+    """The ReportTurn message of a report (its plan found)."""
+    req = opb.ReportTurnRequest(tenant=report.tenant, plan_id=report.plan_id, handle_use=report.handle_use)  # type: ignore[arg-type]
+    if report.delivered_cached_tokens is not None:
+        req.delivered_cached_tokens = report.delivered_cached_tokens
+    return req

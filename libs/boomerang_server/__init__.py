@@ -1,0 +1,1 @@
+"""Boomerang services' shared library: settings, database, engine pool, gRPC serving."""

@@ -1,0 +1,37 @@
+"""Credentials: hashed bearer tokens of services and engines.
+
+Revision ID: 0005_credentials
+Revises: 0001_registry
+Create Date: 2026-11-29
+"""
+
+from alembic import op
+from boomerang_server.db.sqlscript import split_statements
+
+revision = "0005_credentials"
+down_revision = "0001_registry"
+branch_labels = None
+depends_on = None
+
+UPGRADE = """
+CREATE TABLE credentials (
+    credential_id bigint GENERATED ALWAYS AS IDENTITY,
+    principal text NOT NULL,
+    token_sha256 bytea NOT NULL,
+    created_at timestamptz DEFAULT now() NOT NULL,
+    revoked_at timestamptz,
+    CONSTRAINT pk_credentials PRIMARY KEY (credential_id),
+    CONSTRAINT uq_credentials_token_sha256 UNIQUE (token_sha256),
+    CONSTRAINT ck_credentials_principal CHECK (principal ~ '^(service|engine):.+$')
+);
+CREATE INDEX ix_credentials_principal ON credentials (principal);
+"""
+
+
+def upgrade() -> None:
+    for statement in split_statements(UPGRADE):
+        op.execute(statement)
+
+
+def downgrade() -> None:
+    op.execute("DROP TABLE credentials")

@@ -1,0 +1,1 @@
+"""Serving gRPC: the server bootstrap, status translation and the health probe."""
