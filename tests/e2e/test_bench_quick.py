@@ -47,23 +47,6 @@ async def test_quick_bench_writes_the_report(tmp_path: Path) -> None:
     assert plan["grpc_floor"]["calls"] > 0 and plan["cpu_cost"]["services_cpu_ms"] > 0
     # The plans really verified preloaded prefixes and pulled (the workload matches its leases).
     assert sum(s["reasons"].get("VERIFIED_PREFIX", 0) for s in plan["rates"]) > 0, plan["rates"]
-    # The same-run A/B: both paths at each rate, interleaved, each measured on its own router.
-    paths = report["plan_paths"]
-    assert [e["rate"] for e in paths["rates"]] == [200, 600] and paths["step_seconds"] == 1
-    assert [e["order"] for e in paths["rates"]] == [["unary", "stream"], ["stream", "unary"]]
-    for entry in paths["rates"]:
-        for path in ("unary", "stream"):
-            step = entry[path]
-            assert step["rate"] == entry["rate"] and step["plans"] > 0 and step["achieved_rps"] > 0, step
-            assert _number(step["p50_ms"]) and 0 < step["p50_ms"] <= step["p99_ms"], step
-            cpu = step["cpu_ms_per_plan"]
-            assert set(cpu) == {"router", "registry", "postgres", "clients"}, cpu
-            assert cpu["router"] > 0 and cpu["registry"] > 0 and cpu["clients"] > 0, (path, cpu)
-            assert entry["cpu_ms_per_plan_total"][path] == pytest.approx(sum(cpu.values()), abs=0.01)
-    # Both paths reached the registry and pulled (the unary router is a working router).
-    for path in ("unary", "stream"):
-        assert sum(e[path]["reasons"].get("VERIFIED_PREFIX", 0) for e in paths["rates"]) > 0, paths
-    assert "router-stream" in report["memory_mb"]
     assert _number(report["register_rps"]) and report["register_rps"] > 0
     assert report["register"]["outcomes"].get("created", 0) > 0
     assert _number(report["expiry_lag_p99_s"])

@@ -122,7 +122,7 @@ def test_engines_that_died_unannounced_cost_no_request() -> None:
     gateway tries it, is refused, and serves the turn on a live engine."""
     with fresh_database() as url:
         env = {"BOOMERANG_DATABASE_URL": url, "BOOMERANG_MIGRATE_ON_START": "false", "BOOMERANG_DB_POOL_SIZE": "3",
-               "BOOMERANG_POOL_REFRESH_SECONDS": "0.2"}
+               "BOOMERANG_ENGINE_REFRESH_SECONDS": "0.2"}
         procs = [ServiceProcess(["registry", "--listen", "127.0.0.1:0"], env).start()]
         try:
             registry = procs[0].address

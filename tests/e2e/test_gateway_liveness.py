@@ -57,7 +57,7 @@ class Stack:
                                        "--engine-refresh-seconds", "0.2", "--heartbeat-timeout-seconds", "1.5"]).address
         self.start("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", router, "--registry", registry,
                                *static, "--allow-anonymous"],
-                   {"BOOMERANG_POOL_REFRESH_SECONDS": "0.2", "BOOMERANG_HEARTBEAT_TIMEOUT_SECONDS": "1.5"})
+                   {"BOOMERANG_ENGINE_REFRESH_SECONDS": "0.2", "BOOMERANG_HEARTBEAT_TIMEOUT_SECONDS": "1.5"})
         return self
 
     @property

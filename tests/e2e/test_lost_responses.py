@@ -66,9 +66,11 @@ async def test_every_mutating_call_retried_after_a_lost_response_takes_effect_on
     assert claimed.outcome == rpb.CLAIM_OUTCOME_CLAIMED and claimed.lease.lease_id == lease_id
     assert claimed.reusable_tokens == 400
 
-    consume = rpb.MarkConsumedRequest(tenant="lost", lease_id=lease_id, claim_id=f"claim-{unique}")
-    await lose(proxy, via_proxy.mark_consumed(consume))
-    assert (await direct.mark_consumed(consume)).lease.state == claimed.lease.state + 1  # CONSUMED
+    consume = rpb.CompleteTurnRequest(
+        tenant="lost", claim=rpb.TurnClaim(lease_id=lease_id, claim_id=f"claim-{unique}", use=rpb.CLAIM_USE_READ)
+    )
+    await lose(proxy, via_proxy.complete_turn(consume))
+    assert (await direct.complete_turn(consume)).claim.lease.state == claimed.lease.state + 1  # CONSUMED
 
     assert proxy.lost >= 3  # every attempt through the proxy reached the server and was lost
     leases = await pg.fetchval("SELECT count(*) FROM leases WHERE tenant = 'lost' AND conversation_id = $1", unique)

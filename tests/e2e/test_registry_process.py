@@ -66,8 +66,9 @@ async def test_turn_lifecycle_over_grpc(client: RegistryClient, unique: str) -> 
     assert claim.outcome == rpb.CLAIM_OUTCOME_CLAIMED
     assert claim.reusable_tokens == 288 and claim.lease.remote_request_id == "r1"
     assert list(claim.lease.block_groups[0].block_ids)[:2] == [100, 101]
-    done = await client.mark_consumed(rpb.MarkConsumedRequest(tenant="acme", lease_id=claim.lease.lease_id, claim_id=claim.lease.claim_id))
-    assert done.lease.state == tpb.LEASE_STATE_CONSUMED
+    read = rpb.TurnClaim(lease_id=claim.lease.lease_id, claim_id=claim.lease.claim_id, use=rpb.CLAIM_USE_READ)
+    done = await client.complete_turn(rpb.CompleteTurnRequest(tenant="acme", claim=read))
+    assert done.claim.error_code == 0 and done.claim.lease.state == tpb.LEASE_STATE_CONSUMED
     conv = await client.get_conversation(rpb.GetConversationRequest(tenant="acme", conversation_id=unique, include_events=True))
     assert [e.reason for e in conv.events] == ["REGISTERED", "CLAIMED", "PREFILL_READ"]
     engines = await client.list_engines(rpb.ListEnginesRequest(role=tpb.ENGINE_ROLE_DECODE))
@@ -131,7 +132,8 @@ async def test_bad_input_names_the_field_and_writes_nothing(client: RegistryClie
     await expect_error(client.claim_reuse(rpb.ClaimReuseRequest(tenant="a", conversation_id="c")), "INVALID_ARGUMENT", field="prompt_chain")
     await expect_error(client.register_engine(rpb.RegisterEngineRequest(engine=tpb.Engine(engine_id="x y"))), "INVALID_ARGUMENT", field="engine.role")
     await expect_error(client.list_leases(rpb.ListLeasesRequest(page_token="garbage")), "INVALID_ARGUMENT", field="page_token")
-    await expect_error(client.release_claim(rpb.ReleaseClaimRequest(tenant="a", lease_id="nope", claim_id="c")), "INVALID_ARGUMENT", field="lease_id")
+    not_read = rpb.TurnClaim(lease_id="nope", claim_id="c", use=rpb.CLAIM_USE_NOT_READ)
+    await expect_error(client.complete_turn(rpb.CompleteTurnRequest(tenant="a", claim=not_read)), "INVALID_ARGUMENT", field="claim.lease_id")
     assert await pg.fetchval("SELECT count(*) FROM leases") == before
 
 
@@ -149,9 +151,9 @@ async def test_not_found_and_failed_precondition(client: RegistryClient, unique:
         client.register_retained_blocks(blocks_request("a", unique, eid, list(range(50)), generation=2)),
         "FAILED_PRECONDITION", "STALE_GENERATION",
     )
-    await expect_error(
-        client.mark_consumed(rpb.MarkConsumedRequest(tenant="a", lease_id=str(uuid.uuid4()), claim_id="c")), "NOT_FOUND", "LEASE_NOT_FOUND"
-    )
+    ghost = rpb.TurnClaim(lease_id=str(uuid.uuid4()), claim_id="c", use=rpb.CLAIM_USE_READ)
+    gone = await client.complete_turn(rpb.CompleteTurnRequest(tenant="a", claim=ghost))
+    assert (gone.claim.error_code, gone.claim.error_reason) == (grpc.StatusCode.NOT_FOUND.value[0], "LEASE_NOT_FOUND")
 
 
 async def test_oversize_message_is_resource_exhausted(client: RegistryClient, unique: str) -> None:

@@ -38,7 +38,7 @@ class Replicas:
         self.env = {"BOOMERANG_DATABASE_URL": url, "BOOMERANG_MIGRATE_ON_START": "false",
                     "BOOMERANG_DRAIN_DELAY_SECONDS": "0", "BOOMERANG_GRACE_SECONDS": "3",
                     "BOOMERANG_CLAIM_DEADLINE_MS": "2000", "BOOMERANG_PLAN_TIMEOUT_SECONDS": "3",
-                    "BOOMERANG_POOL_REFRESH_SECONDS": "0.2", "BOOMERANG_DB_POOL_SIZE": "3"}
+                    "BOOMERANG_ENGINE_REFRESH_SECONDS": "0.2", "BOOMERANG_DB_POOL_SIZE": "3"}
         self.procs: dict[str, ServiceProcess] = {}
 
     def start(self, name: str, args: list[str]) -> ServiceProcess:

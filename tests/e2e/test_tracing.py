@@ -30,20 +30,18 @@ class Traced:
     conversation: str
     ids: list[tuple[str, str]]  # (trace id, client span id) per turn
     replies: list[httpx.Response]
-    streams: bool  # BOOMERANG_GRPC_STREAMS: plans and claims as messages of long-lived streams
 
 
 def _traceparent(trace_id: str, span_id: str) -> dict[str, str]:
     return {"traceparent": f"00-{trace_id}-{span_id}-01"}
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["unary", "streams"])
-def traced(database_url: str, request: pytest.FixtureRequest) -> Iterator[Traced]:
+@pytest.fixture(scope="module")
+def traced(database_url: str) -> Iterator[Traced]:
     receiver = OtlpReceiver().start()
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # milliseconds: spans arrive soon after they end
-        "BOOMERANG_GRPC_STREAMS": str(request.param).lower(),
     }
     for name in ("OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER", "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER"):
         env[name] = ""  # the test decides, not the caller's shell
@@ -52,7 +50,7 @@ def traced(database_url: str, request: pytest.FixtureRequest) -> Iterator[Traced
         conversation = f"trace-{stack.run}"
         ids = [(os.urandom(16).hex(), os.urandom(8).hex()) for _ in range(2)]
         replies = converse(stack, conversation, 2, lambda i: _traceparent(*ids[i]))
-        yield Traced(stack, receiver, conversation, ids, replies, request.param)
+        yield Traced(stack, receiver, conversation, ids, replies)
     finally:
         stack.stop()
         receiver.stop()
@@ -96,9 +94,7 @@ def test_one_turn_is_one_trace_across_every_service(traced: Traced) -> None:
     assert ("boomerang-gateway", "POST /tokenize") in names
     assert ("boomerang-sim-prefill", "POST /tokenize") in names
     assert ("boomerang-router", "/boomerang.v1.RouterService/PlanTurn") in names
-    # On a ClaimReuseStream the router's claims go as batches; each message is its own span.
-    claim = "ClaimReuseBatch" if traced.streams else "ClaimReuse"
-    assert ("boomerang-registry", f"/boomerang.v1.BlockRegistryService/{claim}") in names
+    assert ("boomerang-registry", "/boomerang.v1.BlockRegistryService/ClaimReuse") in names
     assert ("boomerang-gateway", "/boomerang.v1.RouterService/PlanTurn") in names
     assert any(s.service == "boomerang-registry" and s.attributes.get("db.system") == "postgresql" for s in spans), (
         "no Postgres span from the registry"
@@ -147,10 +143,10 @@ def test_background_work_and_health_checks_start_no_trace(traced: Traced) -> Non
     assert stray(spans) == [], "spans of traces no request started"
 
 
-def test_streams_work_with_tracing_on(traced: Traced) -> None:
+def test_the_deadline_watch_works_with_tracing_on(traced: Traced) -> None:
     """The OpenTelemetry server interceptor iterates a streaming handler's result: the reaper's
-    deadline watch and the plan and claim streams must be async generators, or every one of
-    them fails with tracing on (the watch then falls back to polling, plans to recompute)."""
+    deadline watch must be an async generator, or it fails with tracing on (the watch then
+    falls back to polling)."""
     logs = {name: "\n".join(proc.lines) for name, proc in traced.stack.procs.items()}
     assert "deadline watch opened" in logs["registry"]
     assert "deadline watch ended" not in logs["reaper"]

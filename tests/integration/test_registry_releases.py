@@ -16,7 +16,7 @@ from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.repository import RegistryRepository
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, settle
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +89,7 @@ async def test_claimed_lease_is_never_released(repo: RegistryRepository, pg: asy
     await register(repo, "t", unique, d, prompt + tokens(50, 4), f"r2-{unique}")
     assert await take(repo, d) == []
     # Read and reported: consumed, and released as a backstop to P's read notice.
-    await repo.claims.consume("t", lease["lease_id"], claimed["claim_id"])
+    await settle(repo, "t", lease["lease_id"], claimed["claim_id"], read=True)
     assert await take(repo, d) == [(f"r-{unique}", "CONSUMED")]
 
 

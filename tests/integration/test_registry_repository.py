@@ -17,7 +17,7 @@ from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, settle
 
 pytestmark = pytest.mark.integration
 SETTINGS = RegistrySettings()
@@ -255,18 +255,18 @@ async def test_release_and_consume_follow_the_state_machine(repo: RegistryReposi
     lease, _, _ = await register(repo, "t", unique, eid, held)
     lid = lease["lease_id"]
     _, _claimed, _, _ = await claim(repo, "t", unique, held + [1], claim_id="c1")
-    released = await repo.claims.release("t", lid, "c1", "PREFILL_DID_NOT_READ")
+    released = await settle(repo, "t", lid, "c1", read=False)
     assert released["state"] == "RETAINED" and released["claim_id"] is None
-    assert (await repo.claims.release("t", lid, "c1", "PREFILL_DID_NOT_READ"))["state"] == "RETAINED"
+    assert (await settle(repo, "t", lid, "c1", read=False))["state"] == "RETAINED"
     with pytest.raises(BoomerangError) as err:
-        await repo.claims.consume("t", lid, "c1")
+        await settle(repo, "t", lid, "c1", read=True)
     assert err.value.reason == "CLAIM_MISMATCH"
     await claim(repo, "t", unique, held + [1], claim_id="c2")
-    consumed = await repo.claims.consume("t", lid, "c2")
+    consumed = await settle(repo, "t", lid, "c2", read=True)
     assert consumed["state"] == "CONSUMED"
-    assert (await repo.claims.consume("t", lid, "c2"))["state"] == "CONSUMED"
+    assert (await settle(repo, "t", lid, "c2", read=True))["state"] == "CONSUMED"
     with pytest.raises(BoomerangError) as err:
-        await repo.claims.consume("other-tenant", lid, "c2")
+        await settle(repo, "other-tenant", lid, "c2", read=True)
     assert err.value.code is Code.NOT_FOUND
     assert await events(pg, lid) == [
         (None, "RETAINED", "REGISTERED"),
@@ -286,7 +286,7 @@ async def test_release_after_a_newer_turn_supersedes_instead(repo: RegistryRepos
     lease, _, _ = await register(repo, "t", unique, eid, held)
     await claim(repo, "t", unique, held + [1], claim_id="c1")
     await register(repo, "t", unique, eid, held + turn(50, 9))
-    released = await repo.claims.release("t", lease["lease_id"], "c1", "PREFILL_DID_NOT_READ")
+    released = await settle(repo, "t", lease["lease_id"], "c1", read=False)
     assert released["state"] == "SUPERSEDED"
 
 
@@ -382,14 +382,14 @@ async def test_claim_statement_uses_the_live_conversation_index(repo: RegistryRe
 async def test_concurrent_consumes_of_one_claim_move_it_once(
     repo: RegistryRepository, pg: asyncpg.Connection, unique: str
 ) -> None:
-    """MarkConsumed is one locked statement: several at once all answer CONSUMED (those that
+    """A consume is one locked statement: several at once all answer CONSUMED (those that
     waited for the lock read it as the first left it, not as their snapshot had it), one event."""
     eid = f"d-{unique}"
     await register_engine(repo, eid)
     held = turn(300)
     lease, _, _ = await register(repo, "t", unique, eid, held)
     await claim(repo, "t", unique, held + [1], claim_id="c1")
-    answers = await asyncio.gather(*(repo.claims.consume("t", lease["lease_id"], "c1") for _ in range(4)))
+    answers = await asyncio.gather(*(settle(repo, "t", lease["lease_id"], "c1", read=True) for _ in range(4)))
     assert {(a["state"], a["version"]) for a in answers} == {("CONSUMED", answers[0]["version"])}
     assert [e for e in await events(pg, lease["lease_id"]) if e[1] == "CONSUMED"] == [("CLAIMED", "CONSUMED", "PREFILL_READ")]
 

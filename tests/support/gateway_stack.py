@@ -43,7 +43,7 @@ class GatewayStack:
             "BOOMERANG_GRACE_SECONDS": "3",
             # The test box runs every process on two cores; a claim must not degrade for that.
             "BOOMERANG_CLAIM_DEADLINE_MS": "2000",
-            "BOOMERANG_POOL_REFRESH_SECONDS": "0.2",
+            "BOOMERANG_ENGINE_REFRESH_SECONDS": "0.2",
             "BOOMERANG_PLAN_TIMEOUT_SECONDS": "3",
             # Nor a turn go COLD because its /tokenize took over the default second on a busy box.
             "BOOMERANG_TOKENIZE_TIMEOUT_SECONDS": "10",

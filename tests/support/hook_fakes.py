@@ -46,9 +46,8 @@ class FakeRegistry:
 
     RegisterRetainedBlocksBatch answers each registration as RegisterRetainedBlocks would, in
     one result each (a scripted RegisterRetainedBlocks error becomes that registration's
-    result); its own script fails the whole call. `batch_unimplemented` makes it answer as a
-    registry older than the batched RPC (reason UNIMPLEMENTED). `registrations` records every
-    registration sent, singly or in a batch."""
+    result); its own script fails the whole call. `registrations` records every registration
+    sent."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -60,7 +59,6 @@ class FakeRegistry:
         self.closed = False
         self.events: list[str] = []  # "issue" / "result" of RegisterRetainedBlocks(Batch) futures
         self.registrations: list[rpb.RegisterRetainedBlocksRequest] = []
-        self.batch_unimplemented = False
 
     def fail(self, method: str, *errors: Exception | None) -> None:
         """Make the next calls of `method` fail with these errors (None means succeed)."""
@@ -111,25 +109,11 @@ class FakeRegistry:
         self.leases.setdefault(key, req)
         return rpb.RegisterRetainedBlocksResponse(lease=tpb.Lease(remote_request_id=req.remote_request_id), created=created)
 
-    def register_retained_blocks_future(self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None) -> Done:
-        self.events.append("issue")
-        self._hold()
-        with self.lock:
-            self.calls.append(("RegisterRetainedBlocks", req))
-        try:
-            return Done(self._register(req), log=self.events)
-        except BoomerangClientError as err:
-            return Done(error=err, log=self.events)
-
     def register_retained_blocks_batch_future(
         self, req: rpb.RegisterRetainedBlocksBatchRequest, timeout: float | None = None
     ) -> Done:
         self.events.append("issue")
         self._hold()
-        if self.batch_unimplemented:
-            with self.lock:
-                self.calls.append(("RegisterRetainedBlocksBatch", req))
-            return Done(error=client_error("RegisterRetainedBlocksBatch", "INTERNAL", "UNIMPLEMENTED"), log=self.events)
         try:
             self._next("RegisterRetainedBlocksBatch", req)
         except BoomerangClientError as err:
@@ -153,10 +137,8 @@ class FakeRouter:
     by the call's timeout, then DEADLINE_EXCEEDED, as gRPC would).
 
     ReportTurnBatch answers each report as ReportTurn would, one result each (an error from
-    `report_errors` becomes that report's result); `batch_errors` fail whole calls, and
-    `batch_unimplemented` makes it answer as a router older than the batched RPC (reason
-    UNIMPLEMENTED). `reports` records every report answered, singly or in a batch; `batches`
-    the size of every batch call."""
+    `report_errors` becomes that report's result); `batch_errors` fail whole calls. `reports`
+    records every report answered; `batches` the size of every batch call."""
 
     def __init__(self, planner: Callable[[opb.PlanTurnRequest], opb.PlanTurnResponse] | None = None):
         self.planner = planner or (lambda req: opb.PlanTurnResponse(plan_id="p-cold", decision=opb.PLAN_DECISION_COLD))
@@ -166,9 +148,7 @@ class FakeRouter:
         self.plans: list[opb.PlanTurnRequest] = []
         self.reports: list[opb.ReportTurnRequest] = []
         self.batch_errors: deque[Exception] = deque()
-        self.batch_unimplemented = False
         self.batches: list[int] = []
-        self.single_reports = 0
         self.closed = False
 
     def plan_turn(self, req: opb.PlanTurnRequest, timeout: float | None = None) -> opb.PlanTurnResponse:
@@ -204,16 +184,7 @@ class FakeRouter:
         self.reports.append(req)
         return opb.ReportTurnResponse(plan_id=req.plan_id)
 
-    def report_turn_future(self, req: opb.ReportTurnRequest, timeout: float | None = None) -> Done:
-        self.single_reports += 1
-        try:
-            return Done(self.report_turn(req, timeout))
-        except BoomerangClientError as err:
-            return Done(error=err)
-
     def report_turn_batch_future(self, req: opb.ReportTurnBatchRequest, timeout: float | None = None) -> Done:
-        if self.batch_unimplemented:
-            return Done(error=client_error("ReportTurnBatch", "INTERNAL", "UNIMPLEMENTED"))
         if self.batch_errors:
             return Done(error=self.batch_errors.popleft())
         self.batches.append(len(req.reports))

@@ -18,7 +18,7 @@ class HookStack:
 
     def __init__(self, database_url: str):
         self.env = {"BOOMERANG_DATABASE_URL": database_url, "BOOMERANG_CLAIM_DEADLINE_MS": "2000",
-                    "BOOMERANG_POOL_REFRESH_SECONDS": "0.2", "BOOMERANG_DRAIN_DELAY_SECONDS": "0"}
+                    "BOOMERANG_ENGINE_REFRESH_SECONDS": "0.2", "BOOMERANG_DRAIN_DELAY_SECONDS": "0"}
         self.procs: dict[str, ServiceProcess] = {}
 
     def start(self) -> HookStack:

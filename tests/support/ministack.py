@@ -64,7 +64,7 @@ class MiniStack:
                 self._start("reaper", ["reaper", "--listen", "127.0.0.1:0", "--registry", registry.address, *m()])
             self._start("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", self.procs["router"].address,
                                     "--registry", registry.address, "--allow-anonymous"],
-                        {"BOOMERANG_POOL_REFRESH_SECONDS": "0.2"})
+                        {"BOOMERANG_ENGINE_REFRESH_SECONDS": "0.2"})
             self._wait_models()
         except BaseException:
             self.stop()

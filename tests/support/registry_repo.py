@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from boomerang.errors import BoomerangError
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import WARM_UP
+from boomerang_registry.store import Row
+from boomerang_registry.turns import ClaimSettlement, TurnEnd
 from boomerang_server.db.engine import make_engine
 
 
@@ -24,3 +27,14 @@ async def open_repository(
     finally:
         await pool.close()
         await owner.dispose()
+
+
+async def settle(repo: RegistryRepository, tenant: str, lease_id: str, claim_id: str, read: bool,
+                 reason: str = "PREFILL_DID_NOT_READ") -> Row:
+    """A claim settled as CompleteTurn settles it (consumed when `read`, else given back), alone
+    in its transaction; its row, or its error raised."""
+    (ended,) = await repo.turns.commit([TurnEnd(claim=ClaimSettlement(tenant, lease_id, claim_id, read, reason))])
+    if isinstance(ended.claim, BoomerangError):
+        raise ended.claim
+    assert ended.claim is not None
+    return ended.claim

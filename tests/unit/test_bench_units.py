@@ -11,7 +11,7 @@ from boomerang.tokenchain import HASH_BYTES, build_chain, common_tokens
 from boomerang_tools.bench.config import BenchConfig
 from boomerang_tools.bench.loadgen import schedule
 from boomerang_tools.bench.profiling import summarize_collapsed
-from boomerang_tools.bench.report import _targets, plan_paths_lines
+from boomerang_tools.bench.report import _targets
 from boomerang_tools.bench.stats import clean, percentile, summarize
 from boomerang_tools.bench.workload import (
     BLOCK_SIZE,
@@ -133,30 +133,6 @@ def test_hook_mode_targets_beside_the_gateway_only_ones() -> None:
     assert not targets["hook_overhead_ratio"]["met"] and targets["hook_turn_cpu_ms"]["met"]
 
 
-def test_plan_paths_table_has_a_row_per_rate_and_path_unary_first() -> None:
-    def step(rate: int, p50: float, router: float) -> dict[str, object]:
-        return {"rate": rate, "achieved_rps": rate - 1.0, "p50_ms": p50, "p99_ms": 4 * p50, "plans": 100,
-                "pull_fraction": 0.98, "reasons": {"VERIFIED_PREFIX": 98, "CONTROL_PLANE_DEGRADED": 1},
-                "errors": {"DEADLINE_EXCEEDED": 1},
-                "cpu_ms_per_plan": {"registry": 0.5, "router": router, "postgres": 0.25, "clients": 0.125}}
-
-    paths = {"leases": 2000, "clients": 2, "step_seconds": 2.0, "rates": [
-        {"rate": 200, "order": ["unary", "stream"], "unary": step(200, 1.5, 1.0), "stream": step(200, 1.25, 0.75),
-         "cpu_ms_per_plan_total": {"unary": 1.875, "stream": 1.625}},
-        {"rate": 600, "order": ["stream", "unary"], "unary": step(600, 2.0, 1.0), "stream": step(600, 1.0, 0.5),
-         "cpu_ms_per_plan_total": {"unary": 1.875, "stream": 1.375}},
-    ]}
-    lines = plan_paths_lines(paths)
-    assert "## PlanTurn: unary calls → long-lived streams (same run, interleaved)" in lines
-    rows = [line for line in lines if line.startswith(("| 200 ", "| 600 "))]
-    assert rows == [
-        "| 200 | unary calls | first | 199 | 1.50 | 6.00 | 98% | 2% | 1.00 | 0.50 | 0.25 | 0.12 | 1.88 |",
-        "| 200 | streams | second | 199 | 1.25 | 5.00 | 98% | 2% | 0.75 | 0.50 | 0.25 | 0.12 | 1.62 |",
-        "| 600 | unary calls | second | 599 | 2.00 | 8.00 | 98% | 2% | 1.00 | 0.50 | 0.25 | 0.12 | 1.88 |",
-        "| 600 | streams | first | 599 | 1.00 | 4.00 | 98% | 2% | 0.50 | 0.50 | 0.25 | 0.12 | 1.38 |",
-    ]
-    header = next(line for line in lines if line.startswith("| rate/s"))
-    assert header.count("|") == rows[0].count("|")
 
 
 async def test_a_child_that_exits_before_it_is_ready_is_started_once_more(

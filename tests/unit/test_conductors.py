@@ -111,12 +111,12 @@ def test_a_turn_method_name_says_its_layer() -> None:
 
 def test_the_names_rule_catches_a_name_used_in_two_layers() -> None:
     served = served_rpcs()
-    assert served["release_claim"] == {"registry"} and served["plan_turn"] == {"router"}
+    assert served["complete_turn"] == {"registry"} and served["plan_turn"] == {"router"}
     defs: Definitions = {
         "plan": {("gateway", "control.py:ControlPlane"), ("router", "planner.py:Router")},
-        "release_claim": {("clients", "registry.py:RegistryClient"), ("router", "registry_api.py:RouterRegistry")},
+        "complete_turn": {("clients", "registry.py:RegistryClient"), ("router", "registry_api.py:RouterRegistry")},
         "plan_turn": {("clients", "router.py:RouterClient"), ("router", "planner.py:Router")},
         "close": {("gateway", "engines.py:EnginePool"), ("router", "spool.py:AuditSpool")},
         "end_turn": {("registry", "batching.py:RegistrationBatcher")},
     }
-    assert set(names_without_their_layer(defs, served)) == {"plan", "release_claim"}
+    assert set(names_without_their_layer(defs, served)) == {"plan", "complete_turn"}

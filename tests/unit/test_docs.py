@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from boomerang_server.config.fields import old_env_names
 from boomerang_tools import configdoc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +161,7 @@ def test_every_variable_a_document_names_exists_in_the_code() -> None:
         p.read_text(errors="replace") for p in tracked_files() if p.is_file() and p.suffix != ".md" and p.stat().st_size < 1_000_000
     )
     fields = [f for classes in configdoc.TABLES.values() for c in classes for f in c.model_fields.items()]
-    settings = {f"BOOMERANG_{name.upper()}" for name, _ in fields} | {old for _, f in fields for old in old_env_names(f)}
+    settings = {f"BOOMERANG_{name.upper()}" for name, _ in fields}
     def exists(name: str) -> bool:
         stem = name.removesuffix("*")
         return stem in code or any(s.startswith(stem) if stem != name else s == name for s in settings)

@@ -28,10 +28,9 @@ def number(req: rpb.ClaimReuseRequest) -> int:
 class FakeRegistry:
     """Answers each claim NO_LEASE after `delay`, recording every call's claims."""
 
-    def __init__(self, delay: float = 0.0, fail_conversation: str = "", streaming: bool = False):
+    def __init__(self, delay: float = 0.0, fail_conversation: str = ""):
         self.delay = delay
         self.fail_conversation = fail_conversation
-        self.streaming = streaming  # on a ClaimReuseStream, a lone claim goes as a batch of one
         self.calls: list[list[str]] = []
         self.methods: list[str] = []
         self.timeouts: list[float] = []
@@ -76,15 +75,6 @@ async def test_claims_arriving_while_one_call_is_out_leave_together() -> None:
     results = await asyncio.gather(*(batcher.claim_in_batch(req(n), 1.0) for n in range(11)))
     assert [r.verified_tokens for r in results] == list(range(11))  # each its own answer
     assert api.calls == [["c0"], [f"c{n}" for n in range(1, 11)]]
-
-
-async def test_on_a_stream_a_lone_claim_goes_as_a_batch_of_one() -> None:
-    unary, streamed = FakeRegistry(), FakeRegistry(streaming=True)
-    for api in (unary, streamed):
-        batcher = ClaimBatcher(api, max_batch=64, in_flight=1, queue_max=100)  # type: ignore[arg-type]
-        assert (await batcher.claim_in_batch(req(3), 1.0)).verified_tokens == 3
-    assert (unary.methods, streamed.methods) == (["ClaimReuse"], ["ClaimReuseBatch"])
-    assert unary.calls == streamed.calls == [["c3"]]
 
 
 async def test_batches_are_capped_and_calls_in_flight_bounded() -> None:

@@ -103,25 +103,13 @@ def test_on_off_flags_set_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _settings("gateway", ["--allow-anonymous", "--router", ""]).allow_anonymous is True  # type: ignore[attr-defined]
 
 
-def test_the_gateways_renamed_settings_still_read_their_old_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BOOMERANG_POOL_REFRESH_SECONDS", "0.2")
-    monkeypatch.setenv("BOOMERANG_PREFILL_URLS", "http://p:1")
-    monkeypatch.setenv("BOOMERANG_DECODE_URLS", "http://d:1/")
-    settings = GatewaySettings()
-    assert settings.engine_refresh_seconds == 0.2
-    assert (settings.prefill_engines, settings.decode_engines) == (["http://p:1"], ["http://d:1"])
-    monkeypatch.setenv("BOOMERANG_ENGINE_REFRESH_SECONDS", "0.3")  # the new name wins
-    assert GatewaySettings().engine_refresh_seconds == 0.3
-    assert _settings("gateway", ["--engine-refresh-seconds", "4"]).engine_refresh_seconds == 4  # type: ignore[attr-defined]
-
-
 def test_a_bad_value_names_its_variable_and_its_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     # One line (issue 26): the command words it as its failure (boomerang_cli.failures), exit status 1.
     with pytest.raises(InvalidSettings) as exc:
         _settings("reaper", ["--registry", "nowhere"])
     assert str(exc.value).startswith("invalid configuration: BOOMERANG_REGISTRY_ADDRESS (--registry): must be HOST:PORT")
     assert "\n" not in str(exc.value) and str(exc.value).endswith("; fix that flag or variable")
-    monkeypatch.setenv("BOOMERANG_POOL_REFRESH_SECONDS", "-1")
+    monkeypatch.setenv("BOOMERANG_ENGINE_REFRESH_SECONDS", "-1")
     monkeypatch.setenv("BOOMERANG_DB_POOL_SIZE", "0")
     with pytest.raises(InvalidSettings) as exc:
         _settings("gateway", [])

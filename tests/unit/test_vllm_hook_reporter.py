@@ -45,12 +45,12 @@ def run(router: FakeRouter, started: list[TurnReporter], queued: list[Report], b
 
 def test_queued_reports_go_as_one_batch_each_answered(router: FakeRouter, started: list[TurnReporter]) -> None:
     reporter = run(router, started, reports(5))
-    assert router.batches == [5] and router.single_reports == 0
+    assert router.batches == [5]
     assert [r.plan_id for r in router.reports] == [f"plan-{i}" for i in range(5)]
     assert [r.delivered_cached_tokens for r in router.reports] == [0, 16, 32, 48, 64]
     assert all(r.handle_use == opb.HANDLE_USE_READ and r.tenant == "acme" for r in router.reports)
     snap = reporter.snapshot()
-    assert (snap["reported"], snap["batch_calls"], snap["batched"], snap["rejected"]) == (5, 1, True, {})
+    assert (snap["reported"], snap["batch_calls"], snap["rejected"]) == (5, 1, {})
 
 
 def test_a_round_takes_at_most_batch_size_reports(router: FakeRouter, started: list[TurnReporter]) -> None:
@@ -83,39 +83,12 @@ def test_a_batch_failed_in_transit_is_retried_whole(router: FakeRouter, started:
     assert (snap["reported"], snap["transient_failures"], snap["batch_calls"]) == (3, 3, 2)
 
 
-def test_a_batch_refused_whole_is_sent_again_singly_in_the_same_round(
-    router: FakeRouter, started: list[TurnReporter]
-) -> None:
-    router.batch_errors.append(client_error("ReportTurnBatch", "INVALID_ARGUMENT", "INVALID_REQUEST"))
+def test_a_batch_refused_whole_is_each_report_s_answer(router: FakeRouter, started: list[TurnReporter]) -> None:
+    router.batch_errors.append(client_error("ReportTurnBatch", "PERMISSION_DENIED", "PERMISSION_DENIED"))
     reporter = run(router, started, reports(3))
-    assert router.batches == [] and router.single_reports == 3
+    assert router.batches == [] and router.reports == []
     snap = reporter.snapshot()
-    assert snap["reported"] == 3 and snap["batched"]  # still batching: the router has the RPC
-
-
-def test_an_older_router_gets_single_calls_from_then_on(router: FakeRouter, started: list[TurnReporter]) -> None:
-    router.batch_unimplemented = True
-    reporter = run(router, started, reports(3))
-    assert router.single_reports == 3 and [r.plan_id for r in router.reports] == ["plan-0", "plan-1", "plan-2"]
-    for report in reports(2, "later"):
-        reporter.submit(report)
-    assert reporter.flush(5.0)
-    snap = reporter.snapshot()
-    assert (snap["batched"], snap["batch_calls"], snap["single_calls"], snap["reported"]) == (False, 1, 5, 5)
-
-
-def test_single_calls_retry_transient_failures_and_count_refusals(
-    router: FakeRouter, started: list[TurnReporter]
-) -> None:
-    router.batch_unimplemented = True
-    router.report_errors.extend([
-        client_error("ReportTurn", "DEADLINE_EXCEEDED"),
-        client_error("ReportTurn", "FAILED_PRECONDITION", "PLAN_ALREADY_REPORTED"),
-    ])
-    reporter = run(router, started, reports(2))
-    assert [r.plan_id for r in router.reports] == ["plan-0"]  # retried after its deadline error
-    snap = reporter.snapshot()
-    assert snap["rejected"] == {"PLAN_ALREADY_REPORTED": 1} and snap["transient_failures"] == 1
+    assert snap["reported"] == 0 and snap["rejected"] == {"PERMISSION_DENIED": 3} and snap["batch_calls"] == 1
 
 
 def test_a_lost_plan_is_planned_again_and_given_back_in_the_batch(started: list[TurnReporter]) -> None:

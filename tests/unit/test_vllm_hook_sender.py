@@ -5,16 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
-import grpc
 import pytest
-from boomerang.auth import TlsFiles
-from boomerang.clients.sync import SyncRegistryClient
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang_vllm_hook.presence import EngineFacts
 from boomerang_vllm_hook.requestview import RetainedHandle, TurnContext
 from boomerang_vllm_hook.sender import Registration, RegistrationSender, idempotency_key
@@ -91,7 +86,7 @@ def test_a_batch_goes_as_one_call(fake: FakeRegistry, make: Any) -> None:
     assert "RegisterRetainedBlocks" not in fake.names()
     assert fake.events == ["issue", "result"]
     snap = sender.snapshot()
-    assert (snap["batched"], snap["batch_calls"], snap["single_calls"]) == (True, 1, 0)
+    assert snap["batch_calls"] == 1
 
 
 def test_a_batch_past_the_registry_limit_goes_as_calls_in_flight_at_once(fake: FakeRegistry, make: Any) -> None:
@@ -133,77 +128,17 @@ def test_a_batch_failing_whole_and_transiently_is_retried_whole(fake: FakeRegist
     assert sender.snapshot()["transient_failures"] == 3 and len(fake.registrations) == 3
 
 
-def test_a_batch_refused_whole_is_sent_singly(fake: FakeRegistry, make: Any) -> None:
+def test_a_batch_refused_whole_is_each_registration_s_answer(fake: FakeRegistry, make: Any) -> None:
     fake.fail("RegisterRetainedBlocksBatch", client_error("RegisterRetainedBlocksBatch", "PERMISSION_DENIED"))
     sender = make()
     for i in range(2):
         sender.submit(registration(f"r{i}"), far())
     sender.start()
-    assert wait_for(lambda: sender.registered == 2, 5)
-    assert fake.names().count("RegisterRetainedBlocks") == 2
-    assert sender.calls.batched  # a refusal is not a registry without the batched RPC
+    assert wait_for(lambda: sender.snapshot()["rejected"] == {"PERMISSION_DENIED": 2}, 5)
+    assert sender.registered == 0 and fake.registrations == []
     sender.submit(registration("r2"), far())
-    assert wait_for(lambda: sender.registered == 3, 5)
+    assert wait_for(lambda: sender.registered == 1, 5)
     assert batch_calls(fake)[-1] == ["r2"]
-
-
-def test_an_older_registry_gets_single_calls_from_then_on(fake: FakeRegistry, make: Any) -> None:
-    fake.batch_unimplemented = True
-    sender = make(batch_size=8)
-    for i in range(8):
-        sender.submit(registration(f"r{i}"), far())
-    sender.start()
-    assert wait_for(lambda: sender.registered == 8, 5)
-    sender.submit(registration("r8"), far())
-    assert wait_for(lambda: sender.registered == 9, 5)
-    assert fake.names().count("RegisterRetainedBlocksBatch") == 1
-    assert fake.names().count("RegisterRetainedBlocks") == 9
-    # The single calls of a round are in flight at once, as before.
-    assert fake.events[:10] == ["issue", "result"] + ["issue"] * 8
-    snap = sender.snapshot()
-    assert (snap["batched"], snap["batch_calls"], snap["single_calls"], snap["transient_failures"]) == (False, 1, 9, 0)
-
-
-class OldRegistry(rgrpc.BlockRegistryServiceServicer):  # type: ignore[misc]  # generated, unannotated
-    """A real gRPC registry from before RegisterRetainedBlocksBatch (the generated base
-    answers it UNIMPLEMENTED)."""
-
-    def __init__(self) -> None:
-        self.registered: list[str] = []
-
-    def InvalidateEngine(self, request: Any, context: Any) -> rpb.InvalidateEngineResponse:
-        return rpb.InvalidateEngineResponse()
-
-    def RegisterEngine(self, request: Any, context: Any) -> rpb.RegisterEngineResponse:
-        return rpb.RegisterEngineResponse(engine=request.engine)
-
-    def Heartbeat(self, request: Any, context: Any) -> rpb.HeartbeatResponse:
-        return rpb.HeartbeatResponse()
-
-    def RegisterRetainedBlocks(self, request: Any, context: Any) -> rpb.RegisterRetainedBlocksResponse:
-        self.registered.append(request.remote_request_id)
-        return rpb.RegisterRetainedBlocksResponse(created=True)
-
-
-def test_an_older_registry_over_grpc() -> None:
-    old = OldRegistry()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    rgrpc.add_BlockRegistryServiceServicer_to_server(old, server)  # type: ignore[no-untyped-call]  # generated, unannotated
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    client = SyncRegistryClient(f"127.0.0.1:{port}", auth_token="", tls=TlsFiles())
-    sender = RegistrationSender(client, FACTS, heartbeat_interval=30.0)
-    try:
-        for i in range(3):
-            sender.submit(registration(f"r{i}"), far())
-        sender.start()
-        assert wait_for(lambda: sender.registered == 3, 10)
-        snap = sender.snapshot()
-        assert (snap["batched"], snap["batch_calls"], snap["transient_failures"], snap["rejected"]) == (False, 1, 0, {})
-        assert sorted(old.registered) == ["r0", "r1", "r2"]
-    finally:
-        sender.close(1.0)
-        server.stop(0)
 
 
 def test_transient_failures_are_retried_once_acknowledged(fake: FakeRegistry, make: Any) -> None:

@@ -20,7 +20,7 @@ from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router.settings import RouterSettings
-from boomerang_server.config.fields import env_name, flag_spec, old_env_names
+from boomerang_server.config.fields import env_name, flag_spec
 from boomerang_server.config.fields import render_default as render_value
 from boomerang_server.config.settings import CommonSettings, TelemetrySettings
 from pydantic.fields import FieldInfo
@@ -90,8 +90,6 @@ def rows(name: str) -> list[str]:
             if not field.description:
                 raise ValueError(f"{cls.__name__}.{field_name} has no description: give its Field(description=...)")
             meaning = field.description.replace("|", "\\|").replace("\n", " ")
-            if old := old_env_names(field):
-                meaning += " Formerly " + ", ".join(f"`{n}`" for n in old) + " (still read, deprecated)."
             out.append(f"| `{env_name(field_name)}` | {render_flag(field_name, field)} | {render_default(field)} "
                        f"| {render_bounds(field)} | {meaning} |")
     return out

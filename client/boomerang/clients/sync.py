@@ -103,36 +103,11 @@ class SyncRegistryClient(SyncClient):
         """Heartbeat."""
         return self._call("Heartbeat", self.stub.Heartbeat, req, timeout)
 
-    def register_retained_blocks(
-        self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None
-    ) -> rpb.RegisterRetainedBlocksResponse:
-        """RegisterRetainedBlocks."""
-        return self._call("RegisterRetainedBlocks", self.stub.RegisterRetainedBlocks, req, timeout)
-
-    def register_retained_blocks_future(
-        self, req: rpb.RegisterRetainedBlocksRequest, timeout: float | None = None
-    ) -> grpc.Future[rpb.RegisterRetainedBlocksResponse]:
-        """RegisterRetainedBlocks without waiting; read it with `result("RegisterRetainedBlocks", f)`."""
-        return self._future(self.stub.RegisterRetainedBlocks, req, timeout)
-
     def register_retained_blocks_batch_future(
         self, req: rpb.RegisterRetainedBlocksBatchRequest, timeout: float | None = None
     ) -> grpc.Future[rpb.RegisterRetainedBlocksBatchResponse]:
-        """RegisterRetainedBlocksBatch without waiting; read it with `result(...)` as above. A
-        registry older than the batched RPC fails it with reason `UNIMPLEMENTED`."""
+        """RegisterRetainedBlocksBatch without waiting; read it with `result("RegisterRetainedBlocksBatch", f)`."""
         return self._future(self.stub.RegisterRetainedBlocksBatch, req, timeout)
-
-    def claim_reuse(self, req: rpb.ClaimReuseRequest, timeout: float | None = None) -> rpb.ClaimReuseResponse:
-        """ClaimReuse."""
-        return self._call("ClaimReuse", self.stub.ClaimReuse, req, timeout)
-
-    def release_claim(self, req: rpb.ReleaseClaimRequest, timeout: float | None = None) -> rpb.ReleaseClaimResponse:
-        """ReleaseClaim."""
-        return self._call("ReleaseClaim", self.stub.ReleaseClaim, req, timeout)
-
-    def mark_consumed(self, req: rpb.MarkConsumedRequest, timeout: float | None = None) -> rpb.MarkConsumedResponse:
-        """MarkConsumed."""
-        return self._call("MarkConsumed", self.stub.MarkConsumed, req, timeout)
 
     def invalidate_engine(
         self, req: rpb.InvalidateEngineRequest, timeout: float | None = None
@@ -176,17 +151,10 @@ class SyncRouterClient(SyncClient):
         """ReportTurn."""
         return self._call("ReportTurn", self.stub.ReportTurn, req, timeout)
 
-    def report_turn_future(
-        self, req: opb.ReportTurnRequest, timeout: float | None = None
-    ) -> grpc.Future[opb.ReportTurnResponse]:
-        """ReportTurn without waiting; read it with `result("ReportTurn", f)`."""
-        return self._future(self.stub.ReportTurn, req, timeout)
-
     def report_turn_batch(
         self, req: opb.ReportTurnBatchRequest, timeout: float | None = None
     ) -> opb.ReportTurnBatchResponse:
-        """ReportTurnBatch: one result per report, in order. A router older than the batched
-        RPC fails it with reason `UNIMPLEMENTED`."""
+        """ReportTurnBatch: one result per report, in order."""
         return self._call("ReportTurnBatch", self.stub.ReportTurnBatch, req, timeout)
 
     def report_turn_batch_future(

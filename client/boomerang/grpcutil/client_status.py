@@ -1,4 +1,4 @@
-"""The client's side of errors: a failed call, or a failed item of a batch or stream answer,
+"""The client's side of errors: a failed call, or a failed item of a batch answer,
 read back into the domain error the server raised (status.py is the server's side).
 
 Clients, the router's registry adapter and the vLLM hook import this alone, none of the
@@ -6,9 +6,6 @@ serving code.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2
@@ -18,14 +15,14 @@ from boomerang.errors import BoomerangError, Code, FieldViolation
 from boomerang.grpcutil.codes import BY_NUMBER, DOMAIN_CODES
 
 
-def from_code_number(number: int, reason: str, message: str, fields: Iterable[Any] = ()) -> BoomerangError:
-    """The domain error of one failed item of a batch or stream answer (its numeric gRPC code,
-    reason, message and any `FieldViolation`s), as the same call alone would have raised it:
-    an unmapped code is INTERNAL and keeps its own name, and an empty reason is the code's name."""
+def from_code_number(number: int, reason: str, message: str) -> BoomerangError:
+    """The domain error of one failed item of a batch answer (its numeric gRPC code, reason
+    and message): an unmapped code is INTERNAL and keeps its own name, and an empty reason is
+    the code's name."""
     grpc_code = BY_NUMBER.get(number)
     code = DOMAIN_CODES.get(grpc_code, Code.INTERNAL) if grpc_code is not None else Code.INTERNAL
     name = grpc_code.name if grpc_code is not None else Code.INTERNAL.value
-    return BoomerangError(code, reason or name, message, [FieldViolation(f.field, f.description) for f in fields])
+    return BoomerangError(code, reason or name, message)
 
 
 def from_rpc_error(err: grpc.RpcError) -> BoomerangError:

@@ -67,21 +67,6 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.FromString,
                 _registered_method=True)
-        self.ClaimReuseStream = channel.stream_stream(
-                '/boomerang.v1.BlockRegistryService/ClaimReuseStream',
-                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamRequest.SerializeToString,
-                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamResponse.FromString,
-                _registered_method=True)
-        self.ReleaseClaim = channel.unary_unary(
-                '/boomerang.v1.BlockRegistryService/ReleaseClaim',
-                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseClaimRequest.SerializeToString,
-                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseClaimResponse.FromString,
-                _registered_method=True)
-        self.MarkConsumed = channel.unary_unary(
-                '/boomerang.v1.BlockRegistryService/MarkConsumed',
-                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedRequest.SerializeToString,
-                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedResponse.FromString,
-                _registered_method=True)
         self.CompleteTurn = channel.unary_unary(
                 '/boomerang.v1.BlockRegistryService/CompleteTurn',
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.CompleteTurnRequest.SerializeToString,
@@ -187,31 +172,6 @@ class BlockRegistryServiceServicer:
         """Several claims in one call, each answered exactly as ClaimReuse would answer it (at most
         once per lease, per tenant, verified prefix). Claims for different conversations run as
         one SQL statement; a claim that is invalid gets its own error, the others still run.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ClaimReuseStream(self, request_iterator, context):
-        """ClaimReuseBatch over one long-lived stream: each request message carries one batch with
-        an id of the caller's choosing and its own deadline, and is answered exactly as
-        ClaimReuseBatch would answer it (authentication per message) by one response message
-        with the same id, in any order.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReleaseClaim(self, request, context):
-        """Gives a claimed lease back because the prefill engine never read it: it returns to
-        RETAINED if still live and not superseded, otherwise it ends.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def MarkConsumed(self, request, context):
-        """Records that the prefill engine read a claimed lease; the decode engine freed it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -345,21 +305,6 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.ClaimReuseBatch,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.SerializeToString,
-            ),
-            'ClaimReuseStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.ClaimReuseStream,
-                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamRequest.FromString,
-                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamResponse.SerializeToString,
-            ),
-            'ReleaseClaim': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReleaseClaim,
-                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseClaimRequest.FromString,
-                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseClaimResponse.SerializeToString,
-            ),
-            'MarkConsumed': grpc.unary_unary_rpc_method_handler(
-                    servicer.MarkConsumed,
-                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedRequest.FromString,
-                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedResponse.SerializeToString,
             ),
             'CompleteTurn': grpc.unary_unary_rpc_method_handler(
                     servicer.CompleteTurn,
@@ -577,87 +522,6 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/ClaimReuseBatch',
             boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseBatchResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ClaimReuseStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/boomerang.v1.BlockRegistryService/ClaimReuseStream',
-            boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamRequest.SerializeToString,
-            boomerang_dot_v1_dot_registry__service__pb2.ClaimReuseStreamResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReleaseClaim(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/boomerang.v1.BlockRegistryService/ReleaseClaim',
-            boomerang_dot_v1_dot_registry__service__pb2.ReleaseClaimRequest.SerializeToString,
-            boomerang_dot_v1_dot_registry__service__pb2.ReleaseClaimResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def MarkConsumed(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/boomerang.v1.BlockRegistryService/MarkConsumed',
-            boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedRequest.SerializeToString,
-            boomerang_dot_v1_dot_registry__service__pb2.MarkConsumedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -112,41 +112,6 @@ class PlanTurnRequest(_message.Message):
     cache_salt: str
     def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
-class PlanTurnStreamRequest(_message.Message):
-    __slots__ = ("id", "timeout_seconds", "request", "trace_context")
-    class TraceContextEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    ID_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_FIELD_NUMBER: _ClassVar[int]
-    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
-    id: int
-    timeout_seconds: float
-    request: PlanTurnRequest
-    trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., request: _Optional[_Union[PlanTurnRequest, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
-
-class PlanTurnStreamResponse(_message.Message):
-    __slots__ = ("id", "response", "error_code", "error_reason", "error_message", "error_fields")
-    ID_FIELD_NUMBER: _ClassVar[int]
-    RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
-    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
-    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELDS_FIELD_NUMBER: _ClassVar[int]
-    id: int
-    response: PlanTurnResponse
-    error_code: int
-    error_reason: str
-    error_message: str
-    error_fields: _containers.RepeatedCompositeFieldContainer[_types_pb2.FieldViolation]
-    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[PlanTurnResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_reason: _Optional[str] = ..., error_message: _Optional[str] = ..., error_fields: _Optional[_Iterable[_Union[_types_pb2.FieldViolation, _Mapping]]] = ...) -> None: ...
-
 class PlanTurnResponse(_message.Message):
     __slots__ = ("plan_id", "decision", "reason", "prefill_engine", "decode_engine", "reusable_tokens", "recompute_tokens", "verified_prefix_tokens", "kv_transfer_params", "kv_transfer_params_json", "lease_id", "claim_id", "source_engine_id", "kv_recompute_threshold")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]

@@ -43,11 +43,6 @@ class RouterServiceStub:
                 request_serializer=boomerang_dot_v1_dot_router__service__pb2.PlanTurnRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_router__service__pb2.PlanTurnResponse.FromString,
                 _registered_method=True)
-        self.PlanTurnStream = channel.stream_stream(
-                '/boomerang.v1.RouterService/PlanTurnStream',
-                request_serializer=boomerang_dot_v1_dot_router__service__pb2.PlanTurnStreamRequest.SerializeToString,
-                response_deserializer=boomerang_dot_v1_dot_router__service__pb2.PlanTurnStreamResponse.FromString,
-                _registered_method=True)
         self.ReportTurn = channel.unary_unary(
                 '/boomerang.v1.RouterService/ReportTurn',
                 request_serializer=boomerang_dot_v1_dot_router__service__pb2.ReportTurnRequest.SerializeToString,
@@ -87,17 +82,6 @@ class RouterServiceServicer:
         Postgres is slow or down (then RECOMPUTE or COLD with reason CONTROL_PLANE_DEGRADED).
         Repeating a call with the same `request_id` returns the same plan (on the same router
         replica) or the same claimed handle (on any replica).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PlanTurnStream(self, request_iterator, context):
-        """PlanTurn over one long-lived stream: each request message carries one PlanTurnRequest
-        with an id of the caller's choosing and its own deadline, and is answered exactly as
-        PlanTurn would answer it (same validation, authentication per message, same errors as
-        codes in the response) by one response message with the same id, in any order. A
-        caller keeps a stream open and sends its plans on it, sparing each plan a call's setup.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -153,11 +137,6 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.PlanTurn,
                     request_deserializer=boomerang_dot_v1_dot_router__service__pb2.PlanTurnRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_router__service__pb2.PlanTurnResponse.SerializeToString,
-            ),
-            'PlanTurnStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.PlanTurnStream,
-                    request_deserializer=boomerang_dot_v1_dot_router__service__pb2.PlanTurnStreamRequest.FromString,
-                    response_serializer=boomerang_dot_v1_dot_router__service__pb2.PlanTurnStreamResponse.SerializeToString,
             ),
             'ReportTurn': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportTurn,
@@ -216,33 +195,6 @@ class RouterService:
             '/boomerang.v1.RouterService/PlanTurn',
             boomerang_dot_v1_dot_router__service__pb2.PlanTurnRequest.SerializeToString,
             boomerang_dot_v1_dot_router__service__pb2.PlanTurnResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PlanTurnStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/boomerang.v1.RouterService/PlanTurnStream',
-            boomerang_dot_v1_dot_router__service__pb2.PlanTurnStreamRequest.SerializeToString,
-            boomerang_dot_v1_dot_router__service__pb2.PlanTurnStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

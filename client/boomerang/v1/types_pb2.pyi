@@ -214,11 +214,3 @@ class LeaseEvent(_message.Message):
     event_time: _timestamp_pb2.Timestamp
     claim_id: str
     def __init__(self, event_id: _Optional[int] = ..., lease_id: _Optional[str] = ..., from_state: _Optional[_Union[LeaseState, str]] = ..., to_state: _Optional[_Union[LeaseState, str]] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., request_id: _Optional[str] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_id: _Optional[str] = ...) -> None: ...
-
-class FieldViolation(_message.Message):
-    __slots__ = ("field", "description")
-    FIELD_FIELD_NUMBER: _ClassVar[int]
-    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
-    field: str
-    description: str
-    def __init__(self, field: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...

@@ -119,7 +119,7 @@ class BoomerangHookConfig(BaseModel):
         ge=1,
         le=10_000,
         description="Registrations sent together in one RegisterRetainedBlocksBatch call, and reports in one "
-        "ReportTurnBatch call (single calls in flight at once against an older registry or router).",
+        "ReportTurnBatch call.",
     )
     rpc_timeout_seconds: float = Field(
         default=2.0, gt=0, le=60, description="Deadline of background calls (registrations, heartbeats, reports)."

@@ -21,11 +21,9 @@ answers each report on its own, in order:
   queue, then a growing pause (50 ms to 2 s) before the next round, until its deadline;
 * anything else (an unknown plan, a bad report) — dropped, counted by reason.
 
-A router older than the batched RPC answers it UNIMPLEMENTED: from then on the reports go
-as single ReportTurn calls, all of a round in flight at once. A batch refused whole for
-another reason is sent again as single calls in the same round, so each report gets its
-own answer. A lost plan to give back (`replan`) is planned again first, in the same round,
-and its report joins the batch. Retries are safe: a report is idempotent on its `plan_id`.
+A batch refused whole gives each of its reports that error as its answer. A lost plan to
+give back (`replan`) is planned again first, in the same round, and its report joins the
+batch. Retries are safe: a report is idempotent on its `plan_id`.
 """
 
 from __future__ import annotations
@@ -85,9 +83,8 @@ class TurnReporter:
         self.transient_failures = 0
         self.rejected: Counter[str] = Counter()
         self.calls: BatchedSender[Entry[Report]] = BatchedSender(BatchedRpc(
-            "ReportTurn", "ReportTurnBatch", "router",
-            single_future=lambda e: client.report_turn_future(_request(e.item), timeout=rpc_timeout),
-            batch_future=lambda chunk: client.report_turn_batch_future(
+            "ReportTurnBatch",
+            lambda chunk: client.report_turn_batch_future(
                 opb.ReportTurnBatchRequest(reports=[_request(e.item) for e in chunk]), timeout=rpc_timeout),
         ))
         self._stop = threading.Event()
@@ -124,9 +121,7 @@ class TurnReporter:
             "given_back": self.given_back,
             "transient_failures": self.transient_failures,
             "rejected": dict(self.rejected),
-            "batched": self.calls.batched,
             "batch_calls": self.calls.batch_calls,
-            "single_calls": self.calls.single_calls,
             "retried": s.retried,
             "expired": s.expired,
             "dropped_full": s.dropped_full,

@@ -16,12 +16,8 @@ group-commits them), and sorts the answers, which come one per registration:
 Retries are safe because a registration is idempotent on (engine id, generation,
 remote_request_id) in the registry, and its `request_id` is derived from the same triple.
 A turn is abandoned only at its deadline: D's own expiry of the blocks (its
-`remote_blocks_expiry_time`), after which a lease would be useless anyway.
-
-A registry older than the batched RPC answers it UNIMPLEMENTED: from then on the sender keeps
-up to `batch_size` single RegisterRetainedBlocks calls in flight at once instead. A batch the
-registry refuses whole for another reason (a bad batch, a permission) is sent again as single
-calls in the same round, so each registration gets its own answer.
+`remote_blocks_expiry_time`), after which a lease would be useless anyway. A batch the
+registry refuses whole gives each of its registrations that error as its answer.
 """
 
 from __future__ import annotations
@@ -110,12 +106,9 @@ class RegistrationSender:
         self.rejected: Counter[str] = Counter()
         self.transient_failures = 0
         self.calls: BatchedSender[Entry[Registration]] = BatchedSender(BatchedRpc(
-            "RegisterRetainedBlocks", "RegisterRetainedBlocksBatch", "registry",
-            single_future=lambda e: client.register_retained_blocks_future(e.prepared, timeout=rpc_timeout),
-            batch_future=lambda chunk: client.register_retained_blocks_batch_future(
+            "RegisterRetainedBlocksBatch",
+            lambda chunk: client.register_retained_blocks_batch_future(
                 rpb.RegisterRetainedBlocksBatchRequest(registrations=[e.prepared for e in chunk]), timeout=rpc_timeout),
-            # "Register the engine first" refuses every registration of the call alike.
-            whole_call_answers=lambda err: err.reason in REREGISTER_REASONS,
         ))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"boomerang-sender-{facts.engine_id}", daemon=True)
@@ -157,9 +150,7 @@ class RegistrationSender:
             "stale": self.stale,
             "rejected": dict(self.rejected),
             "transient_failures": self.transient_failures,
-            "batched": self.calls.batched,
             "batch_calls": self.calls.batch_calls,
-            "single_calls": self.calls.single_calls,
             "retried": s.retried,
             "expired": s.expired,
             "dropped_full": s.dropped_full,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
 
 ENV_PREFIX = "BOOMERANG_"
@@ -54,19 +53,3 @@ def render_default(field: FieldInfo, empty: str = "(none)") -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
-
-
-def renamed(field_name: str, *old_names: str) -> AliasChoices:
-    """`validation_alias` of a renamed setting: its variable, then its old ones (deprecated, still read).
-
-    The settings class needs `populate_by_name=True` so flags and code still set it by `field_name`.
-    """
-    return AliasChoices(env_name(field_name), *(env_name(old) for old in old_names))
-
-
-def old_env_names(field: FieldInfo) -> list[str]:
-    """The deprecated variables a renamed setting still reads (see `renamed`)."""
-    alias = field.validation_alias
-    if not isinstance(alias, AliasChoices):
-        return []
-    return [str(choice) for choice in alias.choices[1:]]

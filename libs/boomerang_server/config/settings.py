@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from boomerang_server.config.fields import ENV_PREFIX, Flag, env_name, flag_spec
@@ -64,8 +64,7 @@ def check_listen(value: str) -> str:
 class CommonSettings(BaseSettings):
     """Settings every service shares."""
 
-    # populate_by_name: a renamed setting (`fields.renamed`) is still set by its field name.
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     database_url: Annotated[str, Flag("--database-url", "URL")] = Field(
         default="",
@@ -93,11 +92,6 @@ class CommonSettings(BaseSettings):
     )
     migrate_on_start: bool = Field(
         default=True, description="Apply database migrations when the service starts."
-    )
-    grpc_streams: bool = Field(
-        default=False,
-        description="Send the hot path's calls (PlanTurn, ClaimReuseBatch) as messages on long-lived "
-        "streams (PlanTurnStream, ClaimReuseStream) instead of one unary call each.",
     )
 
     @field_validator("database_url")
@@ -147,14 +141,6 @@ class EnginePoolSettings(RegistryClientSettings):
 S = TypeVar("S", bound=BaseSettings)
 
 
-def _field_name(cls: type[BaseSettings], loc: str) -> str:
-    """The field an error's location names: a renamed setting's errors name its variable."""
-    for name, field in cls.model_fields.items():
-        if isinstance(field.validation_alias, AliasChoices) and loc in field.validation_alias.choices:
-            return name
-    return loc
-
-
 class InvalidSettings(Exception):
     """Settings that failed validation, as one line naming each bad setting's flag and variable.
 
@@ -177,7 +163,7 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            name = _field_name(cls, ".".join(str(p) for p in err["loc"]))
+            name = ".".join(str(p) for p in err["loc"])
             field = cls.model_fields.get(name)
             flag = flag_spec(name, field).name if field is not None else "--" + name.replace("_", "-")
             problems.append(f"{env_name(name)} ({flag}): {err['msg'].removeprefix('Value error, ')}")

@@ -66,7 +66,7 @@ PUSHBACK_KEY = "grpc-retry-pushback-ms"
 def _is_database_outage(exc: BaseException) -> bool:
     """True for errors that mean Postgres is unreachable, not that the request is wrong."""
     # deferred: the database drivers load only in a server that meets an error; a server
-    # without a database and the stream callers (through grpcutil.streams) import this module
+    # without a database imports this module too
     import asyncpg
     import sqlalchemy.exc
 
@@ -150,12 +150,9 @@ def code_number(err: BoomerangError) -> int:
 
 
 def write_item_error(item: Any, exc: BaseException) -> None:
-    """Set an answer item's `error_code`, `error_reason` and `error_message` (a batch result
-    or a stream response) to the failure `@rpc` would have answered the call alone with."""
+    """Set a batch result's `error_code`, `error_reason` and `error_message` to the failure
+    `@rpc` would have answered the call alone with."""
     err = error_for_exception(exc)
     item.error_code = code_number(err)
     item.error_reason = err.reason
     item.error_message = err.message
-    if err.violations and hasattr(item, "error_fields"):
-        for v in err.violations:
-            item.error_fields.add(field=v.field, description=v.description)

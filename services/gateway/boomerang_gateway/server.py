@@ -91,10 +91,7 @@ async def run(settings: GatewaySettings) -> None:
     static = bool(settings.prefill_engines or settings.decode_engines)
     registry = (lambda: RegistryClient(settings.registry_address)) if not static and settings.registry_address else None
     def new_router() -> RouterClient:
-        return RouterClient(
-            settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds,
-            streams=settings.grpc_streams,
-        )
+        return RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
 
     # With the engines' hook planning, the gateway never calls the router.
     router = new_router() if settings.router_address and not settings.engine_hook else None

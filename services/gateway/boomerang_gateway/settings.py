@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang_server.config.fields import Flag, renamed
+from boomerang_server.config.fields import Flag
 from boomerang_server.config.settings import EnginePoolSettings, check_listen
 from boomerang_server.enginepool.table import static_specs
 from pydantic import Field, field_validator
@@ -37,16 +37,13 @@ class GatewaySettings(EnginePoolSettings):
     router_address: Annotated[str, Flag("--router", "HOST:PORT")] = Field(
         default="127.0.0.1:50052", description="HOST:PORT of the router; empty: no router."
     )
-    # Named as the router's (`BOOMERANG_PREFILL_URLS` etc. were the gateway's own names).
     prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "[NAME=]URL")] = Field(
         default_factory=list,
-        validation_alias=renamed("prefill_engines", "prefill_urls"),
         description="Static prefill engines, `URL` or `NAME=URL` (the variable: comma-separated; the flag: "
         "repeated); none: engines come from the registry.",
     )
     decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "[NAME=]URL")] = Field(
         default_factory=list,
-        validation_alias=renamed("decode_engines", "decode_urls"),
         description="Static decode engines, `URL` or `NAME=URL` (the variable: comma-separated; the flag: repeated).",
     )
     allow_anonymous: bool = Field(
@@ -97,7 +94,6 @@ class GatewaySettings(EnginePoolSettings):
         default=2.0,
         gt=0,
         le=3600,
-        validation_alias=renamed("engine_refresh_seconds", "pool_refresh_seconds"),
         description="Seconds between refreshes of the gateway's engines and models.",
     )
     max_body_bytes: int = Field(

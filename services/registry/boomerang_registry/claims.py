@@ -1,4 +1,4 @@
-"""Claims and what ends them: ClaimReuse (one or a batch), MarkConsumed, ReleaseClaim.
+"""Claims and what ends them: ClaimReuse (one or a batch), and CompleteTurn's consume or release.
 
 All on the hot-path pool as the claim's tenant. A claim is one statement on the
 `(tenant, conversation_id)` live-lease index, the prefix comparison inside it
@@ -23,7 +23,7 @@ from boomerang_registry.domain import (
     LeaseState,
     explain_no_claim,
 )
-from boomerang_registry.rawsql import Transaction, db_span
+from boomerang_registry.rawsql import Transaction
 from boomerang_registry.statements import (
     CLAIM_BATCH_SQL,
     CLAIM_SQL,
@@ -103,7 +103,7 @@ def lost_the_row_lock(result: ClaimAnswer) -> bool:
 
 
 class ClaimStore:
-    """ClaimReuse, ClaimReuseBatch, MarkConsumed, ReleaseClaim."""
+    """ClaimReuse, ClaimReuseBatch, and the consume or release of CompleteTurn."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -172,24 +172,15 @@ class ClaimStore:
                 results[n] = claim_result(batch[j], per_claim[j])
         return [r for r in results if r is not None]
 
-    async def consume(self, tenant: str, lease_id: str, claim_id: str) -> Row:
-        """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops): one statement."""
-        params = {"tenant": tenant, "id": lease_id, "claim_id": claim_id, "actor": self.store.actor}
-        return _consumed(await self.store.pool.fetch_as(tenant, CONSUME_SQL, params, "MarkConsumed"), lease_id, claim_id)
-
     async def consume_in(self, tx: Transaction, tenant: str, lease_id: str, claim_id: str) -> Row:
-        """`consume` inside the caller's transaction (CompleteTurn's), scoped to `tenant` by it."""
+        """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops): one statement in
+        the caller's transaction (CompleteTurn's), scoped to `tenant` by it."""
         params = {"tenant": tenant, "id": lease_id, "claim_id": claim_id, "actor": self.store.actor}
         return _consumed(await tx.fetch(CONSUME_SQL, params), lease_id, claim_id)
 
-    async def release(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
-        """CLAIMED → RETAINED when still live and newest, else the state it should end in."""
-        with db_span("ReleaseClaim"):
-            async with self.store.pool.transaction(tenant) as tx:
-                return await self.release_in(tx, tenant, lease_id, claim_id, reason)
-
     async def release_in(self, tx: Transaction, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
-        """`release` inside the caller's transaction, scoped to `tenant` by it.
+        """CLAIMED → RETAINED when still live and newest, else the state it should end in; in the
+        caller's transaction (CompleteTurn's), scoped to `tenant` by it.
 
         Raises before changing anything, so a refused release leaves the transaction usable."""
         lease: Row | None = await tx.fetchrow(_LOCKED_LEASE_SQL, {"id": lease_id, "t": tenant})

@@ -2,7 +2,7 @@
 
 - `engines` (engines.py): RegisterEngine, Heartbeat, InvalidateEngine, ListEngines.
 - `registrations` (registrations.py): RegisterRetainedBlocks, alone or group-committed.
-- `claims` (claims.py): ClaimReuse (one or a batch), MarkConsumed, ReleaseClaim.
+- `claims` (claims.py): ClaimReuse (one or a batch), and CompleteTurn's consume or release.
 - `turns` (turns.py): CompleteTurn, a claim settled and a registration in one transaction.
 - `events` (events.py): GetConversation, ListLeases.
 - `releases` (releases.py): early releases of retained leases (retention policy, memory).

@@ -212,18 +212,6 @@ def claim_batch_size(req: rpb.ClaimReuseBatchRequest) -> None:
     v.raise_if_any()
 
 
-def lease_ref(tenant: str, lease_id: str, claim_id: str) -> None:
-    """Validate the (tenant, lease_id, claim_id) of ReleaseClaim and MarkConsumed."""
-    v = Violations()
-    check_id(v, "tenant", tenant)
-    try:
-        uuid.UUID(lease_id)
-    except ValueError:
-        v.add("lease_id", "must be a lease id (a UUID) returned by this registry")
-    check_id(v, "claim_id", claim_id)
-    v.raise_if_any()
-
-
 _CLAIM_USES = (rpb.CLAIM_USE_READ, rpb.CLAIM_USE_NOT_READ)
 
 

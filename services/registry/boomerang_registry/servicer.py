@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from boomerang.errors import BoomerangError, Code, Violations
-from boomerang.grpcutil.streams import serve_items
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
@@ -201,29 +200,6 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         for n, (outcome, row, tokens, remaining) in zip(valid, answers, strict=True):
             results[n].response.CopyFrom(_claim_response(outcome, row, tokens, remaining))
         return rpb.ClaimReuseBatchResponse(results=results)
-
-    async def ClaimReuseStream(
-        self, request_iterator: AsyncIterator[rpb.ClaimReuseStreamRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rpb.ClaimReuseStreamResponse]:
-        async for answer in serve_items(self, self.ClaimReuseBatch, request_iterator, context, rpb.ClaimReuseStreamResponse):
-            yield answer
-
-    @rpc
-    async def ReleaseClaim(self, request: rpb.ReleaseClaimRequest, context: grpc.aio.ServicerContext) -> rpb.ReleaseClaimResponse:
-        requests.lease_ref(request.tenant, request.lease_id, request.claim_id)
-        v = Violations()
-        requests.check_text(v, "reason", request.reason, 128)
-        v.raise_if_any()
-        row = await self.repo.claims.release(
-            request.tenant, request.lease_id, request.claim_id, request.reason or "PREFILL_DID_NOT_READ"
-        )
-        return rpb.ReleaseClaimResponse(lease=convert.lease(row))
-
-    @rpc
-    async def MarkConsumed(self, request: rpb.MarkConsumedRequest, context: grpc.aio.ServicerContext) -> rpb.MarkConsumedResponse:
-        requests.lease_ref(request.tenant, request.lease_id, request.claim_id)
-        row = await self.repo.claims.consume(request.tenant, request.lease_id, request.claim_id)
-        return rpb.MarkConsumedResponse(lease=convert.lease(row))
 
     @rpc
     async def CompleteTurn(self, request: rpb.CompleteTurnRequest, context: grpc.aio.ServicerContext) -> rpb.CompleteTurnResponse:

@@ -49,7 +49,7 @@ WITH old AS (
 SELECT lease_id::text AS lease_id FROM moved
 """
 
-# MarkConsumed in one statement: the lease, locked; moved CLAIMED → CONSUMED (one event, as
+# A consume (CompleteTurn, the claim read) in one statement: the lease, locked; moved CLAIMED → CONSUMED (one event, as
 # TRANSITION_SQL writes it) when `claim_id` holds it, and marked for release (P's read
 # normally frees D's blocks already; the release frees them if a read notice went missing). Its row after the move, marked `moved`;
 # otherwise its row as locked (after any concurrent consume committed: the statement's own
@@ -201,9 +201,9 @@ WHERE l.lease_id = CAST(:id AS uuid)
 
 LIVE_LEASE_FILTER = "state IN ('RETAINED', 'CLAIMED')"
 
-# TRANSITION_SQL's selection for ReleaseClaim: the tenant's claimed lease.
+# TRANSITION_SQL's selection for a release (CompleteTurn, the claim not read): the tenant's claimed lease.
 CLAIMED_LEASE_WHERE = "tenant = :tenant AND lease_id = CAST(:id AS uuid) AND state = 'CLAIMED'"
-# ReleaseClaim's move: back to RETAINED (no longer held by the claim), or to where
+# A release's move: back to RETAINED (no longer held by the claim), or to where
 # RELEASE_TARGET_SQL says it ends instead (the claim id stays for the record).
 RELEASE_SQL = TRANSITION_SQL.format(where=CLAIMED_LEASE_WHERE, extra_set=", claim_id = NULL")
 # A claim that ends its lease (unread) leaves nothing anyone will pull: D is told to free it.

@@ -1,9 +1,8 @@
 """CompleteTurn: a turn's claim settled and its retained blocks registered in one transaction.
 
-At a turn's end the router used to make two calls, MarkConsumed (or ReleaseClaim) and
-RegisterRetainedBlocks, each its own transaction. Here both are one item of the group
-commit (batching.py): the settlements of every queued turn run first, then all their
-registrations as REGISTER_BATCH_SQL's rounds, then the one commit. Every state change still
+A turn's end (the claim consumed or given back, the decode engine's blocks registered) is
+one item of the group commit (batching.py): the settlements of every queued turn run first,
+then all their registrations as REGISTER_BATCH_SQL's rounds, then the one commit. Every state change still
 appends its `lease_events` row in the same statement as the change.
 
 A part the registry refuses (the claim's lease already expired or was never this claim's;
@@ -96,7 +95,7 @@ class TurnStore:
                 out.append(None)
                 continue
             try:
-                with db_span("MarkConsumed" if c.read else "ReleaseClaim"):
+                with db_span("ConsumeClaim" if c.read else "ReleaseClaim"):
                     if c.read:
                         out.append(await self.claims.consume_in(tx, c.tenant, c.lease_id, c.claim_id))
                     else:

@@ -1,6 +1,6 @@
 """Claims the router holds but will not hand out, given back to the registry in the background.
 
-A claim is given back (ReleaseClaim) when the router decides against pulling after it
+A claim is given back (CompleteTurn with the claim not read) when the router decides against pulling after it
 claimed, when the caller went away before the answer, and when a claim call timed out but
 may still have committed. For the last, an orphan probe re-asks ClaimReuse under the same
 claim id with an unreachable `min_reusable_tokens`: that can only return the earlier claim
@@ -28,7 +28,7 @@ from prometheus_client import Gauge, Histogram
 
 from boomerang_router.domain import ClaimResult
 from boomerang_router.plans import PlanStore
-from boomerang_router.registry_api import ClaimRequest, RouterRegistry
+from boomerang_router.registry_api import ClaimRequest, RouterRegistry, TurnClaim
 from boomerang_router.repository import TurnPlanRepository
 from boomerang_router.settings import RouterSettings
 
@@ -75,12 +75,16 @@ class ClaimKeeper:
     async def release_with_retries(
         self, tenant: str, lease_id: str, claim_id: str, reason: str, attempts: int = 3
     ) -> bool:
-        """ReleaseClaim, retried while the registry is unreachable; whether it was released."""
+        """CompleteTurn with the claim not read (and nothing registered), retried while the
+        registry is unreachable; whether it was released."""
+        claim = TurnClaim(lease_id, claim_id, read=False, release_reason=reason)
         for attempt in range(attempts):
             try:
-                await self.registry.release_claim_in_registry(
-                    tenant, lease_id, claim_id, reason, timeout=self.settings.report_timeout_seconds
+                end = await self.registry.complete_turn_in_registry(
+                    tenant, claim, None, timeout=self.settings.report_timeout_seconds
                 )
+                if end.claim_error is not None:
+                    raise end.claim_error
                 self.stats["claims_released"] += 1
                 return True
             except BoomerangClientError as err:
@@ -269,7 +273,7 @@ class ClaimBatcher:
         timeout = max(earliest - now, 0.001)
         try:
             results: list[ClaimResult | BoomerangClientError]
-            if len(batch) == 1 and not self.api.streaming:
+            if len(batch) == 1:
                 results = [await self.api.claim_in_registry(batch[0].req, timeout)]
             else:
                 results = await self.api.claim_batch_in_registry([item.req for item in batch], timeout)

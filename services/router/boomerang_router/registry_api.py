@@ -7,9 +7,7 @@ Every method raises `BoomerangClientError` when the call fails, as the typed cli
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -18,7 +16,6 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
 from boomerang.grpcutil.client_status import from_code_number
-from boomerang.resilience import TRANSIENT_CODES
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
@@ -26,13 +23,8 @@ from boomerang_server.leases import ClaimOutcome
 
 from boomerang_router.domain import ClaimResult, LeaseHandle
 
-log = logging.getLogger(__name__)
-
 # A pending claim, as the planner asked it (kept whole: an orphan probe re-asks it).
 ClaimRequest: TypeAlias = rpb.ClaimReuseRequest
-# How long a registry that answered CompleteTurn UNIMPLEMENTED is taken for one without it
-# before the router asks again: a rolling upgrade ends, and the one-transaction call returns.
-OLD_REGISTRY_SECONDS = 60.0
 
 _CLAIM_STATUS = {
     rpb.CLAIM_OUTCOME_CLAIMED: ClaimOutcome.CLAIMED,
@@ -192,17 +184,8 @@ def retained_request(r: Retained) -> rpb.RegisterRetainedBlocksRequest:
 class RouterRegistry:
     """The registry RPCs the router makes, over the typed client."""
 
-    def __init__(self, client: RegistryClient, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, client: RegistryClient):
         self.client = client
-        self.clock = clock
-        self.without_complete_turn_until = float("-inf")  # on `clock`: a registry older than CompleteTurn
-        self.two_call_turn_ends = 0
-
-    @property
-    def streaming(self) -> bool:
-        """Whether claims go on the registry's ClaimReuseStream (a batch of one costs no more
-        than ClaimReuse there)."""
-        return self.client.claims is not None and self.client.claims.streaming
 
     async def claim_in_registry(self, req: ClaimRequest, timeout: float) -> ClaimResult:
         """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
@@ -236,83 +219,16 @@ class RouterRegistry:
             return None
         return resp.lease.lease_id
 
-    async def release_claim_in_registry(self, tenant: str, lease_id: str, claim_id: str, reason: str, timeout: float) -> str:
-        """ReleaseClaim; the lease's state after it."""
-        req = rpb.ReleaseClaimRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id, reason=reason)
-        resp = await self.client.release_claim(req, timeout=timeout)
-        return lease_state_name(resp.lease.state)
-
-    async def mark_consumed_in_registry(self, tenant: str, lease_id: str, claim_id: str, timeout: float) -> str:
-        """MarkConsumed; the lease's state after it."""
-        req = rpb.MarkConsumedRequest(tenant=tenant, lease_id=lease_id, claim_id=claim_id)
-        resp = await self.client.mark_consumed(req, timeout=timeout)
-        return lease_state_name(resp.lease.state)
-
     async def heartbeat_in_registry(self, engine_id: str, generation: int, timeout: float) -> None:
         """Heartbeat on an engine's behalf (no load figures)."""
         await self.client.heartbeat(
             rpb.HeartbeatRequest(engine_id=engine_id, registration_generation=generation), timeout=timeout
         )
 
-    async def register_retained(self, r: Retained, timeout: float) -> tuple[bool, tpb.Lease]:
-        """RegisterRetainedBlocks: whether it created the lease, and the lease."""
-        resp = await self.client.register_retained_blocks(retained_request(r), timeout=timeout)
-        return resp.created, resp.lease
-
     async def complete_turn_in_registry(
         self, tenant: str, claim: TurnClaim | None, retained: Retained | None, timeout: float
     ) -> TurnEnd:
-        """CompleteTurn: the claim settled and the blocks registered in one call (either may be None).
-
-        A registry older than CompleteTurn (a rolling upgrade, the router upgraded first)
-        answers it UNIMPLEMENTED: that is remembered for OLD_REGISTRY_SECONDS, and meanwhile
-        the turn ends the older way, in two calls (`end_turn_in_two_calls`)."""
-        if self.clock() >= self.without_complete_turn_until:
-            try:
-                return await self._complete_turn(tenant, claim, retained, timeout)
-            except BoomerangClientError as err:
-                if err.reason != "UNIMPLEMENTED":
-                    raise
-                if self.without_complete_turn_until == float("-inf"):
-                    log.warning("the block registry has no CompleteTurn (older than this router): turns end in "
-                                "two calls, MarkConsumed or ReleaseClaim then RegisterRetainedBlocks")
-                self.without_complete_turn_until = self.clock() + OLD_REGISTRY_SECONDS
-        return await self.end_turn_in_two_calls(tenant, claim, retained, timeout)
-
-    async def end_turn_in_two_calls(
-        self, tenant: str, claim: TurnClaim | None, retained: Retained | None, timeout: float
-    ) -> TurnEnd:
-        """CompleteTurn's answer from the calls a registry older than it has: MarkConsumed (read)
-        or ReleaseClaim (not read), then RegisterRetainedBlocks; two commits, not one.
-
-        Each is idempotent at the registry (by claim id, by the decode engine's request id), so
-        a repeated report repeats them harmlessly, as with CompleteTurn. A transient failure of
-        the settlement raises before anything is registered (the caller retries both); any
-        other failure is that part's error, as CompleteTurn reports it."""
-        self.two_call_turn_ends += 1
-        out = TurnEnd()
-        if claim is not None:
-            try:
-                if claim.read:
-                    out.claim_state = await self.mark_consumed_in_registry(tenant, claim.lease_id, claim.claim_id, timeout)
-                else:
-                    out.claim_state = await self.release_claim_in_registry(
-                        tenant, claim.lease_id, claim.claim_id, claim.release_reason, timeout
-                    )
-            except BoomerangClientError as err:
-                if err.code in TRANSIENT_CODES:
-                    raise
-                out.claim_error = err
-        if retained is not None:
-            try:
-                out.created, out.lease = await self.register_retained(retained, timeout)
-            except BoomerangClientError as err:
-                out.registration_error = err
-        return out
-
-    async def _complete_turn(
-        self, tenant: str, claim: TurnClaim | None, retained: Retained | None, timeout: float
-    ) -> TurnEnd:
+        """CompleteTurn: the claim settled and the blocks registered in one call (either may be None)."""
         req = rpb.CompleteTurnRequest(tenant=tenant)
         if claim is not None:
             req.claim.lease_id, req.claim.claim_id = claim.lease_id, claim.claim_id

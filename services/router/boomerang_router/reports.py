@@ -1,7 +1,6 @@
 """ReportTurn's registry work: settle the claimed handle, register D's retained blocks.
 
-Both in one CompleteTurn call, which the registry runs in one transaction (it used to be
-MarkConsumed or ReleaseClaim, then RegisterRetainedBlocks: two calls, two commits). The
+Both in one CompleteTurn call, which the registry runs in one transaction. The
 `turn_plans` row is not in that transaction: the router owns that table and writes it in
 its own batches off the turn's path (repository.AuditWriter), and the registry never
 touches it. Every call here is idempotent at the registry (a settlement by claim id, a
@@ -180,7 +179,7 @@ class Reporter:
         if err.code == "FAILED_PRECONDITION" and err.reason.startswith("LEASE_"):
             state = err.reason.removeprefix("LEASE_")  # the state the lease had already ended in
         log.warning("plan %s: settling its claim: %s", record.plan_id, err)
-        return state, f"{'MarkConsumed' if claim.read else 'ReleaseClaim'}: {err.reason}"
+        return state, f"{'consume' if claim.read else 'release'} claim: {err.reason}"
 
     def retained(self, record: PlanRecord, r: ReportInput) -> Retained | Retention:
         """D's retained blocks as the conversation's next lease, or why there are none.

@@ -115,7 +115,7 @@ async def run(settings: RouterSettings) -> None:
         spool=_audit_spool(settings),
     )
     audit.start()
-    registry = RegistryClient(settings.registry_address, timeout=settings.report_timeout_seconds, streams=settings.grpc_streams)
+    registry = RegistryClient(settings.registry_address, timeout=settings.report_timeout_seconds)
     pool = build_pool(settings)
     refresher = RegistryRefresher(pool, registry)
     await _warm_registry(registry, refresher)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from boomerang.grpcutil.streams import serve_items
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang_server.credentials import CredentialStore
@@ -41,12 +39,6 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
         if not plan.request_id:
             plan.params = None  # only retries by request id replay the answer; keep memory small
         return response
-
-    async def PlanTurnStream(
-        self, request_iterator: AsyncIterator[rtpb.PlanTurnStreamRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rtpb.PlanTurnStreamResponse]:
-        async for answer in serve_items(self, self.PlanTurn, request_iterator, context, rtpb.PlanTurnStreamResponse):
-            yield answer
 
     @rpc
     async def ReportTurn(self, request: rtpb.ReportTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.ReportTurnResponse:

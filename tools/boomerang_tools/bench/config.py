@@ -22,8 +22,7 @@ class BenchConfig:
     rates: list[int] = field(default_factory=lambda: [500, 1000, 2000])
     search_rates: list[int] = field(default_factory=lambda: [3000, 4000, 5000, 6000, 8000])
     scale_rate: int = 1000
-    path_rates: list[int] = field(default_factory=lambda: [200, 600, 1000])  # PlanTurn unary vs streams
-    path_seconds: float = 5.0  # each of those steps, per path
+    path_seconds: float = 5.0  # each step of the lookup comparison, per lookup
     p99_budget_ms: float = 5.0
     register_seconds: float = 10.0
     register_concurrency: int = 64  # per client process
@@ -41,7 +40,6 @@ class BenchConfig:
         if quick:
             cfg.step_seconds = 3.0
             cfg.search_rates = [3000, 4000]
-            cfg.path_rates = [200, 600]
             cfg.path_seconds = 2.0
             cfg.register_seconds = 4.0
             cfg.expiry_leases = 10_000

@@ -78,7 +78,6 @@ class Bench:
         self.workers: Workers
         self.registry_address = ""
         self.router_address = ""
-        self.router_stream_address = ""  # `router-stream`: the same router with BOOMERANG_GRPC_STREAMS=true
         self.margin_seconds = TTL_MARGIN_SECONDS
         self.preloaded = 0
         self.copy_rows_per_second = 10_000.0
@@ -115,12 +114,7 @@ class Bench:
             self.profiles[label] = await asyncio.to_thread(sampler.finish)
 
     async def start(self) -> None:
-        """Database, migrations, registry, routers, reaper, engines, client processes.
-
-        Two routers share the registry: `router` as deployed by default (unary calls, measured by
-        every plan step) and `router-stream` with BOOMERANG_GRPC_STREAMS=true (its claims on
-        ClaimReuseStream), for the same-run A/B of `phases.plan_paths`.
-        """
+        """Database, migrations, registry, router, reaper, engines, client processes."""
         for noisy in ("alembic", "httpx"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
         url = await self.db.start()
@@ -134,17 +128,14 @@ class Bench:
         (self.registry_address,) = await s.ready("registry")
         s.start("router", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address,
                            "--metrics-listen", "127.0.0.1:0"])
-        s.start("router-stream", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address],
-                env={"BOOMERANG_GRPC_STREAMS": "true"})
         s.start("reaper", ["reaper", "--listen", "127.0.0.1:0", "--registry", self.registry_address])
         self.registry = RegistryClient(self.registry_address, timeout=10.0)
         self.engines = BenchEngines(self.registry)
         await self.engines.register(self.cfg.decode_engines, self.cfg.prefill_engines)
-        self.router_address, self.router_stream_address, _ = await s.ready("router", "router-stream", "reaper")
-        self.workers = await asyncio.to_thread(Workers, self.cfg.clients, self.router_address, self.registry_address,
-                                               self.router_stream_address)
+        self.router_address, _ = await s.ready("router", "reaper")
+        self.workers = await asyncio.to_thread(Workers, self.cfg.clients, self.router_address, self.registry_address)
         self.pg = await asyncpg.connect(url)
-        await asyncio.gather(self._wait_pool(self.router_address), self._wait_pool(self.router_stream_address))
+        await self._wait_pool(self.router_address)
 
     async def _wait_pool(self, address: str, timeout: float = 30.0) -> None:
         """Until the router at `address` holds the benchmark's engines in its pool (it polls the registry)."""

@@ -8,8 +8,6 @@ every worker its own slice of conversations and the same wall-clock start.
   the start, and each call is sent at its arrival time whether or not earlier ones have
   answered (no coordinated omission). Latency is the call's own duration; how late each
   send left against its schedule is reported too, to show whether the generator kept up.
-  `"path": "unary"` (the default) sends unary PlanTurn calls to the router; `"stream"`
-  sends them on a long-lived PlanTurnStream to the second router (`router-stream`).
 - `register`: closed loop, `concurrency` decode-node clients per worker calling
   RegisterRetainedBlocks back to back (each answer is an acknowledged commit).
 - `turns`: chat turns through the gateway, the naive proxy and directly (`turns.py`).
@@ -51,13 +49,13 @@ Job = dict[str, Any]
 class Workers:
     """A few load-generator processes, kept for the whole run."""
 
-    def __init__(self, count: int, router: str, registry: str, router_stream: str = ""):
+    def __init__(self, count: int, router: str, registry: str):
         ctx = multiprocessing.get_context("spawn")
         self.pipes: list[Connection] = []
         self.procs = []
         for i in range(count):
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(theirs, i, router, registry, router_stream), daemon=True,
+            proc = ctx.Process(target=_worker_main, args=(theirs, i, router, registry), daemon=True,
                                name=f"bench-client-{i}")
             proc.start()
             self.pipes.append(mine)
@@ -96,18 +94,16 @@ class Workers:
                 proc.kill()
 
 
-def _worker_main(pipe: Connection, index: int, router: str, registry: str, router_stream: str) -> None:
-    uvloop.run(_serve(pipe, index, router, registry, router_stream))
+def _worker_main(pipe: Connection, index: int, router: str, registry: str) -> None:
+    uvloop.run(_serve(pipe, index, router, registry))
 
 
-async def _serve(pipe: Connection, index: int, router: str, registry: str, router_stream: str = "") -> None:
+async def _serve(pipe: Connection, index: int, router: str, registry: str) -> None:
     loop = asyncio.get_running_loop()
     router_client = RouterClient(router, timeout=5.0, plan_timeout=2.0) if router else None
-    stream_client = RouterClient(router_stream, timeout=5.0, plan_timeout=2.0, streams=True) if router_stream else None
     registry_client = RegistryClient(registry, timeout=10.0) if registry else None
-    plan_clients = {"unary": router_client, "stream": stream_client}
     handlers: dict[str, Callable[[Job], Awaitable[dict[str, Any]]]] = {
-        "plan": lambda job: plan_job(plan_clients[job.get("path", "unary")], job, index),
+        "plan": lambda job: plan_job(router_client, job, index),
         "register": lambda job: register_job(registry_client, job, index),
         "turns": lambda job: _turns(job, index),
         "health": lambda job: health_job(job, index),
@@ -124,7 +120,7 @@ async def _serve(pipe: Connection, index: int, router: str, registry: str, route
                 result = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
             pipe.send(result)
     finally:
-        for client in (router_client, stream_client, registry_client):
+        for client in (router_client, registry_client):
             if client is not None:
                 await client.close()
 
@@ -204,8 +200,6 @@ async def plan_job(client: Any, job: Job, index: int) -> dict[str, Any]:
         "errors": dict(errors),
         "elapsed_s": time.time() - max(started, job["start_at"]),
         "sent": len(offsets),
-        # How the calls went: a RouterClient's stream falls back to unary calls on a router without it.
-        "transport": "stream" if getattr(client, "plans", None) is not None and client.plans.streaming else "unary",
     }
 
 

@@ -26,8 +26,6 @@ from boomerang_tools.bench.workload import Conversation, conversation, planned_i
 
 DEGRADED = "CONTROL_PLANE_DEGRADED"
 EXPIRY_TENANT = "bench-expiry"
-# The router each PlanTurn path goes to (context.py starts both on the same registry).
-ROUTERS = {"unary": "router", "stream": "router-stream"}
 
 
 async def preload_to(b: Bench, target: int) -> dict[str, Any]:
@@ -48,18 +46,10 @@ async def preload_to(b: Bench, target: int) -> dict[str, Any]:
 
 
 async def plan_step(
-    b: Bench, rate: int, seconds: float, label: str, profile: str = "", path: str = "unary",
-    anonymous: bool = False,
+    b: Bench, rate: int, seconds: float, label: str, profile: str = "", anonymous: bool = False,
 ) -> dict[str, Any]:
-    """PlanTurn at `rate`/s open loop for `seconds`, from every client process.
-
-    `path` "unary": to `router`, unary PlanTurn calls (and unary ClaimReuseBatch), as deployed
-    by default; "stream": to `router-stream`, PlanTurn on a long-lived stream (and the
-    router's claims on ClaimReuseStream). The CPU meter takes the router that served them,
-    reported as "router".
-    """
+    """PlanTurn at `rate`/s open loop for `seconds`, from every client process."""
     cfg = b.cfg
-    router = ROUTERS[path]
     b.step += 1
     pool = planned_indices(0, b.preloaded)
     random.Random(cfg.seed * 1000 + b.step).shuffle(pool)
@@ -67,20 +57,17 @@ async def plan_step(
     start_at = time.time() + 1.0 + 0.0002 * per_worker  # time to build the requests first
     jobs = [{"kind": "plan", "rate": rate / b.workers.count, "duration": seconds, "seed": b.step,
              "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
-             "engines": cfg.decode_engines, "start_at": start_at, "path": path, "anonymous": anonymous}
+             "engines": cfg.decode_engines, "start_at": start_at, "anonymous": anonymous}
             for i in range(b.workers.count)]
     task = b.progress.add_task(f"{label}: {rate:,} plans/s for {seconds:g}s", total=None)
     running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 120))
     await asyncio.sleep(max(0.0, start_at - time.time()))
-    meter = (await b.cpu_meter("registry", router)).start()
-    sampler = b.sampler(profile, ("registry", router), seconds) if profile else None
+    meter = (await b.cpu_meter("registry", "router")).start()
+    sampler = b.sampler(profile, ("registry", "router"), seconds) if profile else None
     results = await running
-    cpu = {("router" if k == router else k): v for k, v in meter.stop().items()}
+    cpu = meter.stop()
     await b.collect(profile, sampler)
     b.progress.remove_task(task)
-    went = {r["transport"] for r in results}
-    if went != {path}:  # a stream that fell back to unary calls would measure the wrong path
-        raise RuntimeError(f"{label}: PlanTurn went {' and '.join(sorted(went))}, not {path}")
     latencies = [x for r in results for x in floats(r["latencies_ms"])]
     lags = [x for r in results for x in floats(r["send_lag_ms"])]
     reasons: Counter[str] = Counter()
@@ -139,25 +126,6 @@ async def plan_rates(b: Bench) -> dict[str, Any]:
                          "idle_cpu_ms_per_s": idle},
             "low_rate": cost,
             "grpc_floor": floor}
-
-
-async def plan_paths(b: Bench) -> dict[str, Any]:
-    """PlanTurn both ways in the same run, interleaved: unary calls (client → `router`,
-    PlanTurn and ClaimReuseBatch unary) and long-lived streams (client → `router-stream`,
-    PlanTurnStream and ClaimReuseStream), one step per path at each rate, the order
-    alternating per rate."""
-    cfg = b.cfg
-    seconds = cfg.path_seconds
-    await plan_step(b, 300, min(1.0, seconds), "warm-up (streams)", path="stream")  # its first stream
-    rates = []
-    for i, rate in enumerate(cfg.path_rates):
-        order = ("unary", "stream") if i % 2 == 0 else ("stream", "unary")
-        entry: dict[str, Any] = {"rate": rate, "order": list(order)}
-        for path in order:
-            entry[path] = await plan_step(b, rate, seconds, f"PlanTurn {path}", path=path)
-        entry["cpu_ms_per_plan_total"] = {p: round(sum(entry[p]["cpu_ms_per_plan"].values()), 3) for p in ROUTERS}
-        rates.append(entry)
-    return {"leases": b.preloaded, "clients": b.workers.count, "step_seconds": seconds, "rates": rates}
 
 
 async def lookup_paths(b: Bench, rate: int = 200) -> dict[str, Any]:

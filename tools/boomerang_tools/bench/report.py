@@ -89,7 +89,6 @@ def build_report(
         "expiry_lag_p99_s": expiry["lag_p99_s"],
         "gateway_overhead": results.get("gateway_overhead") or {"boomerang_p50_ms": None, "naive_p50_ms": None,
                                                                 "ratio": None},
-        "plan_paths": results.get("plan_paths"),
         "lookup_paths": results.get("lookup_paths"),
         "control_plane": results.get("control_plane"),
         "control_plane_hook": results.get("control_plane_hook"),
@@ -113,12 +112,6 @@ def build_report(
                      "are given back between steps so every step claims afresh",
             "registrations": "closed loop, each call the next turn of a conversation (superseding its lease), "
                              "counted when acknowledged (after commit)",
-            "plan_paths": "the plans' open loop at each rate twice, same run, one step after the other, the order "
-                          "alternating per rate: unary calls (client → router, as deployed by default: PlanTurn and "
-                          "ClaimReuseBatch unary) and long-lived streams (client → router-stream, a second router "
-                          "on the same registry with BOOMERANG_GRPC_STREAMS=true: PlanTurnStream and "
-                          "ClaimReuseStream); CPU per "
-                          "plan of the router that served the step, the registry, Postgres and the clients",
             "expiry": "lag_seconds the registry records in each TTL_EXPIRED event (database clock)",
             "hook_schedule": "the vLLM hook's own code (BoomerangHook) driven as a prefill engine's loop drives it: "
                              "the next turns of live preloaded conversations arrive at a steady rate and every 2 ms a step asks the hook about "
@@ -149,10 +142,6 @@ def _cpu(per: dict[str, float] | None) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in (per or {}).items()) or "—"
 
 
-PATH_NAMES = {"unary": "unary calls", "stream": "streams"}
-PATH_CPU = ("router", "registry", "postgres", "clients")
-
-
 def lookup_lines(look: dict[str, Any]) -> list[str]:
     """The claim's lookup by conversation id beside the one without (issue 23), same run."""
     lines = ["", "## Finding the lease: by conversation id → by the prompt it continues (same run, interleaved)", "",
@@ -164,32 +153,6 @@ def lookup_lines(look: dict[str, Any]) -> list[str]:
         r = look[key]
         lines.append(f"| {name} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {r['pull_fraction']:.0%} | "
                      f"{r['services_cpu_ms_per_plan']:.3f} |")
-    return lines
-
-
-def plan_paths_lines(paths: dict[str, Any]) -> list[str]:
-    """The same-run A/B of PlanTurn's transport: a row per rate and path, unary first."""
-    lines = ["", "## PlanTurn: unary calls → long-lived streams (same run, interleaved)", "",
-             (f"{paths['leases']:,} live leases, {paths['clients']} client processes, open loop, "
-              f"{paths['step_seconds']:g} s per step; at each rate one step per path, one after the other, the "
-              "order alternating per rate (column “ran”). Unary: client → router → registry "
-              "(PlanTurn, ClaimReuseBatch); streams: client → router-stream → registry (PlanTurnStream, "
-              "ClaimReuseStream). CPU ms per plan: the router that served the step, the registry, Postgres, "
-              "the clients."),
-             "", "| rate/s | path | ran | achieved/s | p50 ms | p99 ms | PULL | degraded | "
-             + " | ".join(f"CPU {k}" for k in PATH_CPU) + " | CPU total |",
-             "|---|---|---|---|---|---|---|---|" + "---|" * (len(PATH_CPU) + 1)]
-    for entry in paths["rates"]:
-        for path, name in PATH_NAMES.items():
-            r = entry[path]
-            degraded = r["reasons"].get("CONTROL_PLANE_DEGRADED", 0) + sum(r["errors"].values())
-            cpu = r["cpu_ms_per_plan"]
-            ran = "first" if entry["order"][0] == path else "second"
-            lines.append(f"| {entry['rate']:,} | {name} | {ran} | {r['achieved_rps']:,.0f} | "
-                         f"{_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {r['pull_fraction']:.0%} | "
-                         f"{degraded / max(r['plans'], 1):.0%} | "
-                         + " | ".join(_ms(cpu.get(k)) for k in PATH_CPU)
-                         + f" | {_ms(entry['cpu_ms_per_plan_total'][path])} |")
     return lines
 
 
@@ -258,8 +221,6 @@ def markdown(report: dict[str, Any]) -> str:
                            f"(client → router → registry), {hops:.2f} ms before any work"
                            + (f" ({_count(sum(floor['errors'].values()))} calls failed, by code "
                               f"{floor['errors']}, left out)." if floor.get("errors") else "."))]
-    if (report.get("plan_paths") or {}).get("rates"):
-        lines += plan_paths_lines(report["plan_paths"])
     if report.get("lookup_paths"):
         lines += lookup_lines(report["lookup_paths"])
     if report.get("hook_schedule"):

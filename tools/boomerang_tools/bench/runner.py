@@ -57,8 +57,6 @@ async def measure(b: Bench) -> dict[str, Any]:
     if want("plans"):
         results["plan"] = await phases.plan_rates(b)
         lap("plans")
-        results["plan_paths"] = await phases.plan_paths(b)
-        lap("plan_paths")
     if want("lookup"):
         results["lookup_paths"] = await phases.lookup_paths(b)
         lap("lookup")
