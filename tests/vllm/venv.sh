@@ -30,7 +30,7 @@ if [ ! -f "$venv/.complete" ]; then
     "$venv/bin/python" -m pip install "${quiet[@]}" --no-deps -r "$lock" >&2
     touch "$venv/.complete"
 fi
-# BOOMERANG_VLLM_VENV_ONLY=1 (CI's early build) stops here.
+# BOOMERANG_VLLM_VENV_ONLY=1 (CI's early build) stops here: `make test-vllm` reinstalls Boomerang anyway.
 if [ -z "${BOOMERANG_VLLM_VENV_ONLY:-}" ]; then
     # From a copy of the sources: setuptools builds where the sources are (build/, *.egg-info),
     # and an egg-info at the checkout's root is the metadata any Python started there reads.
