@@ -7,9 +7,9 @@ its own, with no Boomerang in it) and on, prints AWS's table beside AWS's figure
 `demo-report.json` and `demo-report.png`, shows one conversation's audit trail (read over
 gRPC from the router and the registry), and exits non-zero on any failed request, any
 corrupt pull, any reply that differs between off and on, or an "off" turn that did not
-recompute its whole prompt. It also measures the skeptic's alternative (`prefix-cache`: no Boomerang, prefix caching
-on the prefill engine, sticky routing) with 1, 8 and 32 conversations sharing that engine,
-beside off and Boomerang.
+recompute its whole prompt. It also measures the skeptic's alternative (`prefix-cache`: no
+Boomerang, prefix caching on the prefill engine, sticky routing) with 1, 8 and 32
+conversations sharing that engine, beside off and Boomerang.
 """
 
 from __future__ import annotations
