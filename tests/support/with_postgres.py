@@ -35,9 +35,10 @@ def main(argv: list[str]) -> int:
         with subprocess.Popen(argv, env={**os.environ, "BOOMERANG_TEST_ADMIN_URL": url}) as child:
             while True:
                 try:
-                    return child.wait()
+                    code = child.wait()
                 except KeyboardInterrupt:
                     continue
+                return code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
     finally:
         if cluster is not None:
             cluster.close()
