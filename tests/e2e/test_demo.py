@@ -6,7 +6,8 @@ and mode, nothing failed and nothing corrupt was pulled, and no engine was asked
 simulator's model files, as the bench's gateway does). The skeptic's alternative (no Boomerang: prefix caching on the prefill
 engine, sticky routing; --quick: the first profile) behaves as modelled: with one
 conversation P's cache holds it and beats recomputing and Boomerang; with eight long ones
-sharing P they evict each other and Boomerang wins."""
+sharing P they evict each other and Boomerang wins. Boomerang off is off whichever modes are
+chosen: each mode alone measures the same baseline, every prompt recomputed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from boomerang_tools.demo.modes import MODES
 from boomerang_tools.demo.workload import QUICK_POINTS
+from boomerang_tools.sim.costmodel import profile as sim_profile
 
 from tests.support.databases import fresh_database
 from tests.support.gateway_stack import BOOMERANG
@@ -38,7 +41,9 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     report = json.loads((tmp_path / "demo-report.json").read_text())
-    assert set(report) == {"profiles", "ceiling_targets", "corrupt_pulls", "requests_failed"}
+    assert set(report) == {"profiles", "ceiling_targets", "corrupt_pulls", "requests_failed", "off"}
+    turns = sum(1 + 2 * len(QUICK_POINTS[p]) for p in ("qwen3-32b", "glm-5-fp8"))
+    assert report["off"] == {"turns": turns, "cached_tokens": 0, "pulls": 0}
     # Issue 25's demo targets, per mode, against the simulator's own ceiling (met or not depends
     # on the host: the figures are the report's, the shape is the test's).
     assert set(report["ceiling_targets"]) == {"gateway", "hook"}
@@ -119,3 +124,26 @@ def _prefix_cache(report: dict[str, Any], out: str) -> None:
     flat = " ".join(out.split())  # rich wraps lines
     assert "prefix caching on the prefill engine with sticky routing" in flat
     assert "Boomerang does not win here" in flat and "Boomerang wins" in flat
+
+
+@pytest.mark.parametrize("mode", [m.name for m in MODES])
+def test_off_recomputes_every_prompt_whichever_mode_runs_alone(mode: str, tmp_path: Path) -> None:
+    # Issue 33: `--modes hook` alone measured "off" through the engines' hook, which pulled.
+    with fresh_database() as database_url:
+        run = subprocess.run(
+            [BOOMERANG, "demo", "--quick", "--hbm", "off", "--profiles", "qwen3-32b", "--modes", mode,
+             "--database-url", database_url, "--out", str(tmp_path), "--data-dir", str(tmp_path / ".boomerang")],
+            capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "BOOMERANG_DB_POOL_SIZE": "3",
+                                                              "COLUMNS": "160"},
+        )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    report = json.loads((tmp_path / "demo-report.json").read_text())
+    points = QUICK_POINTS["qwen3-32b"]
+    # Every "off" turn computed its whole prompt: its engines pulled nothing, its usage shows no cached token.
+    assert report["off"] == {"turns": 1 + 2 * len(points), "cached_tokens": 0, "pulls": 0}
+    (entry,) = report["profiles"]
+    assert entry["mode"] == mode and [r["context_tokens"] for r in entry["rows"]] == list(points)
+    # And took what recomputing costs in the simulator's model (a pulled "off" took far less).
+    model = sim_profile("qwen3-32b")
+    for row in entry["rows"]:
+        assert row["ttft_off_ms"] >= 0.95 * model.ttft_ms(row["context_tokens"]), (row, run.stdout[-3000:])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from boomerang_tools.demo import report
 from boomerang_tools.demo.client import TurnResult
-from boomerang_tools.demo.modes import MODES, parse_modes
+from boomerang_tools.demo.modes import MODES, OFF, parse_modes
 from boomerang_tools.demo.runner import Record, RunResult
 from boomerang_tools.demo.workload import (
     NEW_TOKENS,
@@ -76,7 +76,7 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
     rows = report.rows(result, "qwen3-32b", (2000, 24000))
     assert rows == [{"context_tokens": 2000, "ttft_off_ms": 160.0, "ttft_on_ms": 130.0, "speedup": 1.23},
                     {"context_tokens": 24000, "ttft_off_ms": 900.0, "ttft_on_ms": 500.0, "speedup": 1.8}]
-    # The hook deployment measures "on" only; its rows share the gateway deployment's "off".
+    # Each deployment measures "on" only; its rows share the baseline deployment's "off".
     result.records += [_rec("on", 2000, 120, deployment="hook"), _rec("on", 24000, 450, deployment="hook")]
     hook_rows = report.rows(result, "qwen3-32b", (2000, 24000), "hook")
     assert [(r["ttft_off_ms"], r["ttft_on_ms"], r["speedup"]) for r in hook_rows] == [(160.0, 120.0, 1.33), (900.0, 450.0, 2.0)]
@@ -84,10 +84,12 @@ def test_report_rows_and_json_shape(tmp_path: Path) -> None:
     gateway_rows = report.rows(result, "qwen3-32b", (2000, 24000), "gateway")
     assert [{k: r[k] for k in rows[0]} for r in gateway_rows] == rows
     measured: list[report.Measured] = [("qwen3-32b", {"gateway": rows, "hook": hook_rows})]
-    data = report.report(measured, 0, 0, {("qwen3-32b", "hook"): {"tokenize_calls": 0}})
+    off = {"turns": 2, "cached_tokens": 0, "pulls": 0}
+    data = report.report(measured, 0, 0, off, {("qwen3-32b", "hook"): {"tokenize_calls": 0}})
     report.write_json(data, tmp_path / "r.json")
     loaded = json.loads((tmp_path / "r.json").read_text())
-    assert set(loaded) == {"profiles", "ceiling_targets", "corrupt_pulls", "requests_failed"}
+    assert set(loaded) == {"profiles", "ceiling_targets", "corrupt_pulls", "requests_failed", "off"}
+    assert loaded["off"] == off
     assert [(p["profile"], p["mode"]) for p in loaded["profiles"]] == [("qwen3-32b", "gateway"), ("qwen3-32b", "hook")]
     assert set(loaded["profiles"][0]) == {"profile", "mode", "rows"}
     assert loaded["profiles"][1]["tokenize_calls"] == 0
@@ -117,11 +119,13 @@ def test_modes_are_a_list_parsed_by_name() -> None:
     assert parse_modes("gateway")[0].hook is False and parse_modes("hook")[0].hook is True
     with pytest.raises(ValueError, match="sticky"):
         parse_modes("gateway,sticky")
-    # The alternative to Boomerang alone: nothing would measure the baseline.
-    with pytest.raises(ValueError, match="baseline"):
-        parse_modes("prefix-cache")
-    (alt,) = [m for m in parse_modes("prefix-cache,gateway") if not m.boomerang]
+    # The alternative to Boomerang alone is a selection too: the baseline has a deployment of its own.
+    (alt,) = parse_modes("prefix-cache")
+    assert not alt.boomerang and not alt.baseline
     assert "--prefix-cache-blocks" in alt.sim_args and "--sticky-prefill" in alt.gateway_args
+    # The baseline is no mode to choose, and nothing in it plans: no router, no hook.
+    assert OFF not in MODES and OFF.baseline and not OFF.hook and not OFF.boomerang
+    assert OFF.gateway_args == ("--router", "") and OFF.sim_args == ()
 
 
 def test_a_mode_without_ids_sends_no_conversation_header() -> None:

@@ -30,9 +30,15 @@ if [ ! -f "$venv/.complete" ]; then
     "$venv/bin/python" -m pip install "${quiet[@]}" --no-deps -r "$lock" >&2
     touch "$venv/.complete"
 fi
-# BOOMERANG_VLLM_VENV_ONLY=1 (CI's early build) stops here: the reinstall writes build
-# files into the checkout, which `make setup` may be writing at the same moment.
+# BOOMERANG_VLLM_VENV_ONLY=1 (CI's early build) stops here: `make test-vllm` reinstalls Boomerang anyway.
 if [ -z "${BOOMERANG_VLLM_VENV_ONLY:-}" ]; then
-    "$venv/bin/python" -m pip install "${quiet[@]}" --no-deps --no-build-isolation --force-reinstall ./client . ./tools ./hook >&2
+    # From a copy of the sources: setuptools builds where the sources are (build/, *.egg-info),
+    # and an egg-info at the checkout's root is the metadata any Python started there reads.
+    src=$(mktemp -d)
+    trap 'rm -rf "$src"' EXIT
+    tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=build \
+        pyproject.toml README.md client libs services tools hook | tar -x -C "$src"
+    "$venv/bin/python" -m pip install "${quiet[@]}" --no-deps --no-build-isolation --force-reinstall \
+        "$src/client" "$src" "$src/tools" "$src/hook" >&2
 fi
 echo "$venv"

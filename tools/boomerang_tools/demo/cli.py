@@ -2,13 +2,14 @@
 
 Brings the whole system up (embedded Postgres unless a database is configured, registry,
 router, reaper, gateway, and a simulated prefill and decode engine per profile), replays
-agent conversations growing to AWS's context lengths with Boomerang off and on, prints
-AWS's table beside AWS's figures, writes `demo-report.json` and `demo-report.png`, shows one
-conversation's audit trail (read over gRPC from the router and the registry), and exits
-non-zero on any failed request, any corrupt pull, or any reply that differs between off and
-on. It also measures the skeptic's alternative (`prefix-cache`: no Boomerang, prefix caching
-on the prefill engine, sticky routing) with 1, 8 and 32 conversations sharing that engine,
-beside off and Boomerang.
+agent conversations growing to AWS's context lengths with Boomerang off (in a deployment of
+its own, with no Boomerang in it) and on, prints AWS's table beside AWS's figures, writes
+`demo-report.json` and `demo-report.png`, shows one conversation's audit trail (read over
+gRPC from the router and the registry), and exits non-zero on any failed request, any
+corrupt pull, any reply that differs between off and on, or an "off" turn that did not
+recompute its whole prompt. It also measures the skeptic's alternative (`prefix-cache`: no
+Boomerang, prefix caching on the prefill engine, sticky routing) with 1, 8 and 32
+conversations sharing that engine, beside off and Boomerang.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from boomerang_server.db.migrate import upgrade
 from rich.console import Console
 
 from boomerang_tools.demo.hbm import run_hbm
-from boomerang_tools.demo.modes import MODES, PREFIX_CACHE_BLOCKS, Mode, parse_modes
+from boomerang_tools.demo.modes import MODES, OFF, PREFIX_CACHE_BLOCKS, Mode, parse_modes
 from boomerang_tools.demo.plain import PlainStack
 from boomerang_tools.demo.runner import RunResult
 from boomerang_tools.demo.show import conclude, measure
@@ -125,9 +126,8 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
     """One deployment: bring it up, measure it, record its engines' counters; on the last
     one (its services still up, for the audit trail) conclude. None: go on."""
     profiles, points, result = run["profiles"], run["points"], run["result"]
-    if args.quick and not mode.boomerang:
-        profiles = profiles[:1]  # --quick: the alternative to Boomerang on the first profile only
-    with_off = mode.boomerang and not run["off_measured"]
+    if args.quick and mode.quick_profiles is not None:
+        profiles = profiles[:mode.quick_profiles]
     rotations = _rotations(args, profiles, mode)
     stack: Stack | PlainStack
     if mode.boomerang:
@@ -148,10 +148,9 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
                       f"logs in {stack.log_dir}/")
         audited = dict(result.conversation_ids)
         measure(console, stack.gateway_url, profiles, points, args.reps,
-                {p: PROFILES[p].served_model_name for p in profiles}, result, mode, with_off, rotations)
+                {p: PROFILES[p].served_model_name for p in profiles}, result, mode, rotations)
         if not mode.boomerang:
             result.conversation_ids = audited  # the audit trail shows a Boomerang conversation
-        run["off_measured"] = run["off_measured"] or with_off
         run["rotations"] += [(mode.name, *r) for r in rotations]
         for i, p in enumerate(profiles):
             counts, plan_ms, loop = _sim_stats([stack.prefill_urls[i], stack.decode_urls[i]])
@@ -160,7 +159,7 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
             run["extra"][(p, mode.name)] = {"tokenize_calls": counts["tokenize_requests"], "pulls": counts["pulls"],
                                             **{k: round(v, 2) for k, v in loop.items()},
                                             **({"engine_plan_ms_p50": round(plan_ms[0], 2)} if plan_ms else {})}
-            if not mode.boomerang:
+            if not mode.boomerang and not mode.baseline:
                 run["extra"][(p, mode.name)].update(prefix_cache_capacity_tokens=PREFIX_CACHE_BLOCKS * 16,
                                                     prefix_cache_hit_tokens=counts["prefix_cache_hits"],
                                                     prefix_cache_evicted_blocks=counts["prefix_cache_evicted_blocks"])
@@ -211,12 +210,14 @@ def _run(args: argparse.Namespace) -> int:
     points = {p: (QUICK_POINTS if args.quick else POINTS)[p] for p in profiles}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     console.rule("[bold]Boomerang demo[/bold]: KV-cache reuse in prefill/decode disaggregated serving")
+    on = [m.name for m in modes if m.boomerang]
     console.print(
         "Replaying multi-turn agent conversations (system prompt, tool results, the model's own replies) "
-        f"to {', '.join(f'{max(points[p]):,} tokens ({p})' for p in profiles)}, once with Boomerang off "
-        "(the prefill engine recomputes the whole prompt, prefix caching off as in AWS's tests) and once on "
-        "(it pulls the previous turn's KV back from the decode engine) in each deployment: "
-        f"{', '.join(m.name for m in modes if m.boomerang)}."
+        f"to {', '.join(f'{max(points[p]):,} tokens ({p})' for p in profiles)}, first with Boomerang off "
+        "(a deployment with no Boomerang in it: the prefill engine recomputes the whole prompt, prefix caching off "
+        "as in AWS's tests)"
+        + (", then on (it pulls the previous turn's KV back from the decode engine) in each deployment: "
+           f"{', '.join(on)}." if on else ".")
         + "".join(f" Then the skeptic's alternative, {m.name}: no Boomerang, prefix caching on the prefill engine "
                   "and sticky routing, with " + ", ".join(map(str, m.quick_levels if args.quick else m.levels))
                   + " conversations sharing that engine." for m in modes if not m.boomerang)
@@ -224,9 +225,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.hbm == "on":
         run_hbm(console, Path(args.out), quick=args.quick)
     run: dict[str, Any] = {"profiles": profiles, "points": points, "result": RunResult(), "stats": {}, "extra": {},
-                           "modes": modes, "started": time.monotonic(), "off_measured": False, "rotations": []}
-    # The alternatives to Boomerang first: the last deployment's services show the audit trail.
-    order = [m for m in modes if not m.boomerang] + [m for m in modes if m.boomerang]
+                           "modes": modes, "started": time.monotonic(), "rotations": []}
+    # The baseline, then the alternatives to Boomerang: the last deployment's services show the audit trail.
+    order = [OFF, *(m for m in modes if not m.boomerang), *(m for m in modes if m.boomerang)]
     for i, mode in enumerate(order):
         code = _run_mode(console, args, run, mode, last=i == len(order) - 1)
         if code is not None:

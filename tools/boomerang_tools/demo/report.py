@@ -46,16 +46,17 @@ def rows(result: RunResult, profile: str, points: tuple[int, ...], mode: str | N
     return out
 
 
-def report(profiles: list[Measured], corrupt_pulls: int, requests_failed: int,
+def report(profiles: list[Measured], corrupt_pulls: int, requests_failed: int, off: dict[str, int],
            extra: dict[tuple[str, str], dict[str, Any]] | None = None) -> dict[str, Any]:
     """`demo-report.json`'s content: one entry per profile and mode (`extra` adds fields to
-    an entry, keyed by (profile, mode))."""
+    an entry, keyed by (profile, mode)), and what the baseline's turns computed (`off`)."""
     return {
         "profiles": [{"profile": name, "mode": mode, "rows": table, **(extra or {}).get((name, mode), {})}
                      for name, by_mode in profiles for mode, table in by_mode.items()],
         "ceiling_targets": ceiling_targets(profiles),
         "corrupt_pulls": corrupt_pulls,
         "requests_failed": requests_failed,
+        "off": off,
     }
 
 

@@ -1,14 +1,15 @@
 """Run the demo's conversations through the gateway, Boomerang off and on, and collect TTFTs.
 
-Off: every turn carries `X-Boomerang-Reuse: off` and no conversation id, so the gateway
-sends the prefill engine the first-turn form and P computes the whole prompt (prefix
-caching is off on the simulated P, as in AWS's tests). On: every turn carries its
-conversation id (or none, in a mode that sends none: the router then finds the turn by its
-prompt), so turns 2+ pull the previous turn's KV from the decode engine. "On" is
-measured once per deployment (`modes.py`: the gateway plans, or the engines' hook does);
-"off" is the same plain prefill→decode in every deployment, so it is measured once.
+Off: in a deployment with no Boomerang in it (`modes.OFF`), every turn carries
+`X-Boomerang-Reuse: off` and no conversation id, so the gateway sends the prefill engine the
+first-turn form and P computes the whole prompt (prefix caching is off on the simulated P,
+as in AWS's tests). On: every turn carries its conversation id (or none, in a mode that
+sends none: the router then finds the turn by its prompt), so turns 2+ pull the previous
+turn's KV from the decode engine. "On" is measured once per deployment (`modes.py`: the
+gateway plans, or the engines' hook does); "off" is the same plain prefill→decode for all
+of them, so it is measured once.
 
-Conversations run one at a time, off then on, as a single client would measure them:
+Conversations run one at a time, as a single client would measure them:
 on a small machine concurrent conversations would compete for the CPU that the gateway,
 router and simulated engines share, and that noise is not the engines' latency. Between
 turns the agent "runs its tool" for `THINK_SECONDS`, as real agents do, which also lets
@@ -189,19 +190,18 @@ async def run_profile(
     out: RunResult,
     on_turn: Callable[[], None],
     deployment: str = "gateway",
-    with_off: bool = True,
+    mode: str = "on",
     send_id: bool = True,
 ) -> None:
-    """All conversations of one profile in one deployment: for each repetition, off (unless
-    another deployment measured it) then on."""
+    """All conversations of one profile in one deployment, one per repetition, Boomerang
+    `mode` ("off": the baseline's deployment, or "on")."""
     run_id = uuid.uuid4().hex[:8]
     async with httpx.AsyncClient(timeout=120.0) as http:
         for rep in range(reps):
             cid = f"demo-{profile}-{deployment}-{run_id}-{rep}"
             out.conversation_ids.setdefault((profile, rep), cid)
-            for mode in ("off", "on") if with_off else ("on",):
-                await run_conversation(http, gateway_url, profile, model, mode, rep, points, cid, out, on_turn,
-                                       deployment, send_id)
+            await run_conversation(http, gateway_url, profile, model, mode, rep, points, cid, out, on_turn,
+                                   deployment, send_id)
 
 
 async def run_rotation(
@@ -241,6 +241,6 @@ async def run_rotation(
                 conv.add_reply(result.text)
 
 
-def turns_per_profile(points: tuple[int, ...], reps: int, with_off: bool = True) -> int:
+def turns_per_profile(points: tuple[int, ...], reps: int) -> int:
     """Turns one profile sends in one deployment (for the progress bar)."""
-    return reps * (2 if with_off else 1) * (1 + 2 * len(points))
+    return reps * (1 + 2 * len(points))

@@ -27,27 +27,27 @@ def measure(
     models: dict[str, str],
     result: RunResult,
     mode: Mode,
-    with_off: bool = True,
     rotations: list[tuple[str, int, tuple[int, ...]]] | None = None,
 ) -> RunResult:
     """Run every profile's conversations in one deployment (one profile after the other)
-    under a progress bar, adding to `result`; then each (profile, conversations, points) of
-    `rotations`: that many conversations sharing the engines, their turns in rotation."""
+    under a progress bar, adding to `result` (Boomerang off in the baseline's, else on);
+    then each (profile, conversations, points) of `rotations`: that many conversations
+    sharing the engines, their turns in rotation."""
     columns = (TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
                TimeElapsedColumn())
-    what = "off+on" if with_off else "on"
+    what = "off" if mode.baseline else "on"
     with Progress(*columns, console=console) as progress:
         tasks = {p: progress.add_task(f"{models[p]} {what} ({mode.label}) ×{reps}",
-                                      total=turns_per_profile(points[p], reps, with_off))
+                                      total=turns_per_profile(points[p], reps))
                  for p in profiles}
         spins = [(p, n, pts, progress.add_task(f"{models[p]} {n} conversations ({mode.label})",
-                                               total=turns_per_profile(pts, n, False)))
+                                               total=turns_per_profile(pts, n)))
                  for p, n, pts in rotations or []]
 
         async def main() -> None:
             for p in profiles:
                 await run_profile(gateway_url, p, models[p], points[p], reps, result,
-                                  lambda p=p: progress.advance(tasks[p]), mode.name, with_off,  # type: ignore[misc]
+                                  lambda p=p: progress.advance(tasks[p]), mode.name, what,  # type: ignore[misc]
                                   mode.conversation_id)
             for p, n, pts, task in spins:
                 await run_rotation(gateway_url, p, models[p], pts, n, result,
@@ -96,6 +96,14 @@ def _skeptic(
     return verdicts, lower
 
 
+def _off(result: RunResult, profiles: list[str], extra: dict[tuple[str, str], dict[str, Any]]) -> dict[str, int]:
+    """What the baseline's turns computed: off recomputes every prompt, so its engines pull
+    nothing and its turns report no cached prompt token."""
+    turns = [r for r in result.records if r.mode == "off"]
+    return {"turns": len(turns), "cached_tokens": sum(r.result.cached_tokens for r in turns if r.result.ok),
+            "pulls": sum(extra.get((p, "off"), {}).get("pulls", 0) for p in profiles)}
+
+
 def conclude(
     console: Console,
     result: RunResult,
@@ -126,7 +134,8 @@ def conclude(
     verdicts, lower = _skeptic(console, result, profiles, points, modes, extra, rotations or [])
     corrupt = stats["corrupt_pulls"] + stats["expired_or_freed_reads"] + stats["corrupt_loads"] + stats["expired_or_freed_loads"]
     failed = len(result.failed)
-    data: dict[str, Any] = report.report(tables, corrupt, failed, extra)
+    off = _off(result, profiles, extra)
+    data: dict[str, Any] = report.report(tables, corrupt, failed, off, extra)
     json_path, png_path = out_dir / "demo-report.json", out_dir / "demo-report.png"
     report.write_json(data, json_path)
     report.chart(tables, modes, png_path, lower)
@@ -175,6 +184,9 @@ def conclude(
         problems.append(f"{corrupt} corrupt pull(s) (KV that did not match the prompt, or expired/freed blocks)")
     if mismatched:
         problems.append(f"{mismatched} reply(ies) differ between Boomerang off and on")
+    if off["cached_tokens"] or off["pulls"]:
+        problems.append(f"Boomerang off did not recompute every prompt: {off['pulls']} pull(s), "
+                        f"{off['cached_tokens']:,} prompt token(s) not computed in {off['turns']} turns")
     if problems:
         for problem in problems:
             console.print(f"[bold red]FAIL[/bold red] {problem}")
