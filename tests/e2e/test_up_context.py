@@ -176,14 +176,13 @@ def test_a_flag_or_a_variable_still_wins(up: Up, conversation: str) -> None:
 
 def test_the_database_of_the_context_and_a_wrong_password(up: Up) -> None:
     url = up.context["database_url"]
-    right = up.boomerang("status", "--json", "--database-url", url)
+    right = up.boomerang("tenants", "list", "--database-url", url)
     assert right.returncode == 0, right.stderr
-    assert json.loads(right.stdout)["source"] == "database"
     password = url.split("://boomerang:", 1)[1].split("@", 1)[0]
-    wrong = up.boomerang("status", "--database-url", url.replace(password, "not-the-password"))
+    wrong = up.boomerang("tenants", "list", "--database-url", url.replace(password, "not-the-password"))
     lines = wrong.stderr.strip().splitlines()
     assert wrong.returncode == 1 and len(lines) == 1 and "Traceback" not in wrong.stderr, wrong.stderr
-    assert lines[0].startswith("boomerang status: the database at postgresql://boomerang@127.0.0.1:")
+    assert lines[0].startswith("boomerang tenants: the database at postgresql://boomerang@127.0.0.1:")
     assert "refused the credentials" in lines[0] and "not-the-password" not in lines[0], lines[0]
 
 
