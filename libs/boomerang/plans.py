@@ -1,7 +1,7 @@
 """Reading the router's PlanTurn answer: its decision, its reason, and a PULL's `kv_transfer_params`.
 
 Both callers of PlanTurn read the answer through here: the gateway (`boomerang_gateway.control`)
-and the vLLM hook's planner (`boomerang.vllm_hook.planner`). A decision this build does not
+and the vLLM hook (`boomerang.vllm_hook.hook`). A decision this build does not
 know, or a PULL whose parameters are not a JSON object, is unusable: the caller then computes
 the turn as it would without a plan.
 """
