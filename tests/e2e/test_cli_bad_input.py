@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from boomerang_cli.main import subcommand_names
+from boomerang_cli.main import commands
 
 from tests.conftest import ADMIN_URL
 from tests.support.procs import BOOMERANG, ServiceProcess
@@ -109,7 +109,7 @@ def _cases(secured: str) -> dict[str, Case]:
         for kind, token in (("wrong token", "bmr_forged_token"), ("no token", "")):
             cases[f"{command} / {kind}"] = Case([command, *extra, "--registry", secured, "--router", ""],
                                                 "refused the credentials", env={"BOOMERANG_AUTH_TOKEN": token})
-    for command in subcommand_names():
+    for command in sorted(commands()):
         # argparse names the unknown flag, or first a required argument the command lacks.
         cases[f"{command} / unknown flag"] = Case([command, "--no-such-flag"],
                                                   "--no-such-flag|the following arguments are required", flag_error=True)
@@ -195,7 +195,7 @@ def test_demo_and_replay_check_their_target_before_they_run(results: dict[str, t
 
 def test_every_subcommand_is_swept_for_bad_flags() -> None:
     swept = {n.split(" / ")[0] for n in _case_ids() if n.endswith("unknown flag")}
-    assert swept == set(subcommand_names())
+    assert swept == set(commands())
 
 
 def test_verbose_keeps_the_one_line_and_adds_the_traceback(tmp_path: Path) -> None:

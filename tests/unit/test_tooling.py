@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 from boomerang.protogen import check
-from boomerang_cli.main import subcommand_names
+from boomerang_cli.main import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -27,7 +27,7 @@ def test_compose_parses_and_every_command_is_a_boomerang_subcommand() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     assert "postgres" in services and "registry" in services
-    known = set(subcommand_names())
+    known = set(commands())
     image_services = [s for s in services.values() if s.get("image") == "boomerang:dev"]
     assert image_services
     for service in image_services:
