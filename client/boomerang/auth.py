@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import hmac
 import ipaddress
 import os
 import secrets
@@ -118,11 +117,6 @@ def new_token() -> str:
 def token_digest(token: str) -> bytes:
     """The stored form of a token (SHA-256; tokens are random, so no salt is needed)."""
     return hashlib.sha256(token.encode()).digest()
-
-
-def digests_equal(a: bytes, b: bytes) -> bool:
-    """Constant-time comparison."""
-    return hmac.compare_digest(a, b)
 
 
 def bearer_token(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str:

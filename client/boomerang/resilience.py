@@ -25,11 +25,6 @@ TRANSIENT_CODES = frozenset(
 )
 
 
-def is_transient(code: str) -> bool:
-    """Whether a call that failed with gRPC code `code` may be retried later."""
-    return code in TRANSIENT_CODES
-
-
 class CircuitBreaker:
     """Stops calling a failing peer for a while, so callers answer at once while it is down.
 

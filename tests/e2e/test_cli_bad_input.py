@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from boomerang_cli.main import subcommand_names
+from boomerang_cli.main import commands
 
 from tests.conftest import ADMIN_URL
 from tests.support.procs import BOOMERANG, ServiceProcess
@@ -55,8 +55,6 @@ DATABASE_COMMANDS = {
     "migrate": ["migrate", "--database-url", "{url}"],
     "credentials": ["credentials", "--database-url", "{url}", "list"],
     "tenants": ["tenants", "--database-url", "{url}", "list"],
-    "status": ["status", "--database-url", "{url}"],
-    "advise-ttl": ["advise-ttl", "--database-url", "{url}"],
     "registry": ["registry", "--listen", "127.0.0.1:0", "--database-url", "{url}"],
     "router": ["router", "--listen", "127.0.0.1:0", "--database-url", "{url}"],
     "reaper": ["reaper", "--listen", "127.0.0.1:0", "--database-url", "{url}"],
@@ -66,7 +64,7 @@ DATABASE_COMMANDS = {
 REPLAY_FILE = "conversations.jsonl"
 # Every command meets these; a few meet every kind (the same code path serves the others).
 EVERY_COMMAND_KINDS = {"not a URL", "closed port", "unknown role"}
-EVERY_KIND_COMMANDS = {"migrate", "status", "registry", "up"}
+EVERY_KIND_COMMANDS = {"migrate", "tenants", "registry", "up"}
 # A gRPC service each command reads, unreachable.
 SERVICE_COMMANDS = {
     "status": (["status", "--registry", f"127.0.0.1:{CLOSED}"], "cannot reach the registry"),
@@ -111,15 +109,16 @@ def _cases(secured: str) -> dict[str, Case]:
         for kind, token in (("wrong token", "bmr_forged_token"), ("no token", "")):
             cases[f"{command} / {kind}"] = Case([command, *extra, "--registry", secured, "--router", ""],
                                                 "refused the credentials", env={"BOOMERANG_AUTH_TOKEN": token})
-    for command in subcommand_names():
+    for command in sorted(commands()):
         # argparse names the unknown flag, or first a required argument the command lacks.
         cases[f"{command} / unknown flag"] = Case([command, "--no-such-flag"],
                                                   "--no-such-flag|the following arguments are required", flag_error=True)
     cases["status / bad number"] = Case(["status", "--timeout", "soon"], "--timeout", flag_error=True)
     cases["audit / no conversation"] = Case(["audit"], "CONVERSATION", flag_error=True)
-    # audit reads the services only (the router's plans, the registry's leases): no database flag.
-    cases["audit / database URL"] = Case(["audit", "conv-1", "--database-url", URLS["closed port"][0]],
-                                         "--database-url", flag_error=True)
+    # audit, status and advise-ttl read the services only: no database flag.
+    for command in (["audit", "conv-1"], ["status"], ["advise-ttl"]):
+        cases[f"{command[0]} / database URL"] = Case([*command, "--database-url", URLS["closed port"][0]],
+                                                     "--database-url", flag_error=True)
     cases["up / bad engine spec"] = Case(["up", "--sim", "three"], "--sim wants PxD", flag_error=False)
     return cases
 
@@ -196,14 +195,14 @@ def test_demo_and_replay_check_their_target_before_they_run(results: dict[str, t
 
 def test_every_subcommand_is_swept_for_bad_flags() -> None:
     swept = {n.split(" / ")[0] for n in _case_ids() if n.endswith("unknown flag")}
-    assert swept == set(subcommand_names())
+    assert swept == set(commands())
 
 
 def test_verbose_keeps_the_one_line_and_adds_the_traceback(tmp_path: Path) -> None:
     url = URLS["closed port"][0]
-    result = _run(Case(["status", "-v", "--database-url", url], ""), tmp_path)
+    result = _run(Case(["migrate", "-v", "--database-url", url], ""), tmp_path)
     assert result.code == 1 and "Traceback" in result.stderr
-    assert result.stderr.rstrip().splitlines()[-1].startswith("boomerang status: cannot reach the database at ")
+    assert result.stderr.rstrip().splitlines()[-1].startswith("boomerang migrate: cannot reach the database at ")
 
 
 def test_a_password_never_appears_in_the_line(tmp_path: Path) -> None:

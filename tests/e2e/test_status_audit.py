@@ -75,7 +75,6 @@ def test_status_from_the_apis(stack: MiniStack, conversation: dict[str, Any]) ->
         if (held and held[0] > 0) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert d["source"] == "api"
     engines = {e["role"]: e for e in d["engines"] if e["engine_id"].endswith(stack.run)}
     assert set(engines) == {"PREFILL", "DECODE"}
     assert all(e["status"] == "ACTIVE" and e["generation"] > 0 and e["heartbeat_age_seconds"] < 5 for e in engines.values())
@@ -84,7 +83,7 @@ def test_status_from_the_apis(stack: MiniStack, conversation: dict[str, Any]) ->
     assert {"engine_id": decode["engine_id"], "blocks": decode["retained_blocks"], "bytes": decode["retained_bytes"]} in d["retained"]
     assert d["live_leases"]["by_state"]["RETAINED"] >= 1
     reuse = d["reuse"]
-    assert reuse["turns"] >= 3 and reuse["pulled_turns"] >= 2 and not reuse["exact"]
+    assert reuse["turns"] >= 3 and reuse["pulled_turns"] >= 2
     assert reuse["reused_tokens"] >= sum(conversation["reused"])  # an upper bound from the leases
     assert {p["engine_id"] for p in d["router"]["pool"] if p["available"]} >= {e["engine_id"] for e in engines.values()}
     assert d["reaper"]["leader_replica_id"] and d["reaper"]["live_leases"] >= 1
@@ -97,24 +96,6 @@ def test_status_from_the_apis(stack: MiniStack, conversation: dict[str, Any]) ->
     for text in ("Reuse, last 300 s", "Engines", "Leases by state", "Retained per decode engine", "Router pool",
                  "TTL reaper", "Decode memory held", "Releases by reason", decode["engine_id"]):
         assert text in table.stdout, text
-
-
-def test_status_from_the_database_counts_plans_exactly(stack: MiniStack, conversation: dict[str, Any]) -> None:
-    out = boomerang("status", "--json", "--database-url", stack.env["BOOMERANG_DATABASE_URL"])
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
-    reuse = d["reuse"]
-    assert reuse["exact"] and reuse["source"] == "turn_plans"
-    # Other tests share the database; this conversation's turns are among the window's.
-    assert reuse["turns"] >= 3 and reuse["pulled_turns"] >= 2 and reuse["reused_tokens"] >= sum(conversation["reused"])
-    assert reuse["saved_prefill_seconds"] == pytest.approx(reuse["reused_tokens"] * 0.02061 / 1000, abs=1e-3)
-    decode = next(e for e in d["engines"] if e["engine_id"] == f"sim-decode-{stack.run}")
-    assert decode["retained_blocks"] > 0 and d["live_leases"]["by_state"]["RETAINED"] >= 1
-    assert d["reaper"]["leader_replica_id"]
-    memory = d["memory"]
-    assert memory["exact"] and memory["lost_to_release_turns"] >= 0
-    assert next(e for e in memory["engines"] if e["engine_id"] == decode["engine_id"])["block_seconds"] > 0
-    assert memory["releases_by_reason"].get("CONSUMED", 0) >= 2
 
 
 def _check_audit(d: dict[str, Any], conversation: dict[str, Any]) -> None:
@@ -139,7 +120,6 @@ def test_audit_from_the_apis(stack: MiniStack, conversation: dict[str, Any]) -> 
                     "--router", stack.address("router"))
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
-    assert d["source"] == "api"
     _check_audit(d, conversation)
 
     table = boomerang("audit", conversation["id"], "--tenant", "anonymous", "--registry", stack.address("registry"),
@@ -196,8 +176,9 @@ def test_operator_errors_are_plain(stack: MiniStack) -> None:
     router_down = boomerang("audit", "c", "--tenant", "anonymous", "--registry", stack.address("registry"),
                             "--router", "127.0.0.1:1", "--timeout", "0.5")
     assert router_down.returncode == 1 and "router at 127.0.0.1:1" in router_down.stderr, router_down.stderr
-    gone = boomerang("audit", "c", "--tenant", "anonymous", "--database-url", "postgresql://x@127.0.0.1/x")
-    assert gone.returncode == 2 and "--database-url" in gone.stderr  # audit reads the services only
+    for command in (["audit", "c", "--tenant", "anonymous"], ["status"]):  # both read the services only
+        gone = boomerang(*command, "--database-url", "postgresql://x@127.0.0.1/x")
+        assert gone.returncode == 2 and "--database-url" in gone.stderr, command
     down = boomerang("status", "--registry", "127.0.0.1:1", "--timeout", "0.5")
     assert down.returncode == 1 and "127.0.0.1:1" in down.stderr and "Traceback" not in down.stderr
 

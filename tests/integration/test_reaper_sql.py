@@ -1,5 +1,6 @@
 """The reaper's SQL on the real Postgres: the registry's fenced expiry, engine sweep and
-retention statements, the deadline notifications, the election row, the advice history.
+retention statements, the live-lease figures, the deadline notifications, the election row,
+and the registration history the advice reads.
 
 These statements act on every lease and engine in the database, so the module runs on a
 database of its own rather than the session's shared one.
@@ -15,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
-from boomerang_reaper.advice import advise
+from boomerang_reaper.advice import TurnRecord, advise
 from boomerang_reaper.domain import ClockOffset
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.repository import ReaperRepository
@@ -127,12 +128,16 @@ async def test_expires_due_leases_once_and_never_early(engine, registry, db, fen
     claimed = await new_lease(registry, short, ago=11)
     await db.execute("UPDATE leases SET state = 'CLAIMED', claim_id = 'c1' WHERE lease_id = $1", uuid.UUID(claimed))
     later = await new_lease(registry, short, ago=5)  # five seconds to go
+    before = await expiry.live_figures()
+    assert (before.live, before.overdue) == (3, 2) and before.next_deadline is not None
     out = await expiry.expire_due(fence, 100, "reaper:test", "req-1")
     assert {r["lease_id"]: r["from_state"] for r in out.expired} == {due: "RETAINED", claimed: "CLAIMED"}
     assert all(0.5 < r["lag_seconds"] < 5 for r in out.expired)  # due 2 s and 1 s ago
     assert not out.more_due
     expires_later = await db.fetchval("SELECT expires_at FROM leases WHERE lease_id = $1", uuid.UUID(later))
     assert out.next_deadline == expires_later and out.db_now < expires_later
+    after = await expiry.live_figures()
+    assert (after.live, after.overdue, after.next_deadline) == (1, 0, expires_later)
     assert await states(db, [due, claimed, later]) == {due: "EXPIRED", claimed: "EXPIRED", later: "RETAINED"}
     again = await expiry.expire_due(fence, 100, "reaper:test", "req-2")
     assert again.expired == []
@@ -335,7 +340,7 @@ async def test_standby_takes_over_within_one_lease_of_a_silent_death(engine) -> 
     assert term == a.term + 1 and took <= lease + 0.15, took
 
 
-async def test_history_feeds_the_advice(engine, registry, db) -> None:  # type: ignore[no-untyped-def]
+async def test_registrations_page_a_fixed_window_and_feed_the_advice(registry) -> None:  # type: ignore[no-untyped-def]
     tenant = f"t-{uuid.uuid4().hex[:6]}"
     eid = await new_engine(registry, ttl=480)
     conv = uuid.uuid4().hex
@@ -346,8 +351,21 @@ async def test_history_feeds_the_advice(engine, registry, db) -> None:  # type: 
         if k == 0:
             outcome, *_ = await registry.claims.claim(requests.claim(claim_request(tenant, conv, tokens, min_tokens=16)))
             assert outcome.value == "CLAIMED"
-    records, since, until = await ReaperRepository(engine).history(tenant, 1.0)
-    assert since < until and len(records) == 2
+    first_page, since, until, token = await registry.events.registrations(tenant, 1.0, 1, "")
+    assert since < until and len(first_page) == 1 and token
+    # A registration after the first page is outside its window: the pages list what it fixed.
+    await registry.registrations.register(requests.retained_blocks(blocks_request(tenant, "later", eid, tokens), 10**6, 10**7))
+    second_page, since2, until2, last = await registry.events.registrations(tenant, 1.0, 1, token)
+    assert (since2, until2, last) == (since, until, "") and len(second_page) == 1
+    rows = [*first_page, *second_page]
+    assert rows[0]["created_at"] > rows[1]["created_at"]  # newest first
+    records = [
+        TurnRecord(tenant=r["tenant"], model=r["model"], conversation_id=r["conversation_id"], lease_id=r["lease_id"],
+                   finished_at=r["finished_at"].timestamp(), num_blocks=r["num_blocks"],
+                   bytes_per_block=r["bytes_per_block"], engine_ttl_seconds=r["engine_ttl_seconds"],
+                   claimed_at=r["claimed_at"].timestamp() if r["claimed_at"] else None, state=r["state"])
+        for r in rows
+    ]
     first = min(records, key=lambda r: r.finished_at)
     assert first.claimed_at is not None and first.claimed_at >= first.finished_at
     assert first.bytes_per_block == 4096 and first.engine_ttl_seconds == 480 and first.num_blocks == 2

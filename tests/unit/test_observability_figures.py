@@ -7,8 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_cli import audit, audit_report, status, status_common
-from boomerang_cli.status_db import window_from_plans
+from boomerang_cli import audit, audit_report, status
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import REGISTRY
 from rich.console import Console
@@ -80,20 +79,9 @@ def test_reuse_window_from_leases() -> None:
     ]
     w = status.window_from_leases(leases, since)
     assert (w["turns"], w["pulled_turns"], w["reused_tokens"]) == (2, 2, 3000)
-    assert w["reuse_rate"] == 1.0 and not w["exact"]
+    assert w["reuse_rate"] == 1.0
     assert w["ended_leases"] == {"CONSUMED": 2, "EXPIRED": 1, "SUPERSEDED": 0, "INVALIDATED": 0, "RELEASED": 0}
     assert status.window_from_leases([], since)["reuse_rate"] is None
-
-
-def test_reuse_window_from_plans() -> None:
-    rows = [
-        {"decision": "COLD", "reason": "NO_LEASE", "turns": 2, "prompt_tokens": 1000, "reused_tokens": 0},
-        {"decision": "PULL", "reason": "VERIFIED_PREFIX", "turns": 6, "prompt_tokens": 12000, "reused_tokens": 9000},
-        {"decision": "RECOMPUTE", "reason": "PREFIX_MISMATCH", "turns": 2, "prompt_tokens": 3000, "reused_tokens": 0},
-    ]
-    w = window_from_plans(rows)
-    assert (w["turns"], w["pulled_turns"], w["reused_tokens"], w["prompt_tokens"]) == (10, 6, 9000, 16000)
-    assert w["reuse_rate"] == 0.6 and w["token_reuse_rate"] == 9000 / 16000 and w["exact"]
 
 
 def _plan(plan_id: str, at: str, decision: str, reason: str, new_lease: str, claimed: str = "", reported: str = "") -> dict:
@@ -156,7 +144,7 @@ def test_status_renders_every_section() -> None:
     reuse = status.window_from_leases([], 0)
     reuse.update(window_seconds=300, saved_prefill_seconds=0.0, partial=False)
     data = {
-        "generated_at": "2026-01-01T00:00:00.000Z", "engines": [row], "retained": status_common.retained_rows([row]),
+        "generated_at": "2026-01-01T00:00:00.000Z", "engines": [row], "retained": status.retained_rows([row]),
         "live_leases": {"by_state": {"RETAINED": 3, "CLAIMED": 1}, "partial": False}, "reuse": reuse,
         "router": {"address": "r", "error": "UNAVAILABLE: down"}, "reaper": None,
     }

@@ -1,14 +1,12 @@
-"""The lease state machine and claim-outcome rules (no gRPC, no SQL)."""
+"""The claim-outcome rules (no gRPC, no SQL)."""
 
 from __future__ import annotations
 
 import pytest
 from boomerang_registry.domain import (
-    LIVE,
     Candidate,
     ClaimOutcome,
     LeaseState,
-    can_transition,
     candidate_failure,
     explain_no_claim,
 )
@@ -19,29 +17,6 @@ def cand(**kw: object) -> Candidate:
                 "common_tokens": 512, "remaining_seconds": 100.0}
     base.update(kw)
     return Candidate(**base)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    "src, dst, ok",
-    [
-        (LeaseState.RETAINED, LeaseState.CLAIMED, True),
-        (LeaseState.CLAIMED, LeaseState.CONSUMED, True),
-        (LeaseState.CLAIMED, LeaseState.RETAINED, True),
-        (LeaseState.RETAINED, LeaseState.CONSUMED, False),
-        (LeaseState.CONSUMED, LeaseState.RETAINED, False),
-        (LeaseState.EXPIRED, LeaseState.CLAIMED, False),
-        (LeaseState.SUPERSEDED, LeaseState.CLAIMED, False),
-        (LeaseState.INVALIDATED, LeaseState.RETAINED, False),
-    ],
-)
-def test_transitions(src: LeaseState, dst: LeaseState, ok: bool) -> None:
-    assert can_transition(src, dst) is ok
-
-
-def test_terminal_states_have_no_exit() -> None:
-    for state in LeaseState:
-        if state not in LIVE:
-            assert not any(can_transition(state, other) for other in LeaseState)
 
 
 @pytest.mark.parametrize(

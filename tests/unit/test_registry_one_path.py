@@ -2,7 +2,6 @@
 
 A hot statement handed to SQLAlchemy's `text()` anywhere in the registry would be a second
 way to run it, one that tests could exercise while production does not (or the reverse).
-The data layer also stays split by concern, each module short.
 """
 
 from __future__ import annotations
@@ -57,8 +56,3 @@ def test_the_claim_store_does_not_import_sqlalchemy() -> None:
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not any(m.split(".")[0] == "sqlalchemy" for m in imported), name
 
-
-def test_data_layer_modules_stay_short() -> None:
-    for name in ("repository.py", "store.py", "engines.py", "registrations.py", "claims.py", "events.py"):
-        lines = len((PACKAGE / name).read_text().splitlines())
-        assert lines <= 400, f"{name} has {lines} lines; split it by concern"

@@ -89,7 +89,6 @@ def test_pull_params_satisfy_the_prefill_acceptance_rule_field_by_field(prompt_t
     assert n % BS == 0 and n <= verified and n < prompt_tokens
     loads = min(n, prompt_tokens) - 0
     assert loads >= THRESHOLD
-    assert kvparams.tokens_prefill_loads(kvparams.from_dict(params), prompt_tokens, THRESHOLD) == n
     # The block ids cover exactly the tokens to load, in order, per group.
     assert groups == [list(range(1000 * g, 1000 * g + n // BS)) for g in range(2)]
 
@@ -149,13 +148,6 @@ def test_acceptance_needs_every_required_field() -> None:
         assert not kvparams.accepts_pull(kvparams.from_dict(broken)), key
     assert not kvparams.accepts_pull(kvparams.from_dict({**full, "do_remote_decode": False}))
     assert not kvparams.accepts_pull(kvparams.from_dict({**full, "remote_block_ids": [[]]}))
-
-
-def test_prefill_recomputes_below_threshold() -> None:
-    p = kvparams.from_dict(kvparams.to_dict(kvparams.pull(lease(), 320)))
-    assert kvparams.tokens_prefill_loads(p, 1000, 64) == 320
-    assert kvparams.tokens_prefill_loads(p, 1000, 64, cached_tokens=288) == 0  # 32 < 64
-    assert kvparams.tokens_prefill_loads(p, 200, 64) == 200
 
 
 def test_report_validation_names_bad_handle_fields() -> None:

@@ -25,9 +25,9 @@ def test_block_seconds_clip_to_the_window_and_end_with_the_lease() -> None:
 
 def test_memory_section_lists_decode_engines_and_releases_in_order() -> None:
     retained = [{"engine_id": "d1", "blocks": 10, "bytes": None}, {"engine_id": "d2", "blocks": 0, "bytes": None}]
-    m = memory_section(retained, {"d1": 1040.0}, {"EXPIRED": 2, "MEMORY_PRESSURE": 3, "CONSUMED": 5, "SUPERSEDED": 0},
-                       lost_to_release=1, window=300.0, exact=True)
+    m = memory_section(retained, {"d1": 1040.0}, {"EXPIRED": 2, "RELEASED": 3, "CONSUMED": 5, "SUPERSEDED": 0},
+                       window=300.0)
     assert m["engines"] == [{"engine_id": "d1", "retained_blocks": 10, "block_seconds": 1040.0},
                             {"engine_id": "d2", "retained_blocks": 0, "block_seconds": 0.0}]
-    assert list(m["releases_by_reason"].items()) == [("CONSUMED", 5), ("EXPIRED", 2), ("MEMORY_PRESSURE", 3)]
+    assert list(m["releases_by_reason"].items()) == [("CONSUMED", 5), ("EXPIRED", 2), ("RELEASED", 3)]
     assert len(render_memory(m)) == 2 and render_memory(None) == []

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from boomerang_cli.main import subcommand_names
+from boomerang_cli.main import commands
 from boomerang_tools.protogen import check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ def test_compose_parses_and_every_command_is_a_boomerang_subcommand() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     assert "postgres" in services and "registry" in services
-    known = set(subcommand_names())
+    known = set(commands())
     image_services = [s for s in services.values() if s.get("image") == "boomerang:dev"]
     assert image_services
     for service in image_services:

@@ -468,3 +468,67 @@ class ReleaseLeasesResponse(_message.Message):
     RELEASED_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     released_lease_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, released_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CountLiveLeasesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CountLiveLeasesResponse(_message.Message):
+    __slots__ = ("live_leases", "overdue_leases", "next_expire_time", "database_time")
+    LIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    OVERDUE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    live_leases: int
+    overdue_leases: int
+    next_expire_time: _timestamp_pb2.Timestamp
+    database_time: _timestamp_pb2.Timestamp
+    def __init__(self, live_leases: _Optional[int] = ..., overdue_leases: _Optional[int] = ..., next_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListRegistrationsRequest(_message.Message):
+    __slots__ = ("tenant", "history_hours", "page_size", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_HOURS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    history_hours: float
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., history_hours: _Optional[float] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class Registration(_message.Message):
+    __slots__ = ("lease_id", "tenant", "model", "conversation_id", "num_blocks", "state", "finish_time", "first_claim_time", "bytes_per_block", "engine_ttl_seconds")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_CLAIM_TIME_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    tenant: str
+    model: str
+    conversation_id: str
+    num_blocks: int
+    state: _types_pb2.LeaseState
+    finish_time: _timestamp_pb2.Timestamp
+    first_claim_time: _timestamp_pb2.Timestamp
+    bytes_per_block: int
+    engine_ttl_seconds: int
+    def __init__(self, lease_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., conversation_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., state: _Optional[_Union[_types_pb2.LeaseState, str]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bytes_per_block: _Optional[int] = ..., engine_ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class ListRegistrationsResponse(_message.Message):
+    __slots__ = ("registrations", "history_start_time", "history_end_time", "next_page_token")
+    REGISTRATIONS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_START_TIME_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_END_TIME_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    registrations: _containers.RepeatedCompositeFieldContainer[Registration]
+    history_start_time: _timestamp_pb2.Timestamp
+    history_end_time: _timestamp_pb2.Timestamp
+    next_page_token: str
+    def __init__(self, registrations: _Optional[_Iterable[_Union[Registration, _Mapping]]] = ..., history_start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

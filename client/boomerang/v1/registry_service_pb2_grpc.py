@@ -117,6 +117,16 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesResponse.FromString,
                 _registered_method=True)
+        self.CountLiveLeases = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/CountLiveLeases',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.CountLiveLeasesRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.CountLiveLeasesResponse.FromString,
+                _registered_method=True)
+        self.ListRegistrations = channel.unary_unary(
+                '/boomerang.v1.BlockRegistryService/ListRegistrations',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ListRegistrationsRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ListRegistrationsResponse.FromString,
+                _registered_method=True)
 
 
 class BlockRegistryServiceServicer:
@@ -273,6 +283,24 @@ class BlockRegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountLiveLeases(self, request, context):
+        """Counts the live leases (RETAINED or CLAIMED) and those past their deadline that are not
+        expired yet, with the earliest live deadline, on the database clock (from the live-lease
+        deadline index): the TTL reaper's status and gauges.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRegistrations(self, request, context):
+        """Lists the leases registered in the last `history_hours`, newest first and paged, each
+        with its first claim and its engine's block size and TTL: the history the TTL reaper's
+        AdviseTTL and retention policy read. Every page covers the window the first one fixed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BlockRegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -355,6 +383,16 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.ReleaseLeases,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesResponse.SerializeToString,
+            ),
+            'CountLiveLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountLiveLeases,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.CountLiveLeasesRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.CountLiveLeasesResponse.SerializeToString,
+            ),
+            'ListRegistrations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRegistrations,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.ListRegistrationsRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.ListRegistrationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -792,6 +830,60 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/ReleaseLeases',
             boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.ReleaseLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountLiveLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/CountLiveLeases',
+            boomerang_dot_v1_dot_registry__service__pb2.CountLiveLeasesRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.CountLiveLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRegistrations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/ListRegistrations',
+            boomerang_dot_v1_dot_registry__service__pb2.ListRegistrationsRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.ListRegistrationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

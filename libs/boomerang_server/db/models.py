@@ -1,25 +1,28 @@
-"""The database schema as SQLAlchemy Core tables (the migrations create it; tests compare).
+"""The tables the services use through SQLAlchemy Core: the router's `turn_plans` and the
+gateway's `tenants`.
 
-`leases` holds one row per retained turn, never one per block; `lease_events` is the
-append-only audit trail, partitioned by day so retention drops partitions, never rows.
+The migrations (`migrations/versions/`, hand-written SQL) create the schema and are its
+truth; every other table is reached with raw SQL by its owner. These two definitions are
+checked against the migrated schema (tests/integration/test_schema_models.py), so a column
+added to one and not the other fails there.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
-    Boolean,
+    CheckConstraint,
     Column,
     DateTime,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
     Table,
     Text,
-    UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import UUID
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -30,99 +33,6 @@ NAMING_CONVENTION = {
 }
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-
-engines = Table(
-    "engines",
-    metadata,
-    Column("engine_id", Text, primary_key=True),
-    Column("role", Text, nullable=False),
-    Column("model", Text, nullable=False),
-    Column("side_channel_host", Text, nullable=False, server_default=""),
-    Column("side_channel_port", Integer, nullable=False, server_default="0"),
-    Column("http_base_url", Text, nullable=False, server_default=""),
-    Column("generation", BigInteger, nullable=False),
-    Column("kv_blocks_ttl_seconds", Integer, nullable=False),
-    Column("block_size", Integer, nullable=False),
-    Column("tp_size", Integer, nullable=False, server_default="1"),
-    Column("dcp_size", Integer, nullable=False, server_default="1"),
-    Column("pp_size", Integer, nullable=False, server_default="1"),
-    Column("bytes_per_block", BigInteger, nullable=False, server_default="0"),
-    Column("kv_recompute_threshold", Integer, nullable=False, server_default="64"),
-    Column("status", Text, nullable=False),
-    Column("registered_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("in_flight_requests", Integer, nullable=False, server_default="0"),
-    Column("queued_prompt_tokens", BigInteger, nullable=False, server_default="0"),
-)
-
-leases = Table(
-    "leases",
-    metadata,
-    Column("lease_id", UUID(as_uuid=False), primary_key=True),
-    Column("tenant", Text, nullable=False),
-    Column("conversation_id", Text, nullable=False),
-    Column("model", Text, nullable=False),
-    Column("engine_id", Text, nullable=False),
-    Column("engine_generation", BigInteger, nullable=False),
-    Column("remote_request_id", Text, nullable=False),
-    Column("block_ids", JSONB, nullable=False),
-    Column("num_blocks", Integer, nullable=False),
-    Column("num_tokens", BigInteger, nullable=False),
-    Column("block_size", Integer, nullable=False),
-    Column("chain", LargeBinary, nullable=False),
-    Column("tail_hash", LargeBinary, nullable=False),
-    Column("remote_host", Text, nullable=False),
-    Column("remote_port", Integer, nullable=False),
-    Column("tp_size", Integer, nullable=False),
-    Column("dcp_size", Integer, nullable=False),
-    Column("pp_size", Integer, nullable=False),
-    Column("state", Text, nullable=False),
-    Column("version", BigInteger, nullable=False, server_default="1"),
-    Column("claim_id", Text),
-    Column("finished_at", DateTime(timezone=True), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    # Migration 0009: the previous prompt, to find the lease a prompt continues without an id.
-    Column("prompt_tokens", BigInteger, nullable=False, server_default="0"),
-    Column("prompt_key", BigInteger),
-    Column("prompt_tail", LargeBinary, nullable=False, server_default=text("'\\x'::bytea")),
-    UniqueConstraint("engine_id", "engine_generation", "remote_request_id"),
-)
-
-lease_events = Table(
-    "lease_events",
-    metadata,
-    Column("event_id", BigInteger, primary_key=True),
-    Column("created_at", DateTime(timezone=True), primary_key=True, server_default=text("now()")),
-    Column("lease_id", UUID(as_uuid=False), nullable=False),
-    Column("tenant", Text, nullable=False),
-    Column("conversation_id", Text, nullable=False),
-    Column("from_state", Text),
-    Column("to_state", Text, nullable=False),
-    Column("reason", Text, nullable=False),
-    Column("actor", Text, nullable=False),
-    Column("request_id", Text, nullable=False, server_default=""),
-    Column("claim_id", Text, nullable=False, server_default=""),
-    Column("details", JSONB),
-    postgresql_partition_by="RANGE (created_at)",
-)
-
-from sqlalchemy import CheckConstraint, Index
-
-# The database epoch the registry last fenced on (migration 0011, the registry's fence.py):
-# one row, the server's system identifier and WAL timeline; `fenced_at` is when the last
-# failover fence ran (NULL: none since the migration).
-database_epoch = Table(
-    "database_epoch",
-    metadata,
-    Column("singleton", Boolean, primary_key=True, server_default=text("true")),
-    Column("system_identifier", BigInteger, nullable=False),
-    Column("timeline", Integer, nullable=False),
-    Column("fenced_at", DateTime(timezone=True)),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    CheckConstraint("singleton", name="singleton"),
-)
 
 # One row per turn plan (router), written asynchronously in batches: the plan when made,
 # the same row again with its outcome when reported. Partitioned by day on `created_at`,
@@ -173,21 +83,6 @@ turn_plans = Table(
     postgresql_partition_by="RANGE (created_at)",
 )
 
-# TTL-reaper leader election (migration 0003): one row per election, the holder's fencing
-# term and when its leadership lapses, on the database clock; `stats` is what the leader
-# last published (expiry lag, counters) so any replica can report it.
-reaper_leader = Table(
-    "reaper_leader",
-    metadata,
-    Column("election", Text, primary_key=True),
-    Column("holder", Text, nullable=False),
-    Column("term", BigInteger, nullable=False),
-    Column("acquired_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("renewed_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    Column("stats", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-)
-
 # Gateway tenants (migration 0004): one API key per tenant, stored as SHA-256 and found by
 # its public `key_id`; the key itself is shown once and never stored.
 tenants = Table(
@@ -198,14 +93,4 @@ tenants = Table(
     Column("key_hash", LargeBinary, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("disabled_at", DateTime(timezone=True)),
-)
-
-credentials = Table(
-    "credentials",
-    metadata,
-    Column("credential_id", BigInteger, primary_key=True),
-    Column("principal", Text, nullable=False),
-    Column("token_sha256", LargeBinary, nullable=False, unique=True),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("revoked_at", DateTime(timezone=True)),
 )

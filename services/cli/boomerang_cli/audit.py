@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("conversation", metavar="CONVERSATION", help="the conversation id")
     parser.add_argument("--tenant", help="the tenant (default the `boomerang up` context's anonymous tenant, "
                         "else required)")
-    add_source_flags(parser, reaper=False, database=False)
+    add_source_flags(parser, reaper=False)
     parser.set_defaults(handler=_run)
 
 

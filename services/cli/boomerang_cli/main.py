@@ -74,11 +74,6 @@ def _add_verbose(parser: argparse.ArgumentParser, top: bool = False) -> None:
                 _add_verbose(sub)
 
 
-def subcommand_names() -> list[str]:
-    """The names of every installed subcommand (used by tests of docker-compose.yml)."""
-    return sorted(commands())
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run the chosen subcommand."""
     argv = sys.argv[1:] if argv is None else argv

@@ -11,7 +11,7 @@ import argparse
 import os
 
 from boomerang_cli.context import context_path, load_context
-from boomerang_cli.failures import Target, database_target
+from boomerang_cli.failures import Target
 
 DEFAULT_REGISTRY = "127.0.0.1:50051"
 DEFAULT_ROUTER = "127.0.0.1:50052"
@@ -26,18 +26,14 @@ SOURCES = {
 }
 
 
-def add_source_flags(
-    parser: argparse.ArgumentParser, router: bool = True, reaper: bool = True, database: bool = True
-) -> None:
-    """--registry/--router/--reaper (the services' APIs, the default) and, with `database`, --database-url."""
+def add_source_flags(parser: argparse.ArgumentParser, router: bool = True, reaper: bool = True) -> None:
+    """--registry/--router/--reaper: the services' APIs to read."""
     where = "default: $%s, else the `boomerang up` context in ./.boomerang, else %s"
     parser.add_argument("--registry", help="registry HOST:PORT (" + where % SOURCES["registry"][1:] + ")")
     if router:
         parser.add_argument("--router", help="router HOST:PORT; '' to skip (" + where % SOURCES["router"][1:] + ")")
     if reaper:
         parser.add_argument("--reaper", help="reaper HOST:PORT; '' to skip (" + where % SOURCES["reaper"][1:] + ")")
-    if database:
-        parser.add_argument("--database-url", help="read Postgres directly instead of the services' APIs")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per call (default 5)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -83,4 +79,4 @@ def service_target(name: str, address: str, origin: dict[str, str]) -> Target:
     return Target(name, address, setting)
 
 
-__all__ = ["add_source_flags", "database_target", "resolve_sources", "service_target"]
+__all__ = ["add_source_flags", "resolve_sources", "service_target"]

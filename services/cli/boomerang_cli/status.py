@@ -1,11 +1,10 @@
 """`boomerang status`: engines, leases, retained memory, the reaper, and recent reuse.
 
-By default it asks the services (registry `ListEngines`/`ListLeases`, router `ListEngines`,
-reaper `GetStatus`); with `--database-url` it reads Postgres instead, through the owning
-services' own functions (status_db.py says why that path stays). The reuse figures of the
-last `--window` seconds are exact from the database (`turn_plans`); from the APIs they are
+It asks the services only (registry `ListEngines`/`ListLeases`, router `ListEngines`, reaper
+`GetStatus`, the gateway's `/metrics`). The reuse figures of the last `--window` seconds are
 derived from the leases (the router lists one conversation's plans, not a window's): a turn
-that pulled consumed the previous turn's lease, and each retained turn created one.
+that pulled consumed the previous turn's lease, and each retained turn created one. The
+gateway's counters add planned against delivered reuse and the misses by reason.
 """
 
 from __future__ import annotations
@@ -22,12 +21,11 @@ from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.config.settings import TelemetrySettings, load_settings
 from boomerang_server.leases import ENDED_STATES, LIVE_STATES
 
-from boomerang_cli.failures import database_target, run_against
+from boomerang_cli.failures import run_against
 from boomerang_cli.sources import add_source_flags, resolve_sources, service_target
-from boomerang_cli.status_common import retained_rows, saved_seconds
-from boomerang_cli.status_db import gather_db
 from boomerang_cli.status_memory import block_seconds_from_leases, memory_section, render_memory
 from boomerang_cli.status_reuse import gateway_outcomes, render_rows
 from boomerang_cli.tables import (
@@ -54,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_source_flags(parser)
     parser.add_argument("--window", type=float, default=300.0, help="seconds of recent reuse to summarize (default 300)")
     parser.add_argument("--gateway",
-                        help="gateway HOST:PORT or URL whose /metrics give reuse outcomes without --database-url "
+                        help="gateway HOST:PORT or URL whose /metrics give reuse outcomes "
                         "(planned vs delivered, misses by reason; default: $BOOMERANG_GATEWAY_URL, else the "
                         "`boomerang up` context's gateway, else skip)")
     parser.set_defaults(handler=_run)
@@ -62,14 +60,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _run(args: argparse.Namespace) -> int:
     # Failures go up to `boomerang`'s one place (failures.py), named after whom they were talking to.
-    if args.database_url:
-        data = run_against(database_target(args.database_url), gather_db(args.database_url, args.window))
-    else:
-        origin = resolve_sources(args, "registry", "router", "reaper", "gateway")
-        data = run_against(service_target("registry", args.registry, origin),
-                           gather_api(args.registry, args.router, args.reaper, args.timeout, args.window, args.gateway))
+    origin = resolve_sources(args, "registry", "router", "reaper", "gateway")
+    data = run_against(service_target("registry", args.registry, origin),
+                       gather(args.registry, args.router, args.reaper, args.timeout, args.window, args.gateway))
     emit(data, args.json, render)
     return 0
+
+
+def saved_seconds(tokens: int) -> float:
+    """Estimated prefill time `tokens` pulled tokens saved (BOOMERANG_PREFILL_MS_PER_TOKEN)."""
+    return tokens * load_settings(TelemetrySettings).prefill_ms_per_token / 1000
+
+
+def retained_rows(engines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The decode engines' retained blocks and bytes, by engine id."""
+    return [
+        {"engine_id": e["engine_id"], "blocks": e["retained_blocks"], "bytes": e["retained_bytes"]}
+        for e in sorted(engines, key=lambda e: e["engine_id"])
+        if e["role"] == "DECODE"
+    ]
 
 
 # -- figures from the APIs (pure functions over protos, unit-tested) ---------------------------
@@ -123,7 +132,6 @@ def window_from_leases(leases: Iterable[Any], since: float) -> dict[str, Any]:
         "reuse_rate": pulled / created if created else None,
         "reused_tokens": reused,
         "ended_leases": ended,
-        "exact": False,
         "source": "leases (turns = leases created, pulls = leases consumed; reused tokens are an upper bound)",
     }
 
@@ -142,7 +150,7 @@ async def _scan(registry: Any, req: Any, stop_before: float | None = None) -> tu
     return out, True
 
 
-async def gather_api(
+async def gather(
     registry: str, router: str, reaper: str, timeout: float, window: float, gateway: str = ""
 ) -> dict[str, Any]:
     """The report from the services' APIs."""
@@ -163,7 +171,6 @@ async def gather_api(
     reuse.update(window_seconds=window, partial=recent_partial,
                  saved_prefill_seconds=round(saved_seconds(reuse["reused_tokens"]), 3))
     data: dict[str, Any] = {
-        "source": "api",
         "generated_at": iso(now),
         "registry": registry,
         "engines": [engine_row(e, now) for e in sorted(engines, key=lambda e: (e.role, e.engine_id))],
@@ -174,7 +181,7 @@ async def gather_api(
         "reaper": None,
     }
     data["memory"] = memory_section(data["retained"], block_seconds_from_leases([*live, *recent], since, now),
-                                    reuse["ended_leases"], None, window, exact=False)
+                                    reuse["ended_leases"], window)
     if router:
         try:
             async with RouterClient(router, timeout=timeout) as rt:
@@ -233,7 +240,7 @@ def render(d: dict[str, Any]) -> list[Any]:
         f"Reuse, last {r['window_seconds']:.0f} s",
         ["turns", "pulled", "reuse rate", "tokens reused", "prefill time saved (est.)"],
         [[r["turns"], r["pulled_turns"], percent(r["reuse_rate"]), r["reused_tokens"], saved]],
-        caption=("exact, from turn_plans" if r["exact"] else "from the leases: " + r["source"].split("(", 1)[-1].rstrip(")"))
+        caption="from the leases: " + r["source"].split("(", 1)[-1].rstrip(")")
         + (" — partial (too many leases to list)" if r.get("partial") else ""),
     ))
     out.extend(_outcome_tables(r))
@@ -297,9 +304,8 @@ def _outcome_tables(r: dict[str, Any]) -> list[Any]:
         return [f"[bold red]gateway {o['address']}[/]: {o['error']}"]
 
     summary, misses = render_rows(o)
-    where = f"last {r['window_seconds']:.0f} s, exact, from turn_plans" if o["exact"] else o["source"]
     return [
         table("Reuse outcomes", ["turns", "reuse rate", "planned tokens", "delivered tokens", "delivered/planned",
-                                 "reported"], summary, caption=where),
+                                 "reported"], summary, caption=o["source"]),
         table("Reuse misses by reason", ["reason", "turns"], misses or [["none", 0]]),
     ]

@@ -3,9 +3,8 @@
 Retained blocks say how much decode memory leases hold now; block-seconds say what holding
 it cost over the window (a lease's blocks × the part of its life inside the window, ending
 when the lease ended: D is told to free an ended lease on its next heartbeat). Releases by
-reason say why leases ended (read, superseded, expired, invalidated, or released early by
-the retention policy or memory pressure), and reuse lost counts turns that found their
-conversation's lease released early (the plan reason `LEASE_RELEASED`).
+state say why leases ended (read, superseded, expired, invalidated, released early); the
+gateway's misses (`LEASE_RELEASED`) count the reuse lost to an early release.
 """
 
 from __future__ import annotations
@@ -18,10 +17,8 @@ from boomerang_server.leases import LIVE_STATES
 
 from boomerang_cli.tables import table
 
-# Why a lease ended, in the order the report lists them; RELEASED is split by its event's
-# reason where the source has it (the database), else counted as RELEASED.
-END_REASONS = ("CONSUMED", "SUPERSEDED", "EXPIRED", "INVALIDATED", "RETENTION_POLICY", "MEMORY_PRESSURE",
-               "OPERATOR", "RELEASED")
+# Why a lease ended, in the order the report lists them.
+END_REASONS = ("CONSUMED", "SUPERSEDED", "EXPIRED", "INVALIDATED", "RELEASED")
 
 
 def _epoch(ts: Any) -> float:
@@ -49,11 +46,9 @@ def memory_section(
     retained: list[dict[str, Any]],
     block_seconds: Mapping[str, float],
     ended: Mapping[str, int],
-    lost_to_release: int | None,
     window: float,
-    exact: bool,
 ) -> dict[str, Any]:
-    """The report's `memory` part: per decode engine (from `retained_rows`), releases, reuse lost."""
+    """The report's `memory` part: per decode engine (from `retained_rows`) and leases ended by state."""
     return {
         "window_seconds": window,
         "engines": [
@@ -62,8 +57,6 @@ def memory_section(
             for r in retained
         ],
         "releases_by_reason": {k: int(ended[k]) for k in END_REASONS if ended.get(k)},
-        "lost_to_release_turns": lost_to_release,
-        "exact": exact,
     }
 
 
@@ -72,13 +65,11 @@ def render_memory(m: dict[str, Any] | None) -> list[Any]:
     if not m:
         return []
     window = f"last {m['window_seconds']:.0f} s"
-    lost = m["lost_to_release_turns"]
     return [
         table(f"Decode memory held, {window}", ["engine", "retained blocks", "block-seconds"],
               [[e["engine_id"], e["retained_blocks"], f"{e['block_seconds']:,.0f}"] for e in m["engines"]],
-              caption="leases' blocks × their life in the window" + ("" if m["exact"] else " (from the leases listed)")),
+              caption="leases' blocks × their life in the window (from the leases listed)"),
         table(f"Releases by reason, {window}", ["reason", "leases"],
               [[k, n] for k, n in m["releases_by_reason"].items()] or [["none", 0]],
-              caption="reuse lost to an early release: "
-              + (f"{lost} turns (LEASE_RELEASED)" if lost is not None else "see --database-url or the gateway's misses")),
+              caption="reuse lost to an early release: the gateway's misses (LEASE_RELEASED)"),
     ]

@@ -1,13 +1,9 @@
 """`boomerang status`'s reuse outcomes: planned against delivered reuse, and misses by reason.
 
-From the database the figures are exact over the window: each `turn_plans` row has the
-plan's reusable tokens (`reused_tokens`) and, once reported, the prefill engine's own count
-of the tokens it did not compute (`delivered_cached_tokens`). A turn missed its reuse when
-the plan reused nothing (its reason: `NO_LEASE`, `PREFIX_MISMATCH`, …) or when the prefill
-engine reported fewer tokens than planned (`PREFILL_SHORTFALL`).
-
-From the APIs they are the gateway's counters since it started (`--gateway`), which also
-see the turns the router never planned (`TOKENIZE_FAILED`, `CONTROL_PLANE_DEGRADED`, …).
+They are the gateway's counters since it started (`--gateway`), which also see the turns the
+router never planned (`TOKENIZE_FAILED`, `CONTROL_PLANE_DEGRADED`, …). A turn missed its
+reuse when the plan reused nothing (its reason: `NO_LEASE`, `PREFIX_MISMATCH`, …) or when
+the prefill engine reported fewer tokens than planned (`PREFILL_SHORTFALL`).
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from boomerang_cli.tables import percent
-
-SHORTFALL = "PREFILL_SHORTFALL"
 
 _GATEWAY = "boomerang_gateway_reuse_"
 
@@ -45,18 +39,6 @@ def _summary(turns: int, prompt: int, planned: int, delivered: int, planned_repo
     }
 
 
-def outcomes_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The outcomes from `boomerang_router.inspection.reuse_window`'s rows (one per miss reason, None for no miss)."""
-    def total(key: str) -> int:
-        return sum(int(r[key]) for r in rows)
-
-    misses = {str(r["miss"]): int(r["turns"]) for r in rows if r["miss"] is not None}
-    out = _summary(total("turns"), total("prompt_tokens"), total("planned_tokens"), total("delivered_tokens"),
-                   total("planned_reported_tokens"), total("reported_turns"), misses)
-    out.update(exact=True, source="turn_plans")
-    return out
-
-
 def outcomes_from_metrics(exposition: str) -> dict[str, Any]:
     """The outcomes from a gateway's `/metrics` text (its counters since it started)."""
     values: dict[str, float] = {}
@@ -80,7 +62,7 @@ def outcomes_from_metrics(exposition: str) -> dict[str, Any]:
     planned = int(values.get("planned_tokens", 0))
     out = _summary(turns, int(values.get("prompt_tokens", 0)), planned, int(values.get("delivered_tokens", 0)),
                    planned if reported == turns else 0, reported, misses)
-    out.update(exact=False, source="gateway counters since it started")
+    out["source"] = "gateway counters since it started"
     return out
 
 

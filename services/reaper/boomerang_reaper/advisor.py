@@ -1,5 +1,5 @@
-"""AdviseTTL end to end: a validated query, the history read, the advice computed. Shared
-by the service's RPC and `boomerang advise-ttl --database-url`."""
+"""AdviseTTL end to end: a validated query, the history read from the registry, the advice
+computed."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from boomerang_reaper.advice import (
     TtlAdvice,
     advise,
 )
-from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.registry_api import ReaperRegistryClient
 
 DEFAULT_HISTORY_HOURS = 168.0
 _PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
@@ -76,9 +76,9 @@ def make_query(
     )
 
 
-async def advise_from_history(repo: ReaperRepository, query: AdviceQuery) -> AdviceReport:
-    """Read the history and compute the advice."""
-    records, since, until = await repo.history(query.tenant, query.history_hours)
+async def advise_from_history(registry: ReaperRegistryClient, query: AdviceQuery) -> AdviceReport:
+    """Read the history (ListRegistrations) and compute the advice."""
+    records, since, until = await registry.history(query.tenant, query.history_hours)
     advice = advise(
         records,
         target=query.target,

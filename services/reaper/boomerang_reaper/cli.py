@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 
 from boomerang.clients.reaper import ReaperClient
-from boomerang.errors import BoomerangError
 from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang_server.config.flags import (
     add_settings_flags,
@@ -15,15 +15,14 @@ from boomerang_server.config.flags import (
     run_async,
     settings_from_args,
 )
-from boomerang_server.config.settings import CommonSettings, load_settings
-from boomerang_server.db.engine import make_engine
 
 from boomerang_reaper.advice_report import render_table, to_json
-from boomerang_reaper.advisor import advise_from_history, make_query
 from boomerang_reaper.convert import advice_from_proto
-from boomerang_reaper.repository import ReaperRepository
 from boomerang_reaper.server import run
 from boomerang_reaper.settings import ReaperSettings
+
+REAPER_ENV = "BOOMERANG_REAPER_ADDRESS"
+DEFAULT_REAPER = "127.0.0.1:50053"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -47,9 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--safety-seconds", type=float, help="registry TTL margin + a claim's minimum remaining lifetime (default 15)"
     )
     advise.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    source = advise.add_mutually_exclusive_group()
-    source.add_argument("--database-url", help="read the history from this database (BOOMERANG_DATABASE_URL)")
-    source.add_argument("--reaper", metavar="ADDR", help="ask the reaper service at HOST:PORT instead")
+    advise.add_argument("--reaper", metavar="ADDR", default=os.environ.get(REAPER_ENV, DEFAULT_REAPER),
+                        help=f"the reaper service to ask, HOST:PORT (default: ${REAPER_ENV}, else {DEFAULT_REAPER})")
     advise.set_defaults(handler=_run_advise)
 
 
@@ -70,11 +68,9 @@ def _candidates(text: str) -> tuple[int, ...]:
 
 def _run_advise(args: argparse.Namespace) -> int:
     # A failed call to the reaper (BoomerangClientError) is left to `boomerang`, which words it as
-    # every command's: one line naming the reaper at --reaper and the fix (boomerang_cli.failures).
-    try:
-        target, safety, advice, history = asyncio.run(_advice(args))
-    except BoomerangError as exc:  # the query's own checks: the message names the field and its range
-        raise SystemExit(f"boomerang advise-ttl: {exc.message}") from None
+    # every command's: one line naming the reaper at --reaper and the fix (boomerang_cli.failures);
+    # so is the reaper's INVALID_ARGUMENT naming a bad field.
+    target, safety, advice, history = asyncio.run(_advice(args))
     if args.json:
         print(json.dumps(to_json(advice, target, safety, history), indent=2))
     else:
@@ -84,33 +80,16 @@ def _run_advise(args: argparse.Namespace) -> int:
 
 
 async def _advice(args: argparse.Namespace) -> tuple[float, float, list, dict]:  # type: ignore[type-arg]
-    candidates = _candidates(args.candidates)
-    if args.reaper:
-        req = pb.AdviseTTLRequest(
-            tenant=args.tenant, model=args.model, target_reuse=args.target,
-            history_hours=args.history_hours, candidate_ttl_seconds=candidates,
-        )
-        if args.safety_seconds is not None:
-            req.safety_seconds = args.safety_seconds
-        async with ReaperClient(args.reaper) as client:
-            resp = await client.advise_ttl(req)
-        history = {
-            "start": resp.history_start_time.ToDatetime().isoformat() + "Z",
-            "end": resp.history_end_time.ToDatetime().isoformat() + "Z",
-        }
-        return resp.target_reuse, resp.safety_seconds, [advice_from_proto(a) for a in resp.advice], history
-
-    query = make_query(args.tenant, args.model, args.target, args.history_hours, candidates, args.safety_seconds)
-    settings = load_settings(CommonSettings, database_url=args.database_url)
-    try:
-        url = settings.require_database()
-    except ValueError as exc:
-        raise SystemExit(f"boomerang advise-ttl: {exc} (or pass --reaper HOST:PORT)") from None
-    engine = make_engine(url, 1, "boomerang-advise-ttl")
-    try:
-        report = await advise_from_history(ReaperRepository(engine), query)
-    finally:
-        await engine.dispose()
-    assert report.history_start is not None and report.history_end is not None
-    history = {"start": report.history_start.isoformat(), "end": report.history_end.isoformat()}
-    return query.target, query.safety_seconds, report.advice, history
+    req = pb.AdviseTTLRequest(
+        tenant=args.tenant, model=args.model, target_reuse=args.target,
+        history_hours=args.history_hours, candidate_ttl_seconds=_candidates(args.candidates),
+    )
+    if args.safety_seconds is not None:
+        req.safety_seconds = args.safety_seconds
+    async with ReaperClient(args.reaper) as client:
+        resp = await client.advise_ttl(req)
+    history = {
+        "start": resp.history_start_time.ToDatetime().isoformat() + "Z",
+        "end": resp.history_end_time.ToDatetime().isoformat() + "Z",
+    }
+    return resp.target_reuse, resp.safety_seconds, [advice_from_proto(a) for a in resp.advice], history

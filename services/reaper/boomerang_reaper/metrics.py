@@ -2,8 +2,8 @@
 
 Expiry lag is how long after its deadline (on the database clock) a lease was expired; the
 registry measures it in the expiring statement and the reaper observes each one here.
-Backlog (live leases past their deadline) and live leases are read from Postgres every few
-seconds by any replica, so a standby's /metrics shows them too.
+Backlog (live leases past their deadline) and live leases are asked of the registry
+(CountLiveLeases) every few seconds by any replica, so a standby's /metrics shows them too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from prometheus_client import Counter, Gauge, Histogram
 
 from boomerang_reaper.leader import LeaderElection
-from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.registry_api import ReaperRegistryClient
 
 # Seconds: 1 ms … 2 min; the target is well under a second, a lost hint shows as tens.
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -53,9 +53,9 @@ def observe_invalidated(n: int) -> None:
         INVALIDATED.inc(n)
 
 
-async def refresh_gauges(repo: ReaperRepository, election: LeaderElection) -> None:
-    """Leadership from this replica (read at each scrape); backlog and live leases from Postgres."""
+async def refresh_gauges(registry: ReaperRegistryClient, election: LeaderElection) -> None:
+    """Leadership from this replica (read at each scrape); backlog and live leases from the registry."""
     LEADER.set_function(lambda: 1.0 if election.leader else 0.0)
-    figures = await repo.lease_figures()
-    BACKLOG.set(figures.backlog)
-    LIVE.set(figures.live)
+    figures = await registry.count_live_leases()
+    BACKLOG.set(figures.overdue_leases)
+    LIVE.set(figures.live_leases)

@@ -5,8 +5,8 @@ Every `release_interval_seconds` the leading reaper reads the retained leases
 over gRPC, decides with `boomerang_server.retention` (the simulator's decision too), and releases
 through the registry's fenced ReleaseLeases: RETAINED → RELEASED in one statement, so a
 lease claimed meanwhile is never released under its puller. The evidence, the pauses
-between turns per tenant and model, comes from the audit history AdviseTTL reads,
-refreshed every `retention_evidence_seconds`.
+between turns per tenant and model, comes from the registration history AdviseTTL reads
+(ListRegistrations), refreshed every `retention_evidence_seconds`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from boomerang_server.retention import (
 from boomerang_reaper import metrics
 from boomerang_reaper.advice import TurnRecord, observe
 from boomerang_reaper.registry_api import ReaperRegistryClient
-from boomerang_reaper.repository import ReaperRepository
 from boomerang_reaper.settings import ReaperSettings
 
 log = logging.getLogger(__name__)
@@ -85,11 +84,10 @@ def held_from(leases: Iterable[tpb.Lease], db_now: float) -> list[Held]:
 class Retainer:
     """Runs the retention policy for the leader (one `run` per interval)."""
 
-    def __init__(self, settings: ReaperSettings, registry: ReaperRegistryClient, repo: ReaperRepository,
-                 prefill_seconds_per_token: float, actor: str):
+    def __init__(self, settings: ReaperSettings, registry: ReaperRegistryClient, prefill_seconds_per_token: float,
+                 actor: str):
         self.settings = settings
         self.registry = registry
-        self.repo = repo
         self.actor = actor
         self.params = Params(
             min_samples=settings.retention_min_samples,
@@ -115,7 +113,7 @@ class Retainer:
         """Re-read the history when older than `retention_evidence_seconds`."""
         if time.monotonic() - self._evidence_at < self.settings.retention_evidence_seconds:
             return
-        records, _, until = await self.repo.history("", self.settings.retention_history_hours)
+        records, _, until = await self.registry.history("", self.settings.retention_history_hours)
         settle = max([r.engine_ttl_seconds for r in records] + [480])
         self.evidence = evidence_from(records, until.timestamp(), settle)
         self._evidence_at = time.monotonic()

@@ -57,14 +57,14 @@ async def run(settings: ReaperSettings) -> None:
     retainer = None
     if settings.release_interval_seconds > 0:
         per_token = load_settings(TelemetrySettings).prefill_ms_per_token / 1000
-        retainer = Retainer(settings, registry, repo, per_token, f"reaper:{replica_id}"[:128])
+        retainer = Retainer(settings, registry, per_token, f"reaper:{replica_id}"[:128])
     reaper = Reaper(settings, registry, election, clock, replica_id, retainer)
     tasks = [
         asyncio.create_task(election.run(), name="leader-election"),
         asyncio.create_task(reaper.run(), name="reaper"),
     ]
     serve_metrics(settings.metrics_listen)
-    tasks.append(asyncio.create_task(refresh_forever(lambda: metrics.refresh_gauges(repo, election), 5.0), name="metrics"))
+    tasks.append(asyncio.create_task(refresh_forever(lambda: metrics.refresh_gauges(registry, election), 5.0), name="metrics"))
     log.info("reaper replica %s, election %r, registry %s", replica_id, settings.election, settings.registry_address)
 
     async def stop() -> None:
@@ -75,7 +75,7 @@ async def run(settings: ReaperSettings) -> None:
         await registry.close()
         await engine.dispose()
 
-    servicer = TTLReaperServicer(settings, repo, election, reaper, CredentialStore.for_listener(engine, "reaper", settings.listen, settings))
+    servicer = TTLReaperServicer(settings, repo, registry, election, reaper, CredentialStore.for_listener(engine, "reaper", settings.listen, settings))
     options = ServerOptions(
         name="reaper",
         listen=settings.listen,

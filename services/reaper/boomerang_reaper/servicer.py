@@ -18,6 +18,7 @@ from boomerang_reaper import convert
 from boomerang_reaper.advisor import advise_from_history, make_query
 from boomerang_reaper.domain import LagSummary, stats_from_json
 from boomerang_reaper.leader import LeaderElection
+from boomerang_reaper.registry_api import ReaperRegistryClient
 from boomerang_reaper.repository import ReaperRepository
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_reaper.worker import NotLeader, Reaper
@@ -27,18 +28,20 @@ _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
 class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
-    """TTLReaperService over this replica's election, worker and repository."""
+    """TTLReaperService over this replica's election, worker, repository and registry client."""
 
     def __init__(
         self,
         settings: ReaperSettings,
         repo: ReaperRepository,
+        registry: ReaperRegistryClient,
         election: LeaderElection,
         reaper: Reaper,
         credentials: CredentialStore | None = None,
     ):
         self.settings = settings
         self.repo = repo
+        self.registry = registry
         self.election = election
         self.reaper = reaper
         self.credentials = credentials
@@ -56,7 +59,7 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
         self, request: pb.TTLReaperServiceGetStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.TTLReaperServiceGetStatusResponse:
         row = await self.repo.current(self.settings.election)
-        figures = await self.repo.lease_figures()
+        figures = await self.registry.count_live_leases()
         leading = self.election.leader
         if leading:
             stats, lag = self.reaper.stats, self.reaper.stats.lag()
@@ -70,15 +73,15 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
             leader_replica_id=row.holder if row is not None and row.unexpired else "",
             term=row.term if row is not None else 0,
             leader_expire_time=convert.ts(row.expires_at) if row is not None else None,
-            next_expire_time=convert.ts(figures.next_deadline),
-            backlog_leases=figures.backlog,
-            live_leases=figures.live,
+            next_expire_time=figures.next_expire_time if figures.HasField("next_expire_time") else None,
+            backlog_leases=figures.overdue_leases,
+            live_leases=figures.live_leases,
             expiry_lag=convert.lag(lag),
             expired_leases=stats.expired if stats else 0,
             invalidated_leases=stats.invalidated if stats else 0,
             dropped_partitions=stats.dropped_partitions if stats else 0,
             last_expire_time=convert.ts(stats.last_expire_epoch) if stats and stats.last_expire_epoch else None,
-            database_time=convert.ts(figures.db_now),
+            database_time=figures.database_time,
         )
 
     @rpc
@@ -126,7 +129,7 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
             candidates=tuple(request.candidate_ttl_seconds),
             safety_seconds=request.safety_seconds if request.HasField("safety_seconds") else None,
         )
-        report = await advise_from_history(self.repo, query)
+        report = await advise_from_history(self.registry, query)
         return pb.AdviseTTLResponse(
             advice=[convert.advice_to_proto(a) for a in report.advice],
             history_start_time=convert.ts(report.history_start),

@@ -1,9 +1,11 @@
-"""The lease's rules, free of gRPC and SQL: states, transitions, claim outcomes, inputs.
+"""The lease's rules, free of gRPC and SQL: claim outcomes and validated inputs.
 
 A lease is one retained turn. `RETAINED → CLAIMED → CONSUMED`, or
 `RETAINED → EXPIRED | SUPERSEDED | INVALIDATED | RELEASED`, and `CLAIMED → RETAINED` only when the
 prefill node reports it never read. A claimed lease can still expire or be invalidated
-(the decode node frees its blocks at its own deadline whoever holds the claim).
+(the decode node frees its blocks at its own deadline whoever holds the claim), never be
+released. Each transition is one guarded SQL statement (`statements.py`, `expiry.py`,
+`releases.py`): the state a statement requires is in its WHERE clause.
 """
 
 from __future__ import annotations
@@ -15,35 +17,8 @@ from datetime import datetime
 from boomerang.tokenchain import TokenChain
 
 # Defined once in the library; re-exported because the registry speaks of them as its own.
-from boomerang_server.leases import LIVE as LIVE
 from boomerang_server.leases import ClaimOutcome as ClaimOutcome
 from boomerang_server.leases import LeaseState as LeaseState
-
-TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
-    LeaseState.RETAINED: frozenset(
-        {LeaseState.CLAIMED, LeaseState.EXPIRED, LeaseState.SUPERSEDED, LeaseState.INVALIDATED, LeaseState.RELEASED}
-    ),
-    LeaseState.CLAIMED: frozenset(
-        {
-            LeaseState.CONSUMED,
-            LeaseState.RETAINED,
-            LeaseState.EXPIRED,
-            LeaseState.SUPERSEDED,
-            LeaseState.INVALIDATED,
-        }
-    ),
-    LeaseState.CONSUMED: frozenset(),
-    LeaseState.EXPIRED: frozenset(),
-    LeaseState.SUPERSEDED: frozenset(),
-    LeaseState.INVALIDATED: frozenset(),
-    # Never from CLAIMED: a claimed lease is not released under its puller.
-    LeaseState.RELEASED: frozenset(),
-}
-
-
-def can_transition(src: LeaseState, dst: LeaseState) -> bool:
-    """Whether the state machine allows `src → dst`."""
-    return dst in TRANSITIONS[src]
 
 
 class EngineRole(str, enum.Enum):

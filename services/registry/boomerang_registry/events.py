@@ -1,7 +1,8 @@
-"""The lease trail: a conversation's leases and events (GetConversation), and ListLeases.
+"""The lease trail: a conversation's leases and events (GetConversation), ListLeases, and
+the registration history (ListRegistrations).
 
 A tenant's reads run on the hot-path pool as that tenant (row-level security); an
-operator's listing across tenants runs as the owner. Pages are keyed by
+operator's listing across tenants and the history run as the owner. Pages are keyed by
 (created_at, lease_id), newest first.
 """
 
@@ -31,17 +32,58 @@ _CONVERSATION_EVENTS_SQL = (
 )
 
 
+# The history window, fixed on the database clock by the first page.
+_WINDOW_SQL = "SELECT now() - make_interval(secs => CAST(:hours AS float8) * 3600) AS since, now() AS until"
+# Each lease registered in the window with its first claim (one probe of the per-lease event
+# index in the window's partitions) and its engine's block size and TTL.
+_REGISTRATIONS_SQL = """
+SELECT l.created_at, l.lease_id::text AS lease_id, l.tenant, l.model, l.conversation_id, l.num_blocks,
+       l.state, l.finished_at,
+       (SELECT min(c.created_at) FROM lease_events c
+        WHERE c.lease_id = l.lease_id AND c.to_state = 'CLAIMED' AND c.created_at >= :since) AS claimed_at,
+       COALESCE(e.bytes_per_block, 0) AS bytes_per_block, COALESCE(e.kv_blocks_ttl_seconds, 0) AS engine_ttl_seconds
+FROM leases l LEFT JOIN engines e ON e.engine_id = l.engine_id
+WHERE l.created_at >= :since AND l.created_at <= :until AND (:tenant = '' OR l.tenant = :tenant)
+  AND (l.created_at, l.lease_id) < (:after_created, CAST(:after_id AS uuid))
+ORDER BY l.created_at DESC, l.lease_id DESC LIMIT :limit
+"""
+_MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+
+
+def _encode(*parts: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(parts)).encode()).decode()
+
+
+def _decode(token: str, n: int) -> list[str]:
+    try:
+        parts = json.loads(base64.urlsafe_b64decode(token.encode()))
+        if not isinstance(parts, list) or len(parts) != n:
+            raise ValueError(token)
+        return [str(p) for p in parts]
+    except Exception as exc:
+        raise ValueError("page_token is not one this service issued") from exc
+
+
 def _encode_page_token(created_at: datetime, lease_id: str) -> str:
-    raw = json.dumps([created_at.isoformat(), lease_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode()
+    return _encode(created_at.isoformat(), lease_id)
 
 
 def decode_page_token(token: str) -> tuple[datetime, str]:
     """The (created_at, lease_id) position a page token encodes; ValueError when malformed."""
+    created, lease_id = _decode(token, 2)
     try:
-        created, lease_id = json.loads(base64.urlsafe_b64decode(token.encode()))
         return datetime.fromisoformat(created), str(uuid.UUID(lease_id))
-    except Exception as exc:
+    except ValueError as exc:
+        raise ValueError("page_token is not one this service issued") from exc
+
+
+def decode_history_token(token: str) -> tuple[datetime, datetime, datetime, str]:
+    """The window (since, until) and the position a ListRegistrations page token encodes."""
+    since, until, created, lease_id = _decode(token, 4)
+    try:
+        return (datetime.fromisoformat(since), datetime.fromisoformat(until), datetime.fromisoformat(created),
+                str(uuid.UUID(lease_id)))
+    except ValueError as exc:
         raise ValueError("page_token is not one this service issued") from exc
 
 
@@ -71,7 +113,7 @@ def _list_leases_sql(
 
 
 class EventStore:
-    """GetConversation and ListLeases."""
+    """GetConversation, ListLeases and ListRegistrations."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -105,3 +147,25 @@ class EventStore:
             rows = rows[:page_size]
             next_token = _encode_page_token(rows[-1]["created_at"], rows[-1]["lease_id"])
         return rows, next_token
+
+    async def registrations(
+        self, tenant: str, hours: float, page_size: int, page_token: str
+    ) -> tuple[list[Row], datetime, datetime, str]:
+        """A page of the leases registered in the last `hours` (all tenants' when `tenant` is
+        empty), newest first; the window (since, until); the next page's token."""
+        async with self.store.owner.connect() as conn:
+            if page_token:
+                since, until, after_created, after_id = decode_history_token(page_token)
+            else:
+                window = (await conn.execute(text(_WINDOW_SQL), {"hours": hours})).one()
+                since, until = window.since, window.until
+                after_created, after_id = until, _MAX_UUID
+            params = {"since": since, "until": until, "tenant": tenant, "after_created": after_created,
+                      "after_id": after_id, "limit": page_size + 1}
+            rows: list[Row] = [r._mapping for r in await conn.execute(text(_REGISTRATIONS_SQL), params)]
+        next_token = ""
+        if len(rows) > page_size:
+            rows = rows[:page_size]
+            last = rows[-1]
+            next_token = _encode(since.isoformat(), until.isoformat(), last["created_at"].isoformat(), last["lease_id"])
+        return rows, since, until, next_token

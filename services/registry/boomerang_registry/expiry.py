@@ -75,8 +75,10 @@ NEXT_DEADLINE_SQL = f"""
 SELECT min(expires_at) AS next_deadline, now() AS db_now FROM leases WHERE state IN {LIVE}
 """
 
-SNAPSHOT_SQL = f"""
-SELECT min(expires_at) AS next_deadline, count(*) AS live, now() AS db_now
+# Live leases, those past their deadline and the next deadline, from the live-lease deadline index.
+LIVE_FIGURES_SQL = f"""
+SELECT min(expires_at) AS next_deadline, count(*) AS live,
+       count(*) FILTER (WHERE expires_at <= now()) AS overdue, now() AS db_now
 FROM leases WHERE state IN {LIVE}
 """
 
@@ -180,6 +182,16 @@ SELECT count(*) FROM gone
 
 
 @dataclass(frozen=True)
+class LiveFigures:
+    """What CountLiveLeases (and the deadline watch's snapshot) answer."""
+
+    live: int
+    overdue: int
+    next_deadline: datetime | None
+    db_now: datetime
+
+
+@dataclass(frozen=True)
 class RetentionOutcome:
     """What one EnforceEventRetention call did."""
 
@@ -221,11 +233,11 @@ class ExpiryRepository:
             err.metadata.update(term=str(row.term), holder=row.holder)
         raise err
 
-    async def snapshot(self) -> tuple[datetime | None, int, datetime]:
-        """The earliest live deadline, the live-lease count and the database clock."""
+    async def live_figures(self) -> LiveFigures:
+        """The live leases, those overdue, the earliest live deadline, the database clock."""
         async with self.engine.connect() as conn:
-            row = (await conn.execute(text(SNAPSHOT_SQL))).one()
-            return row.next_deadline, int(row.live), row.db_now
+            row = (await conn.execute(text(LIVE_FIGURES_SQL))).one()
+            return LiveFigures(int(row.live), int(row.overdue), row.next_deadline, row.db_now)
 
     async def expire_due(self, fence: Fence, limit: int, actor: str, request_id: str) -> ExpiryOutcome:
         """Expire up to `limit` due leases, earliest deadline first."""

@@ -1,5 +1,6 @@
 """The registry RPCs that serve the TTL reaper: deadline watch, fenced expiry, engine sweep,
-audit retention. A mixin of BlockRegistryServicer: validate, delegate to `expiry`, translate.
+audit retention, releases, and the reads of its status and advice (CountLiveLeases,
+ListRegistrations). A mixin of BlockRegistryServicer: validate, delegate, translate.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from boomerang_server.rpc.status import error_for_exception, rpc, to_status
 
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.deadline_watch import DeadlineHub
+from boomerang_registry.events import decode_history_token
 from boomerang_registry.expiry import DEFAULT_ELECTION, ExpiryRepository, Fence
 from boomerang_registry.releases import RELEASE_REASONS
 from boomerang_registry.repository import RegistryRepository
@@ -26,6 +28,7 @@ from boomerang_registry.settings import RegistrySettings
 log = logging.getLogger(__name__)
 MAX_EXPIRE_BATCH = 10_000
 MAX_RELEASE_BATCH = 10_000
+MAX_REGISTRATIONS_PAGE = 10_000
 
 
 def _fenced(v: Violations, request: Any) -> Fence:
@@ -48,7 +51,8 @@ def _ts_from_epoch(seconds: float) -> datetime:
 
 
 class ReaperFacingServicer:
-    """WatchLeaseDeadlines, ExpireLeases, SweepEngines, EnforceEventRetention, ReleaseLeases."""
+    """WatchLeaseDeadlines, ExpireLeases, SweepEngines, EnforceEventRetention, ReleaseLeases,
+    CountLiveLeases, ListRegistrations."""
 
     repo: RegistryRepository
     settings: RegistrySettings
@@ -90,12 +94,12 @@ class ReaperFacingServicer:
             # Listen before the snapshot, so no lease committed in between goes unseen.
             sub = await self.deadline_hub.subscribe()
             log.info("deadline watch opened by %r", request.watcher or context.peer())
-            earliest, live, db_now = await self.expiry.snapshot()
+            now = await self.expiry.live_figures()
             yield rpb.WatchLeaseDeadlinesResponse(
                 snapshot=True,
-                earliest_expire_time=convert.ts(earliest),
-                live_leases=live,
-                database_time=convert.ts(db_now),
+                earliest_expire_time=convert.ts(now.next_deadline),
+                live_leases=now.live,
+                database_time=convert.ts(now.db_now),
             )
             while True:
                 deadline = await sub.next()
@@ -201,3 +205,46 @@ class ReaperFacingServicer:
         if released:
             metrics.TRANSITIONS.labels("RELEASED").inc(len(released))
         return rpb.ReleaseLeasesResponse(released_lease_ids=released)
+
+    @rpc
+    async def CountLiveLeases(
+        self, request: rpb.CountLiveLeasesRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.CountLiveLeasesResponse:
+        now = await self.expiry.live_figures()
+        return rpb.CountLiveLeasesResponse(
+            live_leases=now.live, overdue_leases=now.overdue,
+            next_expire_time=convert.ts(now.next_deadline), database_time=convert.ts(now.db_now),
+        )
+
+    @rpc
+    async def ListRegistrations(
+        self, request: rpb.ListRegistrationsRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.ListRegistrationsResponse:
+        v = Violations()
+        requests.check_id(v, "tenant", request.tenant, required=False)
+        v.require(0 < request.history_hours <= 8760, "history_hours", "must be above 0 and at most 8760 hours")
+        v.require(0 <= request.page_size <= MAX_REGISTRATIONS_PAGE, "page_size",
+                  f"must be 0 (default 1000) to {MAX_REGISTRATIONS_PAGE}")
+        if request.page_token:
+            try:
+                decode_history_token(request.page_token)
+            except ValueError as exc:
+                v.add("page_token", str(exc))
+        v.raise_if_any()
+        rows, since, until, token = await self.repo.events.registrations(
+            request.tenant, request.history_hours, request.page_size or 1000, request.page_token
+        )
+        return rpb.ListRegistrationsResponse(
+            registrations=[
+                rpb.Registration(
+                    lease_id=r["lease_id"], tenant=r["tenant"], model=r["model"], conversation_id=r["conversation_id"],
+                    num_blocks=r["num_blocks"], state=convert.LEASE_STATE[r["state"]],
+                    finish_time=convert.ts(r["finished_at"]), first_claim_time=convert.ts(r["claimed_at"]),
+                    bytes_per_block=r["bytes_per_block"], engine_ttl_seconds=r["engine_ttl_seconds"],
+                )
+                for r in rows
+            ],
+            history_start_time=convert.ts(since),
+            history_end_time=convert.ts(until),
+            next_page_token=token,
+        )

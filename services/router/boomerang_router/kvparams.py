@@ -139,17 +139,6 @@ def accepts_pull(params: KvParams) -> bool:
     )
 
 
-def tokens_prefill_loads(params: KvParams, prompt_tokens: int, threshold: int, cached_tokens: int = 0) -> int:
-    """Tokens P loads from D for these params: `min(remote_num_tokens, prompt) − cached`,
-    or 0 when it would not pull or would recompute (`0 < count < threshold`)."""
-    if not accepts_pull(params):
-        return 0
-    count = min(params.remote_num_tokens or 0, prompt_tokens) - cached_tokens
-    if count <= 0 or count < threshold:
-        return 0
-    return count
-
-
 def _groups(value: Any) -> Groups | None:
     if value is None:
         return None

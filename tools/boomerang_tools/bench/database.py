@@ -4,21 +4,72 @@ Without `BOOMERANG_DATABASE_URL` the embedded cluster of `boomerang up` is start
 joined) in the data folder; with it, the scratch database is made on that server (its
 role must be allowed to CREATE DATABASE). Either way the benchmark never writes to an
 existing database.
+
+The SQL here is a test fixture's, not a service's: it loads, ages and measures the
+registry's tables straight in the scratch database, as the integration tests do
+(tests/unit/test_table_owners.py names this module a harness). No service runs it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from boomerang_registry.inspection import BENCH_REARM_SQL, BENCH_SIZES_SQL, BENCH_VACUUM_SQL
 from boomerang_server.config.settings import normalize_database_url
 
 from boomerang_tools.stack.postgres import EmbeddedPostgres
+
+# The columns a RegisterRetainedBlocks writes (statements.REGISTER_BATCH_SQL), in the order
+# the benchmark's preload builds its COPY records; and the REGISTERED event it appends.
+PRELOAD_LEASE_COLUMNS = (
+    "lease_id", "tenant", "conversation_id", "model", "engine_id", "engine_generation",
+    "remote_request_id", "block_ids", "num_blocks", "num_tokens", "block_size", "chain",
+    "tail_hash", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "state",
+    "version", "finished_at", "created_at", "expires_at", "updated_at", "prompt_tokens", "prompt_key",
+    "prompt_tail",
+)
+PRELOAD_EVENT_COLUMNS = (
+    "created_at", "lease_id", "tenant", "conversation_id", "from_state", "to_state", "reason",
+    "actor", "request_id",
+)
+
+BENCH_SIZES_SQL = """
+SELECT pg_database_size(current_database()) AS database_bytes,
+       pg_total_relation_size('leases') AS leases_bytes,
+       pg_indexes_size('leases') AS lease_index_bytes,
+       (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::bigint FROM pg_inherits
+        WHERE inhparent = 'lease_events'::regclass) AS events_bytes,
+       (SELECT count(*) FROM leases WHERE state IN ('RETAINED', 'CLAIMED')) AS live_leases
+"""
+# A benchmark-only shortcut (in service the prefill node's report settles each claim).
+BENCH_REARM_SQL = (
+    "UPDATE leases SET state = 'RETAINED', claim_id = NULL, version = version + 1, updated_at = now() "
+    "WHERE state = 'CLAIMED' AND tenant LIKE $1"
+)
+BENCH_VACUUM_SQL = "VACUUM (ANALYZE) leases"
+BENCH_LIVE_BY_TENANT_SQL = "SELECT count(*) FROM leases WHERE tenant LIKE $1 AND state IN ('RETAINED', 'CLAIMED')"
+BENCH_EXPIRY_LAGS_SQL = (
+    "SELECT (details->>'lag_seconds')::float8 FROM lease_events WHERE reason = 'TTL_EXPIRED' AND tenant LIKE $1"
+)
+BENCH_EXPIRED_EARLY_SQL = (
+    "SELECT count(*) FROM lease_events WHERE reason = 'TTL_EXPIRED' AND tenant LIKE $1 "
+    "AND (details->>'lag_seconds')::float8 < 0"
+)
+
+
+async def copy_registrations(
+    conn: asyncpg.Connection, leases: Sequence[tuple[object, ...]], events: Sequence[tuple[object, ...]]
+) -> None:
+    """COPY live leases and their REGISTERED events in one transaction (the tables' triggers,
+    the deadline NOTIFY included, run as for a registration)."""
+    async with conn.transaction():
+        await conn.copy_records_to_table("leases", records=leases, columns=PRELOAD_LEASE_COLUMNS)
+        await conn.copy_records_to_table("lease_events", records=events, columns=PRELOAD_EVENT_COLUMNS)
 
 
 def plain_dsn(url: str) -> str:

@@ -11,15 +11,15 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-from boomerang_registry.inspection import (
+from boomerang_tools.bench.context import Bench
+from boomerang_tools.bench.database import (
     BENCH_EXPIRED_EARLY_SQL,
     BENCH_EXPIRY_LAGS_SQL,
     BENCH_LIVE_BY_TENANT_SQL,
     BENCH_VACUUM_SQL,
+    rearm_claims,
+    sizes,
 )
-
-from boomerang_tools.bench.context import Bench
-from boomerang_tools.bench.database import rearm_claims, sizes
 from boomerang_tools.bench.preload import copy_leases
 from boomerang_tools.bench.stats import floats, summarize
 from boomerang_tools.bench.workload import Conversation, conversation, planned_indices

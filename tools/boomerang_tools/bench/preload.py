@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from boomerang_registry.inspection import copy_registrations
 
+from boomerang_tools.bench.database import copy_registrations
 from boomerang_tools.bench.workload import BLOCK_SIZE, Conversation, chain_for, prompt_end
 
 CHUNK = 10_000
@@ -51,7 +51,7 @@ def lease_records(
     deadline: Callable[[Conversation, datetime], datetime] | None = None,
 ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
     """Lease rows and their REGISTERED event rows for `convs`, in the order of the registry's
-    `inspection.PRELOAD_LEASE_COLUMNS` and `PRELOAD_EVENT_COLUMNS`."""
+    `database.PRELOAD_LEASE_COLUMNS` and `PRELOAD_EVENT_COLUMNS`."""
     now = datetime.now(UTC)
     leases: list[tuple[object, ...]] = []
     events: list[tuple[object, ...]] = []
