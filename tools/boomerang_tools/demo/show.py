@@ -163,7 +163,7 @@ def conclude(
     )
     for mode, t in data["ceiling_targets"].items():
         below = ", ".join(f"{k} {v:.0%}" for k, v in t["below"].items())
-        console.print(f"{mode}: at AWS's published points, at least {t['lowest']:.0%} of the simulator's own ceiling "
+        console.print(f"{mode}: at the reference's points (AWS's published, the H200's measured), at least {t['lowest']:.0%} of the simulator's own ceiling "
                       f"speedup (target ≥ {t['target']:.0%}): " + ("met" if t["met"] else f"not met ({below})"))
     for line in verdicts:
         console.print(line)

@@ -150,8 +150,8 @@ def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return encode(prompt).ids
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if any(t < 0 or t >= VOCAB_SIZE for t in prompt):
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):  # not bool, a subclass
+        if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
             raise ProtocolError(400, f"prompt: token ids must be in [0, {VOCAB_SIZE})", param="prompt")
         return list(prompt)
     raise ProtocolError(400, "prompt: must be a string or a list of token ids (one prompt per request)", param="prompt")
