@@ -203,16 +203,18 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path,
         ax.set_xlabel("context length (thousand tokens)")
         ax.set_ylabel("time to first token (ms)")
         ax.set_ylim(bottom=0)
-        ax.set_xlim(left=0)
+        right = max([r["context_tokens"] / 1000 for r in first] + px)
+        ax.set_xlim(left=0, right=right * 1.34)  # room for the labels right of the lines' ends
+        ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= right])
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
+        placed[ax] = labels
     for ax, (name, _) in zip(axes[1] if lower else [], profiles):
         draw = (lower or {}).get(name)
         if draw is not None:
             draw(ax)
         else:
             ax.set_visible(False)
-        placed[ax] = labels
     fig.suptitle("Boomerang: KV-cache reuse in P/D disaggregated serving (simulated engines)", fontsize=12)
     fig.tight_layout()
     for ax, labels in placed.items():
@@ -248,9 +250,9 @@ def _centre(wanted: list[float], group: list[int]) -> float:
     return sum(wanted[i] for i in group) / len(group)
 
 
-def place_labels(ax: Any, labels: list[tuple[float, float, str, str]], fontsize: float = 10) -> None:
-    """Write each (x, y, text, colour) label to the left of its point, above it, moved apart
-    vertically in screen space so that no two overlap (labels at one x stack in their order)."""
+def place_labels(ax: Any, labels: list[tuple[float, float, str, str]], fontsize: float = 9.5) -> None:
+    """Write each (x, y, text, colour) label to the right of its point (the lines end there:
+    the chart leaves room), moved apart vertically in screen space so that no two overlap."""
     if not labels:
         return
     to_screen = ax.transData.transform
@@ -259,6 +261,6 @@ def place_labels(ax: Any, labels: list[tuple[float, float, str, str]], fontsize:
     gap = fontsize * 1.5 * dpi_scale
     wanted = [py + 12 * dpi_scale for _, py in points]
     for (x, y, text, color), (_, py), ty in zip(labels, points, spread(wanted, gap)):
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(-10, (ty - py) / dpi_scale), ha="right",
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(12, (ty - py) / dpi_scale), ha="left",
                     va="center", fontsize=fontsize, fontweight="bold", color=color,
                     arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6, "alpha": 0.6})
