@@ -46,6 +46,8 @@ def engines() -> Iterator[dict[str, Engine]]:
         # Prefix caching on D: its cache holds each conversation's history, so a new turn sent
         # straight to it (no kv_transfer_params) is prefilled over it.
         "d": ["--role", "decode", "--prefix-cache-blocks", "20000", *common],
+        # Prefix caching on P: a shared system prompt it holds is neither pulled nor recomputed.
+        "p_cache": ["--role", "prefill", "--prefix-cache-blocks", "20000", *common],
     }
     procs = {name: ServiceProcess(["sim", "--port", "0", *args], name=f"sim-h200-{name}") for name, args in specs.items()}
     with ThreadPoolExecutor(len(procs)) as pool:
@@ -179,3 +181,24 @@ def test_a_new_turn_prefilled_on_d_over_its_history_pauses_its_decodes(engines: 
     assert stats["itl_ms_max"] >= PROFILE.itl_ms + compute * 0.95
     assert stats["itl_ms_p50"] == pytest.approx(PROFILE.itl_ms, rel=0.1)
     assert other_params["remote_num_tokens"] == len(other) + REPLY
+
+
+def test_a_pull_moves_only_what_p_cache_lacks_and_costs_that(engines: dict[str, Engine]) -> None:
+    p, d, p_cache = engines["p"], engines["d"], engines["p_cache"]
+    system = prompt_of(11, 1024)  # a system prompt every conversation starts with
+    # Another conversation's first turn on the caching P puts the system prompt in its cache.
+    disaggregated(p_cache, d, system + prompt_of(12, 500), FIRST_TURN)
+    # This conversation's first turn ran on the other P: the caching P holds only the system prompt.
+    first = system + prompt_of(13, 8000 - 1024 - NEW_TOKENS - REPLY)
+    _, _, retained, reply = disaggregated(p, d, first, FIRST_TURN)
+    prompt = first + reply + prompt_of(14, NEW_TOKENS)
+    before = p_cache.stats()
+    ttft, body, _, _ = disaggregated(p_cache, d, prompt, retained, timed=True)
+    after = p_cache.stats()
+    count = len(first) + REPLY
+    assert body["kv_transfer_params"]["remote_prefill_cached_tokens"] == count
+    assert {k: after[k] - before[k] for k in ("pulls", "pulled_tokens", "prefix_cache_hits", "computed_tokens")} == {
+        "pulls": 1, "pulled_tokens": count - 1024, "prefix_cache_hits": 1024, "computed_tokens": len(prompt) - count}
+    expected = PROFILE.ttft_ms(len(prompt), count - 1024, 1024)
+    assert expected < PROFILE.ttft_ms(len(prompt), count)  # less to copy
+    assert expected * 0.99 <= ttft <= expected * 1.05, (ttft, expected)
