@@ -154,9 +154,10 @@ COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e")  # one per mode, in order
 
 
 def chart(profiles: list[Measured], modes: list[Mode], path: Path,
-          lower: dict[str, Callable[[Any], None]] | None = None) -> None:
-    """TTFT against context length, off and on in every mode, with AWS's published points,
-    one panel per profile; `lower` draws a second panel under a profile's (given its axes)."""
+          lower: dict[str, Callable[[Any], list[tuple[float, float, str, str]]]] | None = None) -> None:
+    """TTFT against context length, off and on in every mode, with the reference's points (AWS's
+    published, or the H200's measured) and the ceiling, one panel per profile; `lower` draws a
+    second panel under a profile's (given its axes; it returns the labels to place)."""
     try:
         # deferred: matplotlib (heavy, a dependency of the tools alone, and only for the
         # chart) loads only when a chart is drawn
@@ -212,7 +213,7 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path,
     for ax, (name, _) in zip(axes[1] if lower else [], profiles):
         draw = (lower or {}).get(name)
         if draw is not None:
-            draw(ax)
+            placed[ax] = draw(ax)
         else:
             ax.set_visible(False)
     fig.suptitle("Boomerang: KV-cache reuse in P/D disaggregated serving (simulated engines)", fontsize=12)
