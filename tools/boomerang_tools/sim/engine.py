@@ -156,9 +156,10 @@ class Engine:
             deadline = adm.started + ctx.budget_ms * scale
             if ctx.compute_ms > 0:
                 self._pause(deadline - ctx.compute_ms * scale, deadline)
+            keys = self.prefix.keys(req.prompt_ids) if adm.mode is not Mode.DECODE else []
             await self._sleep_until(deadline)
             if adm.mode is not Mode.DECODE and adm.epoch == self.epoch:
-                self.prefix.insert(req.prompt_ids, ctx.effective)  # the prompt's KV is computed
+                self.prefix.insert(req.prompt_ids, ctx.effective, keys)  # the prompt's KV is computed
             self.queued_prompt_tokens -= n
             queued = False
             pieces = self._output(ctx.effective, req)
