@@ -85,6 +85,9 @@ class Engine:
         self.pauses: list[_Pause] = []
         self._pause_ids = itertools.count()
         self.itl_gaps: deque[float] = deque(maxlen=4096)  # measured inter-token gaps, unscaled ms
+        # How late each first token came after the time the cost model gave it, real ms: the
+        # simulator's own work showing (on a busy host, when it outlasts the modelled step).
+        self.late_ms: deque[float] = deque(maxlen=4096)
 
     def link_for(self, remote_engine_id: str | None) -> Link:
         """The link a pull from that engine goes over."""
@@ -158,6 +161,7 @@ class Engine:
                 self._pause(deadline - ctx.compute_ms * scale, deadline)
             keys = self.prefix.keys(req.prompt_ids) if adm.mode is not Mode.DECODE else []
             await self._sleep_until(deadline)
+            self.late_ms.append((asyncio.get_running_loop().time() - deadline) * 1000)
             if adm.mode is not Mode.DECODE and adm.epoch == self.epoch:
                 self.prefix.insert(req.prompt_ids, ctx.effective, keys)  # the prompt's KV is computed
             self.queued_prompt_tokens -= n
@@ -481,18 +485,20 @@ class Engine:
 
     def _itl(self) -> dict[str, float | None]:
         """The measured inter-token gaps of this engine's recent decode steps (unscaled ms)."""
-        gaps = sorted(self.itl_gaps)
-        if not gaps:
-            return {"itl_ms_p50": None, "itl_ms_p99": None, "itl_ms_max": None}
-        return {"itl_ms_p50": round(statistics.median(gaps), 3),
-                "itl_ms_p99": round(gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], 3),
-                "itl_ms_max": round(gaps[-1], 3)}
+        out: dict[str, float | None] = {}
+        for name, values in (("itl_ms", self.itl_gaps), ("first_token_late_ms", self.late_ms)):
+            ordered = sorted(values)
+            out[f"{name}_p50"] = round(statistics.median(ordered), 3) if ordered else None
+            out[f"{name}_p99"] = round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3) if ordered else None
+            out[f"{name}_max"] = round(ordered[-1], 3) if ordered else None
+        return out
 
     def reset_stats(self) -> None:
         """Zero the counters (gauges and handles stay)."""
         self.stats = Stats()
         self.recent.clear()
         self.itl_gaps.clear()
+        self.late_ms.clear()
 
 
 def _link_json(link: Link) -> dict[str, float]:
