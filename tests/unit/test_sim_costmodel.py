@@ -163,3 +163,13 @@ def test_a_link_is_a_rate_and_a_fixed_cost_per_pull() -> None:
     assert p.prefill_ms(24000, 23872, 0, slow) > p.prefill_ms(24000)  # a slow link: recomputing is faster
     with pytest.raises(ValueError):
         Link(gbps=0.0)
+
+
+def test_sim_link_flag_parses_a_default_or_a_per_engine_link() -> None:
+    from boomerang_tools.sim.cli import parse_link
+
+    assert parse_link("55") == ("", Link(55.0, 0.0))
+    assert parse_link("sim-decode-1=3:2.5") == ("sim-decode-1", Link(3.0, 2.5))
+    for bad in ("0", "fast", "d=1:-1", "d=", ""):
+        with pytest.raises(ValueError, match="GBPS"):
+            parse_link(bad)
