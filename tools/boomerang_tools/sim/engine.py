@@ -184,7 +184,7 @@ class Engine:
                     stopped = piece.text == req.eos and not req.ignore_eos
                     ids = [q.id for q in pieces]
                     params = self._finish(adm, ctx.effective, ids)
-                    if adm.mode in (Mode.DECODE, Mode.PLAIN) and adm.epoch == self.epoch:
+                    if self.prefix.enabled and adm.mode in (Mode.DECODE, Mode.PLAIN) and adm.epoch == self.epoch:
                         # With prefix caching on, vLLM caches the blocks of every request,
                         # loaded and generated alike: a new turn sent straight to a decode
                         # engine prefills over that history (`standalone_ms`).
@@ -484,7 +484,8 @@ class Engine:
         }
 
     def _itl(self) -> dict[str, float | None]:
-        """The measured inter-token gaps of this engine's recent decode steps (unscaled ms)."""
+        """The measured gaps between this engine's recent decode steps (unscaled ms), and how late
+        its recent first tokens came after the model's time (real ms)."""
         out: dict[str, float | None] = {}
         for name, values in (("itl_ms", self.itl_gaps), ("first_token_late_ms", self.late_ms)):
             ordered = sorted(values)
