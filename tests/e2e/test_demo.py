@@ -24,6 +24,7 @@ from tests.support.gateway_stack import BOOMERANG
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.timeout(900)  # four profiles (AWS's two, the H200's two), each in three deployments
 def test_quick_demo(tmp_path: Path) -> None:
     with fresh_database() as database_url:
         _quick_demo(database_url, tmp_path)
