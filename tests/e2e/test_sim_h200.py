@@ -53,10 +53,11 @@ def engines() -> Iterator[dict[str, Engine]]:
     with ThreadPoolExecutor(len(procs)) as pool:
         list(pool.map(lambda p: p.start(), procs.values()))
     running = {name: Engine(proc) for name, proc in procs.items()}
-    # Warm up: connections, P's handshake with D, the first pull.
-    first = prompt_of(1, 200)
-    _, _, retained, reply = disaggregated(running["p"], running["d"], first, FIRST_TURN)
-    disaggregated(running["p"], running["d"], first + reply + prompt_of(2, 100), retained)
+    # Warm up: connections, each P's handshake with D, the first pull.
+    for tag, p in ((1, running["p"]), (3, running["p_cache"])):
+        first = prompt_of(tag, 200)
+        _, _, retained, reply = disaggregated(p, running["d"], first, FIRST_TURN)
+        disaggregated(p, running["d"], first + reply + prompt_of(tag + 1, 100), retained)
     yield running
     for name, engine in running.items():
         engine.http.close()
