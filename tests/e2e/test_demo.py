@@ -27,6 +27,7 @@ from tests.support.gateway_stack import BOOMERANG
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.timeout(900)  # four profiles (AWS's two, the H200's two), each in three deployments
 def test_quick_demo(tmp_path: Path) -> None:
     with fresh_database() as database_url:
         _quick_demo(database_url, tmp_path)
@@ -36,7 +37,7 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
     run = subprocess.run(
         [BOOMERANG, "demo", "--quick", "--database-url", database_url, "--out", str(tmp_path),
          "--data-dir", str(tmp_path / ".boomerang")],
-        capture_output=True, text=True, timeout=480, env={"PATH": "/usr/bin:/bin", "BOOMERANG_DB_POOL_SIZE": "3",
+        capture_output=True, text=True, timeout=900, env={"PATH": "/usr/bin:/bin", "BOOMERANG_DB_POOL_SIZE": "3",
                                                           "COLUMNS": "160"},
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -53,7 +54,9 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
     assert report["corrupt_pulls"] == 0 and report["requests_failed"] == 0
     assert [(p["profile"], p["mode"]) for p in report["profiles"]] == [
         ("qwen3-32b", "gateway"), ("qwen3-32b", "gateway-no-id"), ("qwen3-32b", "hook"),
-        ("qwen3-32b", "prefix-cache"), ("glm-5-fp8", "gateway"), ("glm-5-fp8", "gateway-no-id"), ("glm-5-fp8", "hook")]
+        ("qwen3-32b", "prefix-cache"), ("glm-5-fp8", "gateway"), ("glm-5-fp8", "gateway-no-id"), ("glm-5-fp8", "hook"),
+        ("qwen3-32b-h200", "gateway"), ("qwen3-32b-h200", "gateway-no-id"), ("qwen3-32b-h200", "hook"),
+        ("qwen3-8b-h200", "gateway"), ("qwen3-8b-h200", "gateway-no-id"), ("qwen3-8b-h200", "hook")]
     boomerang = [p for p in report["profiles"] if p["mode"] != "prefix-cache"]
     for profile in boomerang:
         assert {"profile", "mode", "rows", "tokenize_calls", "pulls"} <= set(profile)

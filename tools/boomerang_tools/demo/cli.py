@@ -39,6 +39,7 @@ from boomerang_tools.stack.postgres import PostgresError
 from boomerang_tools.stack.stack import SimSpec, Stack, StackConfig
 
 CLAIM_DEADLINE_MS = 1000
+DEFAULT_PROFILES = ("qwen3-32b", "glm-5-fp8", "qwen3-32b-h200", "qwen3-8b-h200")
 WIDE = 8  # conversations sharing P beyond which a level runs on the first profile only
 
 
@@ -54,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--hbm", choices=("on", "off"), default="on",
                         help="first compare decode memory under vLLM's fixed TTL and Boomerang's releases (default on)")
     parser.add_argument("--reps", type=int, default=1, help="conversations per profile and mode (default 1)")
-    parser.add_argument("--profiles", default="qwen3-32b,glm-5-fp8", help="comma-separated (default both)")
+    parser.add_argument("--profiles", default=",".join(DEFAULT_PROFILES),
+                        help=f"comma-separated (default {','.join(DEFAULT_PROFILES)}: AWS's two, then the H200's two)")
     parser.add_argument("--out", default=".", help="folder for demo-report.json and demo-report.png (default .)")
     parser.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL); default: embedded cluster")
     parser.add_argument("--data-dir", default=".boomerang", help="embedded database and logs (default .boomerang)")
@@ -126,6 +128,10 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
     """One deployment: bring it up, measure it, record its engines' counters; on the last
     one (its services still up, for the audit trail) conclude. None: go on."""
     profiles, points, result = run["profiles"], run["points"], run["result"]
+    if not mode.boomerang and not mode.baseline:
+        # The alternative to Boomerang on AWS's profiles (the skeptic's question is about AWS's
+        # setting).
+        profiles = [p for p in profiles if PROFILES[p].published is not None] or profiles[:1]
     if args.quick and mode.quick_profiles is not None:
         profiles = profiles[:mode.quick_profiles]
     rotations = _rotations(args, profiles, mode)

@@ -74,12 +74,12 @@ def _skeptic(
     modes: list[Mode],
     extra: dict[tuple[str, str], dict[str, Any]],
     rotations: list[tuple[str, str, int, tuple[int, ...]]],
-) -> tuple[list[str], dict[str, Callable[[Any], None]]]:
+) -> tuple[list[str], dict[str, Callable[[Any], list[tuple[float, float, str, str]]]]]:
     """The alternative to Boomerang beside it, by conversations sharing the prefill engine: a
     table per profile, its report rows (in `extra`), the verdict lines and the chart panels."""
     boomerang = next((m for m in modes if m.boomerang), None)
     verdicts: list[str] = []
-    lower: dict[str, Callable[[Any], None]] = {}
+    lower: dict[str, Callable[[Any], list[tuple[float, float, str, str]]]] = {}
     for mode in (m for m in modes if not m.boomerang):
         for p in (q for q in profiles if (q, mode.name) in extra):
             info = extra[(p, mode.name)]
@@ -172,7 +172,7 @@ def conclude(
     )
     for mode, t in data["ceiling_targets"].items():
         below = ", ".join(f"{k} {v:.0%}" for k, v in t["below"].items())
-        console.print(f"{mode}: at AWS's published points, at least {t['lowest']:.0%} of the simulator's own ceiling "
+        console.print(f"{mode}: at the reference's points (AWS's published, the H200's measured), at least {t['lowest']:.0%} of the simulator's own ceiling "
                       f"speedup (target ≥ {t['target']:.0%}): " + ("met" if t["met"] else f"not met ({below})"))
     for line in verdicts:
         console.print(line)

@@ -124,9 +124,10 @@ def verdict(profile: str, entry: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def panel(ax: Any, profile: str, entry: list[dict[str, Any]], boomerang: Mode | None, capacity_tokens: int) -> None:
+def panel(ax: Any, profile: str, entry: list[dict[str, Any]], boomerang: Mode | None,
+          capacity_tokens: int) -> list[tuple[float, float, str, str]]:
     """The chart's lower panel: TTFT against context, off and Boomerang, and the prefix cache
-    at each number of conversations."""
+    at each number of conversations; returns its labels, for the chart to place once laid out."""
     p = sim_profile(profile)
     one: list[dict[str, Any]] = next((lv["rows"] for lv in entry if lv["conversations"] == 1), [])
     xs = [r["context_tokens"] / 1000 for r in one]
@@ -134,6 +135,7 @@ def panel(ax: Any, profile: str, entry: list[dict[str, Any]], boomerang: Mode | 
     if any(r["ttft_boomerang_ms"] is not None for r in one):
         ax.plot(xs, [r["ttft_boomerang_ms"] for r in one], "o-", color="#1f77b4",
                 label=f"Boomerang on: {boomerang.label if boomerang else ''}")
+    labels: list[tuple[float, float, str, str]] = []
     shades = ("#7dcea0", "#27ae60", "#145a32", "#0b3d20")
     for i, level in enumerate(entry):
         data = level["rows"]
@@ -143,13 +145,15 @@ def panel(ax: Any, profile: str, entry: list[dict[str, Any]], boomerang: Mode | 
         ax.plot([r["context_tokens"] / 1000 for r in data], [r["ttft_prefix_cache_ms"] for r in data], "s--",
                 color=color, ms=7, label=f"prefix cache + sticky, {n} conversation" + ("s" if n > 1 else ""))
         last = data[-1]
-        ax.annotate(f"{n}× {last['cached_share']:.0%} hit", (last["context_tokens"] / 1000, last["ttft_prefix_cache_ms"]),
-                    textcoords="offset points", xytext=(-8, -4), ha="right", fontsize=8, color=color)
+        labels.append((last["context_tokens"] / 1000, last["ttft_prefix_cache_ms"],
+                       f"{n}× {last['cached_share']:.0%} hit", color))
     ax.set_title(f"{p.served_model_name}: the skeptic's alternative (P's cache: {capacity_tokens // 1000}k tokens)",
                  fontsize=10)
     ax.set_xlabel("context length (thousand tokens)")
     ax.set_ylabel("time to first token (ms)")
     ax.set_ylim(bottom=0)
-    ax.set_xlim(left=0)
+    ax.set_xlim(left=0, right=max(xs, default=1.0) * 1.34)  # room for the labels right of the lines' ends
+    ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= max(xs, default=1.0)])
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
+    return labels

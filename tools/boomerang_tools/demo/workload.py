@@ -29,14 +29,19 @@ NEW_TOKENS = 128
 REPLY_ESTIMATE = 20  # tokens; the demo caps replies at MAX_REPLY_TOKENS
 MAX_REPLY_TOKENS = 24
 
-# Context lengths measured per profile: AWS's range (2k to 24k for Qwen3-32B, to 20k for GLM-5).
+# Context lengths measured per profile: AWS's range (2k to 24k for Qwen3-32B, to 20k for GLM-5),
+# and the H200 measurements' (2k to 24k).
 POINTS: dict[str, tuple[int, ...]] = {
     "qwen3-32b": (2000, 4000, 8000, 12000, 16000, 20000, 24000),
     "glm-5-fp8": (2000, 4000, 8000, 12000, 16000, 20000),
+    "qwen3-32b-h200": (2000, 4000, 8000, 12000, 16000, 20000, 24000),
+    "qwen3-8b-h200": (2000, 4000, 8000, 12000, 16000, 20000, 24000),
 }
 QUICK_POINTS: dict[str, tuple[int, ...]] = {
     "qwen3-32b": (2000, 8000, 24000),
     "glm-5-fp8": (2000, 8000, 20000),
+    "qwen3-32b-h200": (2000, 8000, 24000),
+    "qwen3-8b-h200": (2000, 8000, 24000),
 }
 
 _TOOLS = [

@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from boomerang_tools.sim import protocol
+from boomerang_tools.sim.costmodel import Link
 from boomerang_tools.sim.engine import AdmissionError, Engine, GenRequest, Token
 from boomerang_tools.sim.kvstore import ReadError
 from boomerang_tools.sim.params import Mode, ParamsError, first_group
@@ -116,6 +117,10 @@ class Api:
 
     async def _generate(self, request: Request, kind: str) -> Response:
         cfg = self.config
+        loop = asyncio.get_running_loop()
+        # The modelled time counts from here (the request's arrival), plus what Boomerang's
+        # hook holds it for: parsing and tokenizing are the simulator's own work, inside it.
+        started = loop.time()
         request_id = ""
         try:
             body = await _json(request)
@@ -136,8 +141,10 @@ class Api:
             )
             request_id = self._request_id(request, "chatcmpl" if kind == "chat" else "cmpl")
             if self.engine.hook is not None:
+                held = loop.time()
                 req = await self.engine.hook.before_admit(req, request_id)
-            admission = self.engine.admit(req, request_id)
+                started += loop.time() - held
+            admission = self.engine.admit(req, request_id, started)
         except protocol.ProtocolError as exc:
             return _error(exc.status, str(exc), exc.kind, exc.param)
         except (ParamsError, AdmissionError) as exc:
@@ -148,7 +155,9 @@ class Api:
             return _error(exc.status, str(exc), exc.kind, exc.param)
         if self.engine.hook is not None:
             remote = admission.remote if admission.mode is Mode.PULL else None
+            held = loop.time()
             await self.engine.hook.allocated(request_id, (remote.num_tokens or 0) if remote is not None else 0)
+            admission.started += loop.time() - held
         builder = protocol.ResponseBuilder(parsed, request_id, cfg.enable_prompt_tokens_details)
         tokens = self.engine.run(admission)
         if parsed.stream:
@@ -243,6 +252,28 @@ class Api:
         dropped = self.engine.restart()
         return JSONResponse({"registration_generation": self.engine.generation, "dropped_handles": dropped})
 
+    async def link(self, request: Request) -> Response:
+        """POST /sim/link `{"gbps", "fixed_ms"?, "remote_engine_id"?}`: the link this engine
+        pulls from that decode engine over (without an id: from every other), from now on."""
+        try:
+            body = await _json(request)
+            if not isinstance(body, dict):
+                raise protocol.ProtocolError(400, "The request body must be a JSON object.")
+            remote = body.get("remote_engine_id")
+            if remote is not None and (not isinstance(remote, str) or not remote):
+                raise protocol.ProtocolError(400, "remote_engine_id: must be a non-empty string", param="remote_engine_id")
+            gbps, fixed = body.get("gbps"), body.get("fixed_ms", 0.0)
+            for name, value in (("gbps", gbps), ("fixed_ms", fixed)):
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise protocol.ProtocolError(400, f"{name}: must be a number", param=name)
+            link = Link(float(gbps), float(fixed))  # type: ignore[arg-type]
+        except protocol.ProtocolError as exc:
+            return _error(exc.status, str(exc), exc.kind, exc.param)
+        except ValueError as exc:
+            return _error(400, f"{exc}: gbps must be > 0 and fixed_ms >= 0", param="gbps")
+        self.engine.set_link(link, remote)
+        return JSONResponse({"remote_engine_id": remote, "gbps": link.gbps, "fixed_ms": link.fixed_ms})
+
     async def reset_stats(self, request: Request) -> Response:
         """POST /sim/reset-stats."""
         self.engine.reset_stats()
@@ -293,6 +324,7 @@ def make_app(engine: Engine, api_port_holder: dict[str, int]) -> ASGIApp:
         Route("/sim/stats", api.stats, methods=["GET"]),
         Route("/sim/restart", api.restart, methods=["POST"]),
         Route("/sim/reset-stats", api.reset_stats, methods=["POST"]),
+        Route("/sim/link", api.link, methods=["POST"]),
     ])
     side = Starlette(routes=[
         Route("/sim/nixl/clock", api.nixl_clock, methods=["GET"]),

@@ -9,7 +9,7 @@ import uuid
 import xxhash
 from boomerang_server.config.flags import run_async
 
-from boomerang_tools.sim.costmodel import profile
+from boomerang_tools.sim.costmodel import Link, profile
 from boomerang_tools.sim.engine import SimConfig
 from boomerang_tools.sim.hooked import HookOptions
 from boomerang_tools.sim.server import run
@@ -25,7 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--role", choices=["prefill", "decode"], required=True, help="prefill (P) or decode (D)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP API port (0: a free one; default 8000)")
-    parser.add_argument("--profile", default="qwen3-32b", help="cost profile: qwen3-32b or glm-5-fp8 (default qwen3-32b)")
+    parser.add_argument("--profile", default="qwen3-32b",
+                        help="cost profile: qwen3-32b or glm-5-fp8 (fit to AWS's table), qwen3-32b-h200 or "
+                        "qwen3-8b-h200 (fit to one H200's measurements); default qwen3-32b")
+    parser.add_argument("--link", action="append", default=[], metavar="[ENGINE_ID=]GBPS[:FIXED_MS]",
+                        help="the link this engine pulls retained KV over: a rate in GB/s and a fixed cost per pull "
+                        "in ms; with ENGINE_ID= only from that decode engine (repeatable; default the profile's: "
+                        "55 GB/s and 0 ms for the h200 profiles)")
     parser.add_argument("--ttl", type=float, default=480.0, help="decoder_kv_blocks_ttl in seconds (default 480)")
     parser.add_argument("--engine-id", help="engine id (default sim-<role>-<random>)")
     parser.add_argument("--host", default="127.0.0.1", help="listen host, also the side-channel host (default 127.0.0.1)")
@@ -84,6 +90,16 @@ def _check(ok: bool, message: str) -> None:
         raise SystemExit(f"boomerang sim: {message}")
 
 
+def parse_link(spec: str) -> tuple[str, Link]:
+    """`[ENGINE_ID=]GBPS[:FIXED_MS]` as (engine id or "", Link); ValueError when malformed."""
+    engine_id, _, rate = spec.rpartition("=")
+    gbps, _, fixed = rate.partition(":")
+    try:
+        return engine_id, Link(float(gbps), float(fixed or 0.0))
+    except ValueError:
+        raise ValueError(f"{spec!r}: want [ENGINE_ID=]GBPS[:FIXED_MS] with GBPS > 0 and FIXED_MS >= 0") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         prof = profile(args.profile)
@@ -99,6 +115,12 @@ def _run(args: argparse.Namespace) -> int:
     _check(args.time_scale >= 0, "--time-scale must be non-negative")
     _check(args.num_gpu_blocks >= 1, "--num-gpu-blocks must be positive")
     _check(args.prefix_cache_blocks >= 0, "--prefix-cache-blocks must be non-negative")
+    try:
+        links = [parse_link(spec) for spec in args.link]
+    except ValueError as exc:
+        raise SystemExit(f"boomerang sim: --link {exc}") from None
+    defaults = [link for engine, link in links if not engine]
+    _check(len(defaults) <= 1, "--link without ENGINE_ID= may be given once")
     hook = None
     if args.hook:
         _check(args.role == "prefill" or bool(args.registry), "--hook on a decode engine needs --registry")
@@ -138,6 +160,8 @@ def _run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len or prof.max_model_len,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         prefix_cache_blocks=args.prefix_cache_blocks,
+        link=defaults[0] if defaults else None,
+        links=tuple((engine, link) for engine, link in links if engine),
     )
     run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds, hook))
     return 0

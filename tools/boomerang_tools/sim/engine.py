@@ -10,12 +10,15 @@ pins blocks on finish (`kvstore.py`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import statistics
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from boomerang_tools.sim.costmodel import Link
 from boomerang_tools.sim.generate import Piece, generate
 from boomerang_tools.sim.hooked import SimHook
 from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted
@@ -45,6 +48,18 @@ class _Context:
     budget_ms: float
     # Prompt tokens not computed (pulled or loaded): vLLM's `num_cached_tokens`.
     cached_tokens: int = 0
+    # The budget's last part: computing the prompt on this engine's GPU (pauses its decodes).
+    compute_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Pause:
+    """A prefill on this engine's GPU: running decodes make no step from `start` to `end`
+    (loop time, seconds)."""
+
+    id: int
+    start: float
+    end: float
 
 
 class Engine:
@@ -64,6 +79,26 @@ class Engine:
         self.queued_prompt_tokens = 0
         self.restarted = asyncio.Event()
         self.hook: SimHook | None = None  # `--hook`: Boomerang's vLLM hook runs inside this engine
+        # D→P links by remote engine id (this engine pulling from it); others use `link`.
+        self.link = config.link or config.profile.link
+        self.links: dict[str, Link] = dict(config.links)
+        self.pauses: list[_Pause] = []
+        self._pause_ids = itertools.count()
+        self.itl_gaps: deque[float] = deque(maxlen=4096)  # measured inter-token gaps, unscaled ms
+        # How late each first token came after the time the cost model gave it, real ms: the
+        # simulator's own work showing (on a busy host, when it outlasts the modelled step).
+        self.late_ms: deque[float] = deque(maxlen=4096)
+
+    def link_for(self, remote_engine_id: str | None) -> Link:
+        """The link a pull from that engine goes over."""
+        return self.links.get(remote_engine_id or "", self.link)
+
+    def set_link(self, link: Link, remote_engine_id: str | None = None) -> None:
+        """Change the link to one engine, or the default for every other (`POST /sim/link`)."""
+        if remote_engine_id:
+            self.links[remote_engine_id] = link
+        else:
+            self.link = link
 
     async def close(self) -> None:
         """Release client connections (and flush the hook's senders)."""
@@ -73,8 +108,11 @@ class Engine:
 
     # -- admission -------------------------------------------------------------------------
 
-    def admit(self, req: GenRequest, request_id: str) -> Admission:
-        """Check limits and allocate the prompt's blocks, or raise AdmissionError."""
+    def admit(self, req: GenRequest, request_id: str, started: float | None = None) -> Admission:
+        """Check limits and allocate the prompt's blocks, or raise AdmissionError. `started`:
+        when the request arrived (loop time, plus any time Boomerang's hook held it): its
+        modelled time counts from there, so the simulator's own parsing and tokenizing are
+        inside it, never added to it."""
         n, limit = len(req.prompt_ids), self.config.max_model_len
         if n == 0:
             raise AdmissionError(400, "BadRequestError", "The prompt is empty.", "prompt")
@@ -96,7 +134,8 @@ class Engine:
             raise AdmissionError(503, "ServiceUnavailableError", str(exc)) from None
         self.stats.requests += 1
         self.stats.prompt_tokens += n
-        return Admission(request_id, req, mode, remote, alloc, self.epoch, asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        return Admission(request_id, req, mode, remote, alloc, self.epoch, now if started is None else started)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -111,18 +150,32 @@ class Engine:
         self.in_flight += 1
         self.queued_prompt_tokens += n
         queued, finished = True, False
+        scale = self.config.time_scale / 1000
         try:
             ctx = await self._context(adm)
-            await self._sleep_until(adm.started + ctx.budget_ms * self.config.time_scale / 1000)
+            # The modelled step ends when the cost model says, counted from the request's
+            # arrival: the simulator's own work above (parsing, tokenizing, moving blocks) is
+            # inside that time, not added to it.
+            deadline = adm.started + ctx.budget_ms * scale
+            if ctx.compute_ms > 0:
+                self._pause(deadline - ctx.compute_ms * scale, deadline)
+            keys = self.prefix.keys(req.prompt_ids) if adm.mode is not Mode.DECODE else []
+            await self._sleep_until(deadline)
+            self.late_ms.append((asyncio.get_running_loop().time() - deadline) * 1000)
             if adm.mode is not Mode.DECODE and adm.epoch == self.epoch:
-                self.prefix.insert(req.prompt_ids, ctx.effective)  # the prompt's KV is computed
+                self.prefix.insert(req.prompt_ids, ctx.effective, keys)  # the prompt's KV is computed
             self.queued_prompt_tokens -= n
             queued = False
             pieces = self._output(ctx.effective, req)
             last = len(pieces) - 1
+            step_at, emitted = deadline, asyncio.get_running_loop().time()
             for i, piece in enumerate(pieces):
                 if i:
-                    await asyncio.sleep(self.config.profile.itl_ms * self.config.time_scale / 1000)
+                    step_at = await self._decode_step(step_at, self.config.profile.itl_ms * scale)
+                    now = asyncio.get_running_loop().time()
+                    if scale > 0:
+                        self.itl_gaps.append((now - emitted) / scale)
+                    emitted = now
                 self._grow(adm, n + i + 1)
                 finish = None
                 if i == last:
@@ -131,6 +184,11 @@ class Engine:
                     stopped = piece.text == req.eos and not req.ignore_eos
                     ids = [q.id for q in pieces]
                     params = self._finish(adm, ctx.effective, ids)
+                    if self.prefix.enabled and adm.mode in (Mode.DECODE, Mode.PLAIN) and adm.epoch == self.epoch:
+                        # With prefix caching on, vLLM caches the blocks of every request,
+                        # loaded and generated alike: a new turn sent straight to a decode
+                        # engine prefills over that history (`standalone_ms`).
+                        self.prefix.insert(req.prompt_ids + ids[:-1], ctx.effective + ids[:-1])
                     if params is not None and params.get("do_remote_prefill"):
                         # vLLM's scheduler: P's cache hits ride to D, which reports them.
                         params["remote_prefill_cached_tokens"] = ctx.cached_tokens
@@ -180,6 +238,31 @@ class Engine:
     async def _sleep_until(self, deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
 
+    def _pause(self, start: float, end: float) -> None:
+        """A prefill computes on this engine from `start` to `end`: running decodes wait."""
+        now = asyncio.get_running_loop().time()
+        self.pauses = [p for p in self.pauses if p.end > now - 60.0]
+        self.pauses.append(_Pause(next(self._pause_ids), start, end))
+        self.stats.local_prefill_ms += (end - start) * 1000 / max(self.config.time_scale, 1e-9)
+
+    async def _decode_step(self, previous: float, itl: float) -> float:
+        """One decode step after the one that ended at `previous` (loop time): it ends `itl`
+        later, plus every pause a prefill on this engine puts in its way, also one that starts
+        while it waits. Returns when it ended."""
+        end, counted = previous + itl, set()
+        while True:
+            for p in self.pauses:
+                if p.id not in counted and p.start < end and p.end > previous:
+                    counted.add(p.id)
+                    stall = p.end - max(p.start, previous)
+                    end += stall
+                    self.stats.decode_stall_ms += stall * 1000 / max(self.config.time_scale, 1e-9)
+            await self._sleep_until(end)
+            if not any(p.id not in counted and p.start < end and p.end > previous for p in self.pauses):
+                self.stats.decode_steps += 1
+                self.stats.decode_stalled_steps += bool(counted)
+                return end
+
     def _note(self, **event: Any) -> None:
         self.recent.append(event)
 
@@ -195,7 +278,9 @@ class Engine:
         n = len(prompt)
         self.stats.computed_tokens += n - hit.tokens
         cost = p.prefill_ms(n, 0, hit.tokens) if adm.mode is Mode.PREFILL else p.standalone_ms(n, hit.tokens)
-        return _Context(hit.kv + prompt[hit.tokens:], cost, hit.tokens)
+        if adm.mode is Mode.PLAIN:
+            self.stats.local_prefills += 1
+        return _Context(hit.kv + prompt[hit.tokens:], cost, hit.tokens, p.compute_ms(n - hit.tokens, hit.tokens))
 
     def _lookup(self, prompt: list[int]) -> Hit:
         """This engine's own prefix-cache hit for a prompt it is about to compute."""
@@ -223,7 +308,8 @@ class Engine:
         def recompute(outcome: str) -> _Context:
             self._note(**event, outcome=outcome)
             self.stats.computed_tokens += n - hit.tokens
-            return _Context(hit.kv + prompt[hit.tokens:], p.prefill_ms(n, 0, hit.tokens), hit.tokens)
+            return _Context(hit.kv + prompt[hit.tokens:], p.prefill_ms(n, 0, hit.tokens), hit.tokens,
+                            p.compute_ms(n - hit.tokens, hit.tokens))
 
         try:
             peer = await self.nixl.peer(remote.engine_id or "", remote.host, remote.port)
@@ -260,7 +346,9 @@ class Engine:
         self.stats.pulled_tokens += count - local
         self.stats.computed_tokens += n - count
         self._note(**event, outcome=outcome)
-        return _Context(hit.kv[:local] + pulled + prompt[count:], p.prefill_ms(n, count - local, local), count)
+        link = self.link_for(remote.engine_id)
+        return _Context(hit.kv[:local] + pulled + prompt[count:], p.prefill_ms(n, count - local, local, link), count,
+                        p.compute_ms(n - count, count))
 
     async def _free_remote(self, remote: RemoteHandle) -> None:
         assert remote.host is not None and remote.port is not None and remote.request_id
@@ -280,7 +368,7 @@ class Engine:
             self.stats.load_failures += 1
             self.stats.computed_tokens += n
             self._note(**event, outcome=outcome)
-            return _Context(list(prompt), p.decode_first_ms(0) + p.compute_ms(n))
+            return _Context(list(prompt), p.decode_first_ms(0) + p.compute_ms(n), 0, p.compute_ms(n))
 
         if remote is None or not remote.complete:
             return compute("incomplete_params")
@@ -302,8 +390,8 @@ class Engine:
         self.stats.loaded_tokens += len(loaded)
         self.stats.computed_tokens += n - len(loaded)
         self._note(**event, count=len(loaded), outcome=outcome)
-        return _Context(loaded + prompt[len(loaded):], p.decode_first_ms(len(loaded)) + p.compute_ms(n - len(loaded)),
-                        len(loaded))
+        rest = p.compute_ms(n - len(loaded), len(loaded))
+        return _Context(loaded + prompt[len(loaded):], p.decode_first_ms(len(loaded)) + rest, len(loaded), rest)
 
     # -- finish ----------------------------------------------------------------------------
 
@@ -374,7 +462,10 @@ class Engine:
             "block_size": cfg.block_size,
             "kv_recompute_threshold": cfg.recompute_threshold,
             "time_scale": cfg.time_scale,
+            "link": _link_json(self.link),
+            "links": {engine_id: _link_json(link) for engine_id, link in self.links.items()},
             **asdict(self.stats),
+            **self._itl(),
             "retained_blocks": self.kv.pinned_blocks(HandleKind.RETAINED),
             "retained_handles": sum(h.kind is HandleKind.RETAINED for h in self.kv.handles.values()),
             "held_blocks": self.kv.pinned_blocks(HandleKind.HELD),
@@ -392,10 +483,27 @@ class Engine:
             **({"hook": self.hook.stats()} if self.hook is not None else {}),
         }
 
+    def _itl(self) -> dict[str, float | None]:
+        """The measured gaps between this engine's recent decode steps (unscaled ms), and how late
+        its recent first tokens came after the model's time (real ms)."""
+        out: dict[str, float | None] = {}
+        for name, values in (("itl_ms", self.itl_gaps), ("first_token_late_ms", self.late_ms)):
+            ordered = sorted(values)
+            out[f"{name}_p50"] = round(statistics.median(ordered), 3) if ordered else None
+            out[f"{name}_p99"] = round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3) if ordered else None
+            out[f"{name}_max"] = round(ordered[-1], 3) if ordered else None
+        return out
+
     def reset_stats(self) -> None:
         """Zero the counters (gauges and handles stay)."""
         self.stats = Stats()
         self.recent.clear()
+        self.itl_gaps.clear()
+        self.late_ms.clear()
+
+
+def _link_json(link: Link) -> dict[str, float]:
+    return {"gbps": link.gbps, "fixed_ms": link.fixed_ms}
 
 
 def _reported_cached(adm: Admission, ctx: _Context) -> int:

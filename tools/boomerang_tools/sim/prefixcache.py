@@ -70,14 +70,19 @@ class PrefixCache:
             kv.extend(block)
         return Hit(len(kv), kv)
 
-    def insert(self, prompt: list[int], kv: list[int]) -> int:
+    def keys(self, prompt: list[int]) -> list[bytes]:
+        """The chained hashes of every full block of `prompt` (none when the cache is off): an
+        engine computes them while its modelled step runs, and inserts at the step's end."""
+        return list(self._hashes(prompt, len(prompt) // self.block_size)) if self.enabled else []
+
+    def insert(self, prompt: list[int], kv: list[int], keys: list[bytes] | None = None) -> int:
         """Cache the full blocks of a computed prompt (`kv`: what its KV really holds) as the
         most recently used, tail block first, then evict down to capacity; returns how many
-        blocks were evicted."""
+        blocks were evicted. `keys`: the prompt's `keys()`, if already computed."""
         if not self.enabled:
             return 0
         bs = self.block_size
-        keys = list(self._hashes(prompt, len(prompt) // bs))
+        keys = self.keys(prompt) if keys is None else keys
         for i in reversed(range(len(keys))):
             self.blocks[keys[i]] = list(kv[i * bs : (i + 1) * bs])
             self.blocks.move_to_end(keys[i])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boomerang_tools.sim import template
-from boomerang_tools.sim.tokenizer import END_OF_TEXT, IM_END, SPECIAL_BY_ID, VOCAB_SIZE, encode
+from boomerang_tools.sim.tokenizer import END_OF_TEXT, IM_END, SPECIAL_BY_ID, VOCAB_SIZE, encode_ids
 
 # Qwen's instruct models end a chat turn with <|im_end|> and raw text with <|endoftext|>.
 EOS_CHAT = SPECIAL_BY_ID[IM_END]
@@ -140,7 +140,7 @@ def chat_prompt_ids(body: dict[str, Any], strip_reasoning: bool) -> list[int]:
         )
     except template.TemplateError as exc:
         raise ProtocolError(400, str(exc), param="messages") from None
-    return encode(text).ids
+    return encode_ids(text)
 
 
 def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
@@ -149,9 +149,9 @@ def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return encode(prompt).ids
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if any(t < 0 or t >= VOCAB_SIZE for t in prompt):
+        return encode_ids(prompt)
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):  # not bool, a subclass
+        if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
             raise ProtocolError(400, f"prompt: token ids must be in [0, {VOCAB_SIZE})", param="prompt")
         return list(prompt)
     raise ProtocolError(400, "prompt: must be a string or a list of token ids (one prompt per request)", param="prompt")

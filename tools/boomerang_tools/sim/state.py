@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from boomerang_tools.sim.costmodel import Profile
+from boomerang_tools.sim.costmodel import Link, Profile
 from boomerang_tools.sim.kvstore import Allocation
 from boomerang_tools.sim.params import Mode, RemoteHandle
 
@@ -36,6 +36,9 @@ class SimConfig:
     # vLLM's --enable-prefix-caching, with this many spare blocks to keep prefixes in; 0: off
     # (AWS's setting).
     prefix_cache_blocks: int = 0
+    # The D→P link a pull goes over: the default (None: the profile's) and per remote engine id.
+    link: Link | None = None
+    links: tuple[tuple[str, Link], ...] = ()
 
 
 @dataclass
@@ -71,6 +74,14 @@ class Stats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     tokenize_requests: int = 0  # POST /tokenize calls (a gateway that plans tokenizes every turn here)
+    # Requests with no kv_transfer_params computed here (on a decode engine: a turn prefilled
+    # on D over the history it holds), and the GPU time every prefill here took, unscaled ms.
+    local_prefills: int = 0
+    local_prefill_ms: float = 0.0
+    # Decode steps made here, those a prefill on this engine paused, and the time it added.
+    decode_steps: int = 0
+    decode_stalled_steps: int = 0
+    decode_stall_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,11 @@ def encode(text: str) -> Encoding:
     return Encoding(ids=list(enc.ids), pieces=[text[a:b] for a, b in enc.offsets])
 
 
+def encode_ids(text: str) -> list[int]:
+    """Token ids alone (what serving a request needs: no text pieces to cut)."""
+    return list(TOKENIZER.encode(text, add_special_tokens=False).ids)
+
+
 def decode_pieces(pieces: list[str]) -> str:
     """Detokenize with skip_special_tokens: drop control tokens, keep the text of the rest."""
     return "".join(p for p in pieces if p not in SKIPPED_IN_TEXT)
