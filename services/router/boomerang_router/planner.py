@@ -5,11 +5,13 @@ concern: pick the engines from the in-memory pool (`engine_choice`), claim the
 conversation's retained blocks with a short deadline (`reuse_claim`), decide
 (`engine_choice.decide_plan`, over `domain.decide`), give back a claim it will not hand out
 (`claims`), and record the plan (`ledger`; its `turn_plans` row is queued for a background
-writer). The servicer answers with it. Anything slow or failing in the control plane turns
+writer). The decision reads the engines' learned costs (`learning.CostModels`); reports
+update them, never a plan. The servicer answers with it. Anything slow or failing in the control plane turns
 into a COLD plan with reason CONTROL_PLANE_DEGRADED, never a failed turn.
 
 `Router.report_turn` settles a turn: find its plan, check the report against it, end the
-turn at the registry (`reports`: one CompleteTurn), and record the outcome (`ledger`).
+turn at the registry (`reports`: one CompleteTurn), record the outcome (`ledger`), and learn
+from the times it measured (`learning`).
 
 Claims the router will not hand out are given back in the background: when it decides
 against pulling after a successful claim, when the caller went away before the answer, and
@@ -29,7 +31,8 @@ from datetime import datetime
 from typing import Any
 
 from boomerang_router.engine_choice import decide_plan, pick_engines
-from boomerang_router.ledger import PlanLedger, check_report, new_record, plan_ids
+from boomerang_router.learning import CostModels
+from boomerang_router.ledger import PlanLedger, check_report, new_record, observation, plan_ids
 from boomerang_router.plans import PlanRecord
 from boomerang_router.reports import Reporter, ReportResult
 from boomerang_router.requests import PlanInput, ReportInput
@@ -39,8 +42,11 @@ from boomerang_router.reuse_claim import ReuseClaimer, answer_by
 class Router:
     """Plans turns and settles their outcomes; `server.build_router` puts the steps together."""
 
-    def __init__(self, ledger: PlanLedger, claimer: ReuseClaimer, reporter: Reporter, name: str = ""):
+    def __init__(
+        self, ledger: PlanLedger, claimer: ReuseClaimer, reporter: Reporter, models: CostModels, name: str = ""
+    ):
         self.ledger = ledger
+        self.models = models
         self.claimer = claimer
         self.claims = claimer.keeper
         self.reporter = reporter
@@ -85,7 +91,7 @@ class Router:
         engines = pick_engines(self.pool, p, self.stats)
         ids = plan_ids(p)
         claim = await self.claimer.claim_for_plan(p, engines, ids[1], by)
-        d = decide_plan(self.pool, p, engines, claim)
+        d, engines = decide_plan(self.pool, self.models, p, engines, claim)
         if d.release_claim and claim.lease is not None:
             self.claims.give_back(p.tenant, claim.lease.lease_id, claim.lease.claim_id, f"ROUTER_{d.reason.value}")
         record = new_record(p, engines, claim, d, ids, self.name)
@@ -108,7 +114,11 @@ class Router:
             record = await self.ledger.find_plan(r.tenant, r.plan_id, r.created_at)
             pulled = check_report(record, r)
             ended = await self.reporter.end_turn_in_registry(record, r, pulled)
-            return self.ledger.record_report(record, r, pulled, ended)
+            first = record.reported_at is None
+            result = self.ledger.record_report(record, r, pulled, ended)
+            if first:  # a repeated report teaches nothing twice
+                self.models.observe(observation(record, r))
+            return result
 
     async def find_plan(self, tenant: str, plan_id: str, created_at: datetime) -> PlanRecord:
         """A tenant's plan from memory or `turn_plans`, or NOT_FOUND."""
