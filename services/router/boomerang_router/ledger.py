@@ -27,7 +27,7 @@ from boomerang_router.domain import (
     turn_outcome,
 )
 from boomerang_router.engine_choice import EngineChoice
-from boomerang_router.learning import Observation
+from boomerang_router.learning import CostModels, Observation
 from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EnginePool
 from boomerang_router.reports import ReportResult
@@ -133,8 +133,10 @@ class PlanLedger:
         audit: AuditWriter,
         repo: TurnPlanRepository,
         stats: Tally[str],
+        models: CostModels,
     ):
         self.settings = settings
+        self.models = models  # the engines' learned costs: plans read them, reports update them
         self.pool = pool
         self.audit = audit
         self.repo = repo
@@ -194,6 +196,7 @@ class PlanLedger:
         lease_state, handle_detail, retention, lease, retain_detail = ended
         if record.reported_at is None:
             record.reported_at = datetime.now(UTC)
+            self.models.observe(observation(record, r))  # a repeated report teaches nothing twice
         record.handle_use = r.handle_use.value if pulled else ""
         record.claimed_lease_state = lease_state
         record.retention = retention.value

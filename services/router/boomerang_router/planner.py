@@ -10,8 +10,8 @@ update them, never a plan. The servicer answers with it. Anything slow or failin
 into a COLD plan with reason CONTROL_PLANE_DEGRADED, never a failed turn.
 
 `Router.report_turn` settles a turn: find its plan, check the report against it, end the
-turn at the registry (`reports`: one CompleteTurn), record the outcome (`ledger`), and learn
-from the times it measured (`learning`).
+turn at the registry (`reports`: one CompleteTurn), and record the outcome (`ledger`, which
+also learns from the times the report measured).
 
 Claims the router will not hand out are given back in the background: when it decides
 against pulling after a successful claim, when the caller went away before the answer, and
@@ -31,8 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from boomerang_router.engine_choice import decide_plan, pick_engines
-from boomerang_router.learning import CostModels
-from boomerang_router.ledger import PlanLedger, check_report, new_record, observation, plan_ids
+from boomerang_router.ledger import PlanLedger, check_report, new_record, plan_ids
 from boomerang_router.plans import PlanRecord
 from boomerang_router.reports import Reporter, ReportResult
 from boomerang_router.requests import PlanInput, ReportInput
@@ -42,11 +41,9 @@ from boomerang_router.reuse_claim import ReuseClaimer, answer_by
 class Router:
     """Plans turns and settles their outcomes; `server.build_router` puts the steps together."""
 
-    def __init__(
-        self, ledger: PlanLedger, claimer: ReuseClaimer, reporter: Reporter, models: CostModels, name: str = ""
-    ):
+    def __init__(self, ledger: PlanLedger, claimer: ReuseClaimer, reporter: Reporter, name: str = ""):
         self.ledger = ledger
-        self.models = models
+        self.models = ledger.models
         self.claimer = claimer
         self.claims = claimer.keeper
         self.reporter = reporter
@@ -114,11 +111,7 @@ class Router:
             record = await self.ledger.find_plan(r.tenant, r.plan_id, r.created_at)
             pulled = check_report(record, r)
             ended = await self.reporter.end_turn_in_registry(record, r, pulled)
-            first = record.reported_at is None
-            result = self.ledger.record_report(record, r, pulled, ended)
-            if first:  # a repeated report teaches nothing twice
-                self.models.observe(observation(record, r))
-            return result
+            return self.ledger.record_report(record, r, pulled, ended)
 
     async def find_plan(self, tenant: str, plan_id: str, created_at: datetime) -> PlanRecord:
         """A tenant's plan from memory or `turn_plans`, or NOT_FOUND."""

@@ -65,9 +65,9 @@ def build_router(
     """The router's steps put together: one registry adapter and one set of stats for all."""
     stats: Counter[str] = Counter()
     api = RouterRegistry(registry)
-    ledger = PlanLedger(settings, pool, audit, repo, stats)
+    ledger = PlanLedger(settings, pool, audit, repo, stats, cost_models(settings))
     keeper = ClaimKeeper(settings, api, ledger.store, repo, stats)
-    return Router(ledger, ReuseClaimer(settings, api, keeper, stats), Reporter(settings, api, pool), cost_models(settings), name)
+    return Router(ledger, ReuseClaimer(settings, api, keeper, stats), Reporter(settings, api, pool), name)
 
 
 def cost_models(settings: RouterSettings) -> CostModels:
