@@ -116,3 +116,13 @@ def test_one_stray_measurement_does_not_throw_the_model_away() -> None:
     models.observe(Observation("p", "d", "", False, 8_000, 8_000, 0, 10 * TRUE_8B.ms(8_000, 8_000), None, None))
     cold(models, rng)
     assert models.prefill_cost("p").ms(8_000, 8_000) == pytest.approx(TRUE_8B.ms(8_000, 8_000), rel=0.25)
+
+
+def test_no_learning_keeps_the_configured_costs() -> None:
+    models, rng = CostModels(Priors(PRIOR.prefill, PRIOR.copy, 43.0, 0.0, 0.2)), random.Random(4)
+    for _ in range(10):
+        cold(models, rng)
+        pulled(models, rng, copy_8b(3), measured_copy=True)
+    models.observe(Observation("p", "d", "", False, 2_000, 2_000, 0, None, None, 20.0))
+    assert models.prefill_cost("p") == PRIOR.prefill and models.copy_cost("d", "p") == PRIOR.copy
+    assert models.inter_token_ms("d") == 43.0 and not models.prefill and not models.copy

@@ -124,8 +124,10 @@ class ControlPlane:
         on_report: Callable[[str], None] | None = None,
         reconnect: Callable[[], RouterClient] | None = None,
         commit_timeout: float = 0.0,
+        prefill_on_decode: bool = False,
     ):
         self.router = router
+        self.prefill_on_decode = prefill_on_decode  # may the router plan PREFILL_ON_DECODE
         self.commit_timeout = commit_timeout
         self.on_report = on_report
         # Makes a fresh client after a failure: a gRPC channel that failed to connect waits
@@ -213,7 +215,7 @@ class ControlPlane:
             prompt_token_ids=token_ids,
             request_id=str(uuid.uuid4()),
             cache_salt=salt_key(cache_salt),
-            can_prefill_on_decode=True,  # the gateway sends such a turn straight to D
+            can_prefill_on_decode=self.prefill_on_decode,  # such a turn goes straight to D
         )
         try:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)

@@ -102,7 +102,7 @@ class Priors:
     prefill: PrefillCost
     copy: CopyCost
     inter_token_ms: float
-    turns: float  # forgetting: an observation this many reports old weighs 1/e
+    turns: float  # forgetting: an observation this many reports old weighs 1/e; 0: no learning
     pause_bound: float  # a prefill on D may raise D's p99 inter-token latency by this share
 
 
@@ -193,6 +193,8 @@ class CostModels:
 
     def observe(self, o: Observation) -> None:
         """Learn from one reported turn."""
+        if self.priors.turns <= 0:
+            return
         if o.inter_token_ms is not None and 0 < o.inter_token_ms < MAX_OBSERVED_MS:
             self._observe_inter_token(o.decode_engine, o.inter_token_ms)
         if o.prefill_ms is None or not 0 < o.prefill_ms < MAX_OBSERVED_MS or o.computed <= 0:

@@ -109,10 +109,10 @@ class RouterSettings(EnginePoolSettings):
     )
     ttft_learning_turns: float = Field(
         default=30.0,
-        ge=1,
+        ge=0,
         le=100_000,
         description="How fast learned costs follow the engines: a reported turn this many reports "
-        "old weighs 1/e of the newest.",
+        "old weighs 1/e of the newest; 0: learn nothing, plan from the configured costs alone.",
     )
     decode_prefill_itl_bound: float = Field(
         default=0.2,
