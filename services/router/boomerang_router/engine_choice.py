@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from boomerang.errors import BoomerangError, Code
 
+from boomerang_router import metrics
 from boomerang_router.domain import ClaimResult, Decision, PlanDecision, decide
 from boomerang_router.learning import CostModels
 from boomerang_router.pool import EngineInfo, EnginePool, Role
@@ -63,5 +64,6 @@ def decide_plan(
     d = decide(claim, p.prompt_tokens, engines.block_size, engines.threshold, alive, costs, p.prefill_cached)
     if d.decision is PlanDecision.PREFILL_ON_DECODE and holder is not None and d.choice is not None:
         models.paused(holder.engine_id, d.choice.pause_ms)
+        metrics.DECODE_PAUSE_SECONDS.inc(d.choice.pause_ms / 1000)
         return d, replace(engines, decode=holder)
     return d, engines
