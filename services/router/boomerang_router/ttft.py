@@ -111,34 +111,35 @@ def pull_lengths(reusable: int, cached: int, block_size: int, threshold: int, co
     shortest = -(-(cached + max(threshold, 1)) // block_size) * block_size
     if reusable < shortest:
         return []
-    lengths = {shortest, reusable}
-    if context_ms < 0:
-        # d/dk [copy + prefill] = copy_token − token − context·k/1000 = 0
-        k = (copy_token_ms - token_ms) * 1000 / context_ms
-        if shortest < k < reusable:
-            lengths.add(int(k // block_size) * block_size)
-            lengths.add(int(-(-k // block_size)) * block_size)
-    return sorted(x for x in lengths if shortest <= x <= reusable)
+    if reusable == shortest:
+        return [shortest]
+    if context_ms >= 0:
+        return [shortest, reusable]
+    # Convex: d/dk [copy + prefill] = copy_token − token − context·k/1000 = 0
+    k = (copy_token_ms - token_ms) * 1000 / context_ms
+    inner = {int(k // block_size) * block_size, int(-(-k // block_size)) * block_size} if shortest < k < reusable else set()
+    return sorted({shortest, reusable} | {x for x in inner if shortest <= x <= reusable})
 
 
 def choose(prompt: int, reusable: int, cached: int, block_size: int, threshold: int, costs: TurnCosts) -> Choice:
     """The option with the smallest predicted time to first token (recompute on a tie).
 
     `reusable` is the verified prefix P may pull and D holds (whole blocks, below `prompt`);
-    `cached` what P's own prefix cache holds of the prompt.
+    `cached` what P's own prefix cache holds of the prompt. On every plan's path: a handful
+    of float operations, one Choice built.
     """
     cached = min(max(cached, 0) // block_size * block_size, max(prompt - 1, 0))
     p, link = costs.prefill, costs.link
     handoff = link.ms(prompt - reusable) if costs.decode is not None else 0.0
     recompute = p.ms(prompt - cached, prompt) + handoff
+    option, best, pull = Option.RECOMPUTE, recompute, 0
     lengths = pull_lengths(reusable, cached, block_size, threshold, p.context_ms, link.token_ms, p.token_ms)
-    best = Choice(Option.RECOMPUTE, 0, recompute, recompute, pulls_allowed=bool(lengths))
     for k in lengths:
         t = link.ms(k - cached) + p.ms(prompt - k, prompt) + handoff
-        if t < best.predicted_ms:
-            best = Choice(Option.PULL, k, t, recompute)
+        if t < best:
+            option, best, pull = Option.PULL, t, k
     if costs.decode is not None and reusable > 0:
         t = costs.decode.ms(prompt - reusable, prompt)
-        if t < best.predicted_ms and t <= costs.max_pause_ms:
-            best = Choice(Option.PREFILL_ON_DECODE, 0, t, recompute, pause_ms=t)
-    return best
+        if t < best and t <= costs.max_pause_ms:
+            return Choice(Option.PREFILL_ON_DECODE, 0, t, recompute, pause_ms=t)
+    return Choice(option, pull, best, recompute, pulls_allowed=bool(lengths))
