@@ -71,20 +71,20 @@ class RouterSettings(EnginePoolSettings):
         ge=0,
         le=600_000,
         description="Predicted prefill time, fixed milliseconds per prefill: the prior every engine's "
-        "learned prefill cost starts from (default: Qwen3-32B on one H200, TP 1).",
+        "learned prefill cost starts from (as measured for Qwen3-32B on one H200, TP 1).",
     )
     ttft_prefill_token_ms: float = Field(
         default=0.1012,
         ge=0,
         le=1000,
-        description="Predicted prefill time, milliseconds per computed token (prior; default: Qwen3-32B on one H200).",
+        description="Predicted prefill time, milliseconds per computed token (prior: Qwen3-32B on one H200).",
     )
     ttft_prefill_context_ms: float = Field(
         default=0.00548,
         ge=0,
         le=1000,
         description="Predicted prefill time, milliseconds per computed token per 1,000 tokens of mean "
-        "attended context: attention (prior; default: Qwen3-32B on one H200).",
+        "attended context: attention (prior: Qwen3-32B on one H200).",
     )
     ttft_copy_fixed_ms: float = Field(
         default=1.0,
@@ -97,7 +97,7 @@ class RouterSettings(EnginePoolSettings):
         default=0.004766,
         ge=0,
         le=1000,
-        description="Predicted copy of KV between two engines, milliseconds per token (prior; default: "
+        description="Predicted copy of KV between two engines, milliseconds per token (prior: "
         "Qwen3-32B's 262,144 bytes a token over 55 GB/s).",
     )
     ttft_inter_token_ms: float = Field(
@@ -105,7 +105,7 @@ class RouterSettings(EnginePoolSettings):
         gt=0,
         le=600_000,
         description="A decode engine's milliseconds between output tokens until its turns report "
-        "their own (default: Qwen3-32B on one H200).",
+        "their own (Qwen3-32B on one H200).",
     )
     ttft_learning_turns: float = Field(
         default=30.0,
