@@ -23,6 +23,10 @@ ADMIN_URL, _EMBEDDED, POSTGRES_NOTE = choose_admin_url(os.environ.get("BOOMERANG
 if _EMBEDDED is not None:
     # tests/support/databases.py reads it, and so do the processes tests start.
     os.environ["BOOMERANG_TEST_ADMIN_URL"] = ADMIN_URL
+# The routers tests start plan from the configured costs: their simulated engines run at time
+# scale 0 (or nearly), so the times turns report are HTTP noise, and a router that learned
+# from them would plan by noise. Tests of the learning set it themselves.
+os.environ.setdefault("BOOMERANG_TTFT_LEARNING_TURNS", "0")
 
 
 def pytest_report_header() -> str:

@@ -14,11 +14,12 @@ from typing import Any
 from boomerang.v1 import router_service_pb2 as opb
 
 # The decisions a caller can act on; anything else (UNSPECIFIED, a newer router's) is unusable.
-DECISIONS = frozenset({"PULL", "RECOMPUTE", "COLD"})
+# PREFILL_ON_DECODE comes only to callers that asked for it (`can_prefill_on_decode`).
+DECISIONS = frozenset({"PULL", "RECOMPUTE", "COLD", "PREFILL_ON_DECODE"})
 
 
 def decision_name(resp: opb.PlanTurnResponse) -> str:
-    """`PULL`, `RECOMPUTE` or `COLD`; `UNSPECIFIED` or `UNKNOWN_<n>` for one not to act on."""
+    """`PULL`, `RECOMPUTE`, `COLD` or `PREFILL_ON_DECODE`; `UNSPECIFIED` or `UNKNOWN_<n>` for one not to act on."""
     try:
         return str(opb.PlanDecision.Name(resp.decision)).removeprefix("PLAN_DECISION_")
     except ValueError:  # a value this build's proto does not name

@@ -409,3 +409,76 @@ async def test_request_id_makes_plans_idempotent_across_routers(harness: Harness
         assert err.value.reason == "PLAN_ALREADY_REPORTED"
     finally:
         await replica.close()
+
+
+async def test_a_prefill_on_d_runs_on_the_engine_holding_the_history_and_gives_the_claim_back(
+    harness: Harness, registry: RegistryClient, pg: asyncpg.Connection, unique: str
+) -> None:
+    model, conv, history, decode = await first_turn(harness, registry, unique)
+    prompt2 = history + tokens(50, 3)
+    # The hook cannot send a turn to D: without can_prefill_on_decode the plan never says so.
+    plan = await harness.plan("acme", conv, model, prompt2, request_id=f"a-{unique}")
+    assert plan.decision is PlanDecision.PULL
+    await harness.report(plan, handle_use=rtpb.HANDLE_USE_NOT_READ)
+    plan = await harness.plan("acme", conv, model, prompt2, can_prefill_on_decode=True)
+    assert (plan.decision, plan.reason) == (PlanDecision.PREFILL_ON_DECODE, PlanReason.VERIFIED_PREFIX)
+    assert plan.decode_engine_id == decode and plan.reusable_tokens == 352 and plan.recompute_tokens == 58
+    assert not plan.lease_id and plan.params is not None and plan.params.remote_engine_id is None
+    from boomerang_router.convert import plan_response
+
+    response = plan_response(plan)
+    assert response.decision == rtpb.PLAN_DECISION_PREFILL_ON_DECODE
+    await harness.router.drain(2.0)  # the claim goes back in the background
+    again = await harness.plan("acme", conv, model, prompt2)  # so the next turn can pull it
+    assert again.decision is PlanDecision.PULL and again.source_engine_id == decode
+    rep = await harness.report(plan, prefill_seconds=0.05, inter_token_seconds=0.02)
+    assert rep.record.outcome == "COMPUTED"
+    await harness.audit.flush()
+    assert await pg.fetchval("SELECT decision FROM turn_plans WHERE plan_id = $1", uuid.UUID(plan.plan_id)) == (
+        "PREFILL_ON_DECODE")
+
+
+async def test_no_prefill_on_d_when_its_bound_is_zero(database_url: str, registry_proc: ServiceProcess,
+                                                      registry: RegistryClient, unique: str) -> None:
+    h = Harness(database_url, registry_proc.address, decode_prefill_itl_bound=0)
+    try:
+        model, conv, history, _ = await first_turn(h, registry, unique)
+        plan = await h.plan("acme", conv, model, history + tokens(50, 3), can_prefill_on_decode=True)
+        assert plan.decision is PlanDecision.PULL
+    finally:
+        await h.close()
+
+
+async def test_reported_times_teach_the_router_that_the_link_is_slow(database_url: str, registry_proc: ServiceProcess,
+                                                                     registry: RegistryClient, unique: str) -> None:
+    from boomerang_router.convert import pool_engine
+
+    h = Harness(database_url, registry_proc.address, ttft_learning_turns=30)
+    try:
+        model, conv, history, decode = await first_turn(h, registry, unique)
+        prefill = f"p-{unique}"
+        decisions = []
+        for turn in range(6):
+            prompt = history + tokens(50, 10 + turn)
+            plan = await h.plan("acme", conv, model, prompt, prefill_engine_id=prefill)
+            assert plan.prefill_engine_id == prefill
+            decisions.append(plan.decision)
+            out = tokens(40, 20 + turn)
+            # The pulls take 2 s (a link far slower than the default's 55 GB/s); a recompute 80 ms.
+            seconds = 2.0 if plan.decision is PlanDecision.PULL else 0.08
+            await h.report(plan, handle_use=rtpb.HANDLE_USE_READ, prefill_seconds=seconds,
+                           delivered_cached_tokens=plan.reusable_tokens,
+                           decode_kv_transfer_params_json=d_handle(decode, len(prompt) + 40, base=100 + 50 * turn),
+                           prompt_token_ids=prompt, output_token_ids=out)
+            history = prompt + out
+        assert decisions[0] is PlanDecision.PULL and decisions[-1] is PlanDecision.RECOMPUTE, decisions
+        assert decisions.index(PlanDecision.RECOMPUTE) <= 3, decisions
+        entries = {e.info.engine_id: pool_engine(e, h.router.models) for e in h.pool.entries(model)}
+        learned = entries[prefill]
+        assert learned.prefill_cost.observations >= 1
+        [copy] = learned.copy_costs
+        assert copy.source_engine_id == decode and copy.observations >= 2 and copy.token_ms > 0.05
+        unknown = await h.plan("acme", f"{conv}-x", model, tokens(20, 99), prefill_engine_id="no-such-engine")
+        assert unknown.prefill_engine_id == prefill  # an engine not in the pool: the router's own choice
+    finally:
+        await h.close()

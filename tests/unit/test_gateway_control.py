@@ -240,3 +240,17 @@ async def test_the_cache_salt_reaches_plan_and_report_and_a_long_one_its_digest(
     assert [p.cache_salt for p in router.plans[:2]] == ["s-1", ""]
     assert long_key.startswith("sha256:") and len(long_key) == 71  # within the router's 256
     assert [r.cache_salt for r in router.reports] == [p.cache_salt for p in router.plans]
+
+
+async def test_prefill_on_decode_is_asked_for_only_when_on_and_the_measured_times_are_reported() -> None:
+    router = _RecordingRouter()
+    plan_id = "0190f3c2-0000-7000-8000-000000000000"
+    for on in (False, True):
+        control = ControlPlane(router, 1.0, 1.0, 0.0, prefill_on_decode=on)  # type: ignore[arg-type]
+        await control.ask_router_for_plan("t", "c", "m", [1, 2])
+        control.send_report_later(Report("t", plan_id, "c", "READ", None, [], [], 0.0,
+                                         prefill_seconds=0.25 if on else None, inter_token_seconds=0.02 if on else None))
+        await control.drain(1.0)
+    assert [p.can_prefill_on_decode for p in router.plans] == [False, True]
+    assert [r.HasField("prefill_seconds") for r in router.reports] == [False, True]
+    assert (router.reports[1].prefill_seconds, router.reports[1].inter_token_seconds) == (0.25, 0.02)

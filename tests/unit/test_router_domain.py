@@ -16,6 +16,7 @@ from boomerang_router.domain import (
     turn_outcome,
 )
 from boomerang_router.reuse_claim import MAX_SHARE_WAIT_SECONDS, claim_wait, reply_budget
+from boomerang_router.ttft import CopyCost, PrefillCost, TurnCosts
 from boomerang_server.leases import ClaimOutcome
 
 BS = 16
@@ -76,6 +77,8 @@ def test_every_reason_is_reachable() -> None:
         seen.add(decide(result, 500, BS, 64).reason)
     seen.add(decide(claimed(320), 500, BS, 64, source_engine_alive=False).reason)
     seen.add(decide(claimed(32), 500, BS, 64).reason)
+    very_slow_link = TurnCosts(PrefillCost(1.0, 0.01, 0.0), CopyCost(1.0, 1.0))
+    seen.add(decide(claimed(320), 500, BS, 64, costs=very_slow_link).reason)
     assert seen == set(PlanReason)
 
 

@@ -82,3 +82,34 @@ def test_get_plan_and_list_engines_validation() -> None:
     assert violations(requests.get_plan, rtpb.GetTurnPlanRequest(tenant="t", plan_id=""), ) == {"plan_id"}
     assert violations(requests.list_engines, rtpb.RouterServiceListEnginesRequest(role=7)) == {"role"}
     requests.list_engines(rtpb.RouterServiceListEnginesRequest(role=tpb.ENGINE_ROLE_DECODE, model="m"))
+
+
+def test_plan_turn_prediction_inputs() -> None:
+    ok = requests.plan_turn(rtpb.PlanTurnRequest(tenant="t", model="m", prompt_token_ids=[1] * 100, prefill_cached_tokens=64,
+                                                 can_prefill_on_decode=True, prefill_engine_id="p-1"), 1000)
+    assert (ok.prefill_cached, ok.can_prefill_on_decode, ok.prefill_engine_id) == (64, True, "p-1")
+    for cached in (-1, 101):
+        with pytest.raises(BoomerangError) as err:
+            requests.plan_turn(rtpb.PlanTurnRequest(tenant="t", model="m", prompt_token_ids=[1] * 100,
+                                                    prefill_cached_tokens=cached), 1000)
+        assert [v.field for v in err.value.violations] == ["prefill_cached_tokens"]
+
+
+def test_report_turn_measured_times() -> None:
+    plan_id = new_plan_id()
+    ok = requests.report_turn(rtpb.ReportTurnRequest(tenant="t", plan_id=plan_id, prefill_seconds=0.2, copy_seconds=0.05,
+                                                     inter_token_seconds=0.03), 1000)
+    assert (ok.prefill_seconds, ok.copy_seconds, ok.inter_token_seconds) == (0.2, 0.05, 0.03)
+    unset = requests.report_turn(rtpb.ReportTurnRequest(tenant="t", plan_id=plan_id), 1000)
+    assert (unset.prefill_seconds, unset.copy_seconds, unset.inter_token_seconds) == (None, None, None)
+    bad = [
+        ({"prefill_seconds": -1.0}, ["prefill_seconds"]),
+        ({"prefill_seconds": float("nan")}, ["prefill_seconds"]),
+        ({"inter_token_seconds": 601.0}, ["inter_token_seconds"]),
+        ({"copy_seconds": 0.1}, ["copy_seconds"]),  # without the prefill it is part of
+        ({"prefill_seconds": 0.1, "copy_seconds": 0.2}, ["copy_seconds"]),  # more than it
+    ]
+    for fields, violated in bad:
+        with pytest.raises(BoomerangError) as err:
+            requests.report_turn(rtpb.ReportTurnRequest(tenant="t", plan_id=plan_id, **fields), 1000)
+        assert err.value.code is Code.INVALID_ARGUMENT and [v.field for v in err.value.violations] == violated

@@ -122,8 +122,13 @@ def test_prefill_pull_turn(connector: Any, fakes: Fakes) -> None:
     # vLLM asks again while the request waits for blocks: no second plan.
     assert matched(conn, req, 16) == (80, True)
     assert len(fakes.router.plans) == 1
+    # The plan is made for this engine and what its own prefix cache holds.
+    assert (fakes.router.plans[0].prefill_engine_id, fakes.router.plans[0].prefill_cached_tokens) == ("p-1", 16)
     conn.update_state_after_alloc(req, None, 80)
     assert conn.pulls == [("p-req-1", "d-req-1", 80)]
+    time.sleep(0.01)  # the copy
+    conn.update_connector_output(type("Output", (), {"finished_recving": {"p-req-1"}, "finished_sending": None})())
+    time.sleep(0.01)  # the prefill of the rest
     req.status = "FINISHED_LENGTH_CAPPED"
     delay_free, out = conn.request_finished_all_groups(req, block_ids_for(100, 16))
     assert delay_free and out["do_remote_prefill"] is True
@@ -133,6 +138,9 @@ def test_prefill_pull_turn(connector: Any, fakes: Fakes) -> None:
     assert (report.tenant, report.plan_id, report.handle_use) == ("acme", "plan-1", opb.HANDLE_USE_READ)
     # The delivered reuse, by the hook's own count: 16 from P's prefix cache + 80 pulled.
     assert report.HasField("delivered_cached_tokens") and report.delivered_cached_tokens == 96
+    # The measured times the router learns from: allocation to finish, and of that the copy.
+    assert report.HasField("prefill_seconds") and report.HasField("copy_seconds")
+    assert 0.01 <= report.copy_seconds < report.prefill_seconds < 5
     stats = conn.boomerang.stats()
     assert stats["plan_pull"] == 1 and stats["reused_tokens"] == 96 and "plan_ms_p99" in stats
 

@@ -17,6 +17,7 @@ class PlanDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_DECISION_PULL: _ClassVar[PlanDecision]
     PLAN_DECISION_RECOMPUTE: _ClassVar[PlanDecision]
     PLAN_DECISION_COLD: _ClassVar[PlanDecision]
+    PLAN_DECISION_PREFILL_ON_DECODE: _ClassVar[PlanDecision]
 
 class PlanReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -32,6 +33,7 @@ class PlanReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_REASON_BLOCK_SIZE_MISMATCH: _ClassVar[PlanReason]
     PLAN_REASON_NO_CONVERSATION: _ClassVar[PlanReason]
     PLAN_REASON_LEASE_RELEASED: _ClassVar[PlanReason]
+    PLAN_REASON_RECOMPUTE_FASTER: _ClassVar[PlanReason]
 
 class HandleUse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +60,7 @@ PLAN_DECISION_UNSPECIFIED: PlanDecision
 PLAN_DECISION_PULL: PlanDecision
 PLAN_DECISION_RECOMPUTE: PlanDecision
 PLAN_DECISION_COLD: PlanDecision
+PLAN_DECISION_PREFILL_ON_DECODE: PlanDecision
 PLAN_REASON_UNSPECIFIED: PlanReason
 PLAN_REASON_VERIFIED_PREFIX: PlanReason
 PLAN_REASON_NO_LEASE: PlanReason
@@ -70,6 +73,7 @@ PLAN_REASON_ALREADY_CLAIMED: PlanReason
 PLAN_REASON_BLOCK_SIZE_MISMATCH: PlanReason
 PLAN_REASON_NO_CONVERSATION: PlanReason
 PLAN_REASON_LEASE_RELEASED: PlanReason
+PLAN_REASON_RECOMPUTE_FASTER: PlanReason
 HANDLE_USE_UNSPECIFIED: HandleUse
 HANDLE_USE_READ: HandleUse
 HANDLE_USE_NOT_READ: HandleUse
@@ -93,7 +97,7 @@ class PlannedEngine(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., http_base_url: _Optional[str] = ...) -> None: ...
 
 class PlanTurnRequest(_message.Message):
-    __slots__ = ("tenant", "conversation_id", "model", "prompt_token_ids", "prompt_chain", "num_prompt_tokens", "request_id", "cache_salt")
+    __slots__ = ("tenant", "conversation_id", "model", "prompt_token_ids", "prompt_chain", "num_prompt_tokens", "request_id", "cache_salt", "prefill_cached_tokens", "can_prefill_on_decode", "prefill_engine_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +106,9 @@ class PlanTurnRequest(_message.Message):
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CAN_PREFILL_ON_DECODE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     conversation_id: str
     model: str
@@ -110,7 +117,10 @@ class PlanTurnRequest(_message.Message):
     num_prompt_tokens: int
     request_id: str
     cache_salt: str
-    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    prefill_cached_tokens: int
+    can_prefill_on_decode: bool
+    prefill_engine_id: str
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., prefill_cached_tokens: _Optional[int] = ..., can_prefill_on_decode: _Optional[bool] = ..., prefill_engine_id: _Optional[str] = ...) -> None: ...
 
 class PlanTurnResponse(_message.Message):
     __slots__ = ("plan_id", "decision", "reason", "prefill_engine", "decode_engine", "reusable_tokens", "recompute_tokens", "verified_prefix_tokens", "kv_transfer_params", "kv_transfer_params_json", "lease_id", "claim_id", "source_engine_id", "kv_recompute_threshold")
@@ -145,7 +155,7 @@ class PlanTurnResponse(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., decision: _Optional[_Union[PlanDecision, str]] = ..., reason: _Optional[_Union[PlanReason, str]] = ..., prefill_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., decode_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., reusable_tokens: _Optional[int] = ..., recompute_tokens: _Optional[int] = ..., verified_prefix_tokens: _Optional[int] = ..., kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ..., lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ..., source_engine_id: _Optional[str] = ..., kv_recompute_threshold: _Optional[int] = ...) -> None: ...
 
 class ReportTurnRequest(_message.Message):
-    __slots__ = ("tenant", "plan_id", "handle_use", "decode_kv_transfer_params", "decode_kv_transfer_params_json", "prompt_token_ids", "output_token_ids", "sequence_chain", "finish_time_unix", "conversation_id", "request_id", "delivered_cached_tokens", "cache_salt")
+    __slots__ = ("tenant", "plan_id", "handle_use", "decode_kv_transfer_params", "decode_kv_transfer_params_json", "prompt_token_ids", "output_token_ids", "sequence_chain", "finish_time_unix", "conversation_id", "request_id", "delivered_cached_tokens", "cache_salt", "prefill_seconds", "copy_seconds", "inter_token_seconds")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     HANDLE_USE_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +169,9 @@ class ReportTurnRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DELIVERED_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COPY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INTER_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     plan_id: str
     handle_use: HandleUse
@@ -172,7 +185,10 @@ class ReportTurnRequest(_message.Message):
     request_id: str
     delivered_cached_tokens: int
     cache_salt: str
-    def __init__(self, tenant: _Optional[str] = ..., plan_id: _Optional[str] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., decode_kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., decode_kv_transfer_params_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sequence_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., delivered_cached_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    prefill_seconds: float
+    copy_seconds: float
+    inter_token_seconds: float
+    def __init__(self, tenant: _Optional[str] = ..., plan_id: _Optional[str] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., decode_kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., decode_kv_transfer_params_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sequence_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., delivered_cached_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., copy_seconds: _Optional[float] = ..., inter_token_seconds: _Optional[float] = ...) -> None: ...
 
 class ReportTurnResponse(_message.Message):
     __slots__ = ("plan_id", "claimed_lease_state", "retention", "lease", "retention_detail")
@@ -307,7 +323,7 @@ class RouterServiceListEnginesRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., role: _Optional[_Union[_types_pb2.EngineRole, str]] = ...) -> None: ...
 
 class PoolEngine(_message.Message):
-    __slots__ = ("engine", "source", "available", "unavailable_reason", "planned_turns", "planned_prompt_tokens", "load")
+    __slots__ = ("engine", "source", "available", "unavailable_reason", "planned_turns", "planned_prompt_tokens", "load", "prefill_cost", "copy_costs", "inter_token_ms")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +331,9 @@ class PoolEngine(_message.Message):
     PLANNED_TURNS_FIELD_NUMBER: _ClassVar[int]
     PLANNED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_COST_FIELD_NUMBER: _ClassVar[int]
+    COPY_COSTS_FIELD_NUMBER: _ClassVar[int]
+    INTER_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
     engine: _types_pb2.Engine
     source: EngineSource
     available: bool
@@ -322,7 +341,34 @@ class PoolEngine(_message.Message):
     planned_turns: int
     planned_prompt_tokens: int
     load: float
-    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., source: _Optional[_Union[EngineSource, str]] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ..., planned_turns: _Optional[int] = ..., planned_prompt_tokens: _Optional[int] = ..., load: _Optional[float] = ...) -> None: ...
+    prefill_cost: PrefillCost
+    copy_costs: _containers.RepeatedCompositeFieldContainer[CopyCost]
+    inter_token_ms: float
+    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., source: _Optional[_Union[EngineSource, str]] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ..., planned_turns: _Optional[int] = ..., planned_prompt_tokens: _Optional[int] = ..., load: _Optional[float] = ..., prefill_cost: _Optional[_Union[PrefillCost, _Mapping]] = ..., copy_costs: _Optional[_Iterable[_Union[CopyCost, _Mapping]]] = ..., inter_token_ms: _Optional[float] = ...) -> None: ...
+
+class PrefillCost(_message.Message):
+    __slots__ = ("fixed_ms", "token_ms", "context_ms", "observations")
+    FIXED_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_MS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    fixed_ms: float
+    token_ms: float
+    context_ms: float
+    observations: int
+    def __init__(self, fixed_ms: _Optional[float] = ..., token_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., observations: _Optional[int] = ...) -> None: ...
+
+class CopyCost(_message.Message):
+    __slots__ = ("source_engine_id", "fixed_ms", "token_ms", "observations")
+    SOURCE_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIXED_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    source_engine_id: str
+    fixed_ms: float
+    token_ms: float
+    observations: int
+    def __init__(self, source_engine_id: _Optional[str] = ..., fixed_ms: _Optional[float] = ..., token_ms: _Optional[float] = ..., observations: _Optional[int] = ...) -> None: ...
 
 class RouterServiceListEnginesResponse(_message.Message):
     __slots__ = ("engines",)

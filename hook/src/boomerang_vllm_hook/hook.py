@@ -81,6 +81,10 @@ class TurnState:
     local_cached: int = 0
     external_cached: int | None = None
     pending: PendingPlan | None = None  # its plan, while in flight and still awaited
+    # perf_counter times on P, for the router's cost models: the (last) allocation, and when
+    # the NixlConnector finished receiving a pull's blocks.
+    allocated_at: float | None = None
+    loaded_at: float | None = None
 
 
 class BoomerangHook:
@@ -260,7 +264,7 @@ class BoomerangHook:
         if not self.planner.allow():
             self.counters["fallback_breaker_open"] += 1
             return state
-        state.pending = self.planner.begin(found, prompt, rid, wait, self._late)
+        state.pending = self.planner.begin(found, prompt, rid, wait, self._late, local)
         self.counters["plans_started" if state.pending is not None else "fallback_planner_full"] += 1
         return state
 
@@ -314,6 +318,15 @@ class BoomerangHook:
         if state is not None:
             state.allocated = state.handle_used = True
             state.external_cached = max(0, int(num_external_tokens))
+            state.allocated_at, state.loaded_at = time.perf_counter(), None
+
+    def loaded(self, request_ids: Any) -> None:
+        """The NixlConnector finished receiving these requests' pulled blocks (prefill engines)."""
+        now = time.perf_counter()
+        for rid in request_ids:
+            state = self._turns.get(str(rid))
+            if state is not None and state.allocated_at is not None and state.loaded_at is None:
+                state.loaded_at = now
 
     def on_finished(self, request: Any, result: tuple[bool, dict[str, Any] | None]) -> tuple[bool, dict[str, Any] | None]:
         """Register D's retained blocks, or report P's plan; returns vLLM's result (P's params
@@ -337,8 +350,9 @@ class BoomerangHook:
             elif state.decision == "PULL_UNUSED":
                 use = opb.HANDLE_USE_NOT_READ
             delivered = None if state.external_cached is None else state.local_cached + state.external_cached
+            prefill, copy = _measured(state, delay_free)
             report = Report(state.context.tenant if state.context else "", state.plan_id, use,
-                            delivered_cached_tokens=delivered)
+                            delivered_cached_tokens=delivered, prefill_seconds=prefill, copy_seconds=copy)
             if not self.reporter.submit(report):
                 self.counters["report_rejected_full"] += 1
         if state is not None and state.context is not None and isinstance(params, dict) and params.get("do_remote_prefill"):
@@ -375,3 +389,13 @@ class BoomerangHook:
             # vLLM keys its send deadlines by request id, which D exports as remote_request_id.
             self.releases.pin(handle.remote_request_id, expiry, sum(len(g) for g in handle.block_groups))
         self.counters["registrations_queued" if ok else "registrations_rejected_full"] += 1
+
+
+def _measured(state: TurnState, delay_free: bool) -> tuple[float | None, float | None]:
+    """P's prefill of a turn that finished normally (allocation to now: P's one output token),
+    and of that the pull's copy; None for a turn that did not (aborted: its time says nothing)."""
+    if state.allocated_at is None or not delay_free:
+        return None, None
+    now = time.perf_counter()
+    copy = state.loaded_at - state.allocated_at if state.loaded_at is not None and state.external_cached else None
+    return now - state.allocated_at, copy

@@ -193,12 +193,15 @@ class BoomerangConnectorMixin:
             need_send[rid] = now
 
     def update_connector_output(self, connector_output: Any) -> None:
-        """The NixlConnector's, then forget turns vLLM freed (read by P, or reaped)."""
+        """The NixlConnector's, then forget turns vLLM freed (read by P, or reaped), and time
+        the pulls that finished loading (prefill engines)."""
         parent = getattr(super(), "update_connector_output", None)
         if parent is not None:
             parent(connector_output)
         if self._boomerang is not None and getattr(connector_output, "finished_sending", None):
             self._guard("freed", self._boomerang.releases.freed, connector_output.finished_sending)
+        if self._boomerang is not None and getattr(connector_output, "finished_recving", None):
+            self._guard("loaded", self._boomerang.loaded, connector_output.finished_recving)
 
     def shutdown(self) -> None:
         """Flush the background senders briefly, then the NixlConnector's own shutdown."""

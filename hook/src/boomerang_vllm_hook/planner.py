@@ -78,6 +78,7 @@ class PendingPlan:
     started: float
     wait_until: float  # perf_counter time after which the scheduler computes locally
     on_late: Callable[[PendingPlan, PlanAttempt], None]
+    cached: int = 0  # prompt tokens P's own prefix cache holds (vLLM's num_computed_tokens)
     attempt: PlanAttempt | None = None
     abandoned: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -146,12 +147,13 @@ class PrefillPlanner:
 
     def begin(
         self, context: TurnContext, prompt: Sequence[int], vllm_request_id: str, wait: float,
-        on_late: Callable[[PendingPlan, PlanAttempt], None],
+        on_late: Callable[[PendingPlan, PlanAttempt], None], cached: int = 0,
     ) -> PendingPlan | None:
         """Start a plan that the scheduler waits for at most `wait` seconds; None when too many
         are in flight (the request computes locally). Never blocks."""
         now = self.clock()
-        pending = PendingPlan(context.tenant, context, prompt, vllm_request_id, now, now + min(wait, self.deadline), on_late)
+        pending = PendingPlan(context.tenant, context, prompt, vllm_request_id, now, now + min(wait, self.deadline), on_late,
+                              cached)
         with self._lock:
             if self.in_flight >= self.max_in_flight:
                 self.dropped_full += 1
@@ -181,8 +183,11 @@ class PrefillPlanner:
         router's 128-character limit): asking again returns the same plan, or the same claim."""
         return str(uuid.uuid5(PLAN_NAMESPACE, f"{self.engine_id}\x00{vllm_request_id}"))
 
-    def build_request(self, context: TurnContext, prompt: Sequence[int], vllm_request_id: str) -> opb.PlanTurnRequest:
-        """The PlanTurn request for this prompt (its chain, or its token ids)."""
+    def build_request(
+        self, context: TurnContext, prompt: Sequence[int], vllm_request_id: str, cached: int = 0
+    ) -> opb.PlanTurnRequest:
+        """The PlanTurn request for this prompt (its chain, or its token ids), made for this
+        engine and what its prefix cache holds (`cached`)."""
         req = opb.PlanTurnRequest(
             tenant=context.tenant,
             conversation_id=context.conversation_id,
@@ -190,6 +195,8 @@ class PrefillPlanner:
             num_prompt_tokens=len(prompt),
             request_id=self.request_id(vllm_request_id),
             cache_salt=context.salt,
+            prefill_cached_tokens=min(max(cached, 0), len(prompt)),
+            prefill_engine_id=self.engine_id,
         )
         # Without a conversation id the router finds the lease by the prompt, which needs its tokens.
         if self.plan_with == "tokens" or not context.conversation_id:
@@ -221,7 +228,7 @@ class PrefillPlanner:
             self._finish(pending, PlanAttempt(None, "DEADLINE_SPENT", elapsed=self.clock() - pending.started))
             return
         try:
-            req = self.build_request(pending.context, pending.prompt, pending.vllm_request_id)
+            req = self.build_request(pending.context, pending.prompt, pending.vllm_request_id, pending.cached)
         except ValueError:
             self._finish(pending, PlanAttempt(None, "BAD_TOKENS", elapsed=self.clock() - pending.started))
             return

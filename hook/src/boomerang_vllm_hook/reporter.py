@@ -56,6 +56,10 @@ class Report:
     handle_use: int = opb.HANDLE_USE_UNSPECIFIED
     replan: opb.PlanTurnRequest | None = None
     delivered_cached_tokens: int | None = None  # the hook's count of prompt tokens not computed
+    # Measured on P, for the router's cost models: allocation to finish (the pull's copy
+    # included), and of that the copy (allocation to the NixlConnector's finished receive).
+    prefill_seconds: float | None = None
+    copy_seconds: float | None = None
 
 
 class TurnReporter:
@@ -199,4 +203,8 @@ def _request(report: Report) -> opb.ReportTurnRequest:
     req = opb.ReportTurnRequest(tenant=report.tenant, plan_id=report.plan_id, handle_use=report.handle_use)  # type: ignore[arg-type]
     if report.delivered_cached_tokens is not None:
         req.delivered_cached_tokens = report.delivered_cached_tokens
+    if report.prefill_seconds is not None:
+        req.prefill_seconds = report.prefill_seconds
+        if report.copy_seconds is not None:
+            req.copy_seconds = min(report.copy_seconds, report.prefill_seconds)
     return req

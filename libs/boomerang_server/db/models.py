@@ -72,7 +72,8 @@ turn_plans = Table(
     Column("outcome_detail", Text),
     # Migration 0008: the prefill engine's own count of prompt tokens not computed (reported).
     Column("delivered_cached_tokens", BigInteger),
-    CheckConstraint("decision IN ('PULL', 'RECOMPUTE', 'COLD')", name="decision"),
+    # Migration 0012: PREFILL_ON_DECODE.
+    CheckConstraint("decision IN ('PULL', 'RECOMPUTE', 'COLD', 'PREFILL_ON_DECODE')", name="decision"),
     CheckConstraint(
         "reused_tokens >= 0 AND recomputed_tokens >= 0 "
         "AND reused_tokens + recomputed_tokens = prompt_tokens",

@@ -201,6 +201,8 @@ async def gather(
 
 
 def _pool_row(p: Any) -> dict[str, Any]:
+    c = p.prefill_cost
+    bytes_per_token = p.engine.bytes_per_block / p.engine.block_size if p.engine.block_size else 0.0
     return {
         "engine_id": p.engine.engine_id,
         "role": tpb.EngineRole.Name(p.engine.role).removeprefix("ENGINE_ROLE_"),
@@ -209,7 +211,42 @@ def _pool_row(p: Any) -> dict[str, Any]:
         "unavailable_reason": p.unavailable_reason,
         "planned_turns": p.planned_turns,
         "load": round(p.load, 1),
+        "prefill_cost": {"fixed_ms": c.fixed_ms, "token_ms": c.token_ms, "context_ms": c.context_ms,
+                         "observations": c.observations},
+        "inter_token_ms": p.inter_token_ms,
+        "copy_costs": [{"source_engine_id": x.source_engine_id, "fixed_ms": x.fixed_ms, "token_ms": x.token_ms,
+                        "observations": x.observations,
+                        # GB/s when the engine says how many bytes a block holds
+                        "gb_per_second": round(bytes_per_token / x.token_ms / 1e6, 2)
+                        if bytes_per_token and x.token_ms > 0 else None} for x in p.copy_costs],
     }
+
+
+def _prefill_ms(c: dict[str, Any], n: int) -> float:
+    """A learned prefill cost's prediction for a whole prompt of `n` tokens."""
+    return float(c["fixed_ms"] + c["token_ms"] * n + c["context_ms"] * n * (n / 2) / 1000)
+
+
+def _learned_rows(pool: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per engine's prefill cost and per pair's copy cost, as the router learned them."""
+    rows: list[list[Any]] = []
+    for p in pool:
+        c = p["prefill_cost"]
+        model = (f"{c['fixed_ms']:.1f} ms + {c['token_ms'] * 1000:.1f} µs/token "
+                 f"+ {c['context_ms'] * 1000:.2f} µs/token/1k context")
+        predicted = f"2k: {_prefill_ms(c, 2000):.0f} ms, 24k: {_prefill_ms(c, 24000):.0f} ms"
+        rows.append([p["engine_id"], "prefill", model, predicted, c["observations"]])
+        for x in p["copy_costs"]:
+            rate = "—"
+            if x["gb_per_second"]:
+                rate = f"{x['gb_per_second']} GB/s"
+            elif x["token_ms"] > 0:
+                rate = f"{1 / x['token_ms']:.0f} tokens/ms"
+            rows.append([f"{x['source_engine_id']} → {p['engine_id']}", "copy",
+                         f"{x['fixed_ms']:.1f} ms + {x['token_ms'] * 1000:.2f} µs/token", rate, x["observations"]])
+        if p["role"] == "DECODE":
+            rows.append([p["engine_id"], "inter-token", f"{p['inter_token_ms']:.1f} ms", "", ""])
+    return rows
 
 
 def _reaper_row(s: Any, address: str) -> dict[str, Any]:
@@ -277,6 +314,12 @@ def render(d: dict[str, Any]) -> list[Any]:
                 ["engine", "role", "source", "available", "planned turns", "load"],
                 [[p["engine_id"], p["role"], p["source"], "yes" if p["available"] else f"no: {p['unavailable_reason']}",
                   p["planned_turns"], p["load"]] for p in router["pool"]],
+            ))
+            out.append(table(
+                f"Learned costs ({router['address']})",
+                ["engine", "cost", "model", "predicted", "turns learned from"],
+                _learned_rows(router["pool"]),
+                caption="what the router predicts a turn's time to first token from; 0 turns: the configured default",
             ))
     reaper = d.get("reaper")
     if reaper is not None:

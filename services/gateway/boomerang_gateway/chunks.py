@@ -52,7 +52,8 @@ class Capture:
     kv_transfer_params: dict[str, Any] | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    first_token_at: float | None = None
+    first_token_at: float | None = None  # monotonic
+    last_token_at: float | None = None  # monotonic, of the last chunk that carried token ids
     finished_at: float | None = None  # wall clock (Unix seconds) of the finishing chunk
 
     def observe(self, chunk: dict[str, Any]) -> None:
@@ -71,8 +72,9 @@ class Capture:
             ids = choice.get("token_ids")
             if isinstance(ids, list) and ids:
                 self.output_token_ids.extend(ids)
+                self.last_token_at = time.monotonic()
                 if self.first_token_at is None:
-                    self.first_token_at = time.monotonic()
+                    self.first_token_at = self.last_token_at
             elif self.first_token_at is None and _has_content(choice):
                 self.first_token_at = time.monotonic()
             if choice.get("finish_reason"):

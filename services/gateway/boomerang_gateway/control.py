@@ -49,6 +49,7 @@ FIRST_TURN: dict[str, Any] = {
 }
 
 SLOW_PLANS_TO_BACK_OFF = 3
+MAX_REPORTED_SECONDS = 600.0  # ReportTurn's limit on a measured duration
 # UNAVAILABLE answers about one model, not the router: they back nothing off.
 ONE_MODELS_REASONS = frozenset({"NO_PREFILL_ENGINE", "NO_DECODE_ENGINE"})
 
@@ -105,6 +106,10 @@ class Report:
     # Prompt tokens the prefill engine reports it did not compute; None when it reported none.
     delivered_tokens: int | None = None
     cache_salt: str = ""  # the request's, as given to PlanTurn: it seeds the registered chain
+    # Measured, for the router's cost models: the prefill (P's request, or D's time to first
+    # token when D prefilled) and D's mean gap between output tokens; None when not measured.
+    prefill_seconds: float | None = None
+    inter_token_seconds: float | None = None
 
 
 class ControlPlane:
@@ -119,8 +124,10 @@ class ControlPlane:
         on_report: Callable[[str], None] | None = None,
         reconnect: Callable[[], RouterClient] | None = None,
         commit_timeout: float = 0.0,
+        prefill_on_decode: bool = False,
     ):
         self.router = router
+        self.prefill_on_decode = prefill_on_decode  # may the router plan PREFILL_ON_DECODE
         self.commit_timeout = commit_timeout
         self.on_report = on_report
         # Makes a fresh client after a failure: a gRPC channel that failed to connect waits
@@ -208,6 +215,7 @@ class ControlPlane:
             prompt_token_ids=token_ids,
             request_id=str(uuid.uuid4()),
             cache_salt=salt_key(cache_salt),
+            can_prefill_on_decode=self.prefill_on_decode,  # such a turn goes straight to D
         )
         try:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)
@@ -234,7 +242,7 @@ class ControlPlane:
             plan_id=resp.plan_id,
             prefill_url=resp.prefill_engine.http_base_url.rstrip("/"),
             decode_url=resp.decode_engine.http_base_url.rstrip("/"),
-            reused_tokens=int(resp.reusable_tokens) if decision == "PULL" else 0,
+            reused_tokens=int(resp.reusable_tokens) if decision in ("PULL", "PREFILL_ON_DECODE") else 0,
             from_router=True,
         )
 
@@ -284,6 +292,10 @@ class ControlPlane:
         )
         if report.delivered_tokens is not None:
             req.delivered_cached_tokens = report.delivered_tokens
+        if report.prefill_seconds is not None:
+            req.prefill_seconds = min(report.prefill_seconds, MAX_REPORTED_SECONDS)
+        if report.inter_token_seconds is not None:
+            req.inter_token_seconds = min(report.inter_token_seconds, MAX_REPORTED_SECONDS)
         if report.decode_kv_transfer_params:
             req.decode_kv_transfer_params_json = json.dumps(report.decode_kv_transfer_params, separators=(",", ":"))
             req.prompt_token_ids.extend(report.prompt_token_ids)

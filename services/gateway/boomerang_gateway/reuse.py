@@ -77,7 +77,7 @@ def outcome(
     """
     if decision == "ENGINE":
         declined = (reason or "UNSPECIFIED") if delivered == 0 else ""
-    elif decision != "PULL":
+    elif decision not in ("PULL", "PREFILL_ON_DECODE"):  # the latter reuses D's own cache
         declined = reason or "UNSPECIFIED"
     elif delivered is not None and delivered < planned:
         declined = PREFILL_SHORTFALL

@@ -110,6 +110,7 @@ async def run(settings: GatewaySettings) -> None:
         on_report=lambda outcome: metrics.reports.labels(outcome).inc(),
         reconnect=new_router,
         commit_timeout=settings.report_commit_timeout_seconds,
+        prefill_on_decode=settings.prefill_on_decode,
     )
     local = InProcessTokenizers(settings.tokenizers, settings.tokenizer_hf_cache, metrics) if settings.tokenizers else None
     if local is not None:

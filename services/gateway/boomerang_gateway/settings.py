@@ -112,6 +112,14 @@ class GatewaySettings(EnginePoolSettings):
         "ReportTurn call and only routes, naming each turn's conversation and tenant to the prefill engine "
         "(`kv_transfer_params.boomerang`).",
     )
+    prefill_on_decode: bool = Field(
+        default=False,
+        description="Let the router plan a turn as a prefill on the decode engine that holds the "
+        "conversation's history (PREFILL_ON_DECODE: the request goes straight to that engine, with no "
+        "kv_transfer_params) when that is predicted fastest within the router's inter-token-latency bound. "
+        "Off unless set: that engine then keeps no handle for the next turn (vLLM retains a finished "
+        "request's blocks only for a remote prefill), so the next turn pulls the older one.",
+    )
     sticky_prefill: bool = Field(
         default=False,
         description="Where the gateway picks the prefill engine itself (no router, reuse off, the router "

@@ -10,12 +10,16 @@ router's in `control.py`) and `Turn` steps 5 and 6.
 2. PlanTurn (short deadline): the engines, PULL/RECOMPUTE/COLD, the `kv_transfer_params`.
 3. The prefill request: max_tokens 1, not streamed, with the plan's `kv_transfer_params`.
 4. The decode request: streamed, `return_token_ids`, with P's returned params
-   (`remote_host` set to the host the gateway reached P at).
+   (`remote_host` set to the host the gateway reached P at). A PREFILL_ON_DECODE plan skips
+   step 3: the decode engine that holds the history gets the request with no
+   `kv_transfer_params` and prefills the new tokens over its own prefix cache.
 5. Tokens go to the client as they come; D's final `kv_transfer_params` and the token ids
    are captured.
 6. ReportTurn is sent and answered (the lease committed, bounded by
    `BOOMERANG_REPORT_COMMIT_TIMEOUT_SECONDS`) before the client's last byte — the
    non-streamed body, or the streamed `[DONE]` — so a crash after the turn loses no lease.
+   It carries the times the router learns its predictions from: the prefill (P's request,
+   or D's time to first token) and D's mean gap between output tokens.
 
 Steps 1 and 2 are Boomerang's; when either fails or is late the turn is a plain
 prefill→decode (recompute). Engine failures are the client's errors, with one retry on
@@ -84,6 +88,7 @@ class Turn:
     report_task: asyncio.Task[str] | None = None
     reuse: ReuseOutcome | None = None  # set once the prefill engine has answered
     tokenized_locally: bool = False  # prompt_token_ids came from the in-process tokenizer
+    decode_sent: float = 0.0  # monotonic time the decode request left (D's prefill starts)
 
     @property
     def cached_tokens(self) -> int:
@@ -169,6 +174,10 @@ class Turn:
         self.reported = True
         params = self.capture.kv_transfer_params if self.capture.finish_reason else None
         prompt = self.capture.prompt_token_ids or self.prompt_token_ids or []
+        on_decode = self.plan.decision == "PREFILL_ON_DECODE"
+        delivered = self.reuse.delivered if self.reuse is not None else None
+        if on_decode:  # D's own count of what its prefix cache served, from the stream's usage
+            delivered = reuse.delivered_by_prefill({"usage": self.capture.usage})
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
         self.report_task = self.runner.control.send_report_later(
@@ -181,10 +190,26 @@ class Turn:
                 prompt_token_ids=prompt,
                 output_token_ids=self.capture.output_token_ids,
                 finish_time_unix=self.capture.finished_at or time.time(),
-                delivered_tokens=self.reuse.delivered if self.reuse is not None else None,
+                delivered_tokens=delivered,
                 cache_salt=self.req.cache_salt,
+                prefill_seconds=self._prefill_seconds(on_decode),
+                inter_token_seconds=self._inter_token_seconds(),
             )
         )
+
+    def _prefill_seconds(self, on_decode: bool) -> float | None:
+        """The prefill's time: D's time to first token when it prefilled, else P's request."""
+        if not on_decode:
+            return self.timings.get("prefill")
+        first = self.capture.first_token_at
+        return first - self.decode_sent if first is not None and self.decode_sent else None
+
+    def _inter_token_seconds(self) -> float | None:
+        """D's mean gap between output tokens in this turn (None under two tokens)."""
+        c = self.capture
+        if c.first_token_at is None or c.last_token_at is None or len(c.output_token_ids) < 2:
+            return None
+        return (c.last_token_at - c.first_token_at) / (len(c.output_token_ids) - 1)
 
 
 class TurnRunner:
@@ -213,6 +238,14 @@ class TurnRunner:
         started, timings, request_id = time.monotonic(), dict[str, float](), uuid.uuid4().hex
         plan, tokens, local = await self._plan(req, tenant, timings)
         self._count_plan(plan, tokens)
+        if plan.decision == "PREFILL_ON_DECODE":
+            # D holds the history: it prefills the new tokens itself, no prefill engine, no params.
+            sent = time.monotonic()
+            response, decode = await self._open_decode(req, tenant, plan, None, "NOT_READ", request_id)
+            self.metrics.in_flight.inc()
+            planned = reuse.outcome(plan.decision, plan.reason, len(tokens or ()), plan.reused_tokens, None)
+            return Turn(req, tenant, plan, "NOT_READ", decode, decode, response, started, timings, request_id, tokens,
+                        self, reuse=planned, tokenized_locally=local, decode_sent=sent)
         p_params, prefill, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id, timings)
         response, decode = await self._open_decode(req, tenant, plan, p_params, handle_use, request_id)
         self.metrics.in_flight.inc()

@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse, PlanDecision, PlanReason, Retention
 from boomerang_router.kvparams import KvParams
+from boomerang_router.learning import CostModels
 from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import PoolEntry, Role, Source
 from boomerang_router.reports import ReportResult
@@ -19,6 +20,7 @@ DECISION = {
     PlanDecision.PULL: rtpb.PLAN_DECISION_PULL,
     PlanDecision.RECOMPUTE: rtpb.PLAN_DECISION_RECOMPUTE,
     PlanDecision.COLD: rtpb.PLAN_DECISION_COLD,
+    PlanDecision.PREFILL_ON_DECODE: rtpb.PLAN_DECISION_PREFILL_ON_DECODE,
 }
 REASON = {reason: rtpb.PlanReason.Value(f"PLAN_REASON_{reason.value}") for reason in PlanReason}
 RETENTION = {r: rtpb.RetentionOutcome.Value(f"RETENTION_OUTCOME_{r.value}") for r in Retention}
@@ -118,8 +120,8 @@ def turn_plan(r: PlanRecord) -> rtpb.TurnPlan:
     )
 
 
-def pool_engine(entry: PoolEntry) -> rtpb.PoolEngine:
-    """One pool entry for ListEngines."""
+def pool_engine(entry: PoolEntry, models: CostModels) -> rtpb.PoolEngine:
+    """One pool entry for ListEngines, with what the router has learned of its costs."""
     info = entry.info
     engine = tpb.Engine(
         engine_id=info.engine_id,
@@ -150,4 +152,26 @@ def pool_engine(entry: PoolEntry) -> rtpb.PoolEngine:
         planned_turns=entry.planned_turns,
         planned_prompt_tokens=entry.planned_prompt_tokens,
         load=entry.load,
+        prefill_cost=prefill_cost(models, info.engine_id),
+        copy_costs=copy_costs(models, info.engine_id),
+        inter_token_ms=models.inter_token_ms(info.engine_id),
     )
+
+
+def prefill_cost(models: CostModels, engine_id: str) -> rtpb.PrefillCost:
+    """An engine's learned prefill cost."""
+    c = models.prefill_cost(engine_id)
+    fitted = models.prefill.get(engine_id)
+    return rtpb.PrefillCost(fixed_ms=c.fixed_ms, token_ms=c.token_ms, context_ms=c.context_ms,
+                            observations=fitted.observations if fitted else 0)
+
+
+def copy_costs(models: CostModels, engine_id: str) -> list[rtpb.CopyCost]:
+    """The learned copy costs into an engine, by source engine."""
+    out = []
+    for (source, target), fitted in sorted(models.copy.items()):
+        if target == engine_id:
+            c = models.copy_cost(source, target)
+            out.append(rtpb.CopyCost(source_engine_id=source, fixed_ms=c.fixed_ms, token_ms=c.token_ms,
+                                     observations=fitted.observations))
+    return out

@@ -1,4 +1,4 @@
-"""The plan decision, free of gRPC and SQL: pull, recompute, or cold, and why.
+"""The plan decision, free of gRPC and SQL: pull, recompute, prefill on D, or cold, and why.
 
 The registry's claim has already verified, by token chain, how many leading tokens of the
 new prompt the lease holds (`verified`). The router then decides how many of them the
@@ -9,8 +9,11 @@ prefill engine (P) may load (`remote_num_tokens`):
   the last position's logits to sample the first output token);
 * never more than verified — P does not check that its prompt extends D's sequence.
 
-It pulls only when that number reaches P's `kv_recompute_threshold` (below it P would
-recompute anyway, after telling D to free the blocks, and the handle would be wasted).
+A pull must reach P's `kv_recompute_threshold` beyond what P's own prefix cache holds
+(below it P would recompute anyway, after telling D to free the blocks, and the handle
+would be wasted). Among what is allowed, the option with the smallest predicted time to
+first token wins (`ttft.choose`): recompute, a pull, or a prefill on the decode engine that
+holds the history.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 
 from boomerang_server.leases import ClaimOutcome
 
+from boomerang_router.ttft import Choice, Option, TurnCosts, choose
+
 
 class PlanDecision(str, enum.Enum):
     """What the prefill engine does with the previous turn's blocks."""
@@ -27,6 +32,8 @@ class PlanDecision(str, enum.Enum):
     PULL = "PULL"
     RECOMPUTE = "RECOMPUTE"
     COLD = "COLD"
+    # The decode engine that holds the history prefills the new tokens itself; nothing moves.
+    PREFILL_ON_DECODE = "PREFILL_ON_DECODE"
 
 
 class PlanReason(str, enum.Enum):
@@ -43,6 +50,7 @@ class PlanReason(str, enum.Enum):
     BLOCK_SIZE_MISMATCH = "BLOCK_SIZE_MISMATCH"
     NO_CONVERSATION = "NO_CONVERSATION"
     LEASE_RELEASED = "LEASE_RELEASED"
+    RECOMPUTE_FASTER = "RECOMPUTE_FASTER"
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class Decision:
     verified_tokens: int
     # The claim succeeded but the router will not hand the handle out: give it back.
     release_claim: bool = False
+    choice: Choice | None = None  # the prediction it was decided by, when there was one
 
 
 def max_reusable_tokens(prompt_tokens: int, block_size: int) -> int:
@@ -136,11 +145,15 @@ def decide(
     block_size: int,
     threshold: int,
     source_engine_alive: bool = True,
+    costs: TurnCosts | None = None,
+    prefill_cached: int = 0,
 ) -> Decision:
     """Turn a claim into a plan decision.
 
     `source_engine_alive` is the router's own view of the claimed lease's engine (its pool
-    may see a stopped heartbeat before the registry marks the engine dead).
+    may see a stopped heartbeat before the registry marks the engine dead). With `costs` the
+    plan is the fastest predicted option (`ttft.choose`; `prefill_cached`: what P's prefix
+    cache holds); without, a pull whenever the threshold allows it.
     """
     verified = claim.verified_tokens
     if claim.status is not ClaimOutcome.CLAIMED or claim.lease is None:
@@ -149,8 +162,8 @@ def decide(
         )
         return Decision(decision, reason, 0, prompt_tokens, verified)
 
-    def give_back(reason: PlanReason) -> Decision:
-        return Decision(PlanDecision.RECOMPUTE, reason, 0, prompt_tokens, verified, release_claim=True)
+    def give_back(reason: PlanReason, choice: Choice | None = None) -> Decision:
+        return Decision(PlanDecision.RECOMPUTE, reason, 0, prompt_tokens, verified, release_claim=True, choice=choice)
 
     lease = claim.lease
     if not source_engine_alive:
@@ -160,11 +173,25 @@ def decide(
     if not lease.block_groups or not any(lease.block_groups):
         return give_back(PlanReason.ENGINE_UNAVAILABLE)
     reusable = min(reusable_tokens(verified, prompt_tokens, block_size), lease.num_tokens)
-    if reusable <= 0 or reusable < threshold:
+    if reusable <= 0:
         return give_back(PlanReason.BELOW_THRESHOLD)
-    return Decision(
-        PlanDecision.PULL, PlanReason.VERIFIED_PREFIX, reusable, prompt_tokens - reusable, verified
-    )
+    if costs is None:
+        if reusable < threshold:
+            return give_back(PlanReason.BELOW_THRESHOLD)
+        return Decision(PlanDecision.PULL, PlanReason.VERIFIED_PREFIX, reusable, prompt_tokens - reusable, verified)
+    c = choose(prompt_tokens, reusable, prefill_cached, block_size, threshold, costs)
+    if c.option is Option.PULL:
+        return Decision(
+            PlanDecision.PULL, PlanReason.VERIFIED_PREFIX, c.pull_tokens, prompt_tokens - c.pull_tokens, verified,
+            choice=c,
+        )
+    if c.option is Option.PREFILL_ON_DECODE:
+        # D reads its own blocks, never the handle: the claim goes back to the conversation.
+        return Decision(
+            PlanDecision.PREFILL_ON_DECODE, PlanReason.VERIFIED_PREFIX, reusable, prompt_tokens - reusable, verified,
+            release_claim=True, choice=c,
+        )
+    return give_back(PlanReason.RECOMPUTE_FASTER if c.pulls_allowed else PlanReason.BELOW_THRESHOLD, c)
 
 
 class HandleUse(str, enum.Enum):
@@ -198,7 +225,7 @@ def turn_outcome(decision: PlanDecision, handle_use: HandleUse, lease_state: str
     claimed — worth an operator's look), or `COMPUTED` (no handle was handed out).
     """
     if decision is not PlanDecision.PULL:
-        return "COMPUTED"
+        return "COMPUTED"  # also a prefill on D: it computed the new tokens over its own cache
     if not handle_use.consumed:
         return "RELEASED"
     return "REUSED" if lease_state == "CONSUMED" else "LEASE_ENDED"

@@ -27,6 +27,7 @@ from boomerang_router.domain import (
     turn_outcome,
 )
 from boomerang_router.engine_choice import EngineChoice
+from boomerang_router.learning import CostModels, Observation
 from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EnginePool
 from boomerang_router.reports import ReportResult
@@ -76,6 +77,35 @@ def new_record(
         router=router,
         outcome_detail=claim.detail,
         params=kvparams.pull(lease, d.reusable_tokens) if lease else kvparams.first_turn(),
+        prefill_cached=min(p.prefill_cached, p.prompt_tokens),
+    )
+
+
+def observation(record: PlanRecord, r: ReportInput) -> Observation:
+    """What a reported turn teaches the cost models: who computed how much, what was pulled,
+    and the times the caller measured."""
+    on_decode = record.decision is PlanDecision.PREFILL_ON_DECODE
+    pulled = record.decision is PlanDecision.PULL and bool(record.lease_id)
+    if r.delivered_cached_tokens is not None:
+        computed = record.prompt_tokens - r.delivered_cached_tokens
+    elif pulled or on_decode:
+        computed = record.recompute_tokens
+    else:
+        computed = record.prompt_tokens - record.prefill_cached
+    prefill_ms = None if r.prefill_seconds is None else r.prefill_seconds * 1000
+    if pulled and r.handle_use is not HandleUse.READ:
+        prefill_ms = None  # P may not have run the turn as planned: nothing to learn from its time
+    return Observation(
+        prefill_engine=record.prefill_engine_id,
+        decode_engine=record.decode_engine_id,
+        source_engine=record.source_engine_id if pulled else "",
+        on_decode=on_decode,
+        prompt=record.prompt_tokens,
+        computed=computed,
+        pulled=max(record.reusable_tokens - record.prefill_cached, 0) if pulled else 0,
+        prefill_ms=prefill_ms,
+        copy_ms=None if r.copy_seconds is None else r.copy_seconds * 1000,
+        inter_token_ms=None if r.inter_token_seconds is None else r.inter_token_seconds * 1000,
     )
 
 
@@ -103,8 +133,10 @@ class PlanLedger:
         audit: AuditWriter,
         repo: TurnPlanRepository,
         stats: Tally[str],
+        models: CostModels,
     ):
         self.settings = settings
+        self.models = models  # the engines' learned costs: plans read them, reports update them
         self.pool = pool
         self.audit = audit
         self.repo = repo
@@ -164,6 +196,7 @@ class PlanLedger:
         lease_state, handle_detail, retention, lease, retain_detail = ended
         if record.reported_at is None:
             record.reported_at = datetime.now(UTC)
+            self.models.observe(observation(record, r))  # a repeated report teaches nothing twice
         record.handle_use = r.handle_use.value if pulled else ""
         record.claimed_lease_state = lease_state
         record.retention = retention.value
@@ -183,11 +216,13 @@ class PlanLedger:
 
     def _count(self, record: PlanRecord) -> None:
         record.counted = True
-        self.pool.add_planned(record.prefill_engine_id, 1, record.recompute_tokens)
+        if record.decision is not PlanDecision.PREFILL_ON_DECODE:  # then P does nothing
+            self.pool.add_planned(record.prefill_engine_id, 1, record.recompute_tokens)
         self.pool.add_planned(record.decode_engine_id, 1, 0)
 
     def _uncount(self, record: PlanRecord) -> None:
         if record.counted:
             record.counted = False
-            self.pool.add_planned(record.prefill_engine_id, -1, -record.recompute_tokens)
+            if record.decision is not PlanDecision.PREFILL_ON_DECODE:
+                self.pool.add_planned(record.prefill_engine_id, -1, -record.recompute_tokens)
             self.pool.add_planned(record.decode_engine_id, -1, 0)

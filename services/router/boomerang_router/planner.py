@@ -5,11 +5,13 @@ concern: pick the engines from the in-memory pool (`engine_choice`), claim the
 conversation's retained blocks with a short deadline (`reuse_claim`), decide
 (`engine_choice.decide_plan`, over `domain.decide`), give back a claim it will not hand out
 (`claims`), and record the plan (`ledger`; its `turn_plans` row is queued for a background
-writer). The servicer answers with it. Anything slow or failing in the control plane turns
+writer). The decision reads the engines' learned costs (`learning.CostModels`); reports
+update them, never a plan. The servicer answers with it. Anything slow or failing in the control plane turns
 into a COLD plan with reason CONTROL_PLANE_DEGRADED, never a failed turn.
 
 `Router.report_turn` settles a turn: find its plan, check the report against it, end the
-turn at the registry (`reports`: one CompleteTurn), and record the outcome (`ledger`).
+turn at the registry (`reports`: one CompleteTurn), and record the outcome (`ledger`, which
+also learns from the times the report measured).
 
 Claims the router will not hand out are given back in the background: when it decides
 against pulling after a successful claim, when the caller went away before the answer, and
@@ -41,6 +43,7 @@ class Router:
 
     def __init__(self, ledger: PlanLedger, claimer: ReuseClaimer, reporter: Reporter, name: str = ""):
         self.ledger = ledger
+        self.models = ledger.models
         self.claimer = claimer
         self.claims = claimer.keeper
         self.reporter = reporter
@@ -85,7 +88,7 @@ class Router:
         engines = pick_engines(self.pool, p, self.stats)
         ids = plan_ids(p)
         claim = await self.claimer.claim_for_plan(p, engines, ids[1], by)
-        d = decide_plan(self.pool, p, engines, claim)
+        d, engines = decide_plan(self.pool, self.models, p, engines, claim)
         if d.release_claim and claim.lease is not None:
             self.claims.give_back(p.tenant, claim.lease.lease_id, claim.lease.claim_id, f"ROUTER_{d.reason.value}")
         record = new_record(p, engines, claim, d, ids, self.name)

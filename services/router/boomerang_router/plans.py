@@ -90,6 +90,7 @@ class PlanRecord:
     outcome: str = ""
     outcome_detail: str = ""
     delivered_cached_tokens: int | None = None  # the prefill engine's count, as reported
+    prefill_cached: int = 0  # what the caller said P's own prefix cache held (not stored)
     # Not stored: the params handed out (kept so a retried PlanTurn gets the same answer),
     # and whether this plan is counted in this router's engine load.
     params: KvParams | None = None

@@ -70,6 +70,13 @@ class EnginePool(EngineTable):
                 best, chosen = key, info
         return chosen
 
+    def available(self, engine_id: str, model: str, role: Role) -> EngineInfo | None:
+        """The engine `engine_id` when plans may choose it for (`model`, `role`), else None."""
+        for entry in super().candidates(model, role):
+            if entry.info.engine_id == engine_id and entry.available:
+                return entry.info
+        return None
+
     def block_size(self, model: str) -> int:
         """Tokens per block of `model`'s decode engines (the most common), else the default."""
         sizes = Counter(

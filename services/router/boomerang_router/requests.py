@@ -75,6 +75,13 @@ class PlanInput:
     prompt_tokens: int
     request_id: str
     salt: str = ""  # vLLM's cache_salt: chains of two salts never match
+    prefill_cached: int = 0  # prompt tokens the prefill engine's own cache holds
+    can_prefill_on_decode: bool = False
+    prefill_engine_id: str = ""  # the caller's own prefill engine (the vLLM hook's)
+
+
+# The longest a reported prefill, copy or inter-token gap may be (seconds).
+MAX_REPORTED_SECONDS = 600.0
 
 
 def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
@@ -105,6 +112,9 @@ def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
         v.add("num_prompt_tokens", "must be non-negative")
     elif req.num_prompt_tokens and length and req.num_prompt_tokens != length:
         v.add("num_prompt_tokens", f"is {req.num_prompt_tokens} but the prompt has {length} tokens")
+    if not 0 <= req.prefill_cached_tokens <= max(length, 0):
+        v.add("prefill_cached_tokens", f"must be 0 to the prompt's length ({length})")
+    check_id(v, "prefill_engine_id", req.prefill_engine_id, MAX_TEXT, required=False)
     v.raise_if_any()
     return PlanInput(
         tenant=req.tenant,
@@ -115,6 +125,9 @@ def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
         prompt_tokens=length,
         request_id=req.request_id,
         salt=req.cache_salt,
+        prefill_cached=req.prefill_cached_tokens,
+        can_prefill_on_decode=req.can_prefill_on_decode,
+        prefill_engine_id=req.prefill_engine_id,
     )
 
 
@@ -135,6 +148,20 @@ class ReportInput:
     delivered_cached_tokens: int | None = None  # the prefill engine's own count, if it gave one
     prompt_len: int = 0  # how many of `token_ids` are the prompt (the rest are output)
     salt: str = ""  # the request's cache_salt, as given to PlanTurn
+    prefill_seconds: float | None = None  # measured by the caller
+    copy_seconds: float | None = None
+    inter_token_seconds: float | None = None
+
+
+def _seconds(v: Violations, req: rtpb.ReportTurnRequest, name: str) -> float | None:
+    """An optional measured duration: None when unset, else 0 to MAX_REPORTED_SECONDS."""
+    if not req.HasField(name):
+        return None
+    value = float(getattr(req, name))
+    if not (math.isfinite(value) and 0 <= value <= MAX_REPORTED_SECONDS):
+        v.add(name, f"must be 0 to {MAX_REPORTED_SECONDS:.0f} seconds")
+        return None
+    return value
 
 
 def params_from_proto(msg: tpb.KvTransferParams) -> KvParams:
@@ -240,6 +267,11 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
     delivered = req.delivered_cached_tokens if req.HasField("delivered_cached_tokens") else None
     if delivered is not None and not 0 <= delivered <= max_tokens:
         v.add("delivered_cached_tokens", f"must be 0 to {max_tokens} (a prompt's length at most)")
+    prefill_seconds = _seconds(v, req, "prefill_seconds")
+    copy_seconds = _seconds(v, req, "copy_seconds")
+    if copy_seconds is not None and (prefill_seconds is None or copy_seconds > prefill_seconds):
+        v.add("copy_seconds", "must come with prefill_seconds and be at most it")
+    inter_token_seconds = _seconds(v, req, "inter_token_seconds")
     v.raise_if_any()
     assert created is not None
     return ReportInput(
@@ -256,6 +288,9 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         delivered_cached_tokens=delivered,
         prompt_len=len(req.prompt_token_ids),
         salt=req.cache_salt,
+        prefill_seconds=prefill_seconds,
+        copy_seconds=copy_seconds,
+        inter_token_seconds=inter_token_seconds,
     )
 
 

@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 from boomerang_router.claims import ClaimKeeper
 from boomerang_router.engines import HealthProber, Periodic, RegistryRefresher
+from boomerang_router.learning import CostModels, Priors
 from boomerang_router.ledger import PlanLedger
 from boomerang_router.planner import Router
 from boomerang_router.pool import EnginePool, Role, parse_static
@@ -32,6 +33,7 @@ from boomerang_router.reuse_claim import ReuseClaimer
 from boomerang_router.servicer import RouterServicer
 from boomerang_router.settings import RouterSettings
 from boomerang_router.spool import AuditSpool
+from boomerang_router.ttft import CopyCost, PrefillCost
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "boomerang.v1.RouterService"
@@ -63,9 +65,20 @@ def build_router(
     """The router's steps put together: one registry adapter and one set of stats for all."""
     stats: Counter[str] = Counter()
     api = RouterRegistry(registry)
-    ledger = PlanLedger(settings, pool, audit, repo, stats)
+    ledger = PlanLedger(settings, pool, audit, repo, stats, cost_models(settings))
     keeper = ClaimKeeper(settings, api, ledger.store, repo, stats)
     return Router(ledger, ReuseClaimer(settings, api, keeper, stats), Reporter(settings, api, pool), name)
+
+
+def cost_models(settings: RouterSettings) -> CostModels:
+    """The learned costs, starting from the configured defaults (rebuilt on every start)."""
+    return CostModels(Priors(
+        PrefillCost(settings.ttft_prefill_fixed_ms, settings.ttft_prefill_token_ms, settings.ttft_prefill_context_ms),
+        CopyCost(settings.ttft_copy_fixed_ms, settings.ttft_copy_token_ms),
+        settings.ttft_inter_token_ms,
+        settings.ttft_learning_turns,
+        settings.decode_prefill_itl_bound,
+    ))
 
 
 async def _warm_registry(registry: RegistryClient, refresher: RegistryRefresher, timeout: float = 5.0) -> None:

@@ -81,4 +81,5 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
         requests.list_engines(request)
         role = convert.ROLE_FROM_PROTO.get(request.role)
         entries = self.router.pool.entries(request.model, role)
-        return rtpb.RouterServiceListEnginesResponse(engines=[convert.pool_engine(e) for e in entries])
+        models = self.router.models
+        return rtpb.RouterServiceListEnginesResponse(engines=[convert.pool_engine(e, models) for e in entries])

@@ -66,6 +66,62 @@ class RouterSettings(EnginePoolSettings):
         le=1_000_000,
         description="Fewest reusable tokens worth a pull when the prefill engine does not say.",
     )
+    ttft_prefill_fixed_ms: float = Field(
+        default=38.3,
+        ge=0,
+        le=600_000,
+        description="Predicted prefill time, fixed milliseconds per prefill: the prior every engine's "
+        "learned prefill cost starts from (as measured for Qwen3-32B on one H200, TP 1).",
+    )
+    ttft_prefill_token_ms: float = Field(
+        default=0.1012,
+        ge=0,
+        le=1000,
+        description="Predicted prefill time, milliseconds per computed token (prior: Qwen3-32B on one H200).",
+    )
+    ttft_prefill_context_ms: float = Field(
+        default=0.00548,
+        ge=0,
+        le=1000,
+        description="Predicted prefill time, milliseconds per computed token per 1,000 tokens of mean "
+        "attended context: attention (prior: Qwen3-32B on one H200).",
+    )
+    ttft_copy_fixed_ms: float = Field(
+        default=1.0,
+        ge=0,
+        le=600_000,
+        description="Predicted copy of KV between two engines, fixed milliseconds per pull (prior of "
+        "every engine pair's learned copy cost).",
+    )
+    ttft_copy_token_ms: float = Field(
+        default=0.004766,
+        ge=0,
+        le=1000,
+        description="Predicted copy of KV between two engines, milliseconds per token (prior: "
+        "Qwen3-32B's 262,144 bytes a token over 55 GB/s).",
+    )
+    ttft_inter_token_ms: float = Field(
+        default=43.0,
+        gt=0,
+        le=600_000,
+        description="A decode engine's milliseconds between output tokens until its turns report "
+        "their own (Qwen3-32B on one H200).",
+    )
+    ttft_learning_turns: float = Field(
+        default=30.0,
+        ge=0,
+        le=100_000,
+        description="How fast learned costs follow the engines: a reported turn this many reports "
+        "old weighs 1/e of the newest; 0: learn nothing, plan from the configured costs alone.",
+    )
+    decode_prefill_itl_bound: float = Field(
+        default=0.2,
+        ge=0,
+        le=100,
+        description="A prefill on the decode engine holding the history (for callers that can send "
+        "it there: the gateway) may raise that engine's p99 inter-token latency by at most this "
+        "share; 0: never prefill on the decode engine.",
+    )
     prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "[NAME=]URL")] = Field(
         default_factory=list, description="Static prefill engines, `URL` or `NAME=URL` (the variable: "
         "comma-separated; the flag: repeated); none: engines come from the registry."

@@ -1,0 +1,38 @@
+"""Router: a plan may prefill on the decode engine that holds the history (PREFILL_ON_DECODE).
+
+Only the decision's check constraint changes; no row is rewritten (the new constraint is
+checked against the existing rows, which all satisfy it).
+
+Revision ID: 0012_turn_prefill_on_decode
+Revises: 0008_turn_delivered_reuse
+Create Date: 2026-12-04
+"""
+
+from alembic import op
+from boomerang_server.db.sqlscript import split_statements
+
+revision = "0012_turn_prefill_on_decode"
+down_revision = "0008_turn_delivered_reuse"
+branch_labels = None
+depends_on = None
+
+UPGRADE = r"""
+ALTER TABLE turn_plans DROP CONSTRAINT ck_turn_plans_decision;
+ALTER TABLE turn_plans ADD CONSTRAINT ck_turn_plans_decision
+    CHECK (decision IN ('PULL', 'RECOMPUTE', 'COLD', 'PREFILL_ON_DECODE'));
+"""
+
+DOWNGRADE = r"""
+ALTER TABLE turn_plans DROP CONSTRAINT ck_turn_plans_decision;
+ALTER TABLE turn_plans ADD CONSTRAINT ck_turn_plans_decision CHECK (decision IN ('PULL', 'RECOMPUTE', 'COLD'));
+"""
+
+
+def upgrade() -> None:
+    for statement in split_statements(UPGRADE):
+        op.execute(statement)
+
+
+def downgrade() -> None:
+    for statement in split_statements(DOWNGRADE):
+        op.execute(statement)

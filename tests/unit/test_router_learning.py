@@ -1,0 +1,128 @@
+"""The learned costs (`learning.CostModels`): from the configured prior to the engines' own,
+within a few dozen reported turns, and the pause bound of a prefill on D."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from boomerang_router.learning import PAUSE_WINDOW_SECONDS, CostModels, Observation, Priors
+from boomerang_router.ttft import CopyCost, Option, PrefillCost, choose
+
+# The prior: Qwen3-32B on one H200 over 55 GB/s. The engines: Qwen3-8B (another model).
+PRIOR = Priors(PrefillCost(38.3, 0.1012, 0.00548), CopyCost(1.0, 0.004766), 43.0, 30.0, 0.2)
+TRUE_8B = PrefillCost(22.4, 0.0226, 0.00167)
+BPT_8B = 147_456
+
+
+def copy_8b(gbps: float) -> CopyCost:
+    return CopyCost(1.0, BPT_8B / (gbps * 1e9) * 1000)
+
+
+def cold(models: CostModels, rng: random.Random, truth: PrefillCost = TRUE_8B) -> None:
+    prompt = rng.randrange(1_000, 24_000)
+    ms = truth.ms(prompt, prompt) * rng.uniform(0.97, 1.03)
+    models.observe(Observation("p", "d", "", False, prompt, prompt, 0, ms, None, None))
+
+
+def pulled(models: CostModels, rng: random.Random, link: CopyCost, measured_copy: bool = False) -> None:
+    """A pulled turn: the gateway reports the whole prefill request; the hook also the copy."""
+    prompt = rng.randrange(2_000, 24_000)
+    k = prompt - 128
+    copy, rest = link.ms(k), TRUE_8B.ms(128, prompt)
+    noise = rng.uniform(0.97, 1.03)
+    models.observe(Observation("p", "d", "d", False, prompt, 128, k, (copy + rest) * noise,
+                               copy * noise if measured_copy else None, None))
+
+
+def test_the_prefill_cost_moves_from_the_prior_to_the_engine_within_a_few_dozen_turns() -> None:
+    models, rng = CostModels(PRIOR), random.Random(1)
+    assert models.prefill_cost("p") == PRIOR.prefill
+    for _ in range(40):
+        cold(models, rng)
+    learned = models.prefill_cost("p")
+    for n in (2_000, 8_000, 24_000):
+        assert learned.ms(n, n) == pytest.approx(TRUE_8B.ms(n, n), rel=0.08)
+    assert models.prefill["p"].observations == 40
+    assert models.prefill_cost("other") == PRIOR.prefill  # per engine
+
+
+@pytest.mark.parametrize("measured_copy", [False, True], ids=["gateway", "hook"])
+def test_a_link_that_slows_moves_the_decision_within_fifty_turns(measured_copy: bool) -> None:
+    models, rng = CostModels(PRIOR), random.Random(2)
+    for _ in range(30):
+        cold(models, rng)
+    for _ in range(30):
+        pulled(models, rng, copy_8b(55), measured_copy)
+
+    def decision() -> Option:
+        return choose(24_000, 23_872, 0, 16, 64, models.costs("p", "d", None)).option
+
+    assert decision() is Option.PULL
+    assert models.copy_cost("d", "p").ms(23_872) == pytest.approx(copy_8b(55).ms(23_872), rel=0.15)
+    turns = 0
+    while decision() is Option.PULL:  # the planner keeps pulling until the prediction turns
+        pulled(models, rng, copy_8b(3), measured_copy)
+        turns += 1
+        assert turns <= 50
+    learned = models.costs("p", "d", None)
+    assert learned.link.ms(23_872) + learned.prefill.ms(128, 24_000) >= learned.prefill.ms(24_000, 24_000)
+    assert turns <= 3  # at 3 GB/s the copy alone is 1.1 s: the first slow turns say so
+
+
+def test_bad_measurements_teach_nothing() -> None:
+    models = CostModels(PRIOR)
+    for ms in (None, 0.0, -5.0, math.inf, 1e9):
+        models.observe(Observation("p", "d", "", False, 2_000, 2_000, 0, ms, None, None))
+    models.observe(Observation("p", "d", "", False, 2_000, 0, 0, 50.0, None, None))  # nothing computed
+    assert "p" not in models.prefill and models.prefill_cost("p") == PRIOR.prefill
+
+
+def test_inter_token_latency_is_learned_per_decode_engine() -> None:
+    models = CostModels(PRIOR)
+    assert models.inter_token_ms("d") == 43.0
+    for _ in range(60):
+        models.observe(Observation("p", "d", "", False, 2_000, 2_000, 0, None, None, 20.0))
+    assert models.inter_token_ms("d") == pytest.approx(20.0)
+    assert models.inter_token_ms("d2") == 43.0
+
+
+def test_long_pauses_on_d_stay_under_one_percent_of_its_gaps() -> None:
+    now = [1000.0]
+    models = CostModels(PRIOR, clock=lambda: now[0])
+    gaps = PAUSE_WINDOW_SECONDS * 1000 / 43.0  # 1,395 gaps a minute
+    allowed = math.ceil(0.01 * gaps) - 1  # so that one more stays under 1%
+    for _ in range(allowed):
+        assert models.max_pause_ms("d") == math.inf
+        models.paused("d", 60.0)  # past 20% of 43 ms: a stretched gap
+    assert models.max_pause_ms("d") == pytest.approx(0.2 * 43.0)  # only short pauses now
+    models.paused("d", 5.0)  # within the bound: not counted
+    now[0] += PAUSE_WINDOW_SECONDS + 1
+    assert models.max_pause_ms("d") == math.inf  # the window moved on
+    assert models.max_pause_ms("other") == math.inf
+
+
+def test_a_zero_bound_never_prefills_on_d() -> None:
+    models = CostModels(Priors(PRIOR.prefill, PRIOR.copy, 43.0, 30.0, 0.0))
+    assert models.costs("p", "d", "d").decode is None
+    assert models.costs("p", "d", "d").max_pause_ms == math.inf
+
+
+def test_one_stray_measurement_does_not_throw_the_model_away() -> None:
+    models, rng = CostModels(PRIOR), random.Random(3)
+    for _ in range(40):
+        cold(models, rng)
+    models.observe(Observation("p", "d", "", False, 8_000, 8_000, 0, 10 * TRUE_8B.ms(8_000, 8_000), None, None))
+    cold(models, rng)
+    assert models.prefill_cost("p").ms(8_000, 8_000) == pytest.approx(TRUE_8B.ms(8_000, 8_000), rel=0.25)
+
+
+def test_no_learning_keeps_the_configured_costs() -> None:
+    models, rng = CostModels(Priors(PRIOR.prefill, PRIOR.copy, 43.0, 0.0, 0.2)), random.Random(4)
+    for _ in range(10):
+        cold(models, rng)
+        pulled(models, rng, copy_8b(3), measured_copy=True)
+    models.observe(Observation("p", "d", "", False, 2_000, 2_000, 0, None, None, 20.0))
+    assert models.prefill_cost("p") == PRIOR.prefill and models.copy_cost("d", "p") == PRIOR.copy
+    assert models.inter_token_ms("d") == 43.0 and not models.prefill and not models.copy
