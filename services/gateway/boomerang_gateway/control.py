@@ -72,6 +72,9 @@ class Plan:
     decode_url: str = ""
     reused_tokens: int = 0
     from_router: bool = False
+    # A turn the lease summary ruled out starts COLD at once; its router plan, made beside
+    # it, gives the report its plan id (and tells whether the "no" was wrong).
+    background: asyncio.Task[Plan | None] | None = None
 
 
 def fallback(conversation_id: str, reason: str) -> Plan:
@@ -105,6 +108,7 @@ class Report:
     # Prompt tokens the prefill engine reports it did not compute; None when it reported none.
     delivered_tokens: int | None = None
     cache_salt: str = ""  # the request's, as given to PlanTurn: it seeds the registered chain
+    background_plan: asyncio.Task[Plan | None] | None = None  # the plan id comes from it (Plan.background)
 
 
 class ControlPlane:
@@ -240,7 +244,7 @@ class ControlPlane:
 
     def send_report_later(self, report: Report) -> asyncio.Task[str] | None:
         """Send ReportTurn in the background; the task answers its outcome."""
-        if self.router is None or not report.plan_id:
+        if self.router is None or not (report.plan_id or report.background_plan is not None):
             return None
         task = asyncio.ensure_future(self._send_report(report))
         self._reports.add(task)
@@ -272,6 +276,13 @@ class ControlPlane:
         return ("failed" if task.cancelled() or task.result() == "FAILED" else "committed"), waited
 
     async def _send_report(self, report: Report) -> str:
+        if report.background_plan is not None:
+            plan = await report.background_plan  # bounded by its tokenize and plan deadlines
+            if plan is None:
+                return "FAILED"  # no plan id: nothing to report, and the turn registers no lease
+            report.plan_id = plan.plan_id
+            if plan.decision == "PULL":
+                report.handle_use = "NOT_READ"  # the turn had started without its handle
         assert self.router is not None
         req = rtpb.ReportTurnRequest(
             tenant=report.tenant,

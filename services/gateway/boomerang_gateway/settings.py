@@ -116,6 +116,12 @@ class GatewaySettings(EnginePoolSettings):
         "ReportTurn call and only routes, naming each turn's conversation and tenant to the prefill engine "
         "(`kv_transfer_params.boomerang`).",
     )
+    lease_summary: bool = Field(
+        default=True,
+        description="Watch the registry's summary of live leases (WatchLeaseKeys): a turn whose conversation "
+        "surely has no live lease starts at once, COLD, with no tokenize or PlanTurn before its prefill (both "
+        "run beside it, for the turn's report and to count a wrong \"no\"). Needs the registry address.",
+    )
     sticky_prefill: bool = Field(
         default=False,
         description="Where the gateway picks the prefill engine itself (no router, reuse off, the router "

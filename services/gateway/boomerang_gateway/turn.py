@@ -33,6 +33,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from boomerang.leasekeys import LeaseSummary, conversation_key
+
 from boomerang_gateway import protocol, reuse
 from boomerang_gateway.chunks import DONE, Capture, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
@@ -171,6 +173,11 @@ class Turn:
         prompt = self.capture.prompt_token_ids or self.prompt_token_ids or []
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
+        summary = self.runner.summary
+        if summary is not None and params and self.req.conversation_id:
+            # This turn's lease is about to be registered: its next turn may pull, whatever the
+            # registry's stream has said yet.
+            summary.add([conversation_key(self.tenant, self.req.conversation_id)])
         self.report_task = self.runner.control.send_report_later(
             Report(
                 tenant=self.tenant,
@@ -183,6 +190,7 @@ class Turn:
                 finish_time_unix=self.capture.finished_at or time.time(),
                 delivered_tokens=self.reuse.delivered if self.reuse is not None else None,
                 cache_salt=self.req.cache_salt,
+                background_plan=self.plan.background,
             )
         )
 
@@ -198,8 +206,10 @@ class TurnRunner:
         metrics: GatewayMetrics,
         config: TurnConfig,
         local: InProcessTokenizers | None = None,
+        summary: LeaseSummary | None = None,
     ):
         self.local = local
+        self.summary = summary
         self.control = control
         self.metrics = metrics
         self.config = config
@@ -230,6 +240,9 @@ class TurnRunner:
         if plan is not None:
             return plan, tokens, False
         local = False
+        ruled_out = self._ruled_out(req, tenant)
+        if ruled_out is not None:
+            return ruled_out, tokens, False
         if tokens is None:
             tokens, local = await self._tokenize(req, timings)
             if tokens is None:
@@ -250,6 +263,35 @@ class TurnRunner:
             self.metrics.fallbacks.labels("router_backoff").inc()
             return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED")
         return None
+
+    def _ruled_out(self, req: ClientRequest, tenant: str) -> Plan | None:
+        """A COLD plan at once when the live-lease summary says the conversation has no lease
+        (its router plan goes on beside the turn); None: plan as usual."""
+        if self.summary is None or not req.conversation_id:
+            return None
+        if not self.summary.ready:
+            self.metrics.lease_summary.labels("unknown").inc()
+            return None
+        if self.summary.may_have_conversation(tenant, req.conversation_id):
+            self.metrics.lease_summary.labels("maybe").inc()
+            return None
+        self.metrics.lease_summary.labels("ruled_out").inc()
+        plan = Plan("COLD", "NO_LIVE_LEASE")
+        plan.background = asyncio.ensure_future(self._plan_beside(req, tenant))
+        return plan
+
+    async def _plan_beside(self, req: ClientRequest, tenant: str) -> Plan | None:
+        """The router's plan of a turn that started without one: its id for the report; a PULL
+        is a wrong "no" (counted; the report gives the claim back unread)."""
+        tokens = req.prompt_token_ids
+        if tokens is None:
+            tokens, _ = await self._tokenize(req, {})
+        if tokens is None:
+            return None
+        plan = await self.control.ask_router_for_plan(tenant, req.conversation_id, req.model, tokens, None, req.cache_salt)
+        if plan is not None and plan.decision == "PULL":
+            self.metrics.lease_summary_false_no.inc()
+        return plan
 
     async def _tokenize(self, req: ClientRequest, timings: dict[str, float]) -> tuple[list[int] | None, bool]:
         """The prompt's ids, in-process where the model's tokenizer is local (and whether they
@@ -324,5 +366,5 @@ class TurnRunner:
         """A turn that never reached decoding still reports, so its claim is settled."""
         self.control.send_report_later(
             Report(tenant, plan.plan_id, req.conversation_id, handle_use, None, [], [], time.time(),
-                   cache_salt=req.cache_salt)
+                   cache_salt=req.cache_salt, background_plan=plan.background)
         )
