@@ -1,18 +1,17 @@
 """Keeping a `LeaseSummary` current from the registry's WatchLeaseKeys stream.
 
-`watch_forever` (asyncio, the gateway's) and `LeaseKeysThread` (a daemon thread, the prefill
-hook's) read the stream into the summary and reconnect after a pause when it ends. While
-the stream is down the summary is unknown (`LeaseSummary.lost`): every prompt is a "maybe".
+`LeaseKeysThread` (a daemon thread, the prefill hook's; the gateway's asyncio twin is
+`boomerang_gateway.lease_summary`) reads the stream into the summary and reconnects after a
+pause when it ends. While the stream is down the summary is unknown (`LeaseSummary.lost`):
+every prompt is a "maybe".
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from typing import Any
 
-from boomerang.clients.registry import RegistryClient
 from boomerang.leasekeys import LeaseSummary, unpack
 from boomerang.v1 import registry_service_pb2 as rpb
 
@@ -27,21 +26,6 @@ def apply(summary: LeaseSummary, message: rpb.WatchLeaseKeysResponse) -> None:
         summary.snapshot_part(keys, message.snapshot_complete, message.live_leases)
     else:
         summary.add(keys)
-
-
-async def watch_forever(client: RegistryClient, summary: LeaseSummary, watcher: str, retry: float = RETRY_SECONDS) -> None:
-    """Keep `summary` current until cancelled."""
-    while True:
-        try:
-            async for message in client.watch_lease_keys(watcher):
-                apply(summary, message)
-        except asyncio.CancelledError:
-            summary.lost()
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure: the summary is unknown until the next snapshot
-            log.info("lease-keys watch ended (%s); retrying in %.1f s", exc, retry)
-        summary.lost()
-        await asyncio.sleep(retry)
 
 
 class LeaseKeysThread:

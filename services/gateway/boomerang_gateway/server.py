@@ -16,7 +16,6 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
-from boomerang.clients.lease_keys import watch_forever
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.db.engine import make_engine
@@ -29,6 +28,7 @@ from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
 from boomerang_gateway.http import httpx
+from boomerang_gateway.lease_summary import watch_forever
 from boomerang_gateway.liveness import Voucher
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
