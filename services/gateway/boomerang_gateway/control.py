@@ -72,9 +72,10 @@ class Plan:
     decode_url: str = ""
     reused_tokens: int = 0
     from_router: bool = False
-    # A turn the lease summary ruled out starts COLD at once; its router plan, made beside
-    # it, gives the report its plan id (and tells whether the "no" was wrong).
-    background: asyncio.Task[Plan | None] | None = None
+    # The lease summary ruled the turn out: it started COLD without a plan. Its router plan is
+    # made when the turn ends, from D's prompt ids, for the report's plan id (and to tell
+    # whether the "no" was wrong), so nothing competes with the turn's own prefill.
+    planned_after: bool = False
 
 
 def fallback(conversation_id: str, reason: str) -> Plan:
@@ -108,7 +109,7 @@ class Report:
     # Prompt tokens the prefill engine reports it did not compute; None when it reported none.
     delivered_tokens: int | None = None
     cache_salt: str = ""  # the request's, as given to PlanTurn: it seeds the registered chain
-    background_plan: asyncio.Task[Plan | None] | None = None  # the plan id comes from it (Plan.background)
+    background_plan: asyncio.Task[Plan | None] | None = None  # the plan id comes from it (Plan.planned_after)
 
 
 class ControlPlane:

@@ -173,6 +173,8 @@ class Turn:
         prompt = self.capture.prompt_token_ids or self.prompt_token_ids or []
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
+        if self.plan.planned_after and not (params and prompt):
+            return  # ran without a plan and left no lease: nothing was claimed, nothing to register
         summary = self.runner.summary
         if summary is not None and params and self.req.conversation_id:
             # This turn's lease is about to be registered: its next turn may pull, whatever the
@@ -190,7 +192,7 @@ class Turn:
                 finish_time_unix=self.capture.finished_at or time.time(),
                 delivered_tokens=self.reuse.delivered if self.reuse is not None else None,
                 cache_salt=self.req.cache_salt,
-                background_plan=self.plan.background,
+                background_plan=self.runner.plan_after(self.req, self.tenant, prompt) if self.plan.planned_after else None,
             )
         )
 
@@ -276,22 +278,24 @@ class TurnRunner:
             self.metrics.lease_summary.labels("maybe").inc()
             return None
         self.metrics.lease_summary.labels("ruled_out").inc()
-        plan = Plan("COLD", "NO_LIVE_LEASE")
-        plan.background = asyncio.ensure_future(self._plan_beside(req, tenant))
-        return plan
+        return Plan("COLD", "NO_LIVE_LEASE", planned_after=True)
 
-    async def _plan_beside(self, req: ClientRequest, tenant: str) -> Plan | None:
-        """The router's plan of a turn that started without one: its id for the report; a PULL
-        is a wrong "no" (counted; the report gives the claim back unread)."""
-        tokens = req.prompt_token_ids
-        if tokens is None:
-            tokens, _ = await self._tokenize(req, {})
-        if tokens is None:
-            return None
-        plan = await self.control.ask_router_for_plan(tenant, req.conversation_id, req.model, tokens, None, req.cache_salt)
-        if plan is not None and plan.decision == "PULL":
-            self.metrics.lease_summary_false_no.inc()
-        return plan
+    def plan_after(self, req: ClientRequest, tenant: str, prompt: list[int]) -> asyncio.Task[Plan | None]:
+        """The router's plan of a turn that ran without one, made as it ends: its id for the
+        report (which registers the lease its next turn pulls). A PULL there is a wrong "no"
+        (counted; the report gives the claim back unread)."""
+        async def plan() -> Plan | None:
+            tokens = prompt or req.prompt_token_ids
+            if not tokens:
+                tokens, _ = await self._tokenize(req, {})
+            if not tokens:
+                return None
+            planned = await self.control.ask_router_for_plan(tenant, req.conversation_id, req.model, tokens, None,
+                                                             req.cache_salt)
+            if planned is not None and planned.decision == "PULL":
+                self.metrics.lease_summary_false_no.inc()
+            return planned
+        return asyncio.ensure_future(plan())
 
     async def _tokenize(self, req: ClientRequest, timings: dict[str, float]) -> tuple[list[int] | None, bool]:
         """The prompt's ids, in-process where the model's tokenizer is local (and whether they
@@ -366,5 +370,5 @@ class TurnRunner:
         """A turn that never reached decoding still reports, so its claim is settled."""
         self.control.send_report_later(
             Report(tenant, plan.plan_id, req.conversation_id, handle_use, None, [], [], time.time(),
-                   cache_salt=req.cache_salt, background_plan=plan.background)
+                   cache_salt=req.cache_salt)
         )
