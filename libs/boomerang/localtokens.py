@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -165,6 +167,34 @@ class LocalTokenizer:
         plain = self.plain_added
         more = tuple((start + encoding.offsets[n][0], kept + n) for n, i in enumerate(encoding.ids) if i in plain)
         return Encoded(text, ids, cuts + more)
+
+    def chat_encoding_of(self, body: dict[str, Any], ids: Sequence[int]) -> Encoded | None:
+        """The `Encoded` of a chat request whose ids are known (the engine's own, for a turn
+        not tokenized here), without tokenizing: its cuts are where the added tokens the ids
+        hold stand in the rendered text. None when the two do not line up (or the request
+        adds special tokens), and nothing is kept."""
+        if body.get("add_special_tokens", False):
+            return None
+        text = chatrender.render(self.template(body.get("tools")), body, self.special_tokens)
+        added = self.added_ids
+        found = [(n, i) for n, i in enumerate(ids) if i in added]
+        matches = list(self.added_pattern.finditer(text)) if self.added_pattern is not None else []
+        if len(found) != len(matches) or any(added[i] != m.group() for (_, i), m in zip(found, matches, strict=True)):
+            return None
+        plain = self.plain_added
+        cuts = tuple((m.start(), n) for (n, i), m in zip(found, matches, strict=True) if i in plain)
+        return Encoded(text, array("I", ids), cuts)
+
+    @cached_property
+    def added_ids(self) -> dict[int, str]:
+        """Every added token's id and text."""
+        return {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+
+    @cached_property
+    def added_pattern(self) -> re.Pattern[str] | None:
+        """Matches the added tokens in a text, longest first (as the tokenizer extracts them)."""
+        contents = sorted(set(self.added_ids.values()), key=len, reverse=True)
+        return re.compile("|".join(re.escape(c) for c in contents)) if contents else None
 
     @cached_property
     def plain_added(self) -> frozenset[int]:

@@ -5,6 +5,7 @@ templates of Llama 3, Qwen 3, Mistral and Gemma 3), however the history changed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -107,3 +108,22 @@ async def test_the_gateway_keeps_each_conversations_last_prompt() -> None:
         assert await local.ids(req) == tok.chat_ids({"messages": messages})
         assert local._last[("sim", "c-1")].text.endswith("<|im_start|>assistant\n")
         messages += [{"role": "assistant", "content": f"done {turn}"}]
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_a_prompt_known_by_its_ids_is_kept_without_tokenizing(thinking: bool) -> None:
+    """A turn not tokenized here (the lease summary started it at once) is kept from the
+    engine's ids: the next prompt, tokenized from it, still equals a full tokenization."""
+    tok = localtokens.load(str(hfmodel.folder(thinking)))
+    for body in _sim_conversations():
+        bodies = _grown(body)
+        for first, second in itertools.pairwise(bodies):
+            kept = tok.chat_encoding_of(first, tok.chat_ids(first))
+            full = tok.chat_encoding(first, None)
+            assert kept is not None and full is not None and kept.cuts == full.cuts
+            encoded = tok.chat_encoding(second, kept)
+            assert encoded is not None and list(encoded.ids) == tok.chat_ids(second)
+    body = _sim_conversations()[0]
+    ids = tok.chat_ids(body)
+    wrong = [i for i in ids if i not in tok.added_ids]  # the special tokens gone: they cannot line up
+    assert tok.chat_encoding_of(body, wrong) is None

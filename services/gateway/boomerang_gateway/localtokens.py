@@ -110,6 +110,19 @@ class InProcessTokenizers:
         self.metrics.local_tokenize.labels("local").inc()
         return ids or None
 
+    def remember(self, req: ClientRequest, ids: list[int]) -> None:
+        """Keep the prompt of a turn not tokenized here (its ids the engine's), so the
+        conversation's next prompt is tokenized incrementally all the same."""
+        tok = self._loaded.get(req.model)
+        if tok is None or not req.conversation_id or req.kind is not Kind.CHAT or req.model in self.disabled:
+            return
+        try:
+            encoded = tok.chat_encoding_of(req.body, ids)
+        except Exception:  # noqa: BLE001 - a template this renderer does not mirror: nothing kept
+            return
+        if encoded is not None:
+            self._keep((req.model, req.conversation_id), encoded)
+
     def _keep(self, key: tuple[str, str], encoded: Encoded) -> None:
         old = self._last.pop(key, None)
         if old is not None:

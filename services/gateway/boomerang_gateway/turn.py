@@ -175,6 +175,8 @@ class Turn:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
         if self.plan.planned_after and not (params and prompt):
             return  # ran without a plan and left no lease: nothing was claimed, nothing to register
+        if self.plan.planned_after and self.capture.prompt_token_ids and self.runner.local is not None:
+            self.runner.local.remember(self.req, self.capture.prompt_token_ids)
         summary = self.runner.summary
         if summary is not None and params and self.req.conversation_id:
             # This turn's lease is about to be registered: its next turn may pull, whatever the
