@@ -62,6 +62,21 @@ def lease_keys(tenant: str, conversation_id: str, prompt_key: int | None) -> lis
     return out
 
 
+def keys_of_leases(leases: Iterable[tuple[str, str, int | None]]) -> list[int]:
+    """`lease_keys` of many (tenant, conversation id, prompt key) rows: a snapshot's, in one loop."""
+    digest, mixes, keys = xxhash.xxh3_64_intdigest, dict[str, int](), list[int]()
+    add = keys.append
+    for tenant, conversation_id, prompt_key in leases:
+        if conversation_id:
+            add(digest(b"c\x00" + tenant.encode() + b"\x00" + conversation_id.encode()))
+        if prompt_key is not None:
+            mix = mixes.get(tenant)
+            if mix is None:
+                mix = mixes[tenant] = _tenant_mix(tenant)
+            add((prompt_key & MASK64) ^ mix)
+    return keys
+
+
 def pack(keys: Sequence[int]) -> bytes:
     """Keys as the wire carries them: little-endian u64s."""
     return struct.pack(f"<{len(keys)}Q", *keys)

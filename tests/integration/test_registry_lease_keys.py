@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from boomerang.clients.lease_keys import apply
-from boomerang.leasekeys import LeaseSummary, conversation_key, lease_keys
+from boomerang.leasekeys import LeaseSummary, conversation_key, keys_of_leases, lease_keys
 from boomerang.tokenchain import build_chain
 from boomerang_registry.lease_keys import LeaseKeysHub, snapshot_messages
 from boomerang_registry.repository import RegistryRepository
@@ -121,3 +121,5 @@ async def test_a_prompt_without_id_is_a_maybe_only_when_it_continues_a_live_leas
 def test_lease_keys_of_a_lease_without_id_or_prompt_key() -> None:
     assert lease_keys("t", "", None) == []
     assert len(lease_keys("t", "c", 5)) == 2
+    rows = [("t", "c", 5), ("t", "", -7), ("u", "c", None), ("t", "", None)]
+    assert keys_of_leases(rows) == [k for row in rows for k in lease_keys(*row)]

@@ -29,7 +29,6 @@ from boomerang import leasekeys
 from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.grpcutil.status import error_for_exception, to_status
 from boomerang.v1 import registry_service_pb2 as rpb
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_registry import requests
@@ -123,13 +122,12 @@ class LeaseKeysHub:
             if cached is None or time.monotonic() - cached[0] >= self.refresh_seconds / 2:
                 started = time.monotonic()  # a lease committed after the read notifies after this
                 generation = self._generation
-                keys: list[int] = []
-                live = 0
                 async with self.engine.connect() as conn:
-                    result = await conn.stream(text(LIVE_KEYS_SQL))
-                    async for tenant, conversation_id, prompt_key in result:
-                        live += 1
-                        keys.extend(leasekeys.lease_keys(tenant, conversation_id, prompt_key))
+                    # The driver's own records: a row object per lease would cost more than its keys.
+                    raw = (await conn.get_raw_connection()).driver_connection
+                    assert raw is not None  # an open connection's asyncpg connection
+                    rows = await raw.fetch(LIVE_KEYS_SQL)
+                keys, live = leasekeys.keys_of_leases(rows), len(rows)
                 cached = (started, keys, live)
                 if generation == self._generation:
                     self._snapshot = cached
