@@ -192,7 +192,8 @@ async def test_another_tenant_with_the_same_conversation_id_gets_no_reuse(stack:
         reply, _ = await chat(mine_c, messages, conv)
         messages += [{"role": "assistant", "content": reply}, user(1)]
         _, theirs = await chat(theirs_c, messages, conv)
-        assert theirs["x-boomerang-plan"] == "COLD" and theirs["x-boomerang-reason"] == "NO_LEASE", theirs
+        # Ruled out by the live-lease summary (its keys are per tenant), or by the router's plan.
+        assert theirs["x-boomerang-plan"] == "COLD" and theirs["x-boomerang-reason"] in ("NO_LIVE_LEASE", "NO_LEASE"), theirs
         _, mine = await chat(mine_c, messages, conv)
     assert mine["x-boomerang-plan"] == "PULL"  # the other tenant neither used nor spoiled it
     assert stack.unsafe() == 0
