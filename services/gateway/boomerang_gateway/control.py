@@ -256,6 +256,12 @@ class ControlPlane:
             task.add_done_callback(functools.partial(self._forget, key))
         return task
 
+    def give_back_later(self, tenant: str, conversation_id: str, plan: asyncio.Task[Plan | None]) -> None:
+        """Settle a plan made for a turn that then ended without a lease (the client went away):
+        a report with nothing to register, so a claim it made goes back unread."""
+        self.send_report_later(Report(tenant, "", conversation_id, "NOT_READ", None, [], [], time.time(),
+                                      background_plan=plan))
+
     def _forget(self, key: tuple[str, str], task: asyncio.Task[str]) -> None:
         if self._pending.get(key) is task:
             del self._pending[key]

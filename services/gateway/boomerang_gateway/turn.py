@@ -85,6 +85,8 @@ class Turn:
     reported: bool = False
     report_task: asyncio.Task[str] | None = None
     reuse: ReuseOutcome | None = None  # set once the prefill engine has answered
+    # A turn the lease summary ruled out: its plan, started at D's first chunk (its prompt ids).
+    plan_after: asyncio.Task[Plan | None] | None = None
     tokenized_locally: bool = False  # prompt_token_ids came from the in-process tokenizer
 
     @property
@@ -124,6 +126,10 @@ class Turn:
                     raise UpstreamBroken(str(chunk["error"]))
                 first = self.capture.first_token_at is None
                 self.capture.observe(chunk)
+                if self.plan.planned_after and self.plan_after is None and self.capture.prompt_token_ids:
+                    # After the first token, beside the decode: the report needs its plan id soon,
+                    # or the conversation's next turn, arriving at once, waits for it.
+                    self.plan_after = self.runner.plan_after(self.req, self.tenant, self.capture.prompt_token_ids)
                 if first and self.capture.first_token_at is not None:
                     self.runner.metrics.ttft_seconds.labels(self.plan.decision).observe(
                         self.capture.first_token_at - self.started
@@ -174,9 +180,13 @@ class Turn:
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
         if self.plan.planned_after and not (params and prompt):
-            return  # ran without a plan and left no lease: nothing was claimed, nothing to register
+            if self.plan_after is not None:  # nothing to register: whatever it claimed goes back
+                self.runner.control.give_back_later(self.tenant, self.req.conversation_id, self.plan_after)
+            return
         if self.plan.planned_after and self.capture.prompt_token_ids and self.runner.local is not None:
             self.runner.local.remember(self.req, self.capture.prompt_token_ids)
+        if self.plan.planned_after and self.plan_after is None:
+            self.plan_after = self.runner.plan_after(self.req, self.tenant, prompt)
         summary = self.runner.summary
         if summary is not None and params and self.req.conversation_id:
             # This turn's lease is about to be registered: its next turn may pull, whatever the
@@ -194,7 +204,7 @@ class Turn:
                 finish_time_unix=self.capture.finished_at or time.time(),
                 delivered_tokens=self.reuse.delivered if self.reuse is not None else None,
                 cache_salt=self.req.cache_salt,
-                background_plan=self.runner.plan_after(self.req, self.tenant, prompt) if self.plan.planned_after else None,
+                background_plan=self.plan_after,
             )
         )
 
