@@ -73,8 +73,8 @@ class Plan:
     reused_tokens: int = 0
     from_router: bool = False
     # The lease summary ruled the turn out: it started COLD without a plan. Its router plan is
-    # made when the turn ends, from D's prompt ids, for the report's plan id (and to tell
-    # whether the "no" was wrong), so nothing competes with the turn's own prefill.
+    # made at its first token, from the prompt ids on D's first chunk, for the report's plan id
+    # (and to tell whether the "no" was wrong), so nothing competes with the turn's prefill.
     planned_after: bool = False
 
 

@@ -293,7 +293,7 @@ class TurnRunner:
         return Plan("COLD", "NO_LIVE_LEASE", planned_after=True)
 
     def plan_after(self, req: ClientRequest, tenant: str, prompt: list[int]) -> asyncio.Task[Plan | None]:
-        """The router's plan of a turn that ran without one, made as it ends: its id for the
+        """The router's plan of a turn that ran without one, made beside its decode: its id for the
         report (which registers the lease its next turn pulls). A PULL there is a wrong "no"
         (counted; the report gives the claim back unread)."""
         async def plan() -> Plan | None:
