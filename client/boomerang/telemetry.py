@@ -28,11 +28,12 @@ from typing import Any
 _enabled = False
 
 # Root spans with these name prefixes are never sampled (see the module docstring); the
-# reaper's deadline watch is a stream that lasts as long as the process.
+# reaper's deadline watch and the lease-keys watch are streams that last as long as the process.
 _UNTRACED_ROOTS = (
     "/grpc.health.",
     "/grpc.reflection.",
     "/boomerang.v1.BlockRegistryService/WatchLeaseDeadlines",
+    "/boomerang.v1.BlockRegistryService/WatchLeaseKeys",
 )
 # HTTP paths whose requests are not traced (health probes and Prometheus scrapes).
 UNTRACED_PATHS = ("/health", "/metrics", "/sim/stats")

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,18 @@ from boomerang_server.chatrender import Unsupported
 
 # transformers' `SPECIAL_TOKENS_ATTRIBUTES`: the named special tokens a template sees.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A text's token ids and the places they may be cut: the (character offset, token index)
+    of each plain added token (a special token such as `<|im_start|>`). The tokenizer splits a
+    text on its added tokens before anything else and tokenizes each piece alone, so the ids
+    before such a cut do not depend on anything after it."""
+
+    text: str
+    ids: array[int]
+    cuts: tuple[tuple[int, int], ...]
 
 
 class TokenizerFilesError(Exception):
@@ -117,6 +133,77 @@ class LocalTokenizer:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of `text` (special tokens in it are matched, as transformers does)."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def chat_encoding(self, body: dict[str, Any], previous: Encoded | None) -> Encoded | None:
+        """A chat request's prompt, tokenized from where it leaves `previous` (the conversation's
+        last prompt): the same ids as `chat_ids`. None when the request adds special tokens
+        around the text (its ids come from `chat_ids`)."""
+        if body.get("add_special_tokens", False):
+            return None
+        return self.encode_after(chatrender.render(self.template(body.get("tools")), body, self.special_tokens), previous)
+
+    def encode_after(self, text: str, previous: Encoded | None) -> Encoded:
+        """`text` tokenized without added special tokens, re-using `previous`'s ids up to the
+        last cut the two texts share: only what follows it is tokenized again."""
+        start, kept = 0, 0
+        cuts: tuple[tuple[int, int], ...] = ()
+        if previous is not None:
+            # Cuts are in text order and a shared prefix up to one means up to every earlier
+            # one: the last shared cut, by bisection.
+            lo, hi = 0, len(previous.cuts)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                char = previous.cuts[mid][0]
+                if text[:char] == previous.text[:char]:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo:
+                start, kept = previous.cuts[lo - 1]
+                cuts = previous.cuts[: lo - 1]
+        encoding = self.tokenizer.encode(text[start:], add_special_tokens=False)
+        ids = previous.ids[:kept] if previous is not None and kept else array("I")
+        ids.extend(encoding.ids)
+        plain = self.plain_added
+        more = tuple((start + encoding.offsets[n][0], kept + n) for n, i in enumerate(encoding.ids) if i in plain)
+        return Encoded(text, ids, cuts + more)
+
+    def chat_encoding_of(self, body: dict[str, Any], ids: Sequence[int]) -> Encoded | None:
+        """The `Encoded` of a chat request whose ids are known (the engine's own, for a turn
+        not tokenized here), without tokenizing: its cuts are where the added tokens the ids
+        hold stand in the rendered text. None when the two do not line up (or the request
+        adds special tokens), and nothing is kept."""
+        if body.get("add_special_tokens", False):
+            return None
+        text = chatrender.render(self.template(body.get("tools")), body, self.special_tokens)
+        added = self.added_ids
+        found = [(n, i) for n, i in enumerate(ids) if i in added]
+        matches = list(self.added_pattern.finditer(text)) if self.added_pattern is not None else []
+        if len(found) != len(matches) or any(added[i] != m.group() for (_, i), m in zip(found, matches, strict=True)):
+            return None
+        plain = self.plain_added
+        cuts = tuple((m.start(), n) for (n, i), m in zip(found, matches, strict=True) if i in plain)
+        return Encoded(text, array("I", ids), cuts)
+
+    @cached_property
+    def added_ids(self) -> dict[int, str]:
+        """Every added token's id and text."""
+        return {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+
+    @cached_property
+    def added_pattern(self) -> re.Pattern[str] | None:
+        """Matches the added tokens in a text, longest first (as the tokenizer extracts them)."""
+        contents = sorted(set(self.added_ids.values()), key=len, reverse=True)
+        return re.compile("|".join(re.escape(c) for c in contents)) if contents else None
+
+    @cached_property
+    def plain_added(self) -> frozenset[int]:
+        """Ids of the added tokens that cut a text cleanly: matched as they are, taking no
+        whitespace or word boundary from their neighbours."""
+        return frozenset(
+            i for i, t in self.tokenizer.get_added_tokens_decoder().items()
+            if not (t.lstrip or t.rstrip or t.single_word or t.normalized)
+        )
 
 
 def load(location: str, hf_cache: Path | None = None) -> LocalTokenizer:

@@ -126,3 +126,21 @@ async def test_mutual_tls_identity_comes_from_the_certificate(database_url: str,
             assert err.value.code == "UNAVAILABLE"
     finally:
         proc.kill()
+
+
+async def test_an_engine_may_watch_the_lease_keys_and_nobody_anonymous(secured: ServiceProcess, database_url: str,
+                                                                      unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill hook watches the live-lease summary as its engine (hashes only); without
+    credentials the stream is refused."""
+    token = create_token(database_url, f"engine:p-{unique}")
+
+    async def first(client: RegistryClient) -> rpb.WatchLeaseKeysResponse:
+        async for message in client.watch_lease_keys(f"p-{unique}"):
+            return message
+        raise AssertionError("the stream ended without a message")
+
+    message = await call_as(monkeypatch, secured.address, token, first)
+    assert message.snapshot and len(message.keys) % 8 == 0
+    with pytest.raises(BoomerangClientError) as err:
+        await call_as(monkeypatch, secured.address, "", first)
+    assert err.value.code == "UNAUTHENTICATED"

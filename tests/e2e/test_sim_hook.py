@@ -42,11 +42,11 @@ def test_the_engines_plan_register_and_pull_and_the_gateway_only_routes(stack: H
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Now the next step."}]
     second, _ = chat(stack, messages, f"c-{unique}")
     p, d = stack.stats("prefill"), stack.stats("decode")
-    # P's hook planned both turns from its own token ids: no pull on the first (COLD, or computed
-    # locally when its plan came after its wait: the first plan also connects the channel), a PULL
-    # on the second, and P pulled D's blocks.
-    first_plan = sum(p["hook"].get(k, 0) for k in ("plan_cold", "plan_recompute", "fallback_wait_over",
-                                                    "fallback_deadline_exceeded"))
+    # P's hook planned both turns from its own token ids: no pull on the first (ruled out by the
+    # live-lease summary, COLD, or computed locally when its plan came after its wait: the first
+    # plan also connects the channel), a PULL on the second, and P pulled D's blocks.
+    first_plan = sum(p["hook"].get(k, 0) for k in ("summary_ruled_out", "plan_cold", "plan_recompute",
+                                                    "fallback_wait_over", "fallback_deadline_exceeded"))
     assert first_plan == 1 and p["hook"]["plan_pull"] == 1, p["hook"]
     assert p["pulls"] == 1 and p["pulled_tokens"] >= 64 and p["recent"][-1]["outcome"] == "ok", p["recent"]
     assert p["corrupt_pulls"] == p["expired_or_freed_reads"] == d["corrupt_loads"] == 0

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from boomerang import leasekeys
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import registry_service_pb2 as rpb
@@ -40,6 +41,21 @@ class Done:
         return self.value
 
 
+class _KeysStream:
+    """A blocking stream's surface: yields its messages, then waits until cancelled."""
+
+    def __init__(self, *messages: rpb.WatchLeaseKeysResponse):
+        self.messages = list(messages)
+        self.cancelled = threading.Event()
+
+    def __iter__(self) -> Any:
+        yield from self.messages
+        self.cancelled.wait()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
 class FakeRegistry:
     """SyncRegistryClient's surface. `script` maps a method to a queue of errors (or None
     for success) consumed one per call; `hold` blocks RegisterRetainedBlocks while set.
@@ -59,6 +75,16 @@ class FakeRegistry:
         self.closed = False
         self.events: list[str] = []  # "issue" / "result" of RegisterRetainedBlocks(Batch) futures
         self.registrations: list[rpb.RegisterRetainedBlocksRequest] = []
+        # WatchLeaseKeys: None has no such RPC (the hook's summary never gets ready); a list of
+        # keys is streamed as one snapshot, then the stream stays open until cancelled.
+        self.lease_keys: list[int] | None = None
+
+    def watch_lease_keys(self, watcher: str) -> Any:
+        """WatchLeaseKeys: `lease_keys` as a snapshot, then nothing until `cancel()`."""
+        if self.lease_keys is None:
+            raise AttributeError("watch_lease_keys")
+        return _KeysStream(rpb.WatchLeaseKeysResponse(snapshot=True, snapshot_complete=True,
+                                                      keys=leasekeys.pack(self.lease_keys)))
 
     def fail(self, method: str, *errors: Exception | None) -> None:
         """Make the next calls of `method` fail with these errors (None means succeed)."""

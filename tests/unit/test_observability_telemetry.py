@@ -92,6 +92,7 @@ def test_traces_start_at_requests_not_at_background_calls() -> None:
     assert decide("SELECT", SpanKind.CLIENT) is Decision.DROP
     assert decide("/grpc.health.v1.Health/Check", SpanKind.SERVER) is Decision.DROP
     assert decide("/boomerang.v1.BlockRegistryService/WatchLeaseDeadlines", SpanKind.SERVER) is Decision.DROP
+    assert decide("/boomerang.v1.BlockRegistryService/WatchLeaseKeys", SpanKind.SERVER) is Decision.DROP
     sampled = set_span_in_context(NonRecordingSpan(SpanContext(0x1234, 0x99, True, TraceFlags(1))))
     unsampled = set_span_in_context(NonRecordingSpan(SpanContext(0x1234, 0x99, True, TraceFlags(0))))
     # Inside a request every call is traced; inside a dropped trace none is.

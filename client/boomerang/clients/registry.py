@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Self
 
-from boomerang.clients.base import call
+import grpc
+
+from boomerang.clients.base import BoomerangClientError, call
 from boomerang.grpcutil.channel import aio_channel
+from boomerang.grpcutil.client_status import from_rpc_error
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 
@@ -88,3 +92,14 @@ class RegistryClient:
     async def list_engines(self, req: rpb.ListEnginesRequest, timeout: float | None = None) -> rpb.ListEnginesResponse:
         """ListEngines."""
         return await call("ListEngines", self.stub.ListEngines, req, timeout or self.timeout)
+
+    async def watch_lease_keys(self, watcher: str) -> AsyncIterator[rpb.WatchLeaseKeysResponse]:
+        """The lease-keys stream (no deadline: it lives until either side ends it)."""
+        stream = self.stub.WatchLeaseKeys(rpb.WatchLeaseKeysRequest(watcher=watcher))
+        try:
+            async for message in stream:
+                yield message
+        except grpc.aio.AioRpcError as err:
+            raise BoomerangClientError("WatchLeaseKeys", from_rpc_error(err)) from None
+        finally:
+            stream.cancel()

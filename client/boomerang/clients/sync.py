@@ -129,6 +129,11 @@ class SyncRegistryClient(SyncClient):
         """ListEngines."""
         return self._call("ListEngines", self.stub.ListEngines, req, timeout)
 
+    def watch_lease_keys(self, watcher: str) -> Any:
+        """The lease-keys stream: an iterator of WatchLeaseKeysResponse (no deadline; `cancel()`
+        ends it). Its errors are grpc.RpcError, raised while iterating."""
+        return self.stub.WatchLeaseKeys(rpb.WatchLeaseKeysRequest(watcher=watcher), metadata=self.metadata)
+
 
 class SyncRouterClient(SyncClient):
     """RouterService with blocking calls, per-call deadlines (seconds), one error type."""

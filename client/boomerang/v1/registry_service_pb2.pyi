@@ -359,6 +359,24 @@ class WatchLeaseDeadlinesResponse(_message.Message):
     database_time: _timestamp_pb2.Timestamp
     def __init__(self, snapshot: _Optional[bool] = ..., earliest_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live_leases: _Optional[int] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class WatchLeaseKeysRequest(_message.Message):
+    __slots__ = ("watcher",)
+    WATCHER_FIELD_NUMBER: _ClassVar[int]
+    watcher: str
+    def __init__(self, watcher: _Optional[str] = ...) -> None: ...
+
+class WatchLeaseKeysResponse(_message.Message):
+    __slots__ = ("snapshot", "snapshot_complete", "keys", "live_leases")
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    snapshot: bool
+    snapshot_complete: bool
+    keys: bytes
+    live_leases: int
+    def __init__(self, snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., keys: _Optional[bytes] = ..., live_leases: _Optional[int] = ...) -> None: ...
+
 class ExpireLeasesRequest(_message.Message):
     __slots__ = ("fence", "max_leases", "actor", "request_id")
     FENCE_FIELD_NUMBER: _ClassVar[int]

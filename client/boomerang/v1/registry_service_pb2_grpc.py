@@ -97,6 +97,11 @@ class BlockRegistryServiceStub:
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesRequest.SerializeToString,
                 response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesResponse.FromString,
                 _registered_method=True)
+        self.WatchLeaseKeys = channel.unary_stream(
+                '/boomerang.v1.BlockRegistryService/WatchLeaseKeys',
+                request_serializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseKeysRequest.SerializeToString,
+                response_deserializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseKeysResponse.FromString,
+                _registered_method=True)
         self.ExpireLeases = channel.unary_unary(
                 '/boomerang.v1.BlockRegistryService/ExpireLeases',
                 request_serializer=boomerang_dot_v1_dot_registry__service__pb2.ExpireLeasesRequest.SerializeToString,
@@ -242,6 +247,22 @@ class BlockRegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLeaseKeys(self, request, context):
+        """Streams a compact summary of which prompts may have a live lease, for prefill hooks
+        and gateways that answer COLD locally, without a plan, a prompt the summary rules out.
+        The summary is a set of 64-bit keys (`boomerang.leasekeys`): one per live lease's
+        conversation, one per live lease's previous prompt. First a snapshot of every live lease
+        (RETAINED or CLAIMED) in parts, then the keys of each lease registered after it (sent
+        at commit), and a fresh snapshot every `BOOMERANG_LEASE_KEYS_REFRESH_SECONDS`, which
+        drops the keys of leases that ended. A key may name a lease that has since ended (a
+        plan then finds nothing); a lease registered is never left out once its keys are sent.
+        The stream ends with UNAVAILABLE when the registry drains or loses its database
+        notifications; the watcher treats every prompt as a "maybe" until it has a new snapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExpireLeases(self, request, context):
         """Expires live leases (RETAINED or CLAIMED) whose deadline has passed on the database
         clock, never one before, appending one `TTL_EXPIRED` event per lease with its expiry
@@ -363,6 +384,11 @@ def add_BlockRegistryServiceServicer_to_server(servicer, server):
                     servicer.WatchLeaseDeadlines,
                     request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesRequest.FromString,
                     response_serializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesResponse.SerializeToString,
+            ),
+            'WatchLeaseKeys': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLeaseKeys,
+                    request_deserializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseKeysRequest.FromString,
+                    response_serializer=boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseKeysResponse.SerializeToString,
             ),
             'ExpireLeases': grpc.unary_unary_rpc_method_handler(
                     servicer.ExpireLeases,
@@ -722,6 +748,33 @@ class BlockRegistryService:
             '/boomerang.v1.BlockRegistryService/WatchLeaseDeadlines',
             boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesRequest.SerializeToString,
             boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseDeadlinesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLeaseKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/boomerang.v1.BlockRegistryService/WatchLeaseKeys',
+            boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseKeysRequest.SerializeToString,
+            boomerang_dot_v1_dot_registry__service__pb2.WatchLeaseKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,

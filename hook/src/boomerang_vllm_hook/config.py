@@ -72,6 +72,12 @@ class BoomerangHookConfig(BaseModel):
     registration_generation: int | None = Field(
         default=None, ge=0, description="The generation to register at start when vLLM does not expose one."
     )
+    lease_summary: bool = Field(
+        default=True,
+        description="Prefill engines with `registry`: watch the registry's summary of live leases "
+        "(WatchLeaseKeys) and let a request whose conversation (or, without one, whose prompt) surely has "
+        "no live lease go on at once, its plan sent beside it to count a wrong \"no\".",
+    )
     plan_deadline_ms: float = Field(
         default=20.0,
         gt=0,

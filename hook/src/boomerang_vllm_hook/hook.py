@@ -33,8 +33,11 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
+from boomerang.clients.lease_keys import LeaseKeysThread
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
+from boomerang.leasekeys import LeaseSummary, conversation_key
 from boomerang.plans import decision_name, pull_params
+from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.worth import worth_waiting
 
@@ -131,6 +134,15 @@ class BoomerangHook:
             )
         self.planner: PrefillPlanner | None = None
         self.reporter: TurnReporter | None = None
+        # Which prompts may have a live lease: a request the summary rules out goes on at once.
+        self.summary: LeaseSummary | None = None
+        self.keys_watch: LeaseKeysThread | None = None
+        if b.role == "prefill" and b.registry and b.lease_summary:
+            self.summary = LeaseSummary()
+            self.keys_watch = LeaseKeysThread(
+                registry or SyncRegistryClient(b.registry, b.rpc_timeout_seconds, **creds), self.summary,
+                f"engine:{facts.engine_id}",
+            )
         if b.role == "prefill":
             self.planner = PrefillPlanner(
                 # No channel-level retries: inside a plan's wait a retry only eats the deadline.
@@ -155,7 +167,7 @@ class BoomerangHook:
 
     def start(self) -> None:
         """Start the background threads (engine registration happens there)."""
-        for worker in (self.sender, self.reporter, self.planner):
+        for worker in (self.sender, self.reporter, self.planner, self.keys_watch):
             if worker is not None:
                 worker.start()
 
@@ -166,6 +178,8 @@ class BoomerangHook:
                 worker.close(timeout)
         if self.planner is not None:
             self.planner.close()
+        if self.keys_watch is not None:
+            self.keys_watch.close()
 
     def load(self) -> tuple[int, int]:
         """(requests in flight, prompt tokens waiting for allocation), for heartbeats."""
@@ -183,6 +197,9 @@ class BoomerangHook:
             out.update(self.late)
         if self.planner is not None:
             out["plans_in_flight"] = self.planner.in_flight
+        if self.summary is not None:
+            out["summary_ready"] = self.summary.ready
+            out["summary_keys"] = len(self.summary)
         if self.plan_seconds:
             ordered = sorted(self.plan_seconds)
             out["plan_ms_p50"] = ordered[len(ordered) // 2] * 1000
@@ -264,9 +281,38 @@ class BoomerangHook:
         if not self.planner.allow():
             self.counters["fallback_breaker_open"] += 1
             return state
+        if self._ruled_out(found, prompt):
+            # Nothing to pull: vLLM goes on now. The plan still goes, beside the request, to
+            # count a wrong "no" (and give back what it claimed).
+            beside = self.planner.begin(found, prompt, rid, self.planner.deadline, self._beside, local,
+                                         beside=True)
+            self.counters["summary_ruled_out" if beside is not None else "fallback_planner_full"] += 1
+            return state
         state.pending = self.planner.begin(found, prompt, rid, wait, self._late, local)
         self.counters["plans_started" if state.pending is not None else "fallback_planner_full"] += 1
         return state
+
+    def _ruled_out(self, context: TurnContext, prompt: Any) -> bool:
+        """Whether the lease summary says this prompt surely has no live lease to continue."""
+        summary = self.summary
+        if summary is None or not summary.ready or self.planner is None:
+            return False
+        if context.conversation_id:
+            return not summary.may_have_conversation(context.tenant, context.conversation_id)
+        try:
+            chain = build_chain(prompt, self.planner.chain_block_size, context.salt)
+        except ValueError:
+            return False
+        return not summary.may_continue(context.tenant, chain)
+
+    def _beside(self, pending: PendingPlan, attempt: PlanAttempt) -> None:
+        """The answer to a plan sent beside a request the summary ruled out (any thread): a
+        PULL was a wrong "no" (counted); whatever it claimed goes back unread."""
+        with self._late_lock:
+            self.late["summary_checked"] += 1
+            if attempt.response is not None and attempt.response.decision == opb.PLAN_DECISION_PULL:
+                self.late["summary_false_no"] += 1
+        self._give_back(pending, attempt, "beside")
 
     def _apply(self, request: Any, state: TurnState, attempt: PlanAttempt) -> None:
         """Act on a plan that came in while vLLM still waited: merge a PULL's params, or
@@ -299,6 +345,11 @@ class BoomerangHook:
     def _late(self, pending: PendingPlan, attempt: PlanAttempt) -> None:
         """An answer nobody waits for any more (any thread): give back what it claimed. vLLM
         never saw its handle, so the lease goes back to the conversation unread."""
+        with self._late_lock:
+            self.late["late_answers"] += 1
+        self._give_back(pending, attempt, "late")
+
+    def _give_back(self, pending: PendingPlan, attempt: PlanAttempt, kind: str) -> None:
         report: Report | None = None
         if attempt.response is not None:
             pulled = attempt.response.decision == opb.PLAN_DECISION_PULL
@@ -307,10 +358,9 @@ class BoomerangHook:
         elif attempt.error == "DEADLINE_EXCEEDED" and attempt.request is not None:
             report = Report(pending.tenant, replan=attempt.request)
         with self._late_lock:
-            self.late["late_answers"] += 1
             if report is not None and self.reporter is not None:
                 queued = self.reporter.submit(report)
-                self.late["late_given_back" if queued else "late_report_rejected_full"] += 1
+                self.late[f"{kind}_given_back" if queued else f"{kind}_report_rejected_full"] += 1
 
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
         """vLLM allocated the request: with a PULL plan, the handle is now in use."""
@@ -356,6 +406,10 @@ class BoomerangHook:
             if not self.reporter.submit(report):
                 self.counters["report_rejected_full"] += 1
         if state is not None and state.context is not None and isinstance(params, dict) and params.get("do_remote_prefill"):
+            if self.summary is not None and state.context.conversation_id:
+                # D is about to register this turn: its conversation's next turn may pull, here,
+                # before the registry's stream says so.
+                self.summary.add([conversation_key(state.context.tenant, state.context.conversation_id)])
             return delay_free, {**params, KEY: state.context.as_params()}
         return result
 

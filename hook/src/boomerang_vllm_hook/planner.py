@@ -81,6 +81,9 @@ class PendingPlan:
     cached: int = 0  # prompt tokens P's own prefix cache holds (vLLM's num_computed_tokens)
     attempt: PlanAttempt | None = None
     abandoned: bool = False
+    # Nobody waits for it (the lease summary ruled the prompt out): it is sent all the same,
+    # and its answer goes to `on_late` at once.
+    beside: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def take(self) -> PlanAttempt | None:
@@ -147,13 +150,14 @@ class PrefillPlanner:
 
     def begin(
         self, context: TurnContext, prompt: Sequence[int], vllm_request_id: str, wait: float,
-        on_late: Callable[[PendingPlan, PlanAttempt], None], cached: int = 0,
+        on_late: Callable[[PendingPlan, PlanAttempt], None], cached: int = 0, *, beside: bool = False,
     ) -> PendingPlan | None:
-        """Start a plan that the scheduler waits for at most `wait` seconds; None when too many
-        are in flight (the request computes locally). Never blocks."""
+        """Start a plan that the scheduler waits for at most `wait` seconds (`beside`: that
+        nobody waits for, answered to `on_late`); None when too many are in flight (the request
+        computes locally). Never blocks."""
         now = self.clock()
         pending = PendingPlan(context.tenant, context, prompt, vllm_request_id, now, now + min(wait, self.deadline), on_late,
-                              cached)
+                              cached, abandoned=beside, beside=beside)
         with self._lock:
             if self.in_flight >= self.max_in_flight:
                 self.dropped_full += 1
@@ -224,7 +228,7 @@ class PrefillPlanner:
             self._finish(pending, PlanAttempt(None, "CANCELLED", elapsed=self.clock() - pending.started))
 
     def _send(self, pending: PendingPlan) -> None:
-        if pending.abandoned:  # the request ended (or gave up) before its plan left: nothing claimed
+        if pending.abandoned and not pending.beside:  # the request ended (or gave up) before its plan left
             self._finish(pending, PlanAttempt(None, "DEADLINE_SPENT", elapsed=self.clock() - pending.started))
             return
         try:

@@ -73,6 +73,10 @@ class Plan:
     decode_url: str = ""
     reused_tokens: int = 0
     from_router: bool = False
+    # The lease summary ruled the turn out: it started COLD without a plan. Its router plan is
+    # made at its first token, from the prompt ids on D's first chunk, for the report's plan id
+    # (and to tell whether the "no" was wrong), so nothing competes with the turn's prefill.
+    planned_after: bool = False
 
 
 def fallback(conversation_id: str, reason: str) -> Plan:
@@ -110,6 +114,7 @@ class Report:
     # token when D prefilled) and D's mean gap between output tokens; None when not measured.
     prefill_seconds: float | None = None
     inter_token_seconds: float | None = None
+    background_plan: asyncio.Task[Plan | None] | None = None  # the plan id comes from it (Plan.planned_after)
 
 
 class ControlPlane:
@@ -248,7 +253,7 @@ class ControlPlane:
 
     def send_report_later(self, report: Report) -> asyncio.Task[str] | None:
         """Send ReportTurn in the background; the task answers its outcome."""
-        if self.router is None or not report.plan_id:
+        if self.router is None or not (report.plan_id or report.background_plan is not None):
             return None
         task = asyncio.ensure_future(self._send_report(report))
         self._reports.add(task)
@@ -258,6 +263,12 @@ class ControlPlane:
             self._pending[key] = task
             task.add_done_callback(functools.partial(self._forget, key))
         return task
+
+    def give_back_later(self, tenant: str, conversation_id: str, plan: asyncio.Task[Plan | None]) -> None:
+        """Settle a plan made for a turn that then ended without a lease (the client went away):
+        a report with nothing to register, so a claim it made goes back unread."""
+        self.send_report_later(Report(tenant, "", conversation_id, "NOT_READ", None, [], [], time.time(),
+                                      background_plan=plan))
 
     def _forget(self, key: tuple[str, str], task: asyncio.Task[str]) -> None:
         if self._pending.get(key) is task:
@@ -280,6 +291,13 @@ class ControlPlane:
         return ("failed" if task.cancelled() or task.result() == "FAILED" else "committed"), waited
 
     async def _send_report(self, report: Report) -> str:
+        if report.background_plan is not None:
+            plan = await report.background_plan  # bounded by its tokenize and plan deadlines
+            if plan is None:
+                return "FAILED"  # no plan id: nothing to report, and the turn registers no lease
+            report.plan_id = plan.plan_id
+            if plan.decision == "PULL":
+                report.handle_use = "NOT_READ"  # the turn had started without its handle
         assert self.router is not None
         req = rtpb.ReportTurnRequest(
             tenant=report.tenant,

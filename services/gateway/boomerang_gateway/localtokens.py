@@ -6,16 +6,24 @@ exactly, still goes to the prefill engine's `/tokenize`, which stays the truth. 
 tokenized here is checked against the prompt ids the decode engine reports for it; one
 disagreement is counted and sends that model back to `/tokenize` for the life of the
 process, since a tokenizer that disagrees once would plan wrong chains again.
+
+A conversation resends its whole history every turn. Its last prompt's encoding is kept (the
+most recent conversations', up to `KEEP_TOKENS` tokens in all), and the next prompt is
+tokenized only from the last special token the two texts share (`LocalTokenizer.encode_after`,
+the same ids as a full tokenization): a new turn costs its new messages, not the history.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from boomerang_server.chatrender import Unsupported
-from boomerang_server.localtokens import LocalTokenizer, TokenizerFilesError, load
+from boomerang_server.localtokens import Encoded, LocalTokenizer, TokenizerFilesError, load
 
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest, Kind
@@ -24,6 +32,9 @@ log = logging.getLogger(__name__)
 # Longer prompts are tokenized on a worker thread (the Rust tokenizer releases the GIL), so
 # one long conversation does not hold up the event loop; shorter ones cost less than the hop.
 THREAD_ABOVE_CHARS = 32_000
+# Tokens of the conversations' last prompts kept for incremental tokenization (4 bytes each,
+# plus their text): the least recently used conversation goes first.
+KEEP_TOKENS = 4_000_000
 
 
 class InProcessTokenizers:
@@ -36,6 +47,8 @@ class InProcessTokenizers:
         self._loaded: dict[str, LocalTokenizer] = {}
         self._loading: dict[str, asyncio.Task[LocalTokenizer | None]] = {}
         self.disabled: set[str] = set()
+        self._last: OrderedDict[tuple[str, str], Encoded] = OrderedDict()  # (model, conversation) → last prompt
+        self._kept_tokens = 0
 
     def serves(self, model: str) -> bool:
         """Whether turns of `model` are tokenized here (configured, loadable, never contradicted)."""
@@ -74,8 +87,18 @@ class InProcessTokenizers:
             size = sum(len(str(m.get("content") or "")) for m in req.body["messages"])
         else:
             size = len(str(req.body["prompt"]))
+        key = (req.model, req.conversation_id)
+        previous = self._last.get(key) if req.conversation_id and req.kind is Kind.CHAT else None
         try:
-            ids = await asyncio.to_thread(_ids, tok, req) if size > THREAD_ABOVE_CHARS else _ids(tok, req)
+            if req.conversation_id and req.kind is Kind.CHAT and not req.body.get("add_special_tokens", False):
+                # With the history kept, only the new messages are tokenized: no thread needed.
+                run = asyncio.to_thread if size > THREAD_ABOVE_CHARS and previous is None else _inline
+                encoded = await run(tok.chat_encoding, req.body, previous)
+                assert encoded is not None
+                self._keep(key, encoded)
+                ids = list(encoded.ids)
+            else:
+                ids = await asyncio.to_thread(_ids, tok, req) if size > THREAD_ABOVE_CHARS else _ids(tok, req)
         except Unsupported as exc:
             log.debug("model %s: not tokenized in-process (%s)", req.model, exc)
             self.metrics.local_tokenize.labels("unsupported").inc()
@@ -87,6 +110,29 @@ class InProcessTokenizers:
         self.metrics.local_tokenize.labels("local").inc()
         return ids or None
 
+    def remember(self, req: ClientRequest, ids: list[int]) -> None:
+        """Keep the prompt of a turn not tokenized here (its ids the engine's), so the
+        conversation's next prompt is tokenized incrementally all the same."""
+        tok = self._loaded.get(req.model)
+        if tok is None or not req.conversation_id or req.kind is not Kind.CHAT or req.model in self.disabled:
+            return
+        try:
+            encoded = tok.chat_encoding_of(req.body, ids)
+        except Exception:  # noqa: BLE001 - a template this renderer does not mirror: nothing kept
+            return
+        if encoded is not None:
+            self._keep((req.model, req.conversation_id), encoded)
+
+    def _keep(self, key: tuple[str, str], encoded: Encoded) -> None:
+        old = self._last.pop(key, None)
+        if old is not None:
+            self._kept_tokens -= len(old.ids)
+        self._last[key] = encoded
+        self._kept_tokens += len(encoded.ids)
+        while self._kept_tokens > KEEP_TOKENS and self._last:
+            _, dropped = self._last.popitem(last=False)
+            self._kept_tokens -= len(dropped.ids)
+
     def verify(self, model: str, local: list[int], engine: list[int] | None) -> None:
         """Compare a turn's ids with the decode engine's; one mismatch sends `model` back to `/tokenize`."""
         if not engine or engine == local or model in self.disabled:
@@ -97,6 +143,11 @@ class InProcessTokenizers:
         log.error("model %s: the in-process tokenizer disagrees with the engine at token %d of %d (engine: %d); "
                   "the model's turns go to /tokenize from now on — check BOOMERANG_TOKENIZERS names the files "
                   "the engine serves", model, first, len(local), len(engine))
+
+
+async def _inline(fn: Callable[[dict[str, Any], Encoded | None], Encoded | None], body: dict[str, Any],
+                  previous: Encoded | None) -> Encoded | None:
+    return fn(body, previous)
 
 
 def _ids(tok: LocalTokenizer, req: ClientRequest) -> list[int]:

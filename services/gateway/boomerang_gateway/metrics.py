@@ -29,6 +29,17 @@ class GatewayMetrics:
         self.turns = Counter(
             "boomerang_gateway_turns", "Turns by plan decision and reason.", ["decision", "reason"], registry=r
         )
+        self.lease_summary = Counter(
+            "boomerang_gateway_lease_summary",
+            "Turns with a conversation id by what the live-lease summary said: ruled_out (started at once, COLD), "
+            "maybe (planned as usual), unknown (no summary yet: planned as usual).",
+            ["verdict"], registry=r,
+        )
+        self.lease_summary_false_no = Counter(
+            "boomerang_gateway_lease_summary_false_no",
+            "Turns the summary ruled out whose plan, made beside the turn, would have pulled (a missed pull).",
+            registry=r,
+        )
         self.prompt_tokens = Counter("boomerang_gateway_prompt_tokens", "Prompt tokens of planned turns.", registry=r)
         self.reused_tokens = Counter(
             "boomerang_gateway_reused_tokens", "Prompt tokens the prefill engine was told to pull.", registry=r

@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
+from boomerang.leasekeys import LeaseSummary
 from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
 from boomerang_server.db.engine import make_engine
 from boomerang_server.db.migrate import upgrade
@@ -27,6 +28,7 @@ from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
 from boomerang_gateway.http import httpx
+from boomerang_gateway.lease_summary import watch_forever
 from boomerang_gateway.liveness import Voucher
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
@@ -115,8 +117,14 @@ async def run(settings: GatewaySettings) -> None:
     local = InProcessTokenizers(settings.tokenizers, settings.tokenizer_hf_cache, metrics) if settings.tokenizers else None
     if local is not None:
         await local.load_all()
+    # The live-lease summary: turns of conversations with no live lease skip their plan's wait.
+    summary, keys_client, watching = None, None, None
+    if router is not None and settings.registry_address and settings.lease_summary:
+        summary, keys_client = LeaseSummary(), RegistryClient(settings.registry_address)
+        watching = asyncio.ensure_future(watch_forever(keys_client, summary, f"gateway:{settings.listen}"))
     runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host,
-                                                                settings.engine_hook, settings.sticky_prefill), local)
+                                                                settings.engine_hook, settings.sticky_prefill), local,
+                        summary)
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
     limiter = TenantRateLimiter(settings.tenant_requests_per_second, settings.tenant_burst)
     state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes, limiter)
@@ -149,6 +157,11 @@ async def run(settings: GatewaySettings) -> None:
                      settings.router_address or "none")
         await serving
     finally:
+        if watching is not None:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+        if keys_client is not None:
+            await keys_client.close()
         await control.drain(settings.grace_seconds)
         await pool.stop()
         await http.aclose()

@@ -120,6 +120,12 @@ class GatewaySettings(EnginePoolSettings):
         "Off unless set: that engine then keeps no handle for the next turn (vLLM retains a finished "
         "request's blocks only for a remote prefill), so the next turn pulls the older one.",
     )
+    lease_summary: bool = Field(
+        default=True,
+        description="Watch the registry's summary of live leases (WatchLeaseKeys): a turn whose conversation "
+        "surely has no live lease starts at once, COLD, with no tokenize or PlanTurn before its prefill (both "
+        "run beside it, for the turn's report and to count a wrong \"no\"). Needs the registry address.",
+    )
     sticky_prefill: bool = Field(
         default=False,
         description="Where the gateway picks the prefill engine itself (no router, reuse off, the router "

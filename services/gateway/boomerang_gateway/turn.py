@@ -37,6 +37,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from boomerang.leasekeys import LeaseSummary, conversation_key
+
 from boomerang_gateway import protocol, reuse
 from boomerang_gateway.chunks import DONE, Capture, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
@@ -87,6 +89,8 @@ class Turn:
     reported: bool = False
     report_task: asyncio.Task[str] | None = None
     reuse: ReuseOutcome | None = None  # set once the prefill engine has answered
+    # A turn the lease summary ruled out: its plan, started at D's first chunk (its prompt ids).
+    plan_after: asyncio.Task[Plan | None] | None = None
     tokenized_locally: bool = False  # prompt_token_ids came from the in-process tokenizer
     decode_sent: float = 0.0  # monotonic time the decode request left (D's prefill starts)
 
@@ -127,6 +131,10 @@ class Turn:
                     raise UpstreamBroken(str(chunk["error"]))
                 first = self.capture.first_token_at is None
                 self.capture.observe(chunk)
+                if self.plan.planned_after and self.plan_after is None and self.capture.prompt_token_ids:
+                    # After the first token, beside the decode: the report needs its plan id soon,
+                    # or the conversation's next turn, arriving at once, waits for it.
+                    self.plan_after = self.runner.plan_after(self.req, self.tenant, self.capture.prompt_token_ids)
                 if first and self.capture.first_token_at is not None:
                     self.runner.metrics.ttft_seconds.labels(self.plan.decision).observe(
                         self.capture.first_token_at - self.started
@@ -180,6 +188,19 @@ class Turn:
             delivered = reuse.delivered_by_prefill({"usage": self.capture.usage})
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
+        if self.plan.planned_after and not (params and prompt):
+            if self.plan_after is not None:  # nothing to register: whatever it claimed goes back
+                self.runner.control.give_back_later(self.tenant, self.req.conversation_id, self.plan_after)
+            return
+        if self.plan.planned_after and self.capture.prompt_token_ids and self.runner.local is not None:
+            self.runner.local.remember(self.req, self.capture.prompt_token_ids)
+        if self.plan.planned_after and self.plan_after is None:
+            self.plan_after = self.runner.plan_after(self.req, self.tenant, prompt)
+        summary = self.runner.summary
+        if summary is not None and params and self.req.conversation_id:
+            # This turn's lease is about to be registered: its next turn may pull, whatever the
+            # registry's stream has said yet.
+            summary.add([conversation_key(self.tenant, self.req.conversation_id)])
         self.report_task = self.runner.control.send_report_later(
             Report(
                 tenant=self.tenant,
@@ -194,6 +215,7 @@ class Turn:
                 cache_salt=self.req.cache_salt,
                 prefill_seconds=self._prefill_seconds(on_decode),
                 inter_token_seconds=self._inter_token_seconds(),
+                background_plan=self.plan_after,
             )
         )
 
@@ -223,8 +245,10 @@ class TurnRunner:
         metrics: GatewayMetrics,
         config: TurnConfig,
         local: InProcessTokenizers | None = None,
+        summary: LeaseSummary | None = None,
     ):
         self.local = local
+        self.summary = summary
         self.control = control
         self.metrics = metrics
         self.config = config
@@ -263,6 +287,9 @@ class TurnRunner:
         if plan is not None:
             return plan, tokens, False
         local = False
+        ruled_out = self._ruled_out(req, tenant)
+        if ruled_out is not None:
+            return ruled_out, tokens, False
         if tokens is None:
             tokens, local = await self._tokenize(req, timings)
             if tokens is None:
@@ -283,6 +310,37 @@ class TurnRunner:
             self.metrics.fallbacks.labels("router_backoff").inc()
             return fallback(req.conversation_id, "CONTROL_PLANE_DEGRADED")
         return None
+
+    def _ruled_out(self, req: ClientRequest, tenant: str) -> Plan | None:
+        """A COLD plan at once when the live-lease summary says the conversation has no lease
+        (its router plan goes on beside the turn); None: plan as usual."""
+        if self.summary is None or not req.conversation_id:
+            return None
+        if not self.summary.ready:
+            self.metrics.lease_summary.labels("unknown").inc()
+            return None
+        if self.summary.may_have_conversation(tenant, req.conversation_id):
+            self.metrics.lease_summary.labels("maybe").inc()
+            return None
+        self.metrics.lease_summary.labels("ruled_out").inc()
+        return Plan("COLD", "NO_LIVE_LEASE", planned_after=True)
+
+    def plan_after(self, req: ClientRequest, tenant: str, prompt: list[int]) -> asyncio.Task[Plan | None]:
+        """The router's plan of a turn that ran without one, made beside its decode: its id for the
+        report (which registers the lease its next turn pulls). A PULL there is a wrong "no"
+        (counted; the report gives the claim back unread)."""
+        async def plan() -> Plan | None:
+            tokens = prompt or req.prompt_token_ids
+            if not tokens:
+                tokens, _ = await self._tokenize(req, {})
+            if not tokens:
+                return None
+            planned = await self.control.ask_router_for_plan(tenant, req.conversation_id, req.model, tokens, None,
+                                                             req.cache_salt)
+            if planned is not None and planned.decision == "PULL":
+                self.metrics.lease_summary_false_no.inc()
+            return planned
+        return asyncio.ensure_future(plan())
 
     async def _tokenize(self, req: ClientRequest, timings: dict[str, float]) -> tuple[list[int] | None, bool]:
         """The prompt's ids, in-process where the model's tokenizer is local (and whether they

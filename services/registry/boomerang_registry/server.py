@@ -89,5 +89,5 @@ async def run(settings: RegistrySettings) -> None:
         options,
         [ServiceSpec(SERVICE_NAME, rgrpc.add_BlockRegistryServiceServicer_to_server, servicer)],
         on_stop=stop,
-        on_drain=servicer.close_deadline_watch,
+        on_drain=servicer.close_watches,
     )

@@ -19,6 +19,7 @@ from boomerang_registry import convert, metrics, requests
 from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.events import decode_page_token
+from boomerang_registry.lease_keys import LeaseKeysHub, LeaseKeysServicer
 from boomerang_registry.reaper_api import ReaperFacingServicer
 from boomerang_registry.registrations import Registered
 from boomerang_registry.repository import RegistryRepository
@@ -40,6 +41,9 @@ _ROLE_NAME = {tpb.ENGINE_ROLE_PREFILL: "PREFILL", tpb.ENGINE_ROLE_DECODE: "DECOD
 
 # The RPCs an engine may call, each only for itself (the engine id the request names).
 # Every other RPC is for services (gateway, router, reaper, operators) only.
+# Engines may call these as well as the engine-scoped ones: a prefill hook watches the lease
+# keys (hashes of its tenants' conversations and prompts, never ids or tokens).
+_ENGINE_OPEN = frozenset({"WatchLeaseKeys"})
 _ENGINE_SCOPED: dict[str, Callable[[Any], str]] = {
     "RegisterEngine": lambda r: r.engine.engine_id,
     "Heartbeat": lambda r: r.engine_id,
@@ -71,7 +75,7 @@ def _claim_response(outcome: ClaimOutcome, row: Row | None, tokens: int, remaini
     )
 
 
-class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServicer):
+class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.BlockRegistryServiceServicer):
     """BlockRegistryService over a RegistryRepository."""
 
     def __init__(
@@ -85,6 +89,13 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
         self.settings = settings
         self.batcher = batcher
         self.credentials = credentials
+        dsn = settings.require_database().replace("postgresql+asyncpg://", "postgresql://", 1)
+        self.lease_keys_hub = LeaseKeysHub(dsn, repo.owner, settings.lease_keys_refresh_seconds)
+
+    async def close_watches(self) -> None:
+        """End every watch stream (the registry drains; watchers reconnect elsewhere)."""
+        await self.close_deadline_watch()
+        await self.lease_keys_hub.close()
 
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Authenticate the caller from its channel and check it may call `method` (run by @rpc)."""
@@ -105,7 +116,7 @@ class BlockRegistryServicer(ReaperFacingServicer, rgrpc.BlockRegistryServiceServ
                         "ENGINE_MISMATCH",
                         f"{principal} may only {method} as itself, not as engine {item.engine_id!r}",
                     )
-        elif principal.kind == "engine":
+        elif principal.kind == "engine" and method not in _ENGINE_OPEN:
             raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for Boomerang services, not engines")
 
     @rpc

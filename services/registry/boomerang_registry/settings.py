@@ -36,6 +36,12 @@ class RegistrySettings(CommonSettings):
     group_commit_max_batch: int = Field(
         default=256, ge=1, le=10000, description="Registrations committed per transaction."
     )
+    lease_keys_refresh_seconds: float = Field(
+        default=30.0,
+        ge=1,
+        le=3600,
+        description="Seconds between the fresh snapshots of WatchLeaseKeys, which drop ended leases' keys.",
+    )
 
     @field_validator("listen")
     @classmethod
