@@ -24,6 +24,21 @@ def normalize_database_url(url: str) -> str:
     )
 
 
+def sqlalchemy_database_url(url: str) -> str:
+    """`url` as SQLAlchemy's asyncpg dialect takes it: a libpq multi-host URL
+    (`postgresql://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`, which asyncpg itself
+    reads as it is) becomes one `host=` query parameter per host."""
+    url = normalize_database_url(url)
+    scheme, _, rest = url.partition("://")
+    netloc, _, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return url
+    path, _, query = tail.partition("?")
+    params = [f"host={h}" for h in hosts.split(",")] + ([query] if query else [])
+    return f"{scheme}://{userinfo}{at}/{path}?{'&'.join(params)}"
+
+
 def check_listen(value: str) -> str:
     """`value` if it is HOST:PORT, else a ValueError that says what is expected."""
     host, sep, port = value.rpartition(":")

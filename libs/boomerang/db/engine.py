@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from boomerang.config.settings import normalize_database_url
+from boomerang.config.settings import sqlalchemy_database_url
 
 
 def make_engine(
@@ -18,7 +18,7 @@ def make_engine(
     if role:
         server_settings["role"] = role
     return create_async_engine(
-        normalize_database_url(url),
+        sqlalchemy_database_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,

@@ -7,7 +7,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from boomerang.config.settings import normalize_database_url
+from boomerang.config.settings import sqlalchemy_database_url
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -16,7 +16,7 @@ def alembic_config(url: str) -> Config:
     """An Alembic config pointing at Boomerang's migrations and `url`."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", normalize_database_url(url).replace("%", "%%"))
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_database_url(url).replace("%", "%%"))
     return cfg
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 from boomerang.clients.registry import RegistryClient
+from boomerang.config.settings import sqlalchemy_database_url
 from boomerang.credentials import CredentialStore
 from boomerang.db.engine import make_engine, warm_pool
 from boomerang.db.migrate import upgrade
@@ -86,7 +87,7 @@ def _audit_spool(settings: RouterSettings) -> AuditSpool | None:
                     "while Postgres is down")
         return None
     # One folder per database: a spooled row is replayed only into the database it was for.
-    url = make_url(settings.require_database())
+    url = make_url(sqlalchemy_database_url(settings.require_database()))
     where = hashlib.sha256(f"{url.host}:{url.port}/{url.database}".encode()).hexdigest()[:16]
     try:
         return AuditSpool(Path(settings.audit_spool_dir) / where, settings.audit_spool_max_bytes, socket.gethostname())

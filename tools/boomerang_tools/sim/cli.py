@@ -75,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--prefix-cache-blocks", type=int, default=0,
                         help="prefix caching on this engine (vLLM's --enable-prefix-caching) with room for this many "
                         "blocks, evicted least recently used; default 0: off, as in AWS's tests")
+    parser.add_argument("--ledger", metavar="FILE",
+                        help="append every pull, load and retained turn to FILE as a JSON line, written as it happens "
+                        "(a fault campaign reads what an engine saw even after the engine was killed)")
     parser.add_argument("--log-level", help="logging level (default INFO)")
     parser.set_defaults(handler=_run)
 
@@ -138,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len or prof.max_model_len,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         prefix_cache_blocks=args.prefix_cache_blocks,
+        ledger=args.ledger or "",
     )
     run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds, hook))
     return 0

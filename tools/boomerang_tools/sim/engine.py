@@ -10,7 +10,9 @@ pins blocks on finish (`kvstore.py`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
@@ -64,12 +66,16 @@ class Engine:
         self.queued_prompt_tokens = 0
         self.restarted = asyncio.Event()
         self.hook: SimHook | None = None  # `--hook`: Boomerang's vLLM hook runs inside this engine
+        # Line-buffered: each event is the kernel's once written, so it outlives a SIGKILL.
+        self.ledger = open(config.ledger, "a", buffering=1) if config.ledger else None  # noqa: SIM115 - closed by close()
 
     async def close(self) -> None:
         """Release client connections (and flush the hook's senders)."""
         if self.hook is not None:
             await self.hook.close()
         await self.nixl.close()
+        if self.ledger is not None:
+            self.ledger.close()
 
     # -- admission -------------------------------------------------------------------------
 
@@ -182,6 +188,12 @@ class Engine:
 
     def _note(self, **event: Any) -> None:
         self.recent.append(event)
+        if self.ledger is not None:
+            self._record(event)
+
+    def _record(self, event: dict[str, Any]) -> None:
+        line = {"at": time.time(), "engine_id": self.config.engine_id, "generation": self.generation, **event}
+        self.ledger.write(json.dumps(line, separators=(",", ":")) + "\n")  # type: ignore[union-attr]
 
     # -- before the first token ------------------------------------------------------------
 
@@ -218,7 +230,7 @@ class Engine:
         count = max(0, min(available, n - 1, len(remote.block_ids) * cfg.block_size))
         local = min(hit.tokens, count)
         event = {"request_id": adm.request_id, "kind": "pull", "remote_request_id": remote.request_id,
-                 "count": count - local, **({"local_hit": local} if local else {})}
+                 "remote_engine_id": remote.engine_id, "count": count - local, **({"local_hit": local} if local else {})}
 
         def recompute(outcome: str) -> _Context:
             self._note(**event, outcome=outcome)
@@ -243,7 +255,7 @@ class Engine:
         blocks = remote.block_ids[local // cfg.block_size : -(-count // cfg.block_size)]
         try:
             pulled = await self.nixl.read(remote.host, remote.port, remote.request_id, blocks, count - local,
-                                          remote.generation)
+                                          remote.generation, remote.engine_id or "")
         except Unreachable as exc:
             self.stats.pull_failures += 1
             log.warning("pull %s: read failed: %s", adm.request_id, exc)
@@ -288,7 +300,8 @@ class Engine:
         count = min(n, len(remote.block_ids) * self.config.block_size)
         try:
             await self.nixl.peer(remote.engine_id or "", remote.host, remote.port)
-            loaded = await self.nixl.read(remote.host, remote.port, remote.request_id, remote.block_ids, count, None)
+            loaded = await self.nixl.read(remote.host, remote.port, remote.request_id, remote.block_ids, count, None,
+                                          remote.engine_id or "")
             outcome = "ok" if loaded == prompt[: len(loaded)] else "corrupt"
             if outcome == "corrupt":
                 self.stats.corrupt_loads += 1
@@ -326,6 +339,8 @@ class Engine:
                 return None
             h = self.kv.pin(HandleKind.RETAINED, adm.request_id, adm.alloc, tokens, cfg.ttl_seconds, self.generation)
             self.stats.retained_turns += 1
+            if self.ledger is not None:
+                self._record({"kind": "retained", "request_id": adm.request_id, "num_tokens": len(tokens)})
             return retained_params(
                 h.block_ids, cfg.engine_id, adm.request_id, cfg.host, cfg.side_channel_port,
                 len(tokens), h.expires_at, self.generation, (cfg.tp_size, 1, 1))

@@ -36,6 +36,8 @@ class SimConfig:
     # vLLM's --enable-prefix-caching, with this many spare blocks to keep prefixes in; 0: off
     # (AWS's setting).
     prefix_cache_blocks: int = 0
+    # A file every pull, load and retained turn is appended to as a JSON line; empty: none.
+    ledger: str = ""
 
 
 @dataclass

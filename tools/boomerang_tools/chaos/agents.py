@@ -1,0 +1,113 @@
+"""The campaign's agents: conversations that each send a turn, wait for the reply, think, and go on.
+
+An agent reaches the gateways as a client behind a load balancer would: a turn goes to a gateway
+drawn at random and, if that one refuses the connection (it is down), to the other. A turn that
+fails is sent again (the same history) until it succeeds or the run ends; every attempt is
+recorded, with its wall-clock start and end, so the checks can tell a failure a fault explains
+(its gateway or an engine killed under it, no gateway up) from one it does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+MODEL = "Qwen/Qwen3-32B"
+
+
+@dataclass
+class Attempt:
+    """One HTTP attempt at a turn."""
+
+    conversation: str
+    turn: int
+    gateway: str
+    started: float
+    ended: float = 0.0
+    status: int = 0  # 0: no HTTP answer
+    plan: str = ""
+    reason: str = ""
+    plan_id: str = ""
+    request_id: str = ""
+    error: str = ""
+    refused: bool = False  # the connection was refused: nothing reached the gateway
+
+    @property
+    def ok(self) -> bool:
+        """Whether the turn was served."""
+        return self.status == 200 and not self.error
+
+
+@dataclass
+class Agents:
+    """`count` conversations against `gateways` (base URLs), seeded."""
+
+    gateways: list[str]
+    count: int
+    seed: int
+    attempts: list[Attempt] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        """Every agent until `stop` is set (each finishes the turn it is in)."""
+        limits = httpx.Limits(max_connections=self.count * 2, max_keepalive_connections=self.count)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=3), limits=limits) as http:
+            await asyncio.gather(*(self._agent(http, n) for n in range(self.count)))
+
+    async def _agent(self, http: httpx.AsyncClient, n: int) -> None:
+        rng = random.Random(f"{self.seed}-{n}")
+        conversation = f"chaos-{self.seed}-{n}"
+        history: list[dict[str, str]] = [
+            {"role": "system", "content": f"Agent {n}. " + "Read the file, plan the edit, run the tests. " * 30}]
+        await asyncio.sleep(rng.uniform(0, 3))  # not all at once
+        turn = 0
+        while not self.stop.is_set():
+            history.append({"role": "user", "content": f"Step {turn}: " + "look at the next failing test. " * 6})
+            while True:
+                reply = await self._attempt(http, rng, conversation, turn, history)
+                if reply is not None or self.stop.is_set():
+                    break
+                await asyncio.sleep(0.5)
+            if reply is None:
+                return
+            history.append({"role": "assistant", "content": reply})
+            turn += 1
+            try:
+                await asyncio.wait_for(self.stop.wait(), rng.uniform(0.5, 2.5))  # the agent's tool runs
+            except TimeoutError:
+                pass
+
+    async def _attempt(self, http: httpx.AsyncClient, rng: random.Random, conversation: str, turn: int,
+                       history: list[dict[str, str]]) -> str | None:
+        first = rng.randrange(len(self.gateways))
+        body: dict[str, Any] = {"model": MODEL, "messages": history, "max_tokens": 12, "conversation_id": conversation}
+        for k in range(len(self.gateways)):
+            gateway = self.gateways[(first + k) % len(self.gateways)]
+            attempt = Attempt(conversation, turn, gateway, time.time())
+            self.attempts.append(attempt)
+            try:
+                resp = await http.post(gateway + "/v1/chat/completions", json=body)
+                attempt.status = resp.status_code
+                attempt.plan = resp.headers.get("x-boomerang-plan", "")
+                attempt.reason = resp.headers.get("x-boomerang-reason", "")
+                attempt.plan_id = resp.headers.get("x-boomerang-plan-id", "")
+                attempt.request_id = resp.headers.get("x-request-id", "")
+                if resp.status_code != 200:
+                    attempt.error = resp.text[:300]
+                    return None
+                content: str = resp.json()["choices"][0]["message"]["content"]
+                return content
+            except httpx.ConnectError as exc:
+                attempt.refused, attempt.error = True, repr(exc)
+                continue  # that gateway is down: the other one
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+                attempt.error = repr(exc)
+                return None
+            finally:
+                attempt.ended = time.time()
+        return None
