@@ -80,8 +80,6 @@ class Cluster:
             "BOOMERANG_DRAIN_DELAY_SECONDS": "0.2",
             "BOOMERANG_GRACE_SECONDS": "3",
             "BOOMERANG_DB_POOL_SIZE": "4",
-            # An engine whose heartbeats stop is dead within seconds, not the default 30.
-            "BOOMERANG_ENGINE_HEARTBEAT_TIMEOUT_SECONDS": "6",
             "BOOMERANG_ENGINE_REFRESH_SECONDS": "0.5",
             # Each router spools its audit rows while Postgres is away, and replays them after.
             "BOOMERANG_AUDIT_SPOOL_DIR": str(self.folder / f"spool-{proc.name}"),
