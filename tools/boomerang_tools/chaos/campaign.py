@@ -92,7 +92,11 @@ async def _campaign(cluster: Cluster, settings: Settings, outcome: Outcome, say:
         await talking
     outcome.ran, outcome.attempts = injector.ran, agents.attempts
     await asyncio.sleep(2)  # the last reports land
-    await _check(cluster, outcome)
+    try:
+        await asyncio.to_thread(cluster.ha.wait_primary, 120)
+        await _check(cluster, outcome)
+    except Exception as exc:  # noqa: BLE001 - the report still prints, the campaign fails
+        outcome.checks.append(Check("the checks could run", 1, False, repr(exc)[:300]))
 
 
 async def _check(cluster: Cluster, outcome: Outcome) -> None:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 from collections.abc import Iterable
@@ -103,7 +104,7 @@ def double_claims_at_engines(ledger: list[dict[str, Any]]) -> list[str]:
 
 async def database_checks(url: str, served: list[Attempt], acknowledged: list[Attempt]) -> dict[str, Any]:
     """Double claims in the trail, plans missing from turn_plans, acknowledged registrations lost."""
-    conn = await asyncpg.connect(url, timeout=10)
+    conn = await _connect(url)
     try:
         doubles = await conn.fetch(
             "SELECT lease_id::text, count(*) FILTER (WHERE to_state = 'CLAIMED') AS claims, "
@@ -132,6 +133,18 @@ async def database_checks(url: str, served: list[Attempt], acknowledged: list[At
         "invalidated_without_reason": [w for w, s in leases.items() if s == "INVALIDATED" and w not in invalidated],
         "lease_states": dict(states),
     }
+
+
+async def _connect(url: str, patience: float = 120.0) -> asyncpg.Connection:
+    """A connection to the primary, waiting (bounded) while Postgres settles after the last fault."""
+    deadline = asyncio.get_running_loop().time() + patience
+    while True:
+        try:
+            return await asyncpg.connect(url, timeout=10)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(2)
 
 
 def acknowledged(served: list[Attempt], ledger: list[dict[str, Any]], gateway_logs: str) -> list[Attempt]:
