@@ -93,7 +93,6 @@ async def _campaign(cluster: Cluster, settings: Settings, outcome: Outcome, say:
     outcome.ran, outcome.attempts = injector.ran, agents.attempts
     await asyncio.sleep(2)  # the last reports land
     try:
-        await asyncio.to_thread(cluster.ha.wait_primary, 120)
         await _check(cluster, outcome)
     except Exception as exc:  # noqa: BLE001 - the report still prints, the campaign fails
         outcome.checks.append(Check("the checks could run", 1, False, repr(exc)[:300]))
@@ -103,8 +102,26 @@ async def _check(cluster: Cluster, outcome: Outcome) -> None:
     attempts, ran = outcome.attempts, outcome.ran
     ledger = invariants.read_ledgers(cluster.ledger(p) for p in cluster.procs.values() if p.kind == "sim")
     served = [a for a in attempts if a.ok]
+    failed, explained = invariants.failed_requests(attempts, ran, {g.name: f"http://{g.address}" for g in cluster.gateways})
+    engine_doubles = invariants.double_claims_at_engines(ledger)
+    corrupt = [e for e in ledger if e.get("outcome") == "corrupt"]
+    freed = [e for e in ledger if str(e.get("outcome", "")).startswith("garbage_")]
+    _, back = invariants.reuse_back(attempts, ran)
+    # What the clients and the engines saw first: it is reported even if Postgres cannot be asked.
+    outcome.checks = [
+        Check("requests failed", len(failed), not failed, f"{explained} more cut by a killed gateway or engine, retried"),
+        Check("leases claimed twice (engines)", len(engine_doubles), not engine_doubles),
+        Check("corrupt pulls or loads", len(corrupt), not corrupt),
+        Check("reads of released or freed blocks", len(freed), not freed),
+        Check("seconds until reuse came back after the last fault", round(back, 1),
+              back <= invariants.REUSE_BACK_SECONDS, f"at most {invariants.REUSE_BACK_SECONDS:.0f}"),
+    ]
+    outcome.examples = ([f"failed: {a.gateway} {a.conversation} turn {a.turn}: {a.status} {a.error[:160]}" for a in failed[:5]]
+                        + engine_doubles[:3] + [f"corrupt: {e}" for e in corrupt[:3]]
+                        + [f"freed read: {e}" for e in freed[:3]])
     gateway_logs = "\n".join(p.child.log_path.read_text(errors="replace") for p in cluster.gateways if p.child)
     acked = invariants.acknowledged(served, ledger, gateway_logs)
+    await asyncio.to_thread(cluster.ha.wait_primary, 120)
     # The routers write spooled plans once Postgres takes them again: wait for them, bounded.
     deadline = time.monotonic() + DRAIN_SECONDS
     while True:
@@ -112,30 +129,16 @@ async def _check(cluster: Cluster, outcome: Outcome) -> None:
         if not db["plans_missing"] or time.monotonic() > deadline:
             break
         await asyncio.sleep(2)
-    failed, explained = invariants.failed_requests(attempts, ran, {g.name: f"http://{g.address}" for g in cluster.gateways})
-    engine_doubles = invariants.double_claims_at_engines(ledger)
-    corrupt = [e for e in ledger if e.get("outcome") == "corrupt"]
-    freed = [e for e in ledger if str(e.get("outcome", "")).startswith("garbage_")]
-    _, back = invariants.reuse_back(attempts, ran)
     outcome.lease_states = db["lease_states"]
-    outcome.checks = [
-        Check("requests failed", len(failed), not failed, f"{explained} more cut by a killed gateway or engine, retried"),
+    lost = db["registrations_lost"] + db["invalidated_without_reason"]
+    outcome.checks += [
         Check("leases claimed twice (audit trail)", len(db["double_claims"]), not db["double_claims"]),
-        Check("leases claimed twice (engines)", len(engine_doubles), not engine_doubles),
-        Check("corrupt pulls or loads", len(corrupt), not corrupt),
-        Check("reads of released or freed blocks", len(freed), not freed),
-        Check("acknowledged registrations lost", len(db["registrations_lost"]) + len(db["invalidated_without_reason"]),
-              not db["registrations_lost"] and not db["invalidated_without_reason"], f"of {len(acked)} acknowledged"),
+        Check("acknowledged registrations lost", len(lost), not lost, f"of {len(acked)} acknowledged"),
         Check("served turns without their plan in the audit trail", len(db["plans_missing"]), not db["plans_missing"],
               f"of {sum(1 for a in served if a.plan_id)} planned"),
-        Check("seconds until reuse came back after the last fault", round(back, 1),
-              back <= invariants.REUSE_BACK_SECONDS, f"at most {invariants.REUSE_BACK_SECONDS:.0f}"),
     ]
-    outcome.examples = ([f"failed: {a.gateway} {a.conversation} turn {a.turn}: {a.status} {a.error[:160]}" for a in failed[:5]]
-                        + db["double_claims"][:3] + engine_doubles[:3]
-                        + [f"corrupt: {e}" for e in corrupt[:3]] + [f"freed read: {e}" for e in freed[:3]]
-                        + [f"lost registration: {r}" for r in db["registrations_lost"][:3]]
-                        + [f"plan missing: {p}" for p in db["plans_missing"][:3]])
+    outcome.examples += (db["double_claims"][:3] + [f"lost registration: {r}" for r in lost[:3]]
+                         + [f"plan missing: {p}" for p in db["plans_missing"][:3]])
 
 
 def report(outcome: Outcome) -> str:

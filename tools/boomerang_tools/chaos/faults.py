@@ -54,20 +54,21 @@ class Ran:
 
 
 def plan(seed: int, window: float, names: list[str]) -> list[Fault]:
-    """Faults over `window` seconds from `seed`: each kind at least once, then random ones every 2-7 s."""
+    """Faults over `window` seconds from `seed`: one failover and one restart of Postgres, then random
+    ones every 2-7 s (mostly kills and stops of a process)."""
     rng = random.Random(seed)
     faults = [Fault(rng.uniform(0.1, 0.5) * window, "pg-failover", "postgres", rng.uniform(3, 8)),
               Fault(rng.uniform(0.05, 0.9) * window, "pg-restart", "postgres", 0.0)]
     at = rng.uniform(1, 4)
     while at < window:
         roll = rng.random()
-        if roll < 0.45:
+        if roll < 0.47:
             faults.append(Fault(at, "kill", rng.choice(names), rng.uniform(1, 5)))
-        elif roll < 0.9:
+        elif roll < 0.94:
             faults.append(Fault(at, "stop", rng.choice(names), rng.uniform(0.5, 4)))
-        elif roll < 0.95:
+        elif roll < 0.97:
             faults.append(Fault(at, "pg-restart", "postgres", 0.0))
-        else:
+        else:  # Postgres faults are rarer: each takes the database away for up to Patroni's TTL
             faults.append(Fault(at, "pg-failover", "postgres", rng.uniform(3, 8)))
         at += rng.uniform(2, 7)
     return sorted(faults, key=lambda f: f.at)
@@ -141,16 +142,21 @@ class Injector:
 
     async def _failover(self, ran: Ran) -> None:
         ha = self.cluster.ha
+        # A host dies in a healthy cluster: in synchronous mode Patroni promotes only the
+        # synchronous standby, and refuses (rightly) while there is none.
+        await asyncio.to_thread(ha.wait_streaming, 180)
         old = await asyncio.to_thread(ha.wait_primary, 120)
+        killed = time.time()
         await asyncio.to_thread(ha.kill_node, old)
         new = await asyncio.to_thread(ha.wait_primary, 120)
-        ran.note = f"{old.name} killed, {new.name} promoted after {time.time() - ran.started:.1f}s"
+        ran.note = f"{old.name} killed, {new.name} promoted after {time.time() - killed:.1f}s"
         await asyncio.sleep(ran.fault.hold)
         ha.start_node(old)  # rejoins as a standby (pg_rewind); main thread
         await asyncio.to_thread(ha.wait_streaming, 180)
 
     async def _pg_restart(self, ran: Ran) -> None:
         ha = self.cluster.ha
+        await asyncio.to_thread(ha.wait_streaming, 180)
         node = await asyncio.to_thread(ha.wait_primary, 120)
         accepted = await asyncio.to_thread(ha.restart_postgres, node)
         ran.note = f"{node.name} restarted" if accepted else f"{node.name}: Patroni refused the restart"

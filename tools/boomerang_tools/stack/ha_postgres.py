@@ -322,7 +322,8 @@ class HaPostgres:
             time.sleep(0.2)
 
     def wait_streaming(self, timeout: float = 60.0) -> None:
-        """Wait until every running node is the leader or a standby streaming from it."""
+        """Wait until every running node is the leader or a standby streaming from it and, in
+        synchronous mode, one of them is the synchronous standby (the only one Patroni promotes)."""
         deadline = time.monotonic() + timeout
         while True:
             view = self.cluster() or {}
@@ -330,7 +331,8 @@ class HaPostgres:
             running = [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
             ok = [m for m in members if m.get("role") == "leader" and m.get("state") == "running"
                   or m.get("state") == "streaming"]
-            if len(members) == len(running) and len(ok) == len(running):
+            synced = not self.synchronous or len(running) < 2 or any(m.get("role") == "sync_standby" for m in ok)
+            if len(members) == len(running) and len(ok) == len(running) and synced:
                 return
             if time.monotonic() > deadline:
                 raise PostgresError(f"the standbys did not stream within {timeout:.0f}s: {members}\n{self._tails()}")
