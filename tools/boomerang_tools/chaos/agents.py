@@ -1,10 +1,13 @@
 """The campaign's agents: conversations that each send a turn, wait for the reply, think, and go on.
 
-An agent reaches the gateways as a client behind a load balancer would: a turn goes to a gateway
-drawn at random and, if that one refuses the connection (it is down), to the other. A turn that
-fails is sent again (the same history) until it succeeds or the run ends; every attempt is
-recorded, with its wall-clock start and end, so the checks can tell a failure a fault explains
-(its gateway or an engine killed under it, no gateway up) from one it does not.
+An agent reaches the gateways as a client behind a load balancer would. The balancer probes each
+gateway's `/health` every half second and sends a turn to a ready one drawn at random: one that
+answers, with at least one model (what `boomerang up` and the tests wait for; a gateway started
+while the registry cannot list the engines knows none and answers 503 `no_engine`). If the
+chosen one refuses the connection (it went down since the probe), the turn goes to the other;
+with none ready it waits. A turn that fails is sent again (the same history) until it succeeds or
+the run ends; every attempt is recorded, with its wall-clock start and end, so the checks can
+tell a failure a fault explains (its gateway or an engine killed under it) from one it does not.
 """
 
 from __future__ import annotations
@@ -52,12 +55,29 @@ class Agents:
     seed: int
     attempts: list[Attempt] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: set[str] = field(default_factory=set)  # the balancer's view
 
     async def run(self) -> None:
         """Every agent until `stop` is set (each finishes the turn it is in)."""
         limits = httpx.Limits(max_connections=self.count * 2, max_keepalive_connections=self.count)
         async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=3), limits=limits) as http:
-            await asyncio.gather(*(self._agent(http, n) for n in range(self.count)))
+            probing = asyncio.create_task(self._probe())
+            try:
+                await asyncio.gather(*(self._agent(http, n) for n in range(self.count)))
+            finally:
+                probing.cancel()
+
+    async def _probe(self) -> None:
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            while True:
+                for gateway in self.gateways:
+                    try:
+                        resp = await http.get(gateway + "/health")
+                        ok = resp.status_code == 200 and int(resp.json().get("models", 0)) >= 1
+                    except (httpx.HTTPError, ValueError, TypeError):
+                        ok = False
+                    (self.ready.add if ok else self.ready.discard)(gateway)
+                await asyncio.sleep(0.5)
 
     async def _agent(self, http: httpx.AsyncClient, n: int) -> None:
         rng = random.Random(f"{self.seed}-{n}")
@@ -84,10 +104,13 @@ class Agents:
 
     async def _attempt(self, http: httpx.AsyncClient, rng: random.Random, conversation: str, turn: int,
                        history: list[dict[str, str]]) -> str | None:
-        first = rng.randrange(len(self.gateways))
+        ready = [g for g in self.gateways if g in self.ready]
+        if not ready:
+            return None  # no gateway is up: the agent waits
+        first = rng.randrange(len(ready))
         body: dict[str, Any] = {"model": MODEL, "messages": history, "max_tokens": 12, "conversation_id": conversation}
-        for k in range(len(self.gateways)):
-            gateway = self.gateways[(first + k) % len(self.gateways)]
+        for k in range(len(ready)):
+            gateway = ready[(first + k) % len(ready)]
             attempt = Attempt(conversation, turn, gateway, time.time())
             self.attempts.append(attempt)
             try:

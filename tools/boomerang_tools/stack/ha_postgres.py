@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from boomerang_tools.stack.lifeline import die_with_parent
-from boomerang_tools.stack.pg_binaries import binaries_major, find_binaries
+from boomerang_tools.stack.pg_binaries import find_binaries
 from boomerang_tools.stack.pg_home import RunFolder
 from boomerang_tools.stack.postgres import DATABASE, USER, PostgresError, free_port
 
@@ -453,4 +453,4 @@ def _tail(path: Path, lines: int = 15, name: str = "") -> str:
     return "\n".join(f"  {name or path.name}| {t}" for t in text[-lines:])
 
 
-__all__ = ["HaNode", "HaPostgres", "binaries_major"]
+__all__ = ["HaNode", "HaPostgres"]
