@@ -56,16 +56,25 @@ class Agents:
     attempts: list[Attempt] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     ready: set[str] = field(default_factory=set)  # the balancer's view
+    # One connection pool per gateway, replaced when the gateway stops answering its probe: as a
+    # balancer drops its connections to a backend that failed, so none is reused with a restart.
+    clients: dict[str, httpx.AsyncClient] = field(default_factory=dict)
+    _retired: list[httpx.AsyncClient] = field(default_factory=list)
+
+    def _client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=self.count * 2, max_keepalive_connections=self.count)
+        return httpx.AsyncClient(timeout=httpx.Timeout(60, connect=3), limits=limits)
 
     async def run(self) -> None:
         """Every agent until `stop` is set (each finishes the turn it is in)."""
-        limits = httpx.Limits(max_connections=self.count * 2, max_keepalive_connections=self.count)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=3), limits=limits) as http:
-            probing = asyncio.create_task(self._probe())
-            try:
-                await asyncio.gather(*(self._agent(http, n) for n in range(self.count)))
-            finally:
-                probing.cancel()
+        self.clients = {g: self._client() for g in self.gateways}
+        probing = asyncio.create_task(self._probe())
+        try:
+            await asyncio.gather(*(self._agent(n) for n in range(self.count)))
+        finally:
+            probing.cancel()
+            for client in [*self.clients.values(), *self._retired]:
+                await client.aclose()
 
     async def _probe(self) -> None:
         async with httpx.AsyncClient(timeout=1.0) as http:
@@ -76,10 +85,16 @@ class Agents:
                         ok = resp.status_code == 200 and int(resp.json().get("models", 0)) >= 1
                     except (httpx.HTTPError, ValueError, TypeError):
                         ok = False
-                    (self.ready.add if ok else self.ready.discard)(gateway)
+                    if ok:
+                        self.ready.add(gateway)
+                    elif gateway in self.ready:
+                        self.ready.discard(gateway)
+                        # Its requests in flight finish on the old pool; new ones open new connections.
+                        self._retired.append(self.clients[gateway])
+                        self.clients[gateway] = self._client()
                 await asyncio.sleep(0.5)
 
-    async def _agent(self, http: httpx.AsyncClient, n: int) -> None:
+    async def _agent(self, n: int) -> None:
         rng = random.Random(f"{self.seed}-{n}")
         conversation = f"chaos-{self.seed}-{n}"
         history: list[dict[str, str]] = [
@@ -89,7 +104,7 @@ class Agents:
         while not self.stop.is_set():
             history.append({"role": "user", "content": f"Step {turn}: " + "look at the next failing test. " * 6})
             while True:
-                reply = await self._attempt(http, rng, conversation, turn, history)
+                reply = await self._attempt(rng, conversation, turn, history)
                 if reply is not None or self.stop.is_set():
                     break
                 await asyncio.sleep(0.5)
@@ -102,7 +117,7 @@ class Agents:
             except TimeoutError:
                 pass
 
-    async def _attempt(self, http: httpx.AsyncClient, rng: random.Random, conversation: str, turn: int,
+    async def _attempt(self, rng: random.Random, conversation: str, turn: int,
                        history: list[dict[str, str]]) -> str | None:
         ready = [g for g in self.gateways if g in self.ready]
         if not ready:
@@ -114,7 +129,7 @@ class Agents:
             attempt = Attempt(conversation, turn, gateway, time.time())
             self.attempts.append(attempt)
             try:
-                resp = await http.post(gateway + "/v1/chat/completions", json=body)
+                resp = await self.clients[gateway].post(gateway + "/v1/chat/completions", json=body)
                 attempt.status = resp.status_code
                 attempt.plan = resp.headers.get("x-boomerang-plan", "")
                 attempt.reason = resp.headers.get("x-boomerang-reason", "")
