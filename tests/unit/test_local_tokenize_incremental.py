@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from boomerang_server import localtokens
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import Kind, parse
+from boomerang_server import localtokens
 from boomerang_tools.sim import hfmodel
 
 from tests.support import chat_models
