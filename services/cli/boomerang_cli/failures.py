@@ -71,8 +71,11 @@ def safe_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         user = f"{parts.username}@" if parts.username else ""
-        host = f"{parts.hostname or ''}:{parts.port}" if parts.port else (parts.hostname or "")
+        # host:port, or a libpq multi-host list (h1:5432,h2:5432) as it was given
+        host = parts.netloc.rpartition("@")[2]
     except ValueError:
+        return "(malformed URL)"
+    if any(":" in h and not h.endswith("]") and not h.rpartition(":")[2].isdigit() for h in host.split(",")):
         return "(malformed URL)"
     if not parts.scheme or not host:
         return "(malformed URL)"

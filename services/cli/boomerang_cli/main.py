@@ -27,7 +27,7 @@ COMMAND_GROUP = "boomerang.commands"
 # The tools' commands come with the boomerang-tools distribution (tools/), which the image and
 # a plain `pip install .` leave out; asked for one, the CLI says how to get it
 # (tests/unit/test_imports.py checks this list against tools/pyproject.toml).
-TOOL_COMMANDS = ("up", "demo", "replay", "bench", "sim")
+TOOL_COMMANDS = ("up", "demo", "replay", "bench", "sim", "chaos")
 TOOLS_HINT = ("the tools ({}) are not installed here: from a checkout, `pip install ./tools` "
               "(`make setup` does); the image holds the services only")
 

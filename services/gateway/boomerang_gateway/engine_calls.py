@@ -1,8 +1,8 @@
 """A turn's calls to the engines: `/tokenize` on a prefill engine, the prefill request, and
 the decode stream.
 
-An engine that refuses the connection never saw the request, so the next engine gets the
-same request, up to ENGINE_ATTEMPTS engines (a crashed engine stays listed until its
+An engine that refuses the connection (or never answers it) never saw the request, so the next
+engine gets the same request, up to ENGINE_ATTEMPTS engines (a crashed engine stays listed until its
 heartbeats time out, and is marked down here meanwhile). Engine failures are the client's
 errors (`ApiError`); the tokenize call's are not (the turn then recomputes).
 """
@@ -24,6 +24,9 @@ from boomerang_gateway.protocol import ClientRequest
 log = logging.getLogger(__name__)
 # Engines tried for one request when they refuse connections.
 ENGINE_ATTEMPTS = 3
+# The connection never opened (refused, or no answer to it in time: a stopped or overloaded
+# engine whose backlog is full): the engine saw nothing, so another may take the request.
+UNREACHED = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 class EngineCalls:
@@ -87,7 +90,7 @@ class EngineCalls:
             try:
                 resp = await self._post_prefill(engine, req, params, request_id)
             except httpx.HTTPError as exc:
-                refused = isinstance(exc, httpx.ConnectError)
+                refused = isinstance(exc, UNREACHED)
                 status = 503 if refused else 504 if isinstance(exc, httpx.TimeoutException) else 502
                 error = ApiError(status, f"prefill engine unreachable: {exc!r}", code="engine_unavailable",
                                  type_="upstream_error")
@@ -131,7 +134,7 @@ class EngineCalls:
         except httpx.HTTPError as exc:
             self.metrics.engine_errors.labels(PREFILL, type(exc).__name__).inc()
             log.warning("prefill on %s failed: %r", engine.url, exc)
-            if isinstance(exc, httpx.ConnectError):
+            if isinstance(exc, UNREACHED):
                 self.pool.mark_down(engine.url)
             raise
         finally:
@@ -153,10 +156,10 @@ class EngineCalls:
                     ),
                     stream=True,
                 )
-            except httpx.ConnectError as exc:
+            except UNREACHED as exc:
                 engine.in_flight -= 1
                 self.pool.mark_down(engine.url)
-                self.metrics.engine_errors.labels(DECODE, "ConnectError").inc()
+                self.metrics.engine_errors.labels(DECODE, type(exc).__name__).inc()
                 log.warning("decode on %s: cannot connect: %r", engine.url, exc)
                 other = self.pool.choose(DECODE, req.model, avoid=tried)
                 if other is None or len(tried) >= ENGINE_ATTEMPTS:

@@ -83,6 +83,12 @@ class Reaper:
         self._next_release = math.inf  # when the next retention pass may start (loop time)
         self._work = asyncio.Lock()  # one registry job at a time (the loop and ReapNow)
         self._loop = asyncio.get_running_loop()
+        # Heartbeats are recorded through the registry and Postgres: while this leader could not
+        # reach them, neither could the engines, so a heartbeat's age says nothing until they have
+        # had a whole timeout to be heard again (a Postgres failover, or a new leader that does not
+        # know what it missed). Loop time since which the registry has answered.
+        self._heard_since = self._loop.time()
+        self._deaf = False
 
     def fence(self, term: int) -> rpb.ReaperFence:
         """The fencing token for `term`."""
@@ -106,6 +112,7 @@ class Reaper:
         watch = asyncio.create_task(self._watch(), name="deadline-watch")
         s = self.settings
         now = self._loop.time()
+        self._heard_since = now
         last_call, retry_at = -math.inf, now  # expire at once: catch up on what fell due
         next_sweep, next_retention = now, now
         # The first pass waits one interval: the leases' state settles after a failover.
@@ -136,10 +143,13 @@ class Reaper:
                         await self.enforce_retention(term)
                         next_retention = now + s.retention_interval_seconds
                     failures = 0
+                    if self._deaf:
+                        self._deaf, self._heard_since = False, self._loop.time()
                 except BoomerangClientError as err:
                     if err.reason == "FENCED":
                         self.election.lost(term, err.error.message)
                         break
+                    self._deaf = True
                     delay = ERROR_RETRY_SECONDS[min(failures, len(ERROR_RETRY_SECONDS) - 1)]
                     failures += 1
                     log.warning("%s failed (retrying in %.2fs): %s", job, delay, err)
@@ -238,13 +248,21 @@ class Reaper:
                     break
         return lags
 
+    def heartbeat_timeout(self) -> float:
+        """The heartbeat age past which an engine is silent now: the setting, lengthened until the
+        engines have had one whole timeout to be heard since the registry last answered again."""
+        timeout = self.settings.engine_heartbeat_timeout_seconds
+        if timeout <= 0:
+            return timeout
+        return min(86400.0, timeout + max(0.0, self._heard_since + timeout - self._loop.time()))
+
     async def sweep_engines(self, term: int, request_id: str = "") -> tuple[int, list[str]]:
         """Invalidate the leases of silent, dead and restarted engines under `term`."""
         async with self._work:
             resp = await self.registry.sweep_engines(
                 rpb.SweepEnginesRequest(
                     fence=self.fence(term),
-                    heartbeat_timeout_seconds=self.settings.engine_heartbeat_timeout_seconds,
+                    heartbeat_timeout_seconds=self.heartbeat_timeout(),
                     actor=self.actor,
                     request_id=request_id,
                 ),

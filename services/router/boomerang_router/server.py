@@ -13,6 +13,7 @@ import grpc
 from boomerang.clients.registry import RegistryClient
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
+from boomerang_server.config.settings import normalize_database_url
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.db.engine import make_engine, warm_pool
 from boomerang_server.db.migrate import upgrade
@@ -99,8 +100,9 @@ def _audit_spool(settings: RouterSettings) -> AuditSpool | None:
                     "while Postgres is down")
         return None
     # One folder per database: a spooled row is replayed only into the database it was for.
-    url = make_url(settings.require_database())
-    where = hashlib.sha256(f"{url.host}:{url.port}/{url.database}".encode()).hexdigest()[:16]
+    url = make_url(normalize_database_url(settings.require_database()))
+    hosts = url.query.get("host") or f"{url.host}:{url.port}"  # several: an HA Postgres's nodes
+    where = hashlib.sha256(f"{hosts}/{url.database}".encode()).hexdigest()[:16]
     try:
         return AuditSpool(Path(settings.audit_spool_dir) / where, settings.audit_spool_max_bytes, socket.gethostname())
     except OSError as exc:

@@ -295,6 +295,10 @@ class Api:
             blocks = first_group(body["block_ids"])
         except (protocol.ProtocolError, KeyError, TypeError, ValueError, ParamsError) as exc:
             return JSONResponse({"reason": "BAD_REQUEST", "message": str(exc)}, status_code=400)
+        wanted = body.get("engine_id")
+        if wanted and wanted != self.config.engine_id:
+            return JSONResponse({"reason": "ENGINE_MISMATCH", "message": f"this is engine {self.config.engine_id!r}, "
+                                 f"not {wanted!r}"}, status_code=409)
         try:
             tokens = self.engine.serve_read(str(rid), blocks, count, None if gen is None else int(gen))
         except ReadError as exc:

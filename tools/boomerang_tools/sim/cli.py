@@ -81,6 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--prefix-cache-blocks", type=int, default=0,
                         help="prefix caching on this engine (vLLM's --enable-prefix-caching) with room for this many "
                         "blocks, evicted least recently used; default 0: off, as in AWS's tests")
+    parser.add_argument("--ledger", metavar="FILE",
+                        help="append every pull, load and retained turn to FILE as a JSON line, written as it happens "
+                        "(a fault campaign reads what an engine saw even after the engine was killed)")
     parser.add_argument("--log-level", help="logging level (default INFO)")
     parser.set_defaults(handler=_run)
 
@@ -162,6 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         prefix_cache_blocks=args.prefix_cache_blocks,
         link=defaults[0] if defaults else None,
         links=tuple((engine, link) for engine, link in links if engine),
+        ledger=args.ledger or "",
     )
     run_async(run(config, args.port, generation, args.registry, args.heartbeat_seconds, args.grace_seconds, hook))
     return 0

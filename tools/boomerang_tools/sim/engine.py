@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import statistics
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
@@ -89,6 +91,9 @@ class Engine:
         # simulator's own work showing (on a busy host, when it outlasts the modelled step).
         self.late_ms: deque[float] = deque(maxlen=4096)
 
+        # Line-buffered: each event is the kernel's once written, so it outlives a SIGKILL.
+        self.ledger = open(config.ledger, "a", buffering=1) if config.ledger else None  # noqa: SIM115 - closed by close()
+
     def link_for(self, remote_engine_id: str | None) -> Link:
         """The link a pull from that engine goes over."""
         return self.links.get(remote_engine_id or "", self.link)
@@ -105,6 +110,8 @@ class Engine:
         if self.hook is not None:
             await self.hook.close()
         await self.nixl.close()
+        if self.ledger is not None:
+            self.ledger.close()
 
     # -- admission -------------------------------------------------------------------------
 
@@ -265,6 +272,12 @@ class Engine:
 
     def _note(self, **event: Any) -> None:
         self.recent.append(event)
+        if self.ledger is not None:
+            self._record(event)
+
+    def _record(self, event: dict[str, Any]) -> None:
+        line = {"at": time.time(), "engine_id": self.config.engine_id, "generation": self.generation, **event}
+        self.ledger.write(json.dumps(line, separators=(",", ":")) + "\n")  # type: ignore[union-attr]
 
     # -- before the first token ------------------------------------------------------------
 
@@ -303,7 +316,7 @@ class Engine:
         count = max(0, min(available, n - 1, len(remote.block_ids) * cfg.block_size))
         local = min(hit.tokens, count)
         event = {"request_id": adm.request_id, "kind": "pull", "remote_request_id": remote.request_id,
-                 "count": count - local, **({"local_hit": local} if local else {})}
+                 "remote_engine_id": remote.engine_id, "count": count - local, **({"local_hit": local} if local else {})}
 
         def recompute(outcome: str) -> _Context:
             self._note(**event, outcome=outcome)
@@ -329,7 +342,7 @@ class Engine:
         blocks = remote.block_ids[local // cfg.block_size : -(-count // cfg.block_size)]
         try:
             pulled = await self.nixl.read(remote.host, remote.port, remote.request_id, blocks, count - local,
-                                          remote.generation)
+                                          remote.generation, remote.engine_id or "")
         except Unreachable as exc:
             self.stats.pull_failures += 1
             log.warning("pull %s: read failed: %s", adm.request_id, exc)
@@ -376,7 +389,8 @@ class Engine:
         count = min(n, len(remote.block_ids) * self.config.block_size)
         try:
             await self.nixl.peer(remote.engine_id or "", remote.host, remote.port)
-            loaded = await self.nixl.read(remote.host, remote.port, remote.request_id, remote.block_ids, count, None)
+            loaded = await self.nixl.read(remote.host, remote.port, remote.request_id, remote.block_ids, count, None,
+                                          remote.engine_id or "")
             outcome = "ok" if loaded == prompt[: len(loaded)] else "corrupt"
             if outcome == "corrupt":
                 self.stats.corrupt_loads += 1
@@ -414,6 +428,8 @@ class Engine:
                 return None
             h = self.kv.pin(HandleKind.RETAINED, adm.request_id, adm.alloc, tokens, cfg.ttl_seconds, self.generation)
             self.stats.retained_turns += 1
+            if self.ledger is not None:
+                self._record({"kind": "retained", "request_id": adm.request_id, "num_tokens": len(tokens)})
             return retained_params(
                 h.block_ids, cfg.engine_id, adm.request_id, cfg.host, cfg.side_channel_port,
                 len(tokens), h.expires_at, self.generation, (cfg.tp_size, 1, 1))

@@ -9,9 +9,11 @@ second HTTP port of the remote simulator:
   its monotonic clock; the reader records `remote clock − own clock` (taken at the middle
   of the round trip) once per remote engine, to convert `remote_blocks_expiry_time`;
 - `POST /sim/nixl/read` `{"request_id", "block_ids", "num_tokens",
-  "registration_generation"?}` — the token contents of the blocks (200), after which the
-  remote engine frees them; or 410 with a reason (`FREED`, `STALE_GENERATION`,
-  `UNKNOWN_BLOCKS`) when they are gone — the case where real hardware returns garbage;
+  "registration_generation"?, "engine_id"?}` — the token contents of the blocks (200), after
+  which the remote engine frees them; or 410 with a reason (`FREED`, `STALE_GENERATION`,
+  `UNKNOWN_BLOCKS`) when they are gone — the case where real hardware returns garbage; or 409
+  when `engine_id` is not this engine's (a restarted engine on the same address: the
+  transfer fails, as an RDMA read of a dead agent's memory does);
 - `POST /sim/nixl/free` `{"request_id"}` — free without reading (the reader recomputed).
 """
 
@@ -65,21 +67,31 @@ class NixlClient:
             before = self.clock.now()
             body = await self._call("GET", host, port, "/sim/nixl/clock", None)
             after = self.clock.now()
+            if engine_id and body.get("engine_id") != engine_id:
+                # vLLM's handshake refuses another agent ("Remote NIXL agent engine ID mismatch"):
+                # the address now belongs to a restarted engine.
+                raise Unreachable(f"{host}:{port} is engine {body.get('engine_id')!r}, not {engine_id!r}")
             offset = float(body["perf_counter"]) - (before + after) / 2
             self.peers[key] = Peer(str(body["engine_id"]), int(body["registration_generation"]), offset)
             self.handshakes += 1
         return self.peers[key]
 
     async def read(
-        self, host: str, port: int, request_id: str, block_ids: list[int], num_tokens: int, generation: int | None
+        self, host: str, port: int, request_id: str, block_ids: list[int], num_tokens: int, generation: int | None,
+        engine_id: str = "",
     ) -> list[int]:
-        """Read blocks' token contents; the remote engine frees them. Raises Gone or Unreachable."""
+        """Read blocks' token contents; the remote engine frees them. Raises Gone or Unreachable.
+
+        With `engine_id`, the read is bound to that engine as an RDMA read is to the memory its
+        agent registered: an engine restarted on the same address (another id) fails it (409).
+        """
         body = await self._call(
             "POST",
             host,
             port,
             "/sim/nixl/read",
-            {"request_id": request_id, "block_ids": block_ids, "num_tokens": num_tokens, "registration_generation": generation},
+            {"request_id": request_id, "block_ids": block_ids, "num_tokens": num_tokens, "registration_generation": generation,
+             **({"engine_id": engine_id} if engine_id else {})},
         )
         return [int(t) for t in body["tokens"]]
 

@@ -39,6 +39,8 @@ class SimConfig:
     # The D→P link a pull goes over: the default (None: the profile's) and per remote engine id.
     link: Link | None = None
     links: tuple[tuple[str, Link], ...] = ()
+    # A file every pull, load and retained turn is appended to as a JSON line; empty: none.
+    ledger: str = ""
 
 
 @dataclass

@@ -54,6 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--data-dir", default=".boomerang",
                         help="embedded database, logs and context.json, where `boomerang status` and `audit` run from "
                         "this folder find the stack (default .boomerang)")
+    parser.add_argument("--ha", action="store_true",
+                        help="a highly available Postgres for this run instead of the embedded one: three Patroni "
+                        "nodes on etcd, reached through one multi-host URL (needs etcd and the system's PostgreSQL)")
+    parser.add_argument("--ha-synchronous", action="store_true",
+                        help="with --ha: Patroni's synchronous_mode (a commit waits for a standby; default asynchronous)")
     parser.add_argument("--free-ports", action="store_true",
                         help="bind every service and engine to a free port instead of the defaults")
     parser.add_argument("--log-level", default="INFO", help="services' logging level (default INFO)")
@@ -67,6 +72,10 @@ def _config(args: argparse.Namespace) -> StackConfig:
             normalize_database_url(database_url)
         except ValueError as exc:
             raise SystemExit(f"boomerang up: --database-url {exc}") from None
+    if args.ha and database_url:
+        raise SystemExit("boomerang up: --ha runs its own Postgres; give it or a database URL, not both")
+    if args.ha_synchronous and not args.ha:
+        raise SystemExit("boomerang up: --ha-synchronous needs --ha")
     if bool(args.prefill) != bool(args.decode):
         raise SystemExit("boomerang up: give both --prefill and --decode, or neither")
     if not args.sim and not args.prefill:
@@ -89,6 +98,8 @@ def _config(args: argparse.Namespace) -> StackConfig:
         strip_reasoning=args.strip_reasoning,
         hook=args.hook,
         log_level=args.log_level,
+        ha_nodes=3 if args.ha else 0,
+        ha_synchronous=args.ha_synchronous,
     )
 
 
@@ -134,9 +145,9 @@ def _context(stack: Stack) -> StackContext:
         reaper=stack.reaper_address,
         gateway=stack.gateway_url,
         tenant="anonymous" if stack.config.allow_anonymous else "",
-        # The embedded cluster's URL only: its password already sits in this folder (mode 0600);
-        # a configured one may be a shared server's, kept out of files.
-        database_url=stack.database_url if stack.postgres is not None else "",
+        # A cluster of our own only (the embedded one, whose password already sits in this folder,
+        # or this run's HA one); a configured one may be a shared server's, kept out of files.
+        database_url=stack.database_url if stack.postgres is not None or stack.ha is not None else "",
     )
 
 

@@ -28,13 +28,22 @@ PREFIX = "boomerang-pgrun-"
 # the checkpoint of the fast one the kernel asked for, then SIGKILL if it lingers; then remove
 # the folder. Inline so it needs no import path; runs as root, so it may signal the server.
 _GUARDIAN = r"""
-import os, shutil, signal, sys, time
+import glob, os, shutil, signal, sys, time
 home = sys.argv[1]
 sys.stdin.buffer.read()
 
 def running():
+    # The embedded cluster's pgdata, or each HA node's (ha_postgres.py).
+    for pidfile in glob.glob(os.path.join(home, "pgdata", "postmaster.pid")) + glob.glob(
+            os.path.join(home, "*", "pgdata", "postmaster.pid")):
+        pid = alive(pidfile)
+        if pid:
+            return pid
+    return 0
+
+def alive(pidfile):
     try:
-        with open(os.path.join(home, "pgdata", "postmaster.pid")) as f:
+        with open(pidfile) as f:
             pid = int(f.readline())
     except (OSError, ValueError):
         return 0

@@ -31,6 +31,7 @@ from boomerang_server.db.migrate import upgrade
 from boomerang_tools.sim import hfmodel
 from boomerang_tools.sim.costmodel import profile
 from boomerang_tools.stack.children import Child, ChildFailed, stop_all
+from boomerang_tools.stack.ha_postgres import HaPostgres
 from boomerang_tools.stack.postgres import EmbeddedPostgres
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,10 @@ class StackConfig:
     # The simulated engines run Boomerang's vLLM hook (`sim --hook`) and the gateway only
     # routes (`--engine-hook`).
     hook: bool = False
+    # A highly available Postgres for this run (ha_postgres.py: Patroni on etcd) with this many
+    # nodes instead of the embedded cluster; 0: none. Synchronous: Patroni's synchronous_mode.
+    ha_nodes: int = 0
+    ha_synchronous: bool = False
 
 
 def sims_for(spec: str, profile: str, prefill_base: int = 8100, decode_base: int = 8200) -> list[SimSpec]:
@@ -120,6 +125,7 @@ class Stack:
         self.config = config
         self.children: list[Child] = []
         self.postgres: EmbeddedPostgres | None = None
+        self.ha: HaPostgres | None = None
         self.database_url = ""
         self.endpoints: list[Endpoint] = []
         self.gateway_url = ""
@@ -172,6 +178,10 @@ class Stack:
         if self.config.database_url:
             self.database_url = self.config.database_url
             note = "configured"
+        elif self.config.ha_nodes:
+            self.ha = HaPostgres(self.config.ha_nodes, self.config.ha_synchronous)
+            self.database_url = self.ha.start()
+            note = self.ha.where
         else:
             self.postgres = EmbeddedPostgres(self.config.data_dir.resolve())
             self.database_url = self.postgres.start()
@@ -182,7 +192,8 @@ class Stack:
             # the shutdown checkpoint that a stop has to wait for.
             self.postgres.checkpoint()
         parts = urlsplit(self.database_url)
-        self.endpoints.append(Endpoint("postgres", f"{parts.hostname}:{parts.port or 5432}{parts.path}", note))
+        hosts = parts.netloc.rpartition("@")[2]  # one host:port, or a multi-host list
+        self.endpoints.append(Endpoint("postgres", f"{hosts if ':' in hosts else hosts + ':5432'}{parts.path}", note))
 
     def _start(self) -> None:
         cfg = self.config
@@ -288,11 +299,16 @@ class Stack:
         try:
             if self.registry_address and self.sim_engine_ids:
                 _retire(self.registry_address, self.sim_engine_ids, "ENGINE_STOPPED")
-            stop_all(self.children, then=self.postgres.stop if self.postgres is not None else None)
+            stop_all(self.children, then=self._stop_database)
         finally:
             self.children = []
-            if self.postgres is not None:
-                self.postgres.stop()  # again, in case a child could not be stopped: idempotent
+            self._stop_database()  # again, in case a child could not be stopped: idempotent
+
+    def _stop_database(self) -> None:
+        if self.postgres is not None:
+            self.postgres.stop()
+        if self.ha is not None:
+            self.ha.stop()
 
 
 def _free_port() -> int:
