@@ -75,11 +75,6 @@ async def test_quick_bench_writes_the_report(tmp_path: Path) -> None:
     assert {"hook_overhead_ratio", "hook_turn_cpu_ms", "turn_cpu_ms", "gateway_overhead_ratio"} <= set(TARGETS)
     md = (out / "bench-report.md").read_text()
     assert "## Targets" in md
-    section = md.split("## PlanTurn: unary calls → long-lived streams (same run, interleaved)")[1].split("\n## ")[0]
-    rows = [line.split(" | ") for line in section.splitlines() if line.startswith(("| 200 |", "| 600 |"))]
-    assert sorted((r[0], r[1]) for r in rows) == [("| 200", "streams"), ("| 200", "unary calls"),
-                                                  ("| 600", "streams"), ("| 600", "unary calls")], section
-    assert all(float(r[-1].rstrip(" |")) > 0 for r in rows), section  # CPU total per plan
 
     # The scratch database is gone.
     conn = await asyncpg.connect(ADMIN_URL)
