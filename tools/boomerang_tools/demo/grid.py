@@ -234,7 +234,7 @@ class _Grid:
         # Prefill on D, while D decodes another stream: the pause it adds to that stream's gaps.
         background = asyncio.create_task(_stream(self.http, self.d, {
             "model": self.model, "messages": [{"role": "user", "content": "Count slowly."}],
-            "max_tokens": 100_000, "ignore_eos": True}))
+            "max_tokens": 4000, "ignore_eos": True}))
         await asyncio.sleep(0.5)
         before = await self._stats(self.d)
         out["prefill_on_decode"], _, _, prompt = await _stream(self.http, self.d, {
