@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rich.console import Console
-
 from boomerang_tools.demo.grid import Point, summary, table, verdict, write_report
+from rich.console import Console
 
 
 def point(decision: str, **options: float) -> Point:

@@ -80,12 +80,15 @@ def verdict(point: Point) -> dict[str, Any]:
     option = DECISION_OPTION.get(point.decision, "")
     chosen = point.options_ms.get(option)
     recompute = point.options_ms["recompute"]
+    on_p = min(point.options_ms.get("pull", recompute), recompute)  # the best that moves no work to D
     within = chosen is not None and chosen <= oracle * (1 + ORACLE_SHARE)
     below = chosen is not None and chosen <= recompute * (1 + RECOMPUTE_SHARE)
     return {"oracle": oracle_option, "oracle_ms": round(oracle, 1),
             "chosen": option or point.decision, "chosen_ms": round(chosen, 1) if chosen is not None else None,
             "chosen_over_oracle": round(chosen / oracle, 3) if chosen is not None else None,
             "planner_over_oracle": round(point.planner_ttft_ms / oracle, 3),
+            "best_on_p_ms": round(on_p, 1),
+            "chosen_over_best_on_p": round(chosen / on_p, 3) if chosen is not None else None,
             "within_oracle": within, "not_above_recompute": below, "ok": within and below}
 
 
@@ -101,7 +104,7 @@ def table(points: list[Point], title: str) -> Table:
     """The grid as a rich table, one row per point."""
     t = Table(title=title)
     for name in ("model", "ctx", "link GB/s", "sys prompt", "planner", "TTFT", "recompute", "pull",
-                 "prefill on D", "oracle", "chosen/oracle", "D +ITL", "ok"):
+                 "prefill on D", "oracle", "chosen/oracle", "chosen/best on P", "D pause / ITL", "ok"):
         t.add_column(name, justify="left" if name in ("model", "planner", "oracle") else "right")
     for p in points:
         v = verdict(p)
@@ -109,7 +112,8 @@ def table(points: list[Point], title: str) -> Table:
         t.add_row(p.model, f"{p.context // 1000}k", f"{p.link_gbps:g}", "shared" if p.shared_prompt else "none",
                   p.decision, f"{p.planner_ttft_ms:.0f}",
                   *(f"{opts[o]:.0f}" if o in opts else "-" for o in OPTIONS),
-                  v["oracle"], f"{v['chosen_over_oracle']:.2f}" if v["chosen_over_oracle"] is not None else "-",
+                  v["oracle"], *(f"{v[k]:.2f}" if v[k] is not None else "-"
+                                 for k in ("chosen_over_oracle", "chosen_over_best_on_p")),
                   f"{p.decode_pause_ms:.0f} ms / {p.decode_itl_ms:.0f}", "yes" if v["ok"] else "NO")
     return t
 
