@@ -39,7 +39,8 @@ def test_cold_counts_as_recompute_and_an_unknown_decision_never_passes() -> None
 def test_the_summary_counts_and_the_report_keeps_the_replays_figures(tmp_path: Path) -> None:
     points = [point("RECOMPUTE", recompute=100.0, pull=300.0, prefill_on_decode=120.0),
               point("PULL", recompute=100.0, pull=300.0, prefill_on_decode=120.0)]
-    assert summary(points) == {"points": 2, "within_oracle": 1, "not_above_recompute": 1, "ok": False}
+    assert summary(points) == {"points": 2, "within_oracle": 1, "not_above_recompute": 1,
+                               "on_p": 2, "on_p_within_best_on_p": 1, "ok": False}
     assert not summary([])["ok"]
     (tmp_path / "demo-report.json").write_text(json.dumps({"profiles": ["x"]}))
     write_report(tmp_path, points, 1.0)
