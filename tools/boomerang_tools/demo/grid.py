@@ -71,6 +71,7 @@ class Point:
     decode_pause_ms: float = 0.0  # the pause the prefill on D added to a decode running on D
     decode_itl_ms: float = 0.0  # D's median inter-token gap
     prompt_tokens: int = 0
+    reason: str = ""  # the plan's reason header (why it did not reuse, when it did not)
 
 
 def verdict(point: Point) -> dict[str, Any]:
@@ -195,6 +196,7 @@ class _Grid:
         (await self.http.post(self.p + "/v1/chat/completions", json=body)).raise_for_status()
 
     async def gateway_turn(self, messages: list[dict[str, str]], conv: str, max_tokens: int) -> tuple[float, str, str]:
+        """A turn through the gateway: (ms to the first content, text, "plan" or "plan/reason")."""
         started = time.perf_counter()
         ttft, text, decision = 0.0, "", ""
         async with self.http.stream("POST", self.stack.gateway_url + "/v1/chat/completions", json={
@@ -203,6 +205,8 @@ class _Grid:
             if resp.status_code != 200:
                 raise RuntimeError(f"gateway: HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
             decision = resp.headers.get("x-boomerang-plan", "")
+            if reason := resp.headers.get("x-boomerang-reason", ""):
+                decision += "/" + reason
             async for line in resp.aiter_lines():
                 if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                     continue
@@ -214,6 +218,7 @@ class _Grid:
         return ttft, text, decision
 
     async def planner(self, context: int, shared: bool) -> tuple[str, float]:
+        """A conversation's second turn through the gateway: ("plan" or "plan/reason", TTFT ms)."""
         conv, seed = f"grid-{uuid.uuid4().hex}", uuid.uuid4().hex
         history = self.messages(context, shared, seed)
         _, reply, _ = await self.gateway_turn(history, conv, 16)
@@ -291,13 +296,14 @@ async def _measure(console: Console, stack: Stack, models: list[str], contexts: 
                     await grid.planner(WARMUP_CONTEXT, shared=False)
                 for shared in (False, True):
                     for context in contexts:
-                        decision, ttft = await grid.planner(context, shared)
+                        planned, ttft = await grid.planner(context, shared)
                         options, pause, itl, prompt = await grid.options(context, shared)
-                        point = Point(model, context, link, shared, decision, ttft, options, pause, itl, prompt)
+                        decision, _, reason = planned.partition("/")
+                        point = Point(model, context, link, shared, decision, ttft, options, pause, itl, prompt, reason)
                         points.append(point)
                         v = verdict(point)
                         console.print(f"  {model} {context // 1000}k {link:g} GB/s {'shared' if shared else 'none'}: "
-                                      f"{decision} {ttft:.0f} ms; oracle {v['oracle']} {v['oracle_ms']:.0f} ms"
+                                      f"{planned} {ttft:.0f} ms; oracle {v['oracle']} {v['oracle_ms']:.0f} ms"
                                       f"{'' if v['ok'] else '  [red]MISSED[/red]'}")
     return points
 
