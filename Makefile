@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/boomerang/v1/*.proto)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup etcd proto docs lint check test test-fast test-vllm hook-wheel demo bench chaos up migrate clean
+.PHONY: help setup etcd proto docs lint check test test-fast test-vllm hook-wheel demo demo-grid bench chaos up migrate clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ test-fast: setup ## Run unit tests only
 
 demo: setup ## The main job: replay AWS's multi-turn experiment on simulated engines
 	$(BIN)/boomerang demo
+
+demo-grid: setup ## The router's plan against each option measured (H200 profiles, contexts, links)
+	$(BIN)/boomerang demo --grid
 
 bench: setup ## Measure plan latency, registration rate, expiry lag, gateway overhead
 	$(BIN)/boomerang bench

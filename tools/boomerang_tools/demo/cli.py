@@ -27,6 +27,7 @@ from boomerang_server.config.settings import normalize_database_url
 from boomerang_server.db.migrate import upgrade
 from rich.console import Console
 
+from boomerang_tools.demo.grid import run_grid
 from boomerang_tools.demo.hbm import run_hbm
 from boomerang_tools.demo.modes import MODES, OFF, PREFIX_CACHE_BLOCKS, Mode, parse_modes
 from boomerang_tools.demo.plain import PlainStack
@@ -62,6 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--data-dir", default=".boomerang", help="embedded database and logs (default .boomerang)")
     parser.add_argument("--modes", default=",".join(m.name for m in MODES),
                         help=f"deployments to measure, comma-separated (default {','.join(m.name for m in MODES)})")
+    parser.add_argument("--grid", action="store_true",
+                        help="instead: the router's plan against each option measured (H200 profiles, contexts, links)")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="--grid: the simulator's time scale (default 1.0)")
     parser.set_defaults(handler=_run)
 
 
@@ -213,6 +218,10 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"boomerang demo: --modes: {exc}") from None
     _check_database(args)
+    if args.grid:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        return run_grid(console, Path(args.data_dir), Path(args.out),
+                        args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", ""), args.time_scale)
     points = {p: (QUICK_POINTS if args.quick else POINTS)[p] for p in profiles}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     console.rule("[bold]Boomerang demo[/bold]: KV-cache reuse in prefill/decode disaggregated serving")

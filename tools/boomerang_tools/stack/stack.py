@@ -44,6 +44,7 @@ class SimSpec:
     role: str  # "prefill" or "decode"
     profile: str
     port: int  # 0: a free one
+    args: tuple[str, ...] = ()  # this engine's own flags, after the stack's `sim_args`
 
 
 @dataclass
@@ -64,6 +65,7 @@ class StackConfig:
     sim_args: list[str] = field(default_factory=list)
     router_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
+    gateway_env: dict[str, str] = field(default_factory=dict)  # settings the gateway has no flag for
     log_level: str = "INFO"
     # The simulated engines run Boomerang's vLLM hook (`sim --hook`) and the gateway only
     # routes (`--engine-hook`).
@@ -218,7 +220,7 @@ class Stack:
             args = ["sim", "--role", spec.role, "--port", str(spec.port), "--profile", spec.profile,
                     "--ttl", str(cfg.ttl_seconds), "--registry", self.registry_address,
                     "--time-scale", str(cfg.time_scale), "--engine-id", engine_id,
-                    *(["--strip-reasoning"] if cfg.strip_reasoning else []), *hook_args, *cfg.sim_args]
+                    *(["--strip-reasoning"] if cfg.strip_reasoning else []), *hook_args, *cfg.sim_args, *spec.args]
             sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args, 1)))
         for spec, child in sims:
             url = f"http://{child.wait_ready()}"
@@ -247,8 +249,8 @@ class Stack:
                                           "--router", self.router_address, "--registry", self.registry_address,
                                           *static, *(["--allow-anonymous"] if cfg.allow_anonymous else []),
                                           *(["--engine-hook"] if cfg.hook else []), *cfg.gateway_args], 2,
-                              tokenizers_env(sim_tokenizers({s.profile for s in cfg.sims}, cfg.sim_args,
-                                                            cfg.strip_reasoning)))
+                              {**tokenizers_env(sim_tokenizers({s.profile for s in cfg.sims}, cfg.sim_args,
+                                                               cfg.strip_reasoning)), **cfg.gateway_env})
         self.gateway_url = f"http://{gateway.wait_ready()}"
         access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
         self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
