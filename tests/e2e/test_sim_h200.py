@@ -70,6 +70,25 @@ def late(*engines: Engine) -> dict[str, Any]:
     return {e.url: (e.stats()["first_token_late_ms_p50"], e.stats()["first_token_late_ms_max"]) for e in engines}
 
 
+def fresh(*engines: Engine) -> None:
+    """Zero the engines' counters, so their lateness figures cover the next turn only."""
+    for e in engines:
+        assert e.http.post("/sim/reset-stats").status_code == 200
+
+
+def on_time(measured_ms: float, expected_ms: float, *engines: Engine) -> None:
+    """A turn took the profile's time. The client's own clock bounds it from below (the engines
+    never answer early); each engine's own clock says how late its step ended after the time the
+    cost model gave it, and those delays together stay inside 5% of the turn: the simulator's own
+    work (parsing, tokenizing, moving blocks) happens inside the modelled time, not after it. The
+    client's HTTP round trips are not the simulator's and are not counted against it."""
+    delays = [e.stats()["first_token_late_ms_max"] for e in engines]
+    assert None not in delays, delays  # every engine ran a step of the turn
+    lateness = sum(delays)
+    assert measured_ms >= expected_ms * 0.99, (measured_ms, expected_ms, late(*engines))
+    assert lateness <= expected_ms * 0.05, (lateness, expected_ms, measured_ms, late(*engines))
+
+
 def prompt_of(tag: int, n: int) -> list[int]:
     return [(tag * 7919 + i * 104729) % 1200 + 1 for i in range(n)]
 
@@ -117,17 +136,18 @@ def test_a_pulled_turn_and_a_recompute_take_the_profile_s_time(engines: dict[str
     prompt = first + reply + prompt_of(context + 1, NEW_TOKENS)
     assert len(prompt) == context
 
+    fresh(p, d)
     pulled_ms, p_body, _, _ = disaggregated(p, d, prompt, retained, timed=True)
     pulled = p_body["kv_transfer_params"]["remote_prefill_cached_tokens"]
     assert pulled == len(first) + REPLY  # everything D retained
     expected = PROFILE.ttft_ms(context, pulled)
     # The turn ends when the model says: the simulator's own work (JSON, tokenizing, moving the
     # blocks) is inside that time, and only the client's own round trips are added.
-    assert expected * 0.99 <= pulled_ms <= expected * 1.05, (pulled_ms, expected, late(p, d))
+    on_time(pulled_ms, expected, p, d)
 
+    fresh(p, d)
     recompute_ms, _, _, _ = disaggregated(p, d, prompt, FIRST_TURN, timed=True)
-    expected = PROFILE.ttft_ms(context)
-    assert expected * 0.99 <= recompute_ms <= expected * 1.05, (recompute_ms, expected, late(p, d))
+    on_time(recompute_ms, PROFILE.ttft_ms(context), p, d)
 
 
 def test_the_link_is_set_per_decode_engine_and_prices_the_pull(engines: dict[str, Engine]) -> None:
@@ -142,11 +162,12 @@ def test_the_link_is_set_per_decode_engine_and_prices_the_pull(engines: dict[str
         first = prompt_of(5, 8000 - NEW_TOKENS - REPLY)
         _, _, retained, reply = disaggregated(p, d, first, FIRST_TURN)
         prompt = first + reply + prompt_of(6, NEW_TOKENS)
+        fresh(p, d)
         ttft, body, _, _ = disaggregated(p, d, prompt, retained, timed=True)
         pulled = body["kv_transfer_params"]["remote_prefill_cached_tokens"]
         expected = PROFILE.ttft_ms(len(prompt), pulled, 0, Link(5.0, 20.0))
         assert expected > PROFILE.ttft_ms(len(prompt), pulled) + 300  # 2 GB at 5 GB/s
-        assert expected * 0.99 <= ttft <= expected * 1.05, (ttft, expected, late(p, d))
+        on_time(ttft, expected, p, d)
     finally:
         p.http.post("/sim/link", json={"remote_engine_id": d_id, "gbps": 55.0})
 
@@ -199,6 +220,7 @@ def test_a_pull_moves_only_what_p_cache_lacks_and_costs_that(engines: dict[str, 
     first = system + prompt_of(13, 8000 - 1024 - NEW_TOKENS - REPLY)
     _, _, retained, reply = disaggregated(p, d, first, FIRST_TURN)
     prompt = first + reply + prompt_of(14, NEW_TOKENS)
+    fresh(p_cache, d)
     before = p_cache.stats()
     ttft, body, _, _ = disaggregated(p_cache, d, prompt, retained, timed=True)
     after = p_cache.stats()
@@ -208,4 +230,4 @@ def test_a_pull_moves_only_what_p_cache_lacks_and_costs_that(engines: dict[str, 
         "pulls": 1, "pulled_tokens": count - 1024, "prefix_cache_hits": 1024, "computed_tokens": len(prompt) - count}
     expected = PROFILE.ttft_ms(len(prompt), count - 1024, 1024)
     assert expected < PROFILE.ttft_ms(len(prompt), count)  # less to copy
-    assert expected * 0.99 <= ttft <= expected * 1.05, (ttft, expected, late(p_cache, d))
+    on_time(ttft, expected, p_cache, d)
