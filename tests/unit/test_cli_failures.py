@@ -121,6 +121,11 @@ def test_safe_url(url: str, shown: str) -> None:
 def test_libraries_are_quiet_unless_verbose(capsys: pytest.CaptureFixture[str]) -> None:
     root = logging.getLogger()
     saved = root.handlers[:], root.level
+    # Commands run in this process before (the demo's, the stack's) quiet httpx's own logger;
+    # what is tested here is the CLI's filter, from a library logger at its default level.
+    httpx_log = logging.getLogger("httpx")
+    httpx_level = httpx_log.level
+    httpx_log.setLevel(logging.NOTSET)
     try:
         for verbose in (False, True):
             root.handlers = []
@@ -133,6 +138,7 @@ def test_libraries_are_quiet_unless_verbose(capsys: pytest.CaptureFixture[str]) 
             assert "httpx warned" in err and "registry serving" in err
     finally:
         root.handlers, root.level = saved
+        httpx_log.setLevel(httpx_level)
 
 
 def test_verbose_works_before_and_after_the_command() -> None:

@@ -37,8 +37,9 @@ OWNERS: dict[str, tuple[str, ...]] = {
 SCHEMA = ("libs/boomerang_server/db/migrations/", "libs/boomerang_server/db/models.py")
 
 # Fixtures, not services: they load, age and measure rows straight in a scratch database, as
-# the tests do, and ship in no runtime package (the benchmark's SQL, in the tools).
-HARNESS = ("tools/boomerang_tools/bench/database.py",)
+# the tests do, and ship in no runtime package (the benchmark's SQL, and the fault campaign's
+# checks, which read the tables as a witness independent of the services under test).
+HARNESS = ("tools/boomerang_tools/bench/database.py", "tools/boomerang_tools/chaos/invariants.py")
 
 # Known readers outside the owner, each with the reason it is still there. An entry that no
 # longer matches anything fails the test too, so the list only shrinks.
