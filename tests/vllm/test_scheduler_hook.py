@@ -238,7 +238,7 @@ def test_many_requests_in_one_scheduler_step(pair: Pair, unique: str) -> None:
         pair.p.submit(f"p2-{c}", prompt2, 1, first_turn(c))
     steps_before = len(pair.p.step_seconds)
     pair.p.run([f"p2-{c}" for c in conversations])
-    assert pair.p.hook.counters["plan_pull"] == 24
+    assert pair.p.hook.counters["plan_pull"] == 24, dict(pair.p.hook.counters)
     for c in conversations:
         recv = pair.p.receives[f"p2-{c}"]
         assert recv.remote.request_id == f"d1-{c}"
