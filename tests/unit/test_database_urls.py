@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from boomerang_server.config.settings import asyncpg_dsn, normalize_database_url
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
 MULTI = "postgresql://svc:pw@pg-a:5432,pg-b:5433/boomerang?target_session_attrs=read-write"
 
@@ -36,3 +38,22 @@ def test_one_host_is_left_as_it_is() -> None:
 def test_other_schemes_are_refused() -> None:
     with pytest.raises(ValueError, match="PostgreSQL URL"):
         normalize_database_url("mysql://u@h/b")
+
+
+HA_URL = "postgresql://boomerang:pw@127.0.0.1:5433,127.0.0.1:5434/boomerang?target_session_attrs=read-write"
+
+
+def test_a_multi_host_url_becomes_one_host_parameter_each() -> None:
+    url = normalize_database_url(HA_URL)
+    assert url == ("postgresql+asyncpg://boomerang:pw@/boomerang?host=127.0.0.1:5433&host=127.0.0.1:5434"
+                   "&target_session_attrs=read-write")
+    parsed = make_url(url)
+    assert parsed.query["host"] == ("127.0.0.1:5433", "127.0.0.1:5434")
+    engine = create_async_engine(url)
+    _, kwargs = engine.dialect.create_connect_args(engine.url)
+    assert kwargs["host"] == ["127.0.0.1", "127.0.0.1"] and kwargs["port"] == [5433, 5434]
+    assert kwargs["target_session_attrs"] == "read-write"
+
+
+def test_a_single_host_url_only_gets_its_driver() -> None:
+    assert normalize_database_url("postgres://u@db:5432/b") == "postgresql+asyncpg://u@db:5432/b"
