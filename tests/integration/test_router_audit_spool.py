@@ -164,3 +164,49 @@ async def test_a_segment_postgres_refuses_is_set_aside_and_the_rest_still_writte
     finally:
         await writer.stop(2.0)
         await engine.dispose()
+
+
+async def test_answers_wait_for_their_rows_and_share_one_commit(database_url: str, pg: asyncpg.Connection,
+                                                                 unique: str, tmp_path: Path) -> None:
+    """`kept` returns once the row is in Postgres; rows waited for together go in one INSERT."""
+    tenant = f"kept-{unique}"
+    engine = make_engine(database_url, 2)
+    repo = TurnPlanRepository(engine)
+    upserts: list[int] = []
+    real_upsert = repo.upsert
+
+    async def counted(rows: list[dict[str, object]]) -> None:
+        upserts.append(len(rows))
+        await real_upsert(rows)
+
+    repo.upsert = counted  # type: ignore[method-assign]
+    writer = AuditWriter(repo, flush_interval=60)  # no timed flush: only the waits write
+    writer.start()
+    try:
+        records = [_record(tenant, n) for n in range(20)]
+        for r in records:
+            writer.submit(r)
+        kept = await asyncio.gather(*(writer.kept(r.plan_id, 5.0) for r in records))
+        assert all(kept)
+        assert {r["plan_id"] for r in await _rows(pg, tenant)} == {r.plan_id for r in records}
+        assert upserts == [20], upserts  # one group commit for the twenty
+        # A row written already, or never queued, is kept at once.
+        assert await writer.kept(records[0].plan_id, 5.0) and await writer.kept(new_plan_id(), 5.0)
+    finally:
+        await writer.stop()
+        await engine.dispose()
+
+    # Postgres down: the wait ends once the row is in the fsync'd spool.
+    down_engine = make_engine(_dead_url(), 2)
+    spool_dir = tmp_path / "spool"
+    down = AuditWriter(TurnPlanRepository(down_engine), flush_interval=60, spool=AuditSpool(spool_dir, 1 << 20, "k"))
+    down.start()
+    try:
+        record = _record(tenant, 99)
+        down.submit(record)
+        assert await down.kept(record.plan_id, 10.0)
+        assert record.plan_id.encode() in b"".join(p.read_bytes() for p in spool_dir.rglob(f"*{SUFFIX}"))
+    finally:
+        await down.stop(3.0)
+        await down_engine.dispose()
+

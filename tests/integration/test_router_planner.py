@@ -64,7 +64,8 @@ class Harness:
         )
         self.db = make_engine(database_url, 4)
         self.repo = TurnPlanRepository(self.db)
-        self.audit = AuditWriter(self.repo, flush_interval=0.02)
+        # No timed flushes: a row is in turn_plans because its answer waited for it.
+        self.audit = AuditWriter(self.repo, flush_interval=60)
         self.client = RegistryClient(registry_address)
         self.pool = build_pool(self.settings)
         self.refresher = RegistryRefresher(self.pool, self.client)
@@ -162,6 +163,9 @@ async def test_full_turn_cycle_cold_then_pull_then_consumed(harness: Harness, re
     assert plan.source_engine_id == decode and plan.lease_id and plan.claim_id == plan.plan_id
     assert plan.params is not None and plan.params.remote_num_tokens == 352
     assert plan.params.remote_block_ids == (tuple(range(100, 100 + 22)),)
+    # The plan's row was written before its answer: a router killed now loses no audit.
+    row = await pg.fetchrow("SELECT * FROM turn_plans WHERE plan_id = $1", uuid.UUID(plan.plan_id))
+    assert row["decision"] == "PULL" and row["reported_at"] is None and str(row["lease_id"]) == plan.lease_id
     handle = d_handle(decode, 470, base=500)
     rep = await harness.report(
         plan, handle_use=rtpb.HANDLE_USE_READ, decode_kv_transfer_params_json=handle,
@@ -169,7 +173,6 @@ async def test_full_turn_cycle_cold_then_pull_then_consumed(harness: Harness, re
     )
     assert rep.claimed_lease_state == "CONSUMED" and rep.retention is Retention.REGISTERED
     assert rep.record.outcome == "REUSED"
-    await harness.audit.flush()
     row = await pg.fetchrow("SELECT * FROM turn_plans WHERE plan_id = $1", uuid.UUID(plan.plan_id))
     assert row["tenant"] == "acme" and row["conversation_id"] == conv and row["decision"] == "PULL"
     assert row["reason"] == "VERIFIED_PREFIX" and row["reused_tokens"] == 352 and row["recomputed_tokens"] == 58

@@ -1,6 +1,6 @@
 """A plan's record from PlanTurn to ReportTurn: built from the plan's steps, counted in its
 engines' load while its turn runs, kept in memory for retries and reports, queued for
-`turn_plans` (the audit writer, off the plan's path), and settled by its report.
+`turn_plans` (the audit writer; the answer waits for its group commit), and settled by its report.
 
 A retried PlanTurn (same `request_id`) is answered from here with the plan it already got,
 except a degraded one: asking again may find the claim that committed after the deadline

@@ -4,8 +4,8 @@
 concern: pick the engines from the in-memory pool (`engine_choice`), claim the
 conversation's retained blocks with a short deadline (`reuse_claim`), decide
 (`engine_choice.decide_plan`, over `domain.decide`), give back a claim it will not hand out
-(`claims`), and record the plan (`ledger`; its `turn_plans` row is queued for a background
-writer). The decision reads the engines' learned costs (`learning.CostModels`); reports
+(`claims`), and record the plan (`ledger`; its `turn_plans` row is written by a background
+writer, in a group commit the answer waits for). The decision reads the engines' learned costs (`learning.CostModels`); reports
 update them, never a plan. The servicer answers with it. Anything slow or failing in the control plane turns
 into a COLD plan with reason CONTROL_PLANE_DEGRADED, never a failed turn.
 
@@ -93,7 +93,18 @@ class Router:
             self.claims.give_back(p.tenant, claim.lease.lease_id, claim.lease.claim_id, f"ROUTER_{d.reason.value}")
         record = new_record(p, engines, claim, d, ids, self.name)
         self.ledger.record_plan(record, time.perf_counter() - start)
+        left = None if by is None else by - time.monotonic()
+        await self._audited(record, left)
         return record
+
+    async def _audited(self, record: PlanRecord, left: float | None = None) -> None:
+        """Wait until the plan's `turn_plans` row is written (bounded): an answer sent before
+        it would leave a served turn without its audit row if this router died next."""
+        wait = self.settings.audit_wait_ms / 1000
+        if left is not None:
+            wait = min(wait, max(left, 0.0))
+        if wait > 0:
+            await self.audit.kept(record.plan_id, wait)
 
     def _abandoned(self, task: asyncio.Task[PlanRecord]) -> None:
         """The caller went away before the answer: nobody got this handle, give it back."""
@@ -111,7 +122,9 @@ class Router:
             record = await self.ledger.find_plan(r.tenant, r.plan_id, r.created_at)
             pulled = check_report(record, r)
             ended = await self.reporter.end_turn_in_registry(record, r, pulled)
-            return self.ledger.record_report(record, r, pulled, ended)
+            result = self.ledger.record_report(record, r, pulled, ended)
+            await self._audited(record)
+            return result
 
     async def find_plan(self, tenant: str, plan_id: str, created_at: datetime) -> PlanRecord:
         """A tenant's plan from memory or `turn_plans`, or NOT_FOUND."""

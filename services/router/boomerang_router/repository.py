@@ -35,6 +35,10 @@ from boomerang_router.spool import REPLAYED, SET_ASIDE, AuditSpool
 log = logging.getLogger(__name__)
 
 ROWS_WRITTEN = Counter("boomerang_router_audit_rows_written", "turn_plans rows upserted")
+UNCONFIRMED = Counter(
+    "boomerang_router_audit_rows_unconfirmed",
+    "Plans and reports answered before their turn_plans row was written (the wait for it ran out)",
+)
 ROWS_DROPPED = Counter(
     "boomerang_router_audit_rows_dropped", "turn_plans rows given up on (queue full or Postgres failing)"
 )
@@ -232,7 +236,14 @@ def _merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class AuditWriter:
-    """Batches `turn_plans` rows to Postgres from a background task."""
+    """Batches `turn_plans` rows to Postgres from a background task.
+
+    `kept(plan_id)` waits until a plan's queued row has left memory: written to Postgres, or
+    (Postgres failing) appended to the fsync'd spool, or dropped and counted. PlanTurn and
+    ReportTurn answer only after it, so a router SIGKILLed right after an answer loses no
+    row. Waiting wakes the writer at once; the rows queued meanwhile share one INSERT and one
+    commit (a group commit), so concurrent plans pay one round trip between them.
+    """
 
     def __init__(
         self,
@@ -256,6 +267,7 @@ class AuditWriter:
         self.attempts = attempts
         self.partition_interval = partition_interval
         self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # plan id → kept() calls of its pending row
         self.written = 0
         self.dropped = 0
         self._wake = asyncio.Event()
@@ -274,6 +286,28 @@ class AuditWriter:
             self._wake.set()
         return True
 
+    async def kept(self, plan_id: str, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until the plan's queued row is out of memory; whether it was.
+
+        True at once when nothing of the plan is queued (written already, or never submitted)."""
+        if plan_id not in self.pending or self._task is None:
+            return plan_id not in self.pending
+        done = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(plan_id, []).append(done)
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except TimeoutError:
+            UNCONFIRMED.inc()
+            log.warning("plan %s answered before its turn_plans row was written (%.1f s)", plan_id, timeout)
+            return False
+        return True
+
+    def _take(self, keys: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[asyncio.Future[None]]]]:
+        """Rows leaving the queue, and the `kept` waits they end once written, spooled or dropped."""
+        rows = [self.pending.pop(k) for k in keys]
+        return rows, {k: self._waiters.pop(k) for k in keys if k in self._waiters}
+
     def start(self) -> None:
         """Start the background flusher."""
         if self._task is None:
@@ -290,8 +324,9 @@ class AuditWriter:
                 self._task.cancel()
             self._task = None
         if self.pending:
-            await self._spill(list(self.pending.values()), "the router stopped before they were written")
-            self.pending.clear()
+            rows, waits = self._take(list(self.pending))
+            await self._spill(rows, "the router stopped before they were written")
+            _end(waits)
         if self.spool is not None:
             await asyncio.to_thread(self.spool.close)
 
@@ -303,9 +338,9 @@ class AuditWriter:
         """
         async with self._writing:
             if self._backing_off():
-                rows = list(self.pending.values())
-                self.pending.clear()
+                rows, waits = self._take(list(self.pending))
                 await self._spill(rows, "Postgres is failing")
+                _end(waits)
                 return
             while self.pending:
                 if not await self._flush_batch():
@@ -376,27 +411,30 @@ class AuditWriter:
 
     async def _flush_batch(self) -> bool:
         keys = list(self.pending)[: self.batch_size]
-        rows = [self.pending[k] for k in keys]
-        for k in keys:
-            del self.pending[k]
+        rows, waits = self._take(keys)
         for attempt in range(1, self.attempts + 1):
             try:
                 await self.repo.upsert(rows)
             except asyncio.CancelledError:
-                for row in rows:  # cut off (a stop's deadline): keep them for the spool
-                    self.pending.setdefault(str(row["plan_id"]), row)
+                for key, row in zip(keys, rows, strict=True):  # cut off (a stop's deadline): keep them for the spool
+                    self.pending.setdefault(key, row)
+                for key, kept in waits.items():
+                    self._waiters.setdefault(key, []).extend(kept)
                 raise
             except Exception as exc:  # noqa: BLE001 - the audit must never fail a plan
                 if attempt == self.attempts or self.spool is not None:
                     self._refused()
                     await self._spill(rows, f"Postgres refused them: {exc.__class__.__name__}: {exc}")
+                    _end(waits)
                     return False
                 await asyncio.sleep(0.05 if self._stopping else min(1.0, self.flush_interval * 2**attempt))
             else:
                 self._backoff = 0.0
                 self.written += len(rows)
                 ROWS_WRITTEN.inc(len(rows))
+                _end(waits)
                 return True
+        _end(waits)
         return False
 
     async def _spill(self, rows: list[dict[str, Any]], why: str) -> None:
@@ -417,3 +455,10 @@ class AuditWriter:
         self.dropped += count
         ROWS_DROPPED.inc(count)
         log.error("dropped %d turn_plans audit row(s): %s", count, why[:500])
+
+
+def _end(waits: dict[str, list[asyncio.Future[None]]]) -> None:
+    for kept in waits.values():
+        for wait in kept:
+            if not wait.done():
+                wait.set_result(None)

@@ -157,6 +157,14 @@ class RouterSettings(EnginePoolSettings):
     audit_flush_ms: float = Field(
         default=100.0, gt=0, le=60_000, description="Milliseconds between turn_plans batch writes."
     )
+    audit_wait_ms: float = Field(
+        default=1000.0,
+        ge=0,
+        le=60_000,
+        description="Longest a PlanTurn or ReportTurn answer waits for its turn_plans row to be "
+        "written (or spooled); past it the answer goes anyway, counted in "
+        "boomerang_router_audit_rows_unconfirmed. 0: answer at once (a router killed then loses the row).",
+    )
     audit_batch_size: int = Field(default=500, ge=1, le=1000, description="turn_plans rows per write.")
     audit_queue_max: int = Field(
         default=100_000, ge=1, description="Unwritten turn_plans rows kept in memory between flushes."
