@@ -47,9 +47,6 @@ class GatewayStack:
             "BOOMERANG_PLAN_TIMEOUT_SECONDS": "3",
             # Nor a turn go COLD because its /tokenize took over the default second on a busy box.
             "BOOMERANG_TOKENIZE_TIMEOUT_SECONDS": "10",
-            # Nor a turn end before its lease is committed (the background plan of a first turn
-            # may take those two deadlines): durability is bounded by this wait, 2 s by default.
-            "BOOMERANG_REPORT_COMMIT_TIMEOUT_SECONDS": "30",
             # Small pools: the test Postgres is shared by every test session on the machine.
             "BOOMERANG_DB_POOL_SIZE": "3",
         }

@@ -140,6 +140,28 @@ async def test_the_next_plan_of_a_conversation_waits_for_its_report() -> None:
         await router.close()
 
 
+async def test_a_turns_own_plan_made_beside_its_decode_does_not_wait_for_its_report() -> None:
+    """The report of a turn that started without a plan waits for the plan made beside it;
+    that plan waiting in turn for the conversation's report in flight (its own) held the
+    turn's lease back a whole plan timeout (first turns, seen across gateway replicas)."""
+    router = RouterClient(f"127.0.0.1:{closed_port()}", timeout=0.3, plan_timeout=0.3)
+    control = ControlPlane(router, plan_timeout=5.0, report_timeout=0.3, backoff=0.0)
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def own_plan() -> None:
+        await never
+
+    try:
+        control.send_report_later(Report("t", "", "c", "READ", None, [], [], 0.0,
+                                         background_plan=asyncio.ensure_future(own_plan())))
+        started = time.monotonic()
+        assert await control.ask_router_for_plan("t", "c", "m", [1], after_report=False) is None  # the router is down
+        assert time.monotonic() - started < 2.0  # not the 5 s plan timeout behind the report
+    finally:
+        never.cancel()
+        await router.close()
+
+
 async def test_a_failure_gets_a_fresh_channel_for_the_next_attempt() -> None:
     made: list[RouterClient] = []
 

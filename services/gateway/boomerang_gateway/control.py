@@ -195,20 +195,23 @@ class ControlPlane:
         token_ids: list[int],
         timings: dict[str, float] | None = None,
         cache_salt: str = "",
+        after_report: bool = True,
     ) -> Plan | None:
         """The router's plan, or None when it failed or was late (the turn recomputes).
 
         `cache_salt` is the request's (vLLM's isolation key): leases of another salt never match.
 
-        `timings` gets `report_wait`: seconds spent waiting for the conversation's previous
-        report, when there was one in flight.
+        With `after_report`, the plan waits for the conversation's previous report when one is
+        in flight (its lease is what this turn pulls); `timings` gets `report_wait`, the
+        seconds waited. A turn's own plan made beside its decode does not: the report in
+        flight may be its own, which waits for that very plan.
         """
         if self.router is None or not self.available():
             return None
         self._fresh_channel()
         assert self.router is not None
         pending = self._pending.get((tenant, conversation_id)) if conversation_id else None
-        if pending is not None and not pending.done():
+        if after_report and pending is not None and not pending.done():
             started = time.monotonic()
             await asyncio.wait({pending}, timeout=self.plan_timeout)
             if timings is not None:

@@ -336,7 +336,7 @@ class TurnRunner:
             if not tokens:
                 return None
             planned = await self.control.ask_router_for_plan(tenant, req.conversation_id, req.model, tokens, None,
-                                                             req.cache_salt)
+                                                             req.cache_salt, after_report=False)
             if planned is not None and planned.decision == "PULL":
                 self.metrics.lease_summary_false_no.inc()
             return planned
