@@ -205,6 +205,7 @@ class BoomerangHook:
             out["plan_ms_p50"] = ordered[len(ordered) // 2] * 1000
             out["plan_ms_p99"] = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
             out["plan_ms_max"] = ordered[-1] * 1000
+            out["plan_ms_recent"] = [round(s * 1000, 3) for s in list(self.plan_seconds)[-256:]]
         if self.sender is not None:
             out["sender"] = self.sender.snapshot()
         if self.reporter is not None:

@@ -124,7 +124,7 @@ class Bench:
                "BOOMERANG_METRICS_LISTEN": ""}
         self.services = Services(self.log_dir, env)
         s = self.services
-        s.start("registry", ["registry", "--listen", "127.0.0.1:0"])
+        s.start("registry", ["registry", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         (self.registry_address,) = await s.ready("registry")
         s.start("router", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address,
                            "--metrics-listen", "127.0.0.1:0"])

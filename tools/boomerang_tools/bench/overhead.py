@@ -183,7 +183,7 @@ CONTROL_PLANE_HOOK = ("gateway-hook", "router", "registry", "reaper")
 HOOKED_ENGINES = ("sim-prefill-hook", "sim-decode-hook")
 
 
-async def _sequential_cpu(b: Bench, names: tuple[str, ...], base: dict[str, Any], path: str,
+async def sequential_cpu(b: Bench, names: tuple[str, ...], base: dict[str, Any], path: str,
                           extra: tuple[str, ...] = ()) -> tuple[dict[str, float], dict[str, float], int, dict[str, Any]]:
     """Sequential conversations (one slot) on `path`: CPU ms per turn of `names` (and `extra`,
     reported apart), idle use taken out; the turns answered and the job's result."""
@@ -218,12 +218,12 @@ async def control_plane_hook(b: Bench) -> dict[str, Any]:
     base = {"kind": "turns", "gateway": "", "naive": "", "prefill": "", "decode": "", "model": SIM_MODEL,
             "hook": hook, "hook_model": HOOK_MODEL, "paths": ["hook"], "turns_per_conversation": 6, "words": 40,
             "max_tokens": 16, "think_seconds": 0.02}
-    per_turn, idle, turns, sequential = await _sequential_cpu(b, CONTROL_PLANE_HOOK, base, "hook", HOOKED_ENGINES)
+    per_turn, idle, turns, sequential = await sequential_cpu(b, CONTROL_PLANE_HOOK, base, "hook", HOOKED_ENGINES)
     # For scale: the naive proxy's CPU per turn over the same engines (what routing a turn's
     # two requests in Python costs with no control plane at all).
     naive_base = {**base, "naive_hook": f"http://{b.services.children['naive-proxy-hook'].address}",
                   "prefill_hook": "", "decode_hook": "", "paths": ["naive-hook"]}
-    naive_cpu, _, _, _ = await _sequential_cpu(b, ("naive-proxy-hook",), naive_base, "naive-hook")
+    naive_cpu, _, _, _ = await sequential_cpu(b, ("naive-proxy-hook",), naive_base, "naive-hook")
     b.progress.remove_task(task)
     async with httpx.AsyncClient(timeout=5.0) as http:  # what the prefill engine's hook planned, the whole phase
         stats = (await http.get(f"http://{b.services.children['sim-prefill-hook'].address}/sim/stats")).json()
@@ -262,7 +262,7 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
     base = {"kind": "turns", "gateway": gateway, "naive": "", "prefill": "", "decode": "", "model": SIM_MODEL,
             "paths": ["boomerang"], "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
             "think_seconds": 0.02}
-    per_turn, idle, turns, sequential = await _sequential_cpu(b, CONTROL_PLANE, base, "boomerang")
+    per_turn, idle, turns, sequential = await sequential_cpu(b, CONTROL_PLANE, base, "boomerang")
     b.progress.update(task, description=f"control plane: {agents} agents at once, {cfg.gateway_seconds:g}s")
     job = {**base, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": agents}
     metrics = {"gateway": f"{gateway}/metrics", "router": f"http://{b.services.children['router'].metrics_address}/metrics"}

@@ -92,6 +92,7 @@ def build_report(
         "lookup_paths": results.get("lookup_paths"),
         "control_plane": results.get("control_plane"),
         "control_plane_hook": results.get("control_plane_hook"),
+        "pulled_turn_stages": results.get("pulled_turn_stages"),
         "hook_schedule": results.get("hook_schedule"),
         "scale": results["scale"],
         "memory_mb": {name: m["peak_rss_mb"] for name, m in sorted(memory.items())},
@@ -170,6 +171,41 @@ def hook_schedule_lines(hs: dict[str, Any]) -> list[str]:
     for where, label in (("near", "near"), ("far", "120 ms away")):
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(hs[where]["plans"].items()))
         lines += ["", f"The hook's plans with the router {label}, now: {outcomes or 'none'}."]
+    return lines
+
+
+# A pulled turn of Qwen3-32B on one H200 (docs/performance.md, measured): suffix prefill and copy, ms.
+H200_PULLED_TURN_MS = {"2000": 76.0, "24000": 187.0}
+
+
+def pulled_turn_lines(st: dict[str, Any]) -> list[str]:
+    """The pulled turn, stage by stage: p50 wall ms of each stage on the turn's path, the means
+    inside the router and the registry, CPU ms per turn, and the share of an H200 pulled turn."""
+    if not st.get("contexts"):
+        return []
+    lines = ["", "## A pulled turn, stage by stage", "",
+             ("Sequential conversations, later turns, p50 ms. *On the path* is what the turn waits for before "
+             "its prefill starts: tokenize + plan through the gateway, the engine's PlanTurn wait with the hook; "
+             "*share* is that against the same turn pulled on an H200 (76 ms at 2k, 187 ms at 24k). *Report* is "
+             "the end-of-turn wait (after the last token, before `[DONE]`). Router and registry: means inside them."),
+             "",
+             ("| context | path | tokenize | plan | on the path | share of H200 turn | report | router plan | registry claim "
+             "| CPU ms/turn | plans |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for context, paths in st["contexts"].items():
+        h200 = H200_PULLED_TURN_MS.get(context)
+        for name, r in paths.items():
+            stages = r.get("stages_ms") or {}
+            on_path = (stages.get("tokenize", 0.0) + stages.get("plan", 0.0)) if name == "gateway" \
+                else r.get("engine_plan_ms_p50")
+            share = f"{on_path / h200:.1%}" if on_path is not None and h200 else "—"
+            lines.append(
+                f"| {int(context):,} | {name} | {_ms(stages.get('tokenize'))} | {_ms(stages.get('plan'))} | "
+                f"**{_ms(on_path)}** | {share} | {_ms(stages.get('report'))} | {_ms(r.get('router_plan_mean_ms'))} | "
+                f"{_ms(r.get('registry_claim_mean_ms'))} | {r['cpu_ms_per_turn_total']:.2f} ({_cpu(r['cpu_ms_per_turn'])}) "
+                f"| {', '.join(f'{k} {v}' for k, v in (r.get('plans') or {}).items())} |")
+    chain = ", ".join(f"{int(c):,} tokens {v:.2f} ms" for c, v in st.get("chain_ms", {}).items())
+    lines += ["", f"The prompt's token chain, built here with the router's function: {chain}."]
     return lines
 
 
@@ -289,6 +325,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append("  Without reuse, by the services' counters (gateway: no plan, by cause; router: planned "
                          "without the claim's answer, by why): "
                          + ", ".join(f"{k} {v}" for k, v in cp["agents_degraded_by"].items()) + ".")
+    lines += pulled_turn_lines(report.get("pulled_turn_stages") or {})
     if report["memory_mb"]:
         lines += ["", "## Memory (peak RSS, MB)", "", ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items())]
     return "\n".join(lines) + "\n"

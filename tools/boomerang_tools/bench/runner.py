@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from boomerang_tools.bench import overhead, phases, schedule
+from boomerang_tools.bench import overhead, phases, schedule, stages
 from boomerang_tools.bench.config import BenchConfig
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.report import build_report, write_report
@@ -77,6 +77,7 @@ async def measure(b: Bench) -> dict[str, Any]:
         results["gateway_overhead"] = await overhead.gateway_overhead(b)
         results["control_plane"] = await overhead.control_plane(b)
         results["control_plane_hook"] = await overhead.control_plane_hook(b)
+        results["pulled_turn_stages"] = await stages.pulled_turn_stages(b)
         b.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode", "gateway-hook", "naive-proxy-hook",
                         *overhead.HOOKED_ENGINES)
         lap("gateway")

@@ -116,7 +116,8 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
         rng = random.Random(hash((index, path, slot)))
         for n in itertools.count():
             cid = f"bench-{path}-{index}-{slot}-{n}-{uuid.uuid4().hex[:6]}"
-            messages = [{"role": "system", "content": "You are a helpful assistant."}]
+            system = user_message(rng, job["system_words"]) if job.get("system_words") else "You are a helpful assistant."
+            messages = [{"role": "system", "content": system}]
             for turn in range(job["turns_per_conversation"]):
                 if time.perf_counter() >= end:
                     return

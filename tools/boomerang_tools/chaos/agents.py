@@ -18,6 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+# Turns in one session of an agent (about 3,300 tokens by its end); then it starts a new
+# conversation. Unbounded, 10 minutes of turns grew each conversation past 14,000 tokens and
+# the decode engines' pinned, unread turns filled their pools (the engine refused with 503).
+SESSION_TURNS = 60
+
 import httpx
 
 MODEL = "Qwen/Qwen3-32B"
@@ -96,12 +101,13 @@ class Agents:
 
     async def _agent(self, n: int) -> None:
         rng = random.Random(f"{self.seed}-{n}")
-        conversation = f"chaos-{self.seed}-{n}"
-        history: list[dict[str, str]] = [
-            {"role": "system", "content": f"Agent {n}. " + "Read the file, plan the edit, run the tests. " * 30}]
         await asyncio.sleep(rng.uniform(0, 3))  # not all at once
         turn = 0
         while not self.stop.is_set():
+            if turn % SESSION_TURNS == 0:  # a new session: a new conversation from its system prompt
+                conversation = f"chaos-{self.seed}-{n}" + (f"-{turn // SESSION_TURNS}" if turn else "")
+                history: list[dict[str, str]] = [
+                    {"role": "system", "content": f"Agent {n}. " + "Read the file, plan the edit, run the tests. " * 30}]
             history.append({"role": "user", "content": f"Step {turn}: " + "look at the next failing test. " * 6})
             while True:
                 reply = await self._attempt(rng, conversation, turn, history)

@@ -1,0 +1,130 @@
+"""A pulled turn, stage by stage: Boomerang's own time and CPU on a turn that pulls 2k and 24k
+tokens of history, through the gateway and with the engine hook.
+
+On an H200 a pulled turn of Qwen3-32B takes 76 ms at 2k tokens and 187 ms at 24k
+(docs/performance.md), so Boomerang's milliseconds are measured where they are spent:
+
+* the gateway's stages, from each turn's `Server-Timing` (tokenize, plan, report: the
+  end-of-turn wait for ReportTurn), and the hook's own PlanTurn wait inside the engine;
+* inside the router, the plan (`boomerang_router_plan_seconds`: chain, claim, decision and
+  the audit row's commit), and inside the registry, the claim
+  (`boomerang_registry_claim_seconds`), as the mean over the run from their histograms;
+* the token chain of the prompt, built here with the same function the router runs;
+* the CPU of every control-plane process per turn (`sequential_cpu`: idle use taken out),
+  Postgres backends included, and the hooked engines' apart.
+
+Each context runs sequential conversations (one at a time) that start at that many tokens
+of history and add about 128 a turn, on the engines `gateway_overhead` started
+(`--time-scale 0`: no simulated compute, every millisecond is software).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import httpx
+from boomerang.tokenchain import build_chain
+from prometheus_client.parser import text_string_to_metric_families
+
+from boomerang_tools.bench.context import Bench
+from boomerang_tools.bench.overhead import (
+    CONTROL_PLANE,
+    CONTROL_PLANE_HOOK,
+    HOOK_MODEL,
+    HOOKED_ENGINES,
+    SIM_MODEL,
+    sequential_cpu,
+)
+from boomerang_tools.bench.stats import floats, summarize
+
+CONTEXTS = (2_000, 24_000)
+TURN_WORDS = 120  # about 128 tokens a turn with the simulator's tokenizer
+HISTOGRAMS = {"router_plan": ("router", "boomerang_router_plan_seconds"),
+              "registry_claim": ("registry", "boomerang_registry_claim_seconds")}
+
+
+async def _histograms(http: httpx.AsyncClient, b: Bench) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each of HISTOGRAMS, from its service's /metrics."""
+    out: dict[str, tuple[float, float]] = {}
+    for key, (service, name) in HISTOGRAMS.items():
+        text = (await http.get(f"http://{b.services.children[service].metrics_address}/metrics")).text
+        total = count = 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name == name:
+                for sample in family.samples:
+                    if sample.name == f"{name}_sum":
+                        total += sample.value
+                    elif sample.name == f"{name}_count":
+                        count += sample.value
+        out[key] = (total, count)
+    return out
+
+
+def _mean_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key, (total, count) in after.items():
+        n = count - before[key][1]
+        out[f"{key}_mean_ms"] = round(1000 * (total - before[key][0]) / n, 3) if n > 0 else None
+    return out
+
+
+def chain_ms(tokens: int, block_size: int = 16, repeat: int = 20) -> float:
+    """Milliseconds to build the token chain of a `tokens`-token prompt (median of `repeat`)."""
+    ids = [random.Random(tokens).randrange(1, 150_000) for _ in range(tokens)]
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        build_chain(ids, block_size, "")
+        times.append(time.perf_counter() - t)
+    return round(1000 * sorted(times)[len(times) // 2], 3)
+
+
+async def _one(b: Bench, context: int, hook: bool) -> dict[str, Any]:
+    """Sequential conversations of `context` tokens of history on one path."""
+    children = b.services.children
+    base: dict[str, Any] = {"kind": "turns", "gateway": f"http://{children['gateway'].address}", "naive": "",
+                            "prefill": "", "decode": "", "model": SIM_MODEL, "turns_per_conversation": 4,
+                            "words": TURN_WORDS, "system_words": context, "max_tokens": 16, "think_seconds": 0.02}
+    if hook:
+        base |= {"hook": f"http://{children['gateway-hook'].address}", "hook_model": HOOK_MODEL, "paths": ["hook"]}
+    path = "hook" if hook else "boomerang"
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        before = await _histograms(http, b)
+        per_turn, _, turns, result = await sequential_cpu(
+            b, CONTROL_PLANE_HOOK if hook else CONTROL_PLANE, base, path, HOOKED_ENGINES if hook else ())
+        inside = _mean_ms(before, await _histograms(http, b))
+        engine: dict[str, Any] = {}
+        if hook:
+            stats = (await http.get(f"http://{children['sim-prefill-hook'].address}/sim/stats")).json()
+            engine = stats.get("hook", {})
+    engines_cpu = {k: per_turn.pop(k) for k in HOOKED_ENGINES if k in per_turn}
+    times = summarize(floats(result["times_ms"][path]))
+    out: dict[str, Any] = {
+        "turns": turns,
+        "later_turn_ms": {"p50": times["p50_ms"], "p99": times["p99_ms"]},
+        "plans": result["hook_plans"] if hook else result["plans"],
+        **inside,
+        "cpu_ms_per_turn": per_turn,
+        "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
+    }
+    if hook:
+        recent = engine.get("plan_ms_recent") or []
+        later = sorted(recent[-max(1, turns):])
+        out["engine_plan_ms_p50"] = round(later[len(later) // 2], 3) if later else None
+        out["engines_cpu_ms_per_turn"] = engines_cpu
+    else:
+        out["stages_ms"] = {k: summarize(floats(v))["p50_ms"] for k, v in result["stages_ms"].items()}
+    return out
+
+
+async def pulled_turn_stages(b: Bench) -> dict[str, Any]:
+    """Both paths at each of CONTEXTS; the chain's cost beside them."""
+    task = b.progress.add_task("a pulled turn, stage by stage (2k and 24k tokens)", total=None)
+    out: dict[str, Any] = {"contexts": {}, "chain_ms": {str(c): chain_ms(c) for c in CONTEXTS}}
+    for context in CONTEXTS:
+        out["contexts"][str(context)] = {"gateway": await _one(b, context, hook=False),
+                                         "hook": await _one(b, context, hook=True)}
+    b.progress.remove_task(task)
+    return out
