@@ -34,7 +34,9 @@ BOOMERANG = str(Path(sys.executable).with_name("boomerang"))
 class GatewayStack:
     """Start with `start()`, stop with `stop()`."""
 
-    def __init__(self, database_url: str, time_scale: float = 0.0, gateway_args: list[str] | None = None):
+    def __init__(self, database_url: str, time_scale: float = 0.0, gateway_args: list[str] | None = None,
+                 control_plane: bool = False):
+        """`control_plane`: the registry and the router as one `boomerang control-plane` process."""
         self.database_url = database_url
         self.env = {
             "BOOMERANG_DATABASE_URL": database_url,
@@ -52,6 +54,7 @@ class GatewayStack:
         }
         self.time_scale = time_scale
         self.gateway_args = gateway_args or []
+        self.control_plane = control_plane
         self.procs: dict[str, ServiceProcess] = {}
         self.run = uuid.uuid4().hex[:6]
 
@@ -71,11 +74,16 @@ class GatewayStack:
     def start(self) -> GatewayStack:
         """Start everything and wait until the gateway serves both models."""
         try:
-            self._proc("registry", ["registry", "--listen", "127.0.0.1:0"]).start()
+            if self.control_plane:
+                both = self._proc("control-plane", ["control-plane", "--listen", "127.0.0.1:0"]).start()
+                self.procs["registry"] = self.procs["router"] = both
+            else:
+                self._proc("registry", ["registry", "--listen", "127.0.0.1:0"]).start()
             registry = self.procs["registry"].address
             later = [self._sim(role, model) for model in (MODEL, THINKING) for role in ("prefill", "decode")]
-            later.append(self._proc("router", ["router", "--listen", "127.0.0.1:0", "--registry", registry,
-                                               "--engine-refresh-seconds", "0.2"]))
+            if not self.control_plane:
+                later.append(self._proc("router", ["router", "--listen", "127.0.0.1:0", "--registry", registry,
+                                                   "--engine-refresh-seconds", "0.2"]))
             with ThreadPoolExecutor(len(later)) as pool:
                 list(pool.map(lambda p: p.start(), later))
             self._proc("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", self.procs["router"].address,

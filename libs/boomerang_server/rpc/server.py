@@ -46,6 +46,37 @@ class ServerOptions:
     interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default_factory=tuple)
 
 
+@dataclass
+class Hosted:
+    """A service built and started, ready to be served (alone, or with others in one process)."""
+
+    options: ServerOptions
+    services: list[ServiceSpec]
+    on_stop: Callable[[], Awaitable[None]] | None = None
+    on_drain: Callable[[], Awaitable[None]] | None = None
+
+    async def serve(self) -> None:
+        """Serve it alone until SIGTERM/SIGINT."""
+        await serve(self.options, self.services, self.on_stop, self.on_drain)
+
+
+async def serve_together(options: ServerOptions, parts: Sequence[Hosted]) -> None:
+    """Serve several started services on one listener; on a stop, drain them all, then stop
+    them in the reverse of their order (a caller before what it calls)."""
+
+    async def drain() -> None:
+        for part in parts:
+            if part.on_drain is not None:
+                await part.on_drain()
+
+    async def stop() -> None:
+        for part in reversed(parts):
+            if part.on_stop is not None:
+                await part.on_stop()
+
+    await serve(options, [spec for part in parts for spec in part.services], stop, drain)
+
+
 async def serve(
     options: ServerOptions,
     services: Sequence[ServiceSpec],

@@ -12,7 +12,7 @@ from boomerang_server.credentials import CredentialStore
 from boomerang_server.db.engine import make_engine, warm_pool
 from boomerang_server.db.migrate import upgrade
 from boomerang_server.metrics import refresh_forever, serve_metrics
-from boomerang_server.rpc.server import ServerOptions, ServiceSpec, serve
+from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,6 +46,11 @@ def no_jit(engine: AsyncEngine) -> None:
 
 async def run(settings: RegistrySettings) -> None:
     """Migrate, warm the pool, serve until SIGTERM, drain."""
+    await (await start(settings)).serve()
+
+
+async def start(settings: RegistrySettings) -> Hosted:
+    """Migrate, warm the pool, start the background work; the servicer ready to serve."""
     url = settings.require_database()
     setup_tracing("boomerang-registry")
     if settings.migrate_on_start:
@@ -85,9 +90,5 @@ async def run(settings: RegistrySettings) -> None:
         max_message_bytes=settings.max_message_bytes,
         interceptors=grpc_server_interceptors(),
     )
-    await serve(
-        options,
-        [ServiceSpec(SERVICE_NAME, rgrpc.add_BlockRegistryServiceServicer_to_server, servicer)],
-        on_stop=stop,
-        on_drain=servicer.close_watches,
-    )
+    return Hosted(options, [ServiceSpec(SERVICE_NAME, rgrpc.add_BlockRegistryServiceServicer_to_server, servicer)],
+                  on_stop=stop, on_drain=servicer.close_watches)

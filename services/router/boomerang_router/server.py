@@ -18,7 +18,7 @@ from boomerang_server.credentials import CredentialStore
 from boomerang_server.db.engine import make_engine, warm_pool
 from boomerang_server.db.migrate import upgrade
 from boomerang_server.metrics import serve_metrics
-from boomerang_server.rpc.server import ServerOptions, ServiceSpec, serve
+from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
 from sqlalchemy.engine import make_url
 
 from boomerang_router.claims import ClaimKeeper
@@ -85,7 +85,8 @@ def cost_models(settings: RouterSettings) -> CostModels:
 async def _warm_registry(registry: RegistryClient, refresher: RegistryRefresher, timeout: float = 5.0) -> None:
     """Connect to the registry and load the engine pool before taking calls (best effort)."""
     try:
-        await asyncio.wait_for(registry.channel.channel_ready(), timeout)
+        if registry.channel is not None:  # None: the registry is in this process
+            await asyncio.wait_for(registry.channel.channel_ready(), timeout)
     except (TimeoutError, grpc.aio.AioRpcError):
         log.warning("registry %s not reachable at start; plans are degraded until it is", registry.target)
         return
@@ -113,6 +114,14 @@ def _audit_spool(settings: RouterSettings) -> AuditSpool | None:
 
 async def run(settings: RouterSettings) -> None:
     """Migrate, warm the pools, serve until SIGTERM, drain."""
+    await (await start(settings)).serve()
+
+
+async def start(settings: RouterSettings, registry: RegistryClient | None = None) -> Hosted:
+    """Migrate, warm the pools, start the background work; the servicer ready to serve.
+
+    `registry`: the registry in this process (`boomerang control-plane`); else a client of
+    `registry_address`."""
     url = settings.require_database()
     setup_tracing("boomerang-router")
     if settings.migrate_on_start:
@@ -130,7 +139,8 @@ async def run(settings: RouterSettings) -> None:
         spool=_audit_spool(settings),
     )
     audit.start()
-    registry = RegistryClient(settings.registry_address, timeout=settings.report_timeout_seconds)
+    if registry is None:
+        registry = RegistryClient(settings.registry_address, timeout=settings.report_timeout_seconds)
     pool = build_pool(settings)
     refresher = RegistryRefresher(pool, registry)
     await _warm_registry(registry, refresher)
@@ -164,4 +174,4 @@ async def run(settings: RouterSettings) -> None:
         interceptors=grpc_server_interceptors(),
     )
     servicer = RouterServicer(router, CredentialStore.for_listener(engine, "router", settings.listen, settings))
-    await serve(options, [ServiceSpec(SERVICE_NAME, rtgrpc.add_RouterServiceServicer_to_server, servicer)], on_stop=stop)
+    return Hosted(options, [ServiceSpec(SERVICE_NAME, rtgrpc.add_RouterServiceServicer_to_server, servicer)], on_stop=stop)
