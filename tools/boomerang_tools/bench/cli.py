@@ -39,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--profile", action="store_true",
                         help="sample the services with py-spy during the 1,000/s step, the registrations and the "
                         "gateway turns (collapsed stacks in OUT/bench-profiles, top functions in the report)")
+    parser.add_argument("--control-plane", action="store_true",
+                        help="run the registry and the router as one process (`boomerang control-plane`; "
+                        "their figures are that process's, reported under registry)")
     parser.add_argument("--only", help="comma-separated subset of: " + ", ".join(PHASES) + " (default: all)")
     parser.add_argument("--keep-database", action="store_true", help="keep the scratch database afterwards")
     # The naive proxy runs as its own process through this same command (not for users).
@@ -58,6 +61,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.clients < 1:
         raise SystemExit("boomerang bench: --clients must be at least 1")
     cfg.clients = args.clients
+    cfg.control_plane = args.control_plane
     for name, attr in (("expiry_leases", "expiry_leases"), ("expiry_window", "expiry_window_seconds"),
                        ("gateway_seconds", "gateway_seconds"), ("register_seconds", "register_seconds")):
         value = getattr(args, name)

@@ -32,6 +32,7 @@ class BenchConfig:
     gateway_slots: int = 2  # concurrent conversations per path
     seed: int = 1
     phases: set[str] = field(default_factory=lambda: set(PHASES))
+    control_plane: bool = False  # the registry and the router as one `boomerang control-plane` process
 
     @classmethod
     def for_run(cls, quick: bool, leases: int | None = None, step_seconds: float | None = None) -> BenchConfig:

@@ -124,10 +124,15 @@ class Bench:
                "BOOMERANG_METRICS_LISTEN": ""}
         self.services = Services(self.log_dir, env)
         s = self.services
-        s.start("registry", ["registry", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        (self.registry_address,) = await s.ready("registry")
-        s.start("router", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address,
-                           "--metrics-listen", "127.0.0.1:0"])
+        metrics = {"BOOMERANG_METRICS_LISTEN": "127.0.0.1:0"}
+        if self.cfg.control_plane:  # one process, known by both names (its CPU counted once, as registry)
+            s.start("registry", ["control-plane", "--listen", "127.0.0.1:0"], metrics)
+            (self.registry_address,) = await s.ready("registry")
+            s.children["router"] = s.children["registry"]
+        else:
+            s.start("registry", ["registry", "--listen", "127.0.0.1:0"], metrics)
+            (self.registry_address,) = await s.ready("registry")
+            s.start("router", ["router", "--listen", "127.0.0.1:0", "--registry", self.registry_address], metrics)
         s.start("reaper", ["reaper", "--listen", "127.0.0.1:0", "--registry", self.registry_address])
         self.registry = RegistryClient(self.registry_address, timeout=10.0)
         self.engines = BenchEngines(self.registry)

@@ -121,8 +121,12 @@ class Services:
         return {n: memory_mb(c.proc.pid) for n, c in self.children.items() if c.alive() and c.proc is not None}
 
     def pids(self, *names: str) -> dict[str, list[int]]:
-        """Process ids of the named running children."""
-        return {n: [c.proc.pid] for n, c in self.children.items() if n in names and c.proc is not None and c.alive()}
+        """Process ids of the named running children (a process known by two names, under the first)."""
+        out: dict[str, list[int]] = {}
+        for n, c in self.children.items():
+            if n in names and c.proc is not None and c.alive() and all(c.proc.pid not in p for p in out.values()):
+                out[n] = [c.proc.pid]
+        return out
 
     def stop(self, *names: str) -> None:
         """Stop the named children (all when none are named), last started first."""
