@@ -119,7 +119,11 @@ class Bench:
             logging.getLogger(noisy).setLevel(logging.WARNING)
         url = await self.db.start()
         await asyncio.to_thread(upgrade, url)
+        # The engines compute nothing (`--time-scale 0`), so the times they report teach the router
+        # nothing about real hardware (it would learn that recomputing is free and plan RECOMPUTE):
+        # plans use the configured costs, as on engines not yet measured.
         env = {"BOOMERANG_DATABASE_URL": url, "BOOMERANG_MIGRATE_ON_START": "false", "BOOMERANG_LOG_LEVEL": "INFO",
+               "BOOMERANG_TTFT_LEARNING_TURNS": "0",
                "BOOMERANG_DRAIN_DELAY_SECONDS": "0.1", "BOOMERANG_GRACE_SECONDS": "3",
                "BOOMERANG_METRICS_LISTEN": ""}
         self.services = Services(self.log_dir, env)
@@ -137,7 +141,11 @@ class Bench:
         self.registry = RegistryClient(self.registry_address, timeout=10.0)
         self.engines = BenchEngines(self.registry)
         await self.engines.register(self.cfg.decode_engines, self.cfg.prefill_engines)
-        self.router_address, _ = await s.ready("router", "reaper")
+        if self.cfg.control_plane:
+            self.router_address = self.registry_address
+            await s.ready("reaper")
+        else:
+            self.router_address, _ = await s.ready("router", "reaper")
         self.workers = await asyncio.to_thread(Workers, self.cfg.clients, self.router_address, self.registry_address)
         self.pg = await asyncpg.connect(url)
         await self._wait_pool(self.router_address)

@@ -186,12 +186,12 @@ def pulled_turn_lines(st: dict[str, Any]) -> list[str]:
     lines = ["", "## A pulled turn, stage by stage", "",
              ("Sequential conversations, later turns, p50 ms. *On the path* is what the turn waits for before "
              "its prefill starts: tokenize + plan through the gateway, the engine's PlanTurn wait with the hook; "
-             "*share* is that against the same turn pulled on an H200 (76 ms at 2k, 187 ms at 24k). *Report* is "
-             "the end-of-turn wait (after the last token, before `[DONE]`). Router and registry: means inside them."),
+             "*share* is that against the same turn pulled on an H200 (76 ms at 2k, 187 ms at 24k). Router and "
+             "registry: means inside them (the router's plan holds the registry's claim)."),
              "",
-             ("| context | path | tokenize | plan | on the path | share of H200 turn | report | router plan | registry claim "
+             ("| context | path | tokenize | plan | on the path | share of H200 turn | router plan | registry claim "
              "| CPU ms/turn | plans |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for context, paths in st["contexts"].items():
         h200 = H200_PULLED_TURN_MS.get(context)
         for name, r in paths.items():
@@ -201,9 +201,9 @@ def pulled_turn_lines(st: dict[str, Any]) -> list[str]:
             share = f"{on_path / h200:.1%}" if on_path is not None and h200 else "—"
             lines.append(
                 f"| {int(context):,} | {name} | {_ms(stages.get('tokenize'))} | {_ms(stages.get('plan'))} | "
-                f"**{_ms(on_path)}** | {share} | {_ms(stages.get('report'))} | {_ms(r.get('router_plan_mean_ms'))} | "
+                f"**{_ms(on_path)}** | {share} | {_ms(r.get('router_plan_mean_ms'))} | "
                 f"{_ms(r.get('registry_claim_mean_ms'))} | {r['cpu_ms_per_turn_total']:.2f} ({_cpu(r['cpu_ms_per_turn'])}) "
-                f"| {', '.join(f'{k} {v}' for k, v in (r.get('plans') or {}).items())} |")
+                f"| {', '.join(f'{k} {v}' for k, v in {**(r.get('plans') or {}), **(r.get('errors') or {})}.items())} |")
     chain = ", ".join(f"{int(c):,} tokens {v:.2f} ms" for c, v in st.get("chain_ms", {}).items())
     lines += ["", f"The prompt's token chain, built here with the router's function: {chain}."]
     return lines

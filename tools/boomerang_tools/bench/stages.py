@@ -40,7 +40,9 @@ from boomerang_tools.bench.overhead import (
 from boomerang_tools.bench.stats import floats, summarize
 
 CONTEXTS = (2_000, 24_000)
-TURN_WORDS = 120  # about 128 tokens a turn with the simulator's tokenizer
+# The simulator's tokenizer makes about 1.96 tokens of a bench word (24,000 words: 46,986 tokens).
+TOKENS_PER_WORD = 1.96
+TURN_WORDS = 64  # about 125 tokens a turn
 HISTOGRAMS = {"router_plan": ("router", "boomerang_router_plan_seconds"),
               "registry_claim": ("registry", "boomerang_registry_claim_seconds")}
 
@@ -86,10 +88,11 @@ async def _one(b: Bench, context: int, hook: bool) -> dict[str, Any]:
     children = b.services.children
     base: dict[str, Any] = {"kind": "turns", "gateway": f"http://{children['gateway'].address}", "naive": "",
                             "prefill": "", "decode": "", "model": SIM_MODEL, "turns_per_conversation": 4,
-                            "words": TURN_WORDS, "system_words": context, "max_tokens": 16, "think_seconds": 0.02}
-    if hook:
-        base |= {"hook": f"http://{children['gateway-hook'].address}", "hook_model": HOOK_MODEL, "paths": ["hook"]}
+                            "words": TURN_WORDS, "system_words": int(context / TOKENS_PER_WORD), "max_tokens": 16, "think_seconds": 0.02}
     path = "hook" if hook else "boomerang"
+    base["paths"] = [path]
+    if hook:
+        base |= {"hook": f"http://{children['gateway-hook'].address}", "hook_model": HOOK_MODEL}
     async with httpx.AsyncClient(timeout=10.0) as http:
         before = await _histograms(http, b)
         per_turn, _, turns, result = await sequential_cpu(
@@ -105,6 +108,7 @@ async def _one(b: Bench, context: int, hook: bool) -> dict[str, Any]:
         "turns": turns,
         "later_turn_ms": {"p50": times["p50_ms"], "p99": times["p99_ms"]},
         "plans": result["hook_plans"] if hook else result["plans"],
+        "errors": result["errors"],
         **inside,
         "cpu_ms_per_turn": per_turn,
         "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
