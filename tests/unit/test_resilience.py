@@ -80,6 +80,19 @@ def test_growing_cooldown_doubles_to_its_cap_and_resets_on_success() -> None:
     assert b.cooldown == 1.0 and b.allow()
 
 
+def test_calls_in_flight_when_it_opened_that_fail_after_do_not_lengthen_the_pause() -> None:
+    """The vLLM hook's case: eight plans to a hung router all time out together."""
+    clock = Clock()
+    b = CircuitBreaker(3, 0.5, growth=2.0, max_cooldown=30.0, clock=clock)
+    for _ in range(8):
+        b.record_failure()
+    assert b.cooldown == 0.5 and b.open_until == 0.5 and not b.allow()
+    clock.now = 0.5
+    assert b.allow()  # the trial, half a second on
+    b.record_failure()
+    assert b.cooldown == 1.0 and b.open_until == 1.5  # a failed trial doubles the pause
+
+
 def test_without_one_trial_every_caller_goes_once_the_pause_is_over() -> None:
     """The gateway's use: a tripped breaker pauses every turn's router call for the back-off."""
     clock = Clock()
