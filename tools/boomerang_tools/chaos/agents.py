@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-# Turns in one session of an agent (about 3,300 tokens by its end); then it starts a new
+# Turns in one session of an agent (about 5,700 tokens by its end); then it starts a new
 # conversation. Unbounded, 10 minutes of turns grew each conversation past 14,000 tokens and
 # the decode engines' pinned, unread turns filled their pools (the engine refused with 503).
 SESSION_TURNS = 60
