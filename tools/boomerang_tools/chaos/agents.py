@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 # Turns in one session of an agent (about 5,700 tokens by its end); then it starts a new
 # conversation. Unbounded, 10 minutes of turns grew each conversation past 14,000 tokens and
 # the decode engines' pinned, unread turns filled their pools (the engine refused with 503).
 SESSION_TURNS = 60
-
-import httpx
 
 MODEL = "Qwen/Qwen3-32B"
 
