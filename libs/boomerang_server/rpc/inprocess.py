@@ -86,7 +86,12 @@ class LocalStub:
         self._principal = principal
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        method = getattr(self._servicer, name)
+        """The call of servicer method `name`, made once and kept (later lookups find it set)."""
+        call = self._call(getattr(self._servicer, name))
+        setattr(self, name, call)
+        return call
+
+    def _call(self, method: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.isasyncgenfunction(method):
             def stream(request: Any, timeout: float | None = None, **_: Any) -> _Stream:
                 return _Stream(method(request, LocalContext(self._principal, timeout)))

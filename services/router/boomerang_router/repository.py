@@ -324,9 +324,7 @@ class AuditWriter:
                 self._task.cancel()
             self._task = None
         if self.pending:
-            rows, waits = self._take(list(self.pending))
-            await self._spill(rows, "the router stopped before they were written")
-            _end(waits)
+            await self._spill_queued("the router stopped before they were written")
         if self.spool is not None:
             await asyncio.to_thread(self.spool.close)
 
@@ -338,9 +336,7 @@ class AuditWriter:
         """
         async with self._writing:
             if self._backing_off():
-                rows, waits = self._take(list(self.pending))
-                await self._spill(rows, "Postgres is failing")
-                _end(waits)
+                await self._spill_queued("Postgres is failing")
                 return
             while self.pending:
                 if not await self._flush_batch():
@@ -412,30 +408,37 @@ class AuditWriter:
     async def _flush_batch(self) -> bool:
         keys = list(self.pending)[: self.batch_size]
         rows, waits = self._take(keys)
-        for attempt in range(1, self.attempts + 1):
-            try:
-                await self.repo.upsert(rows)
-            except asyncio.CancelledError:
-                for key, row in zip(keys, rows, strict=True):  # cut off (a stop's deadline): keep them for the spool
-                    self.pending.setdefault(key, row)
-                for key, kept in waits.items():
-                    self._waiters.setdefault(key, []).extend(kept)
-                raise
-            except Exception as exc:  # noqa: BLE001 - the audit must never fail a plan
-                if attempt == self.attempts or self.spool is not None:
-                    self._refused()
-                    await self._spill(rows, f"Postgres refused them: {exc.__class__.__name__}: {exc}")
-                    _end(waits)
-                    return False
-                await asyncio.sleep(0.05 if self._stopping else min(1.0, self.flush_interval * 2**attempt))
-            else:
-                self._backoff = 0.0
-                self.written += len(rows)
-                ROWS_WRITTEN.inc(len(rows))
-                _end(waits)
-                return True
+        try:
+            for attempt in range(1, self.attempts + 1):
+                try:
+                    await self.repo.upsert(rows)
+                except asyncio.CancelledError:
+                    for key, row in zip(keys, rows, strict=True):  # cut off (a stop's deadline): keep them for the spool
+                        self.pending.setdefault(key, row)
+                    for key, kept in waits.items():  # their waits go on, for the spool
+                        self._waiters.setdefault(key, []).extend(kept)
+                    waits = {}
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the audit must never fail a plan
+                    if attempt == self.attempts or self.spool is not None:
+                        self._refused()
+                        await self._spill(rows, f"Postgres refused them: {exc.__class__.__name__}: {exc}")
+                        return False
+                    await asyncio.sleep(0.05 if self._stopping else min(1.0, self.flush_interval * 2**attempt))
+                else:
+                    self._backoff = 0.0
+                    self.written += len(rows)
+                    ROWS_WRITTEN.inc(len(rows))
+                    return True
+            return False
+        finally:
+            _end(waits)  # written, spooled or dropped: out of memory either way
+
+    async def _spill_queued(self, why: str) -> None:
+        """Every queued row to the spool (or dropped), and their `kept` waits ended."""
+        rows, waits = self._take(list(self.pending))
+        await self._spill(rows, why)
         _end(waits)
-        return False
 
     async def _spill(self, rows: list[dict[str, Any]], why: str) -> None:
         """Rows Postgres cannot take now: to the spool, or (none, or full) dropped."""
