@@ -4,8 +4,9 @@ tokens of history, through the gateway and with the engine hook.
 On an H200 a pulled turn of Qwen3-32B takes 76 ms at 2k tokens and 187 ms at 24k
 (docs/performance.md), so Boomerang's milliseconds are measured where they are spent:
 
-* the gateway's stages, from each turn's `Server-Timing` (tokenize, plan, report: the
-  end-of-turn wait for ReportTurn), and the hook's own PlanTurn wait inside the engine;
+* the gateway's stages before the prefill, from each turn's `Server-Timing` (tokenize, plan;
+  a streamed turn's headers leave before its end, so the end-of-turn wait is the gateway
+  phase's own figure), and the hook's own PlanTurn wait inside the engine;
 * inside the router, the plan (`boomerang_router_plan_seconds`: chain, claim, decision and
   the audit row's commit), and inside the registry, the claim
   (`boomerang_registry_claim_seconds`), as the mean over the run from their histograms;
@@ -14,7 +15,7 @@ On an H200 a pulled turn of Qwen3-32B takes 76 ms at 2k tokens and 187 ms at 24k
   Postgres backends included, and the hooked engines' apart.
 
 Each context runs sequential conversations (one at a time) that start at that many tokens
-of history and add about 128 a turn, on the engines `gateway_overhead` started
+of history and add about 125 a turn, on the engines `gateway_overhead` started
 (`--time-scale 0`: no simulated compute, every millisecond is software).
 """
 
