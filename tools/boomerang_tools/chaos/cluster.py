@@ -83,6 +83,12 @@ class Cluster:
             "BOOMERANG_ENGINE_REFRESH_SECONDS": "0.5",
             # Each router spools its audit rows while Postgres is away, and replays them after.
             "BOOMERANG_AUDIT_SPOOL_DIR": str(self.folder / f"spool-{proc.name}"),
+            # The engines run at `time_scale` of the model's time, but a pull's HTTP and copy work
+            # does not shrink with it, so the times they report would teach the router that
+            # recomputing is cheaper (half of all turns planned RECOMPUTE). Without a hook to
+            # release them, the turns those plans leave unread stay pinned on D for vLLM's 480 s
+            # and fill its pool. Plans use the configured costs, as on engines not yet measured.
+            "BOOMERANG_TTFT_LEARNING_TURNS": "0",
         }
         if proc.kind == "gateway":
             env.update(tokenizers_env(sim_tokenizers({PROFILE}, [])))
