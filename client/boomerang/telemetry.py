@@ -203,7 +203,10 @@ def _http_span_details(scope: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 def _instrument_httpx() -> None:
     """Every httpx client in the process makes client spans and injects `traceparent`."""
     # deferred: OpenTelemetry loads only once tracing is on
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.instrumentation.httpx import (
+        HTTPX2ClientInstrumentor,
+        HTTPXClientInstrumentor,
+    )
 
     def name_span(span: Any, request: Any) -> None:
         # `POST /tokenize` rather than the bare method: a turn makes several engine calls.
@@ -218,12 +221,8 @@ def _instrument_httpx() -> None:
     instrumentor = HTTPXClientInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(request_hook=name_span, async_request_hook=name_async)
-    # The gateway talks to engines with httpx2 (httpx's API, a faster pool): trace it too.
-    try:
-        # deferred: OpenTelemetry loads only once tracing is on
-        from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
-    except ImportError:  # an instrumentation release without httpx2 support
-        return
+    # The gateway talks to engines with httpx2 (httpx's API, a pool that does not rescan every
+    # idle connection per request): trace it too.
     second = HTTPX2ClientInstrumentor()
     if not second.is_instrumented_by_opentelemetry:
         second.instrument(request_hook=name_span, async_request_hook=name_async)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_gateway.engines import DECODE, PREFILL, EnginePool
-from boomerang_gateway.http import httpx
 from boomerang_server.enginepool.refresh import RegistryRefresher, engine_info
 from boomerang_server.enginepool.table import (
     EngineTable,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import httpx2 as httpx
 from boomerang_gateway.engines import PREFILL, EnginePool
-from boomerang_gateway.http import httpx
 
 URLS = [f"http://p{i}:8000" for i in range(4)]
 

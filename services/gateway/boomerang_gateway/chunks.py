@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from boomerang_gateway.http import httpx
+import httpx2 as httpx
+
 from boomerang_gateway.protocol import ClientRequest, Kind
 
 DONE = "[DONE]"

@@ -13,11 +13,12 @@ import logging
 import time
 from typing import Any
 
+import httpx2 as httpx
+
 from boomerang_gateway import protocol
 from boomerang_gateway.control import Plan, first_turn_params
 from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
 from boomerang_gateway.errors import ApiError, from_engine
-from boomerang_gateway.http import httpx
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest
 

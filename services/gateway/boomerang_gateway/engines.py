@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2 as httpx
 import xxhash
 from boomerang.clients.registry import RegistryClient
 from boomerang_server.enginepool.refresh import RegistryRefresher
@@ -39,7 +40,6 @@ from boomerang_server.enginepool.table import (
     parse_static,
 )
 
-from boomerang_gateway.http import httpx
 from boomerang_gateway.liveness import Voucher
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Generator
 from typing import Any
 
+import httpx2 as httpx
 import uvicorn
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
@@ -27,7 +28,6 @@ from boomerang_server.sockets import listen_socket
 from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engines import EnginePool
-from boomerang_gateway.http import httpx
 from boomerang_gateway.lease_summary import watch_forever
 from boomerang_gateway.liveness import Voucher
 from boomerang_gateway.localtokens import InProcessTokenizers

@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2 as httpx
 from boomerang.leasekeys import LeaseSummary, conversation_key
 
 from boomerang_gateway import protocol, reuse
@@ -45,7 +46,6 @@ from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, f
 from boomerang_gateway.engine_calls import EngineCalls
 from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
 from boomerang_gateway.errors import ApiError
-from boomerang_gateway.http import httpx
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest
