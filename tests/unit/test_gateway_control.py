@@ -271,8 +271,10 @@ async def test_prefill_on_decode_is_asked_for_only_when_on_and_the_measured_time
         control = ControlPlane(router, 1.0, 1.0, 0.0, prefill_on_decode=on)  # type: ignore[arg-type]
         await control.ask_router_for_plan("t", "c", "m", [1, 2])
         control.send_report_later(Report("t", plan_id, "c", "READ", None, [], [], 0.0,
-                                         prefill_seconds=0.25 if on else None, inter_token_seconds=0.02 if on else None))
+                                         prefill_seconds=0.25 if on else None, inter_token_seconds=0.02 if on else None,
+                                         decode_first_token_seconds=0.07 if on else None))
         await control.drain(1.0)
     assert [p.can_prefill_on_decode for p in router.plans] == [False, True]
     assert [r.HasField("prefill_seconds") for r in router.reports] == [False, True]
-    assert (router.reports[1].prefill_seconds, router.reports[1].inter_token_seconds) == (0.25, 0.02)
+    assert (router.reports[1].prefill_seconds, router.reports[1].inter_token_seconds,
+            router.reports[1].decode_first_token_seconds) == (0.25, 0.02, 0.07)

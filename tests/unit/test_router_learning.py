@@ -88,6 +88,21 @@ def test_inter_token_latency_is_learned_per_decode_engine() -> None:
     assert models.inter_token_ms("d2") == 43.0
 
 
+def test_d_s_first_step_after_a_hand_off_is_learned_less_the_load() -> None:
+    models = CostModels(PRIOR)
+    assert models.first_step_ms("d") == 43.0  # one inter-token gap until measured
+    load = PRIOR.copy.ms(200)  # the pair's link, P to D: the new tokens over the history D holds
+    for _ in range(60):
+        models.observe(Observation("p", "d", "", False, 2_000, 200, 0, 90.0, None, 20.0,
+                                   handoff_tokens=200, first_token_ms=70.0 + load))
+        # a turn prefilled on D teaches D's prefill, not its step after a hand-off
+        models.observe(Observation("p", "d", "", True, 2_000, 200, 0, 140.0, None, 20.0,
+                                   handoff_tokens=0, first_token_ms=500.0))
+    assert models.first_step_ms("d") == pytest.approx(70.0)
+    assert models.costs("p", "d", "d").first_step_ms == pytest.approx(70.0)
+    assert models.first_step_ms("d2") == 43.0
+
+
 def test_long_pauses_on_d_stay_under_one_percent_of_its_gaps() -> None:
     now = [1000.0]
     models = CostModels(PRIOR, clock=lambda: now[0])

@@ -98,14 +98,17 @@ def test_plan_turn_prediction_inputs() -> None:
 def test_report_turn_measured_times() -> None:
     plan_id = new_plan_id()
     ok = requests.report_turn(rtpb.ReportTurnRequest(tenant="t", plan_id=plan_id, prefill_seconds=0.2, copy_seconds=0.05,
-                                                     inter_token_seconds=0.03), 1000)
-    assert (ok.prefill_seconds, ok.copy_seconds, ok.inter_token_seconds) == (0.2, 0.05, 0.03)
+                                                     inter_token_seconds=0.03, decode_first_token_seconds=0.06), 1000)
+    assert (ok.prefill_seconds, ok.copy_seconds, ok.inter_token_seconds, ok.decode_first_token_seconds) == (
+        0.2, 0.05, 0.03, 0.06)
     unset = requests.report_turn(rtpb.ReportTurnRequest(tenant="t", plan_id=plan_id), 1000)
-    assert (unset.prefill_seconds, unset.copy_seconds, unset.inter_token_seconds) == (None, None, None)
+    assert (unset.prefill_seconds, unset.copy_seconds, unset.inter_token_seconds, unset.decode_first_token_seconds) == (
+        None, None, None, None)
     bad = [
         ({"prefill_seconds": -1.0}, ["prefill_seconds"]),
         ({"prefill_seconds": float("nan")}, ["prefill_seconds"]),
         ({"inter_token_seconds": 601.0}, ["inter_token_seconds"]),
+        ({"decode_first_token_seconds": -0.5}, ["decode_first_token_seconds"]),
         ({"copy_seconds": 0.1}, ["copy_seconds"]),  # without the prefill it is part of
         ({"prefill_seconds": 0.1, "copy_seconds": 0.2}, ["copy_seconds"]),  # more than it
     ]

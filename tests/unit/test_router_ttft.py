@@ -36,7 +36,7 @@ def link(gbps: float, bytes_per_token: int) -> CopyCost:
 def brute_force(prompt: int, reusable: int, cached: int, costs: TurnCosts) -> dict[str, float]:
     """Every option's predicted milliseconds, each whole-block pull length its own."""
     p, c = costs.prefill, costs.link
-    handoff = c.ms(prompt - reusable) if costs.decode is not None else 0.0
+    handoff = c.ms(prompt - reusable) + costs.first_step_ms if costs.decode is not None else 0.0
     out = {"recompute": p.ms(prompt - cached, prompt) + handoff}
     for k in range(BS, reusable + 1, BS):
         if k - cached >= THRESHOLD:
@@ -130,6 +130,18 @@ def test_prefill_on_decode_only_within_the_pause_bound() -> None:
     assert free.option is Option.PREFILL_ON_DECODE
     bounded = choose(24_000, 23_872, 0, BS, THRESHOLD, TurnCosts(prefill, link(55, bpt), prefill, max_pause_ms=8.6))
     assert bounded.option is Option.PULL
+
+
+def test_the_p_options_pay_d_s_first_step_after_the_hand_off() -> None:
+    # Qwen3-32B at 2k over 400 GB/s: a pull's prefill is as short as D's, so D's first step
+    # after the hand-off (the P options' TTFT, not a prefill on D's) decides.
+    prefill, bpt = MODELS["qwen3-32b"]
+    slower_d = PrefillCost(prefill.fixed_ms + 20, prefill.token_ms, prefill.context_ms)
+    without = choose(2_000, 1_872, 0, BS, THRESHOLD, TurnCosts(prefill, link(400, bpt), slower_d))
+    assert without.option is Option.PULL
+    with_step = choose(2_000, 1_872, 0, BS, THRESHOLD, TurnCosts(prefill, link(400, bpt), slower_d, first_step_ms=43.0))
+    assert with_step.option is Option.PREFILL_ON_DECODE
+    assert with_step.recompute_ms == pytest.approx(without.recompute_ms + 43.0)
 
 
 def lease(num_tokens: int) -> LeaseHandle:

@@ -155,7 +155,7 @@ class PlanTurnResponse(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., decision: _Optional[_Union[PlanDecision, str]] = ..., reason: _Optional[_Union[PlanReason, str]] = ..., prefill_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., decode_engine: _Optional[_Union[PlannedEngine, _Mapping]] = ..., reusable_tokens: _Optional[int] = ..., recompute_tokens: _Optional[int] = ..., verified_prefix_tokens: _Optional[int] = ..., kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ..., lease_id: _Optional[str] = ..., claim_id: _Optional[str] = ..., source_engine_id: _Optional[str] = ..., kv_recompute_threshold: _Optional[int] = ...) -> None: ...
 
 class ReportTurnRequest(_message.Message):
-    __slots__ = ("tenant", "plan_id", "handle_use", "decode_kv_transfer_params", "decode_kv_transfer_params_json", "prompt_token_ids", "output_token_ids", "sequence_chain", "finish_time_unix", "conversation_id", "request_id", "delivered_cached_tokens", "cache_salt", "prefill_seconds", "copy_seconds", "inter_token_seconds")
+    __slots__ = ("tenant", "plan_id", "handle_use", "decode_kv_transfer_params", "decode_kv_transfer_params_json", "prompt_token_ids", "output_token_ids", "sequence_chain", "finish_time_unix", "conversation_id", "request_id", "delivered_cached_tokens", "cache_salt", "prefill_seconds", "copy_seconds", "inter_token_seconds", "decode_first_token_seconds")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     HANDLE_USE_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class ReportTurnRequest(_message.Message):
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COPY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INTER_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIRST_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     plan_id: str
     handle_use: HandleUse
@@ -188,7 +189,8 @@ class ReportTurnRequest(_message.Message):
     prefill_seconds: float
     copy_seconds: float
     inter_token_seconds: float
-    def __init__(self, tenant: _Optional[str] = ..., plan_id: _Optional[str] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., decode_kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., decode_kv_transfer_params_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sequence_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., delivered_cached_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., copy_seconds: _Optional[float] = ..., inter_token_seconds: _Optional[float] = ...) -> None: ...
+    decode_first_token_seconds: float
+    def __init__(self, tenant: _Optional[str] = ..., plan_id: _Optional[str] = ..., handle_use: _Optional[_Union[HandleUse, str]] = ..., decode_kv_transfer_params: _Optional[_Union[_types_pb2.KvTransferParams, _Mapping]] = ..., decode_kv_transfer_params_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sequence_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., finish_time_unix: _Optional[float] = ..., conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., delivered_cached_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., copy_seconds: _Optional[float] = ..., inter_token_seconds: _Optional[float] = ..., decode_first_token_seconds: _Optional[float] = ...) -> None: ...
 
 class ReportTurnResponse(_message.Message):
     __slots__ = ("plan_id", "claimed_lease_state", "retention", "lease", "retention_detail")

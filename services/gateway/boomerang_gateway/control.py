@@ -114,6 +114,7 @@ class Report:
     # token when D prefilled) and D's mean gap between output tokens; None when not measured.
     prefill_seconds: float | None = None
     inter_token_seconds: float | None = None
+    decode_first_token_seconds: float | None = None
     background_plan: asyncio.Task[Plan | None] | None = None  # the plan id comes from it (Plan.planned_after)
 
 
@@ -317,6 +318,8 @@ class ControlPlane:
             req.prefill_seconds = min(report.prefill_seconds, MAX_REPORTED_SECONDS)
         if report.inter_token_seconds is not None:
             req.inter_token_seconds = min(report.inter_token_seconds, MAX_REPORTED_SECONDS)
+        if report.decode_first_token_seconds is not None:
+            req.decode_first_token_seconds = min(report.decode_first_token_seconds, MAX_REPORTED_SECONDS)
         if report.decode_kv_transfer_params:
             req.decode_kv_transfer_params_json = json.dumps(report.decode_kv_transfer_params, separators=(",", ":"))
             req.prompt_token_ids.extend(report.prompt_token_ids)

@@ -215,14 +215,17 @@ class Turn:
                 cache_salt=self.req.cache_salt,
                 prefill_seconds=self._prefill_seconds(on_decode),
                 inter_token_seconds=self._inter_token_seconds(),
+                decode_first_token_seconds=None if on_decode else self._decode_first_token_seconds(),
                 background_plan=self.plan_after,
             )
         )
 
     def _prefill_seconds(self, on_decode: bool) -> float | None:
         """The prefill's time: D's time to first token when it prefilled, else P's request."""
-        if not on_decode:
-            return self.timings.get("prefill")
+        return self._decode_first_token_seconds() if on_decode else self.timings.get("prefill")
+
+    def _decode_first_token_seconds(self) -> float | None:
+        """D's time to first token, from the decode request sent."""
         first = self.capture.first_token_at
         return first - self.decode_sent if first is not None and self.decode_sent else None
 

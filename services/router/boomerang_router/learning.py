@@ -120,6 +120,8 @@ class Observation:
     prefill_ms: float | None
     copy_ms: float | None
     inter_token_ms: float | None
+    handoff_tokens: int = 0  # tokens D loaded from P after a prefill on P
+    first_token_ms: float | None = None  # D's time to first token after that hand-off
 
 
 class CostModels:
@@ -132,6 +134,7 @@ class CostModels:
         self.prefill: dict[str, Rls] = {}
         self.copy: dict[tuple[str, str], Rls] = {}  # (from, to)
         self.inter_token: dict[str, tuple[float, int]] = {}  # engine → (ms, observations)
+        self.first_step: dict[str, tuple[float, int]] = {}  # engine → (ms, observations)
         self._pauses: dict[str, deque[float]] = {}  # decode engine → times of stretching pauses
         # What `costs` reads: immutable snapshots, rebuilt on update (a plan reads, never fits).
         self._prefill_now: dict[str, PrefillCost] = {}
@@ -151,6 +154,12 @@ class CostModels:
         """A decode engine's learned inter-token latency."""
         found = self.inter_token.get(engine)
         return found[0] if found is not None else self.priors.inter_token_ms
+
+    def first_step_ms(self, decode: str) -> float:
+        """A decode engine's time to first token after a hand-off, less the load: learned, or
+        one inter-token gap until turns report it."""
+        found = self.first_step.get(decode)
+        return found[0] if found is not None else self.inter_token_ms(decode)
 
     def max_pause_ms(self, decode: str) -> float:
         """How long a prefill on `decode` may pause its decodes now.
@@ -174,7 +183,8 @@ class CostModels:
         if decode is None or self.priors.pause_bound <= 0:
             return TurnCosts(self.prefill_cost(prefill), self.copy_cost(source, prefill))
         return TurnCosts(
-            self.prefill_cost(prefill), self.copy_cost(source, prefill), self.prefill_cost(decode), self.max_pause_ms(decode)
+            self.prefill_cost(prefill), self.copy_cost(source, prefill), self.prefill_cost(decode),
+            self.max_pause_ms(decode), self.first_step_ms(decode),
         )
 
     def paused(self, decode: str, pause_ms: float) -> None:
@@ -197,6 +207,9 @@ class CostModels:
             return
         if o.inter_token_ms is not None and 0 < o.inter_token_ms < MAX_OBSERVED_MS:
             self._observe_inter_token(o.decode_engine, o.inter_token_ms)
+        if not o.on_decode and o.first_token_ms is not None and 0 < o.first_token_ms < MAX_OBSERVED_MS:
+            load = self.copy_cost(o.decode_engine, o.prefill_engine).ms(o.handoff_tokens)
+            self._observe_mean(self.first_step, o.decode_engine, max(o.first_token_ms - load, 0.0))
         if o.prefill_ms is None or not 0 < o.prefill_ms < MAX_OBSERVED_MS or o.computed <= 0:
             return
         engine = o.decode_engine if o.on_decode else o.prefill_engine
@@ -234,6 +247,10 @@ class CostModels:
         self._copy_now[pair] = CopyCost(fixed, token)
 
     def _observe_inter_token(self, engine: str, ms: float) -> None:
-        current, count = self.inter_token.get(engine, (self.priors.inter_token_ms, 0))
+        self._observe_mean(self.inter_token, engine, ms)
+
+    def _observe_mean(self, means: dict[str, tuple[float, int]], engine: str, ms: float) -> None:
+        """An exponentially weighted mean, with the models' forgetting, from its first value."""
+        current, count = means.get(engine, (ms, 0))
         weight = 1.0 - self.forgetting
-        self.inter_token[engine] = (current + weight * (ms - current) if count else ms, count + 1)
+        means[engine] = (current + weight * (ms - current) if count else ms, count + 1)

@@ -106,6 +106,10 @@ def observation(record: PlanRecord, r: ReportInput) -> Observation:
         prefill_ms=prefill_ms,
         copy_ms=None if r.copy_seconds is None else r.copy_seconds * 1000,
         inter_token_ms=None if r.inter_token_seconds is None else r.inter_token_seconds * 1000,
+        # D's first token after a prefill on P: it loads what it lacks (the new tokens over a
+        # verified history it holds), then runs its first step.
+        handoff_tokens=record.prompt_tokens - record.verified_tokens,
+        first_token_ms=None if r.decode_first_token_seconds is None else r.decode_first_token_seconds * 1000,
     )
 
 

@@ -151,6 +151,7 @@ class ReportInput:
     prefill_seconds: float | None = None  # measured by the caller
     copy_seconds: float | None = None
     inter_token_seconds: float | None = None
+    decode_first_token_seconds: float | None = None
 
 
 def _seconds(v: Violations, req: rtpb.ReportTurnRequest, name: str) -> float | None:
@@ -272,6 +273,7 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
     if copy_seconds is not None and (prefill_seconds is None or copy_seconds > prefill_seconds):
         v.add("copy_seconds", "must come with prefill_seconds and be at most it")
     inter_token_seconds = _seconds(v, req, "inter_token_seconds")
+    decode_first_token_seconds = _seconds(v, req, "decode_first_token_seconds")
     v.raise_if_any()
     assert created is not None
     return ReportInput(
@@ -291,6 +293,7 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         prefill_seconds=prefill_seconds,
         copy_seconds=copy_seconds,
         inter_token_seconds=inter_token_seconds,
+        decode_first_token_seconds=decode_first_token_seconds,
     )
 
 

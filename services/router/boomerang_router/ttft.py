@@ -10,8 +10,9 @@ the prefill side of the time to first token of each way to serve it and picks th
   `copy(k − c) + prefill_P(L − k, L)`. A pull of fewer than P's `kv_recompute_threshold`
   tokens is no option (P would recompute them anyway);
 * **prefill on D**, which holds the history in its own prefix cache: D computes the new
-  tokens, `prefill_D(L − R, L)`, and no KV moves; the P options pay the hand-off P→D of the
-  same new tokens instead, `copy(L − R)`. It pauses D's running decodes for as long as it
+  tokens, `prefill_D(L − R, L)`, and no KV moves; its prefill ends in the first token. The P
+  options pay the hand-off P→D of the same new tokens instead, `copy(L − R)`, and then D's
+  first step, `step_D` (learned from D's time to first token after a hand-off). It pauses D's running decodes for as long as it
   takes, so it is an option only while that pause stays within the caller's bound.
 
 with L the prompt, R the verified reusable prefix (whole blocks, below L), c what P's prefix
@@ -83,13 +84,15 @@ class TurnCosts:
 
     `decode` is D's prefill cost, or None when the turn cannot be prefilled on D (the caller
     cannot send it there, or D is not available); `max_pause_ms` bounds how long a prefill
-    on D may pause D's decodes (math.inf: no bound).
+    on D may pause D's decodes (math.inf: no bound); `first_step_ms` is D's time to its first
+    token after a prefill on P, less the load of the hand-off.
     """
 
     prefill: PrefillCost
     link: CopyCost  # between the lease's decode engine and the prefill engine
     decode: PrefillCost | None = None
     max_pause_ms: float = math.inf
+    first_step_ms: float = 0.0  # D's first step after a hand-off (with `decode`)
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def choose(prompt: int, reusable: int, cached: int, block_size: int, threshold: 
     """
     cached = min(max(cached, 0) // block_size * block_size, max(prompt - 1, 0))
     p, link = costs.prefill, costs.link
-    handoff = link.ms(prompt - reusable) if costs.decode is not None else 0.0
+    handoff = link.ms(prompt - reusable) + costs.first_step_ms if costs.decode is not None else 0.0
     recompute = p.ms(prompt - cached, prompt) + handoff
     option, best, pull = Option.RECOMPUTE, recompute, 0
     lengths = pull_lengths(reusable, cached, block_size, threshold, p.context_ms, link.token_ms, p.token_ms)

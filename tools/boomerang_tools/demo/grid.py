@@ -19,7 +19,8 @@ P's prefix cache holds `P_CACHE_BLOCKS` blocks, about the shared system prompt: 
 filled from a prompt's start, so a conversation's own history would hit it too; "no shared
 prompt" conversations start with their own nonce and P's cache is flushed with an unrelated
 prompt before each measured turn. The link is set on P (`POST /sim/link`) and the links run
-from fastest to slowest per model; a few warm-up conversations let the router learn each link
+from fastest to slowest per model; a warm-up conversation of each length lets the router learn
+each link
 before its points (it learns from reported times, so the first pull over a slower link is slow).
 """
 
@@ -46,10 +47,8 @@ CONTEXTS = (2000, 8000, 24000)
 LINKS_GBPS = (400.0, 55.0, 3.0, 1.0)  # fastest first: the router learns each slower link by pulling over it
 P_CACHE_BLOCKS = 64  # 1,024 tokens: about the shared system prompt
 D_CACHE_BLOCKS = 200_000  # D's prefix cache holds every history (a prefill on D computes only the new turn)
-SYSTEM_WORDS = 700  # the system prompt, past P's cache
-NEW_WORDS = 120  # the new turn's user message
-WARMUP_CONVERSATIONS = 3
-WARMUP_CONTEXT = 8000
+SYSTEM_TOKENS = 1000  # the system prompt: P's cache holds it when it is shared
+NEW_TOKENS = 200  # the new turn's user message
 OPTIONS = ("recompute", "pull", "prefill_on_decode")
 DECISION_OPTION = {"RECOMPUTE": "recompute", "COLD": "recompute", "PULL": "pull",
                    "PREFILL_ON_DECODE": "prefill_on_decode"}
@@ -173,26 +172,33 @@ class _Grid:
         self.model = PROFILES[model].served_model_name
         self.profile = model
         self.p, self.d = stack.prefill_urls[index], stack.decode_urls[index]
-        self.system = _Words("system").text(SYSTEM_WORDS)
+        self.system = ""
         self.words_per_token = 1.0
 
     async def calibrate(self) -> None:
+        """The words a token takes in this model's tokenizer, so each context is what it says."""
         resp = await self.http.post(self.p + "/tokenize", json={"model": self.model, "prompt": _Words("c").text(1000)})
         self.words_per_token = 1000 / resp.json()["count"]
+        self.system = _Words("system").text(self.words(SYSTEM_TOKENS))
+
+    def words(self, tokens: int) -> int:
+        return max(int(tokens * self.words_per_token), 10)
 
     def messages(self, context: int, shared: bool, seed: str) -> list[dict[str, str]]:
+        """A first turn of `context − NEW_TOKENS` tokens: the system prompt and a user message."""
         words = _Words(seed)
-        system = self.system if shared else f"{seed} {words.text(SYSTEM_WORDS)}"
-        user = words.text(max(int((context - SYSTEM_WORDS / self.words_per_token - 200) * self.words_per_token), 10))
+        system = self.system if shared else f"{seed} {words.text(self.words(SYSTEM_TOKENS))}"
+        user = words.text(self.words(context - SYSTEM_TOKENS - NEW_TOKENS))
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def next_turn(self, history: list[dict[str, str]], reply: str, seed: str) -> list[dict[str, str]]:
-        return [*history, {"role": "assistant", "content": reply}, {"role": "user", "content": _Words(seed + "n").text(NEW_WORDS)}]
+        return [*history, {"role": "assistant", "content": reply},
+                {"role": "user", "content": _Words(seed + "n").text(self.words(NEW_TOKENS))}]
 
     async def flush_p(self) -> None:
         """Evict P's prefix cache with an unrelated prompt (P then holds no conversation's start)."""
         body = {"model": self.model, "max_tokens": 1,
-                "messages": [{"role": "user", "content": _Words(uuid.uuid4().hex).text(SYSTEM_WORDS + 200)}]}
+                "messages": [{"role": "user", "content": _Words(uuid.uuid4().hex).text(self.words(SYSTEM_TOKENS + NEW_TOKENS))}]}
         (await self.http.post(self.p + "/v1/chat/completions", json=body)).raise_for_status()
 
     async def gateway_turn(self, messages: list[dict[str, str]], conv: str, max_tokens: int) -> tuple[float, str, str]:
@@ -292,8 +298,8 @@ async def _measure(console: Console, stack: Stack, models: list[str], contexts: 
             await grid.calibrate()
             for link in LINKS_GBPS:
                 await grid.set_link(link)
-                for _ in range(WARMUP_CONVERSATIONS):
-                    await grid.planner(WARMUP_CONTEXT, shared=False)
+                for context in contexts:  # one conversation of each length teaches the link and the curve
+                    await grid.planner(context, shared=False)
                 for shared in (False, True):
                     for context in contexts:
                         planned, ttft = await grid.planner(context, shared)
