@@ -16,7 +16,7 @@ from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_router.plans import new_plan_id
+from boomerang_router.plan_store import new_plan_id
 
 from tests.support.procs import ServiceProcess
 from tests.support.router_stack import BS, handle, history, running_registry, running_router

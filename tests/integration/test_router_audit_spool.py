@@ -16,7 +16,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from boomerang_router.domain import PlanDecision, PlanReason
-from boomerang_router.plans import PlanRecord, new_plan_id, plan_time
+from boomerang_router.plan_store import PlanRecord, new_plan_id, plan_time
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.spool import SET_ASIDE, SPOOL_FULL, SUFFIX, AuditSpool
 from boomerang_server.db.engine import make_engine

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
-import boomerang_router.claims as claims_module
+import boomerang_router.claim_keeper as claims_module
 import boomerang_router.reuse_claim as reuse_claim_module
 import pytest
 from boomerang.clients.registry import RegistryClient
@@ -26,9 +26,9 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import requests
 from boomerang_router.domain import PlanDecision, PlanReason
-from boomerang_router.engines import RegistryRefresher
+from boomerang_router.engine_health import RegistryRefresher
+from boomerang_router.plan_store import PlanRecord
 from boomerang_router.planner import Router
-from boomerang_router.plans import PlanRecord
 from boomerang_router.pool import EngineInfo, Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router

@@ -24,8 +24,8 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import requests
 from boomerang_router.domain import PlanDecision, PlanReason, Retention
-from boomerang_router.engines import RegistryRefresher
-from boomerang_router.plans import PlanRecord
+from boomerang_router.engine_health import RegistryRefresher
+from boomerang_router.plan_store import PlanRecord
 from boomerang_router.pool import Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router

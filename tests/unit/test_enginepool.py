@@ -8,7 +8,7 @@ import httpx2 as httpx
 import pytest
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_gateway.engines import DECODE, PREFILL, EnginePool
+from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRouting
 from boomerang_server.enginepool.refresh import RegistryRefresher, engine_info
 from boomerang_server.enginepool.table import (
     EngineTable,
@@ -158,7 +158,7 @@ def test_a_refused_url_is_skipped_for_a_while() -> None:
 
 async def test_the_gateway_keeps_stale_engines_only_where_a_model_has_no_fresh_one() -> None:
     clock, registry = Clock(), Registry()
-    pool = EnginePool(httpx.AsyncClient(), [], [], lambda: registry, refresh_seconds=60)  # type: ignore[arg-type, return-value]
+    pool = EngineRouting(httpx.AsyncClient(), [], [], lambda: registry, refresh_seconds=60)  # type: ignore[arg-type, return-value]
     pool.table.mono, pool.table.wall = (lambda: clock.mono), (lambda: clock.wall)
     registry.engines = [
         proto("p-fresh", tpb.ENGINE_ROLE_PREFILL, clock),
@@ -176,7 +176,7 @@ async def test_the_gateway_keeps_stale_engines_only_where_a_model_has_no_fresh_o
 
 async def test_a_turn_that_spans_a_refresh_counts_itself_off_the_engine_the_next_choice_reads() -> None:
     clock, registry = Clock(), Registry()
-    pool = EnginePool(httpx.AsyncClient(), [], [], lambda: registry, refresh_seconds=60)  # type: ignore[arg-type, return-value]
+    pool = EngineRouting(httpx.AsyncClient(), [], [], lambda: registry, refresh_seconds=60)  # type: ignore[arg-type, return-value]
     registry.engines = [proto("p1", tpb.ENGINE_ROLE_PREFILL, clock), proto("p2", tpb.ENGINE_ROLE_PREFILL, clock)]
     await pool.refresh()
     busy = pool.find(PREFILL, "http://p1:8000")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_gateway.engines import DECODE, PREFILL, EngineRef
+from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef
 from boomerang_gateway.liveness import vouchable
 from google.protobuf.timestamp_pb2 import Timestamp
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections import Counter
 
 import httpx2 as httpx
-from boomerang_gateway.engines import PREFILL, EnginePool
+from boomerang_gateway.engine_routing import PREFILL, EngineRouting
 
 URLS = [f"http://p{i}:8000" for i in range(4)]
 
 
-async def _pool(urls: list[str] = URLS) -> EnginePool:
-    pool = EnginePool(httpx.AsyncClient(), urls, [], None, refresh_seconds=60)
+async def _pool(urls: list[str] = URLS) -> EngineRouting:
+    pool = EngineRouting(httpx.AsyncClient(), urls, [], None, refresh_seconds=60)
     for engine in pool.view.engines:
         engine.models = ("m",)
     return pool

@@ -19,7 +19,7 @@ def value(name: str, **labels: str) -> float:
 
 def _record(decision: str, reason: str, prompt: int, reused: int):  # type: ignore[no-untyped-def]
     from boomerang_router.domain import PlanDecision, PlanReason
-    from boomerang_router.plans import PlanRecord
+    from boomerang_router.plan_store import PlanRecord
 
     return PlanRecord(
         plan_id="p1", created_at=datetime.now(UTC), tenant="acme", conversation_id="c1", model="m",

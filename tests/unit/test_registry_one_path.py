@@ -17,7 +17,7 @@ HOT = {
     "RELEASE_ENDED_SQL", "RELEASE_TARGET_SQL", "HEARTBEAT_SQL", "LEASE_SQL",
 }
 # The stores that hold only tenant-scoped or hot work: no SQLAlchemy at all.
-POOL_ONLY = ("claims.py",)
+POOL_ONLY = ("claim_store.py",)
 
 
 def hot_statements_given_to_text(source: str) -> list[str]:

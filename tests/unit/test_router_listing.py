@@ -10,7 +10,7 @@ from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang_router import requests
 from boomerang_router.listing import PageTokenError, decode_page_token, encode_page_token
-from boomerang_router.plans import new_plan_id
+from boomerang_router.plan_store import new_plan_id
 
 
 def violations(req: rtpb.ListTurnPlansRequest) -> dict[str, str]:

@@ -7,7 +7,7 @@ import tracemalloc
 
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.kvparams import KvParams
-from boomerang_router.plans import PlanRecord, PlanStore, new_plan_id, plan_bytes, plan_time
+from boomerang_router.plan_store import PlanRecord, PlanStore, new_plan_id, plan_bytes, plan_time
 
 MB = 2**20
 

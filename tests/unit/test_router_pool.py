@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from boomerang_router.plans import PlanStore, claim_id_for, new_plan_id, plan_time
+from boomerang_router.plan_store import PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EngineInfo, EnginePool, Role, Source, parse_static
 
 
@@ -171,7 +171,7 @@ def test_plan_ids_carry_their_time_and_claim_ids_follow_request_ids() -> None:
 
 def test_plan_store_evicts_by_age_and_size() -> None:
     from boomerang_router.domain import PlanDecision, PlanReason
-    from boomerang_router.plans import PlanRecord
+    from boomerang_router.plan_store import PlanRecord
 
     now = [0.0]
     store = PlanStore(ttl=10, max_plans=100, clock=lambda: now[0])

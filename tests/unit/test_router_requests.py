@@ -9,7 +9,7 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import requests
 from boomerang_router.domain import HandleUse
-from boomerang_router.plans import new_plan_id
+from boomerang_router.plan_store import new_plan_id
 
 
 def violations(fn, *args) -> set[str]:  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ refused connection, not one per request.
 
 The table keeps no load and makes no choice: the router ranks candidates by load
 (`boomerang_router.pool`), the gateway by its own in-flight count or a conversation's hash
-(`boomerang_gateway.engines`).
+(`boomerang_gateway.engine_routing`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from boomerang_gateway import chunks, protocol
-from boomerang_gateway.engines import EnginePool
+from boomerang_gateway.engine_routing import EngineRouting
 from boomerang_gateway.errors import ApiError
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest, Kind
@@ -35,7 +35,7 @@ class GatewayState:
     """What the handlers share."""
 
     auth: TenantAuth
-    pool: EnginePool
+    pool: EngineRouting
     runner: TurnRunner
     metrics: GatewayMetrics
     max_body_bytes: int

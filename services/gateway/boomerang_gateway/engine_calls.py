@@ -17,7 +17,7 @@ import httpx2 as httpx
 
 from boomerang_gateway import protocol
 from boomerang_gateway.control import Plan, first_turn_params
-from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
+from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef, EngineRouting
 from boomerang_gateway.errors import ApiError, from_engine
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest
@@ -33,7 +33,7 @@ UNREACHED = (httpx.ConnectError, httpx.ConnectTimeout)
 class EngineCalls:
     """The HTTP requests a turn makes to its engines, and the engine each went to."""
 
-    def __init__(self, http: httpx.AsyncClient, pool: EnginePool, metrics: GatewayMetrics, sticky_prefill: bool = False):
+    def __init__(self, http: httpx.AsyncClient, pool: EngineRouting, metrics: GatewayMetrics, sticky_prefill: bool = False):
         self.http = http
         self.pool = pool
         self.metrics = metrics

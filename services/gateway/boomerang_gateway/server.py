@@ -27,7 +27,7 @@ from boomerang_server.sockets import listen_socket
 
 from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
-from boomerang_gateway.engines import EnginePool
+from boomerang_gateway.engine_routing import EngineRouting
 from boomerang_gateway.lease_summary import watch_forever
 from boomerang_gateway.liveness import Voucher
 from boomerang_gateway.localtokens import InProcessTokenizers
@@ -102,7 +102,7 @@ async def run(settings: GatewaySettings) -> None:
         Voucher(lambda: RegistryClient(settings.registry_address), settings.heartbeat_timeout_seconds)
         if static and settings.registry_address else None
     )
-    pool = EnginePool(http, settings.prefill_engines, settings.decode_engines, registry, settings.engine_refresh_seconds,
+    pool = EngineRouting(http, settings.prefill_engines, settings.decode_engines, registry, settings.engine_refresh_seconds,
                       settings.heartbeat_timeout_seconds, voucher)
     control = ControlPlane(
         router,

@@ -44,7 +44,7 @@ from boomerang_gateway import protocol, reuse
 from boomerang_gateway.chunks import DONE, Capture, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
 from boomerang_gateway.engine_calls import EngineCalls
-from boomerang_gateway.engines import DECODE, PREFILL, EnginePool, EngineRef
+from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef, EngineRouting
 from boomerang_gateway.errors import ApiError
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
@@ -243,7 +243,7 @@ class TurnRunner:
     def __init__(
         self,
         http: httpx.AsyncClient,
-        pool: EnginePool,
+        pool: EngineRouting,
         control: ControlPlane,
         metrics: GatewayMetrics,
         config: TurnConfig,

@@ -5,7 +5,7 @@ A lease is one retained turn. `RETAINED → CLAIMED → CONSUMED`, or
 prefill node reports it never read. A claimed lease can still expire or be invalidated
 (the decode node frees its blocks at its own deadline whoever holds the claim), never be
 released. Each transition is one guarded SQL statement (`statements.py`, `expiry.py`,
-`releases.py`): the state a statement requires is in its WHERE clause.
+`release_store.py`): the state a statement requires is in its WHERE clause.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from boomerang_registry import convert, metrics, requests
 from boomerang_registry.deadline_watch import DeadlineHub
 from boomerang_registry.events import decode_history_token
 from boomerang_registry.expiry import DEFAULT_ELECTION, ExpiryRepository, Fence
-from boomerang_registry.releases import RELEASE_REASONS
+from boomerang_registry.release_store import RELEASE_REASONS
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
 

@@ -18,7 +18,7 @@ from boomerang.tokenchain import prompt_key, prompt_tail_digest
 from sqlalchemy import text
 
 from boomerang_registry.domain import RetainedBlocks
-from boomerang_registry.engines import engine_row
+from boomerang_registry.engine_store import engine_row
 from boomerang_registry.rawsql import Transaction, db_span
 from boomerang_registry.statements import FINISHED_AFTER_FENCE, LEASE_COLUMNS, REGISTER_BATCH_SQL
 from boomerang_registry.store import Row, Store, rounds

@@ -1,11 +1,11 @@
 """The registry's data layer: one store per concern over the two connections of store.py.
 
-- `engines` (engines.py): RegisterEngine, Heartbeat, InvalidateEngine, ListEngines.
+- `engines` (engine_store.py): RegisterEngine, Heartbeat, InvalidateEngine, ListEngines.
 - `registrations` (registrations.py): RegisterRetainedBlocks, alone or group-committed.
-- `claims` (claims.py): ClaimReuse (one or a batch), and CompleteTurn's consume or release.
+- `claims` (claim_store.py): ClaimReuse (one or a batch), and CompleteTurn's consume or release.
 - `turns` (turns.py): CompleteTurn, a claim settled and a registration in one transaction.
 - `events` (events.py): GetConversation, ListLeases.
-- `releases` (releases.py): early releases of retained leases (retention policy, memory).
+- `releases` (release_store.py): early releases of retained leases (retention policy, memory).
 - `fence` (fence.py): the failover fence every claim and registration goes through.
 
 Each public method is one transaction, and every lease state change in it appends its
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang_registry.claims import ClaimStore
-from boomerang_registry.engines import EngineStore
+from boomerang_registry.claim_store import ClaimStore
+from boomerang_registry.engine_store import EngineStore
 from boomerang_registry.events import EventStore
 from boomerang_registry.fence import EpochFence
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.registrations import RegistrationStore
-from boomerang_registry.releases import ReleaseStore
+from boomerang_registry.release_store import ReleaseStore
 from boomerang_registry.store import Store
 from boomerang_registry.totals import RetainedTotals
 from boomerang_registry.turns import TurnStore

@@ -105,7 +105,7 @@ def claim_statement(lease_key: str, candidates: str, order: str, found_by: str =
     is every claim's: a retried claim id finds its earlier lease (`prior`) and takes no new
     one; else the best qualifying RETAINED candidate is claimed under its row lock (a
     concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
-    claims.py then asks once more, since the winner may be its own claim id), its CLAIMED
+    claim_store.py then asks once more, since the winner may be its own claim id), its CLAIMED
     event (noting `found_by` when given) appended in the same statement. Rows: the claimed
     lease, or the prior one, or every candidate, for claims.claim_result to explain. On a
     server whose epoch is not the one fenced on, EPOCH_GUARD refuses the whole statement.

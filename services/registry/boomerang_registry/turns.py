@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from boomerang.errors import BoomerangError
 
-from boomerang_registry.claims import ClaimStore
+from boomerang_registry.claim_store import ClaimStore
 from boomerang_registry.domain import RetainedBlocks
 from boomerang_registry.rawsql import Transaction, db_span
 from boomerang_registry.registrations import Registered, RegistrationStore

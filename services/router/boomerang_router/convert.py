@@ -12,7 +12,7 @@ from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse, PlanDecision, PlanReason, Retention
 from boomerang_router.kvparams import KvParams
 from boomerang_router.learning import CostModels
-from boomerang_router.plans import PlanRecord
+from boomerang_router.plan_store import PlanRecord
 from boomerang_router.pool import PoolEntry, Role, Source
 from boomerang_router.reports import ReportResult
 

@@ -28,7 +28,7 @@ from boomerang_router.domain import (
 )
 from boomerang_router.engine_choice import EngineChoice
 from boomerang_router.learning import CostModels, Observation
-from boomerang_router.plans import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
+from boomerang_router.plan_store import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
 from boomerang_router.pool import EnginePool
 from boomerang_router.reports import ReportResult
 from boomerang_router.repository import AuditWriter, TurnPlanRepository

@@ -1,7 +1,7 @@
 """ListTurnPlans: one conversation's plans, oldest first, a page at a time.
 
 Pages are keyed by the plan id. A plan id is a UUIDv7 that carries its creation time
-(plans.py) and `created_at` is read from it, so the keyset `(created_at, plan_id)` is the
+(plan_store.py) and `created_at` is read from it, so the keyset `(created_at, plan_id)` is the
 plan id's own order: a page resumes after the last plan it listed, and plans recorded
 meanwhile are listed on a later page, never twice, never in place of another.
 
@@ -19,7 +19,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-from boomerang_router.plans import PlanRecord, plan_time
+from boomerang_router.plan_store import PlanRecord, plan_time
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 
 DEFAULT_PAGE_SIZE = 100

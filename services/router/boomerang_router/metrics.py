@@ -16,7 +16,7 @@ from boomerang_server.config.settings import TelemetrySettings, load_settings
 from boomerang_server.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter, Histogram
 
-from boomerang_router.plans import PlanRecord
+from boomerang_router.plan_store import PlanRecord
 
 PLANS = Counter("boomerang_router_plans", "Plans made", ["decision", "reason"])
 PLAN_SECONDS = Histogram(

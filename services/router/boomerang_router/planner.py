@@ -32,7 +32,7 @@ from typing import Any
 
 from boomerang_router.engine_choice import decide_plan, pick_engines
 from boomerang_router.ledger import PlanLedger, check_report, new_record, plan_ids
-from boomerang_router.plans import PlanRecord
+from boomerang_router.plan_store import PlanRecord
 from boomerang_router.reports import Reporter, ReportResult
 from boomerang_router.requests import PlanInput, ReportInput
 from boomerang_router.reuse_claim import ReuseClaimer, answer_by

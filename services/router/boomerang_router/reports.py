@@ -27,7 +27,7 @@ from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_router import kvparams
 from boomerang_router.domain import Retention
-from boomerang_router.plans import PlanRecord
+from boomerang_router.plan_store import PlanRecord
 from boomerang_router.pool import EnginePool
 from boomerang_router.registry_api import DecodeEngine, Retained, RouterRegistry, TurnClaim, TurnEnd
 from boomerang_router.requests import ReportInput

@@ -29,7 +29,7 @@ from sqlalchemy import and_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_router.domain import PlanDecision, PlanReason
-from boomerang_router.plans import PlanRecord, plan_time
+from boomerang_router.plan_store import PlanRecord, plan_time
 from boomerang_router.spool import REPLAYED, SET_ASIDE, AuditSpool
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from boomerang_router.listing import (
     PageTokenError,
     decode_page_token,
 )
-from boomerang_router.plans import plan_time
+from boomerang_router.plan_store import plan_time
 
 MAX_SALT = 256
 

@@ -20,7 +20,7 @@ from boomerang_server.leases import ClaimOutcome
 from prometheus_client import Counter
 
 from boomerang_router import metrics
-from boomerang_router.claims import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher, ClaimKeeper
+from boomerang_router.claim_keeper import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher, ClaimKeeper
 from boomerang_router.domain import ClaimResult, claim_floor
 from boomerang_router.engine_choice import EngineChoice
 from boomerang_router.registry_api import RouterRegistry, claim_request

@@ -21,8 +21,8 @@ from boomerang_server.metrics import serve_metrics
 from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
 from sqlalchemy.engine import make_url
 
-from boomerang_router.claims import ClaimKeeper
-from boomerang_router.engines import HealthProber, Periodic, RegistryRefresher
+from boomerang_router.claim_keeper import ClaimKeeper
+from boomerang_router.engine_health import HealthProber, Periodic, RegistryRefresher
 from boomerang_router.learning import CostModels, Priors
 from boomerang_router.ledger import PlanLedger
 from boomerang_router.planner import Router

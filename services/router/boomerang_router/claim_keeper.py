@@ -27,7 +27,7 @@ from prometheus_client import Counter as Counted
 from prometheus_client import Gauge, Histogram
 
 from boomerang_router.domain import ClaimResult
-from boomerang_router.plans import PlanStore
+from boomerang_router.plan_store import PlanStore
 from boomerang_router.registry_api import ClaimRequest, RouterRegistry, TurnClaim
 from boomerang_router.repository import TurnPlanRepository
 from boomerang_router.settings import RouterSettings

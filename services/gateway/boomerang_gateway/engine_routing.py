@@ -68,7 +68,7 @@ class PoolView:
     cards: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-class EnginePool:
+class EngineRouting:
     """Engines and models, refreshed in the background."""
 
     def __init__(
