@@ -128,3 +128,40 @@ class Outbox(Generic[T]):
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+class OutboxWorker(Generic[T]):
+    """The daemon thread that drains an outbox over a client: `start`, `flush`, `close`.
+
+    A subclass sets `outbox`, `client` and `rpc_timeout` and writes `_run`, which loops until
+    `_stop` is set.
+    """
+
+    outbox: Outbox[T]
+    client: Any  # closed with the worker
+    rpc_timeout: float
+
+    def __init__(self, thread_name: str):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start the background thread."""
+        self._thread.start()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until nothing is queued or being sent; whether that happened in time."""
+        return self.outbox.wait_drained(timeout)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what can be sent within `timeout`, then stop the thread and close the client."""
+        if self._thread.is_alive():
+            self.flush(timeout)
+        self._stop.set()
+        self.outbox.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout + self.rpc_timeout + 1.0)
+        self.client.close()

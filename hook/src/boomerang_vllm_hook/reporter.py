@@ -29,7 +29,6 @@ batch. Retries are safe: a report is idempotent on its `plan_id`.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.v1 import router_service_pb2 as opb
 
 from boomerang_vllm_hook.batching import BatchedRpc, BatchedSender
-from boomerang_vllm_hook.outbox import Entry, Outbox
+from boomerang_vllm_hook.outbox import Entry, Outbox, OutboxWorker
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ class Report:
     copy_seconds: float | None = None
 
 
-class TurnReporter:
+class TurnReporter(OutboxWorker[Report]):
     """Owns the thread that sends turn reports; `submit` never blocks."""
 
     def __init__(
@@ -76,6 +75,7 @@ class TurnReporter:
         deadline: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ):
+        super().__init__("boomerang-reporter")
         self.client = client
         self.batch_size = batch_size
         self.rpc_timeout = rpc_timeout
@@ -91,30 +91,10 @@ class TurnReporter:
             lambda chunk: client.report_turn_batch_future(
                 opb.ReportTurnBatchRequest(reports=[_request(e.item) for e in chunk]), timeout=rpc_timeout),
         ))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="boomerang-reporter", daemon=True)
 
     def submit(self, report: Report) -> bool:
         """Queue a report; False when the full queue rejected it."""
         return self.outbox.offer(report, self.clock() + self.deadline)
-
-    def start(self) -> None:
-        """Start the background thread."""
-        self._thread.start()
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until nothing is queued or being sent."""
-        return self.outbox.wait_drained(timeout)
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Send what can be sent within `timeout`, then stop."""
-        if self._thread.is_alive():
-            self.flush(timeout)
-        self._stop.set()
-        self.outbox.close()
-        if self._thread.is_alive():
-            self._thread.join(timeout=timeout + self.rpc_timeout + 1.0)
-        self.client.close()
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for logs and tests."""

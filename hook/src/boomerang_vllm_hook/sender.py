@@ -23,7 +23,6 @@ registry refuses whole gives each of its registrations that error as its answer.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections import Counter
@@ -40,7 +39,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_vllm_hook.batching import BatchedRpc, BatchedSender
-from boomerang_vllm_hook.outbox import Entry, Outbox
+from boomerang_vllm_hook.outbox import Entry, Outbox, OutboxWorker
 from boomerang_vllm_hook.presence import (
     REREGISTER_REASONS,
     EngineFacts,
@@ -71,7 +70,7 @@ class Registration:
     finish_time_unix: float
 
 
-class RegistrationSender:
+class RegistrationSender(OutboxWorker[Registration]):
     """Owns the background thread that registers the engine and its retained turns."""
 
     def __init__(
@@ -89,6 +88,7 @@ class RegistrationSender:
         memory: Memory | None = None,
         on_released: OnReleased | None = None,
     ):
+        super().__init__(f"boomerang-sender-{facts.engine_id}")
         self.client = client
         self.facts = facts
         self.batch_size = batch_size
@@ -110,34 +110,12 @@ class RegistrationSender:
             lambda chunk: client.register_retained_blocks_batch_future(
                 rpb.RegisterRetainedBlocksBatchRequest(registrations=[e.prepared for e in chunk]), timeout=rpc_timeout),
         ))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"boomerang-sender-{facts.engine_id}", daemon=True)
 
     # -- the scheduler thread's side -----------------------------------------------------
 
     def submit(self, registration: Registration, deadline: float) -> bool:
         """Queue a retained turn until `deadline` (on `clock`); never blocks."""
         return self.outbox.offer(registration, deadline)
-
-    # -- lifecycle -----------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Start the background thread (it registers the engine first)."""
-        self._thread.start()
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until nothing is queued or in flight; returns whether that happened in time."""
-        return self.outbox.wait_drained(timeout)
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Send what can be sent within `timeout`, then stop the thread and close the channel."""
-        if self._thread.is_alive():
-            self.flush(timeout)
-        self._stop.set()
-        self.outbox.close()
-        if self._thread.is_alive():
-            self._thread.join(timeout=max(timeout, self.rpc_timeout) + 1.0)
-        self.client.close()
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for logs and tests."""
