@@ -325,7 +325,7 @@ class RouterServiceListEnginesRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., role: _Optional[_Union[_types_pb2.EngineRole, str]] = ...) -> None: ...
 
 class PoolEngine(_message.Message):
-    __slots__ = ("engine", "source", "available", "unavailable_reason", "planned_turns", "planned_prompt_tokens", "load", "prefill_cost", "copy_costs", "inter_token_ms")
+    __slots__ = ("engine", "source", "available", "unavailable_reason", "planned_turns", "planned_prompt_tokens", "load", "prefill_cost", "copy_costs", "inter_token_ms", "first_step_ms")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +336,7 @@ class PoolEngine(_message.Message):
     PREFILL_COST_FIELD_NUMBER: _ClassVar[int]
     COPY_COSTS_FIELD_NUMBER: _ClassVar[int]
     INTER_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
     engine: _types_pb2.Engine
     source: EngineSource
     available: bool
@@ -346,7 +347,8 @@ class PoolEngine(_message.Message):
     prefill_cost: PrefillCost
     copy_costs: _containers.RepeatedCompositeFieldContainer[CopyCost]
     inter_token_ms: float
-    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., source: _Optional[_Union[EngineSource, str]] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ..., planned_turns: _Optional[int] = ..., planned_prompt_tokens: _Optional[int] = ..., load: _Optional[float] = ..., prefill_cost: _Optional[_Union[PrefillCost, _Mapping]] = ..., copy_costs: _Optional[_Iterable[_Union[CopyCost, _Mapping]]] = ..., inter_token_ms: _Optional[float] = ...) -> None: ...
+    first_step_ms: float
+    def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., source: _Optional[_Union[EngineSource, str]] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ..., planned_turns: _Optional[int] = ..., planned_prompt_tokens: _Optional[int] = ..., load: _Optional[float] = ..., prefill_cost: _Optional[_Union[PrefillCost, _Mapping]] = ..., copy_costs: _Optional[_Iterable[_Union[CopyCost, _Mapping]]] = ..., inter_token_ms: _Optional[float] = ..., first_step_ms: _Optional[float] = ...) -> None: ...
 
 class PrefillCost(_message.Message):
     __slots__ = ("fixed_ms", "token_ms", "context_ms", "observations")

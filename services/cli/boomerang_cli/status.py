@@ -214,6 +214,7 @@ def _pool_row(p: Any) -> dict[str, Any]:
         "prefill_cost": {"fixed_ms": c.fixed_ms, "token_ms": c.token_ms, "context_ms": c.context_ms,
                          "observations": c.observations},
         "inter_token_ms": p.inter_token_ms,
+        "first_step_ms": p.first_step_ms,
         "copy_costs": [{"source_engine_id": x.source_engine_id, "fixed_ms": x.fixed_ms, "token_ms": x.token_ms,
                         "observations": x.observations,
                         # GB/s when the engine says how many bytes a block holds
@@ -246,6 +247,7 @@ def _learned_rows(pool: list[dict[str, Any]]) -> list[list[Any]]:
                          f"{x['fixed_ms']:.1f} ms + {x['token_ms'] * 1000:.2f} µs/token", rate, x["observations"]])
         if p["role"] == "DECODE":
             rows.append([p["engine_id"], "inter-token", f"{p['inter_token_ms']:.1f} ms", "", ""])
+            rows.append([p["engine_id"], "first step after a hand-off", f"{p['first_step_ms']:.1f} ms", "", ""])
     return rows
 
 

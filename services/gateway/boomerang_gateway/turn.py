@@ -92,7 +92,7 @@ class Turn:
     # A turn the lease summary ruled out: its plan, started at D's first chunk (its prompt ids).
     plan_after: asyncio.Task[Plan | None] | None = None
     tokenized_locally: bool = False  # prompt_token_ids came from the in-process tokenizer
-    decode_sent: float = 0.0  # monotonic time the decode request left (D's prefill starts)
+    decode_sent: float = 0.0  # monotonic time the decode request left (after P's prefill, or D's own)
 
     @property
     def cached_tokens(self) -> int:
@@ -274,10 +274,11 @@ class TurnRunner:
             return Turn(req, tenant, plan, "NOT_READ", decode, decode, response, started, timings, request_id, tokens,
                         self, reuse=planned, tokenized_locally=local, decode_sent=sent)
         p_params, prefill, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id, timings)
+        sent = time.monotonic()
         response, decode = await self._open_decode(req, tenant, plan, p_params, handle_use, request_id)
         self.metrics.in_flight.inc()
         return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self,
-                    reuse=reused, tokenized_locally=local)
+                    reuse=reused, tokenized_locally=local, decode_sent=sent)
 
     # -- tokenize and plan: Boomerang's, never fatal -------------------------------------------
 

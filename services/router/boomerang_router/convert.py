@@ -155,6 +155,7 @@ def pool_engine(entry: PoolEntry, models: CostModels) -> rtpb.PoolEngine:
         prefill_cost=prefill_cost(models, info.engine_id),
         copy_costs=copy_costs(models, info.engine_id),
         inter_token_ms=models.inter_token_ms(info.engine_id),
+        first_step_ms=models.first_step_ms(info.engine_id),
     )
 
 

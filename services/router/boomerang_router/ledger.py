@@ -106,10 +106,11 @@ def observation(record: PlanRecord, r: ReportInput) -> Observation:
         prefill_ms=prefill_ms,
         copy_ms=None if r.copy_seconds is None else r.copy_seconds * 1000,
         inter_token_ms=None if r.inter_token_seconds is None else r.inter_token_seconds * 1000,
-        # D's first token after a prefill on P: it loads what it lacks (the new tokens over a
-        # verified history it holds), then runs its first step.
+        # D's first token after a prefill on P, where D holds a verified history: it loads only
+        # the new tokens (a first turn's whole prompt would make the step hang on the link's model).
         handoff_tokens=record.prompt_tokens - record.verified_tokens,
-        first_token_ms=None if r.decode_first_token_seconds is None else r.decode_first_token_seconds * 1000,
+        first_token_ms=None if r.decode_first_token_seconds is None or not record.verified_tokens
+        else r.decode_first_token_seconds * 1000,
     )
 
 
