@@ -36,14 +36,14 @@ def stack() -> Iterator[GatewayStack]:
 
 
 async def test_turns_prefilled_on_p_teach_the_router_d_s_first_step(stack: GatewayStack) -> None:
-    client = stack.openai_client(stack.new_key("learn"))
     conv = f"conv-{uuid.uuid4().hex}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief. " * 100}]
-    for i in range(3):
-        messages.append({"role": "user", "content": f"Turn {i}: " + "read the log. " * 40})
-        reply = await client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=8, extra_body={"conversation_id": conv})  # type: ignore[arg-type]
-        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+    async with stack.openai_client(stack.new_key("learn")) as client:
+        for i in range(3):
+            messages.append({"role": "user", "content": f"Turn {i}: " + "read the log. " * 40})
+            reply = await client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=8, extra_body={"conversation_id": conv})  # type: ignore[arg-type]
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
     async with RouterClient(stack.procs["router"].address) as router:
         pool = await router.list_engines(rtpb.RouterServiceListEnginesRequest(model=MODEL))
     served = [p for p in pool.engines if p.engine.role == tpb.ENGINE_ROLE_DECODE and p.inter_token_ms != DEFAULT_ITL_MS]
