@@ -103,7 +103,7 @@ async def run(settings: GatewaySettings) -> None:
         if static and settings.registry_address else None
     )
     pool = EngineRouting(http, settings.prefill_engines, settings.decode_engines, registry, settings.engine_refresh_seconds,
-                      settings.heartbeat_timeout_seconds, voucher)
+                         settings.heartbeat_timeout_seconds, voucher)
     control = ControlPlane(
         router,
         settings.plan_timeout_seconds,

@@ -93,6 +93,7 @@ def observation(record: PlanRecord, r: ReportInput) -> Observation:
     else:
         computed = record.prompt_tokens - record.prefill_cached
     prefill_ms = None if r.prefill_seconds is None else r.prefill_seconds * 1000
+    first = r.decode_first_token_seconds
     if pulled and r.handle_use is not HandleUse.READ:
         prefill_ms = None  # P may not have run the turn as planned: nothing to learn from its time
     return Observation(
@@ -109,8 +110,7 @@ def observation(record: PlanRecord, r: ReportInput) -> Observation:
         # D's first token after a prefill on P, where D holds a verified history: it loads only
         # the new tokens (a first turn's whole prompt would make the step hang on the link's model).
         handoff_tokens=record.prompt_tokens - record.verified_tokens,
-        first_token_ms=None if r.decode_first_token_seconds is None or not record.verified_tokens
-        else r.decode_first_token_seconds * 1000,
+        first_token_ms=first * 1000 if first is not None and record.verified_tokens else None,
     )
 
 

@@ -12,8 +12,9 @@ the prefill side of the time to first token of each way to serve it and picks th
 * **prefill on D**, which holds the history in its own prefix cache: D computes the new
   tokens, `prefill_D(L − R, L)`, and no KV moves; its prefill ends in the first token. The P
   options pay the hand-off P→D of the same new tokens instead, `copy(L − R)`, and then D's
-  first step, `step_D` (learned from D's time to first token after a hand-off). It pauses D's running decodes for as long as it
-  takes, so it is an option only while that pause stays within the caller's bound.
+  first step, `step_D` (learned from D's time to first token after a hand-off). A prefill
+  on D pauses D's running decodes for as long as it takes, so it is an option only while
+  that pause stays within the caller's bound.
 
 with L the prompt, R the verified reusable prefix (whole blocks, below L), c what P's prefix
 cache holds (whole blocks; 0 when the caller cannot tell).

@@ -197,8 +197,8 @@ class _Grid:
 
     async def flush_p(self) -> None:
         """Evict P's prefix cache with an unrelated prompt (P then holds no conversation's start)."""
-        body = {"model": self.model, "max_tokens": 1,
-                "messages": [{"role": "user", "content": _Words(uuid.uuid4().hex).text(self.words(SYSTEM_TOKENS + NEW_TOKENS))}]}
+        flush = _Words(uuid.uuid4().hex).text(self.words(SYSTEM_TOKENS + NEW_TOKENS))
+        body = {"model": self.model, "max_tokens": 1, "messages": [{"role": "user", "content": flush}]}
         (await self.http.post(self.p + "/v1/chat/completions", json=body)).raise_for_status()
 
     async def gateway_turn(self, messages: list[dict[str, str]], conv: str, max_tokens: int) -> tuple[float, str, str]:
