@@ -27,6 +27,10 @@ if _EMBEDDED is not None:
 # scale 0 (or nearly), so the times turns report are HTTP noise, and a router that learned
 # from them would plan by noise. Tests of the learning set it themselves.
 os.environ.setdefault("BOOMERANG_TTFT_LEARNING_TURNS", "0")
+# The tests' prompts are tens to hundreds of tokens. Over the default prefill floor (one forward
+# pass of Qwen3-32B on an H200, about 50 ms) recomputing them costs what a pull does, so the
+# router would rightly not pull them; the tests' engines are no such model, and have no floor.
+os.environ.setdefault("BOOMERANG_TTFT_PREFILL_FLOOR_MS", "0")
 
 
 def pytest_report_header() -> str:

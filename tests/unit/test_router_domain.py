@@ -77,7 +77,7 @@ def test_every_reason_is_reachable() -> None:
         seen.add(decide(result, 500, BS, 64).reason)
     seen.add(decide(claimed(320), 500, BS, 64, source_engine_alive=False).reason)
     seen.add(decide(claimed(32), 500, BS, 64).reason)
-    very_slow_link = TurnCosts(PrefillCost(1.0, 0.01, 0.0), CopyCost(1.0, 1.0))
+    very_slow_link = TurnCosts(PrefillCost(1.0, 0.01, 0.0, 0.0), CopyCost(1.0, 1.0))
     seen.add(decide(claimed(320), 500, BS, 64, costs=very_slow_link).reason)
     assert seen == set(PlanReason)
 

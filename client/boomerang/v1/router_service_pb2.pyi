@@ -351,16 +351,18 @@ class PoolEngine(_message.Message):
     def __init__(self, engine: _Optional[_Union[_types_pb2.Engine, _Mapping]] = ..., source: _Optional[_Union[EngineSource, str]] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ..., planned_turns: _Optional[int] = ..., planned_prompt_tokens: _Optional[int] = ..., load: _Optional[float] = ..., prefill_cost: _Optional[_Union[PrefillCost, _Mapping]] = ..., copy_costs: _Optional[_Iterable[_Union[CopyCost, _Mapping]]] = ..., inter_token_ms: _Optional[float] = ..., first_step_ms: _Optional[float] = ...) -> None: ...
 
 class PrefillCost(_message.Message):
-    __slots__ = ("fixed_ms", "token_ms", "context_ms", "observations")
-    FIXED_MS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("floor_ms", "token_ms", "attention_ms", "context_ms", "observations")
+    FLOOR_MS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_MS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_MS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
-    fixed_ms: float
+    floor_ms: float
     token_ms: float
+    attention_ms: float
     context_ms: float
     observations: int
-    def __init__(self, fixed_ms: _Optional[float] = ..., token_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., observations: _Optional[int] = ...) -> None: ...
+    def __init__(self, floor_ms: _Optional[float] = ..., token_ms: _Optional[float] = ..., attention_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., observations: _Optional[int] = ...) -> None: ...
 
 class CopyCost(_message.Message):
     __slots__ = ("source_engine_id", "fixed_ms", "token_ms", "observations")

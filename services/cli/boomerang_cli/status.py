@@ -211,8 +211,8 @@ def _pool_row(p: Any) -> dict[str, Any]:
         "unavailable_reason": p.unavailable_reason,
         "planned_turns": p.planned_turns,
         "load": round(p.load, 1),
-        "prefill_cost": {"fixed_ms": c.fixed_ms, "token_ms": c.token_ms, "context_ms": c.context_ms,
-                         "observations": c.observations},
+        "prefill_cost": {"floor_ms": c.floor_ms, "token_ms": c.token_ms, "attention_ms": c.attention_ms,
+                         "context_ms": c.context_ms, "observations": c.observations},
         "inter_token_ms": p.inter_token_ms,
         "first_step_ms": p.first_step_ms,
         "copy_costs": [{"source_engine_id": x.source_engine_id, "fixed_ms": x.fixed_ms, "token_ms": x.token_ms,
@@ -225,7 +225,7 @@ def _pool_row(p: Any) -> dict[str, Any]:
 
 def _prefill_ms(c: dict[str, Any], n: int) -> float:
     """A learned prefill cost's prediction for a whole prompt of `n` tokens."""
-    return float(c["fixed_ms"] + c["token_ms"] * n + c["context_ms"] * n * (n / 2) / 1000)
+    return float(max(c["floor_ms"], c["token_ms"] * n) + c["attention_ms"] * n * n / 2000)
 
 
 def _learned_rows(pool: list[dict[str, Any]]) -> list[list[Any]]:
@@ -233,8 +233,9 @@ def _learned_rows(pool: list[dict[str, Any]]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for p in pool:
         c = p["prefill_cost"]
-        model = (f"{c['fixed_ms']:.1f} ms + {c['token_ms'] * 1000:.1f} µs/token "
-                 f"+ {c['context_ms'] * 1000:.2f} µs/token/1k context")
+        model = (f"max({c['floor_ms']:.1f} ms, {c['token_ms'] * 1000:.1f} µs/token) "
+                 f"+ {c['attention_ms'] * 1000:.2f} µs/token/1k computed "
+                 f"+ {c['context_ms'] * 1000:.2f} µs/token/1k held")
         predicted = f"2k: {_prefill_ms(c, 2000):.0f} ms, 24k: {_prefill_ms(c, 24000):.0f} ms"
         rows.append([p["engine_id"], "prefill", model, predicted, c["observations"]])
         for x in p["copy_costs"]:

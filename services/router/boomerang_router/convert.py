@@ -163,8 +163,8 @@ def prefill_cost(models: CostModels, engine_id: str) -> rtpb.PrefillCost:
     """An engine's learned prefill cost."""
     c = models.prefill_cost(engine_id)
     fitted = models.prefill.get(engine_id)
-    return rtpb.PrefillCost(fixed_ms=c.fixed_ms, token_ms=c.token_ms, context_ms=c.context_ms,
-                            observations=fitted.observations if fitted else 0)
+    return rtpb.PrefillCost(floor_ms=c.floor_ms, token_ms=c.token_ms, attention_ms=c.attention_ms,
+                            context_ms=c.context_ms, observations=fitted.observations if fitted else 0)
 
 
 def copy_costs(models: CostModels, engine_id: str) -> list[rtpb.CopyCost]:

@@ -4,8 +4,8 @@ copy cost and each decode engine's inter-token latency, from the times turns rep
 Free of gRPC and SQL. Every model starts from the configured defaults (the prior) and moves
 with each reported turn by recursive least squares with forgetting: with a forgetting factor
 of `1 − 1/turns`, an observation `turns` reports old weighs 1/e of a new one, so a link that
-slows moves the copy model within a few dozen turns. The covariance is capped at the prior's
-(its trace), so a direction the turns do not excite (all turns the same length, say) drifts
+slows moves the copy model within a few dozen turns. Each parameter's variance is capped at
+its prior's, so a direction the turns do not excite (all turns the same length, say) drifts
 no further from the prior than it started. A change the forgetting would follow only
 slowly (a link that drops from 55 to 3 GB/s) shows as predictions off by more than half, in
 the same direction, twice in a row: the covariance then goes back to the prior's, and the
@@ -16,7 +16,10 @@ What a report teaches (`observe`):
 * a turn P computed without a pull: P's prefill, `prefill(L − cached, L)`;
 * a pulled turn with the copy time measured (the vLLM hook): the copy `copy(k)` and P's
   prefill separately; without it (the gateway sees one prefill request), the copy is what
-  the measured time leaves over P's predicted prefill;
+  the measured time leaves over P's predicted prefill (the two cannot be told apart from
+  their sum: a fixed cost per pull and P's floor are both constant, and the copy and P's
+  attention over the history both grow with it). P's floor is then the prior's, or what
+  the hook's pulls taught;
 * a turn prefilled on D: D's prefill (its time to first token), and every turn's decode
   stream its inter-token latency.
 
@@ -52,7 +55,6 @@ class Rls:
         # The prior covariance: each parameter may plausibly be off by `spread` of itself.
         self.p = [[(spread[i] ** 2 if i == j else 0.0) for j in range(n)] for i in range(n)]
         self.prior_p = [row[:] for row in self.p]
-        self.cap = sum(self.p[i][i] for i in range(n))
         self.forgetting = forgetting
         self.observations = 0
         self.surprises = 0  # signed: consecutive surprises of one direction
@@ -82,17 +84,25 @@ class Rls:
             return
         gain = [v / denom for v in px]
         self.theta = [t + g * err for t, g in zip(self.theta, gain)]
-        self.p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(n)] for i in range(n)]
-        trace = sum(self.p[i][i] for i in range(n))
-        if trace > self.cap:
-            scale = self.cap / trace
-            self.p = [[v * scale for v in row] for row in self.p]
+        p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(n)] for i in range(n)]
+        # Each variance capped at its prior's (D·P·D keeps P a covariance): a parameter the
+        # turns do not excite keeps the prior's uncertainty, not one grown by forgetting.
+        scale = [math.sqrt(min(1.0, self.prior_p[i][i] / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(n)]
+        self.p = [[v * scale[i] * scale[j] for j, v in enumerate(row)] for i, row in enumerate(p)]
         self.observations += 1
 
 
-def prefill_features(computed: int, context: int) -> list[float]:
-    """The prefill model's inputs (see `ttft.PrefillCost`)."""
-    return [1.0, float(computed), computed * (context - computed / 2) / 1000]
+def prefill_features(computed: int, context: int, prior: PrefillCost) -> list[float]:
+    """The prefill model's inputs (see `ttft.PrefillCost`): the floor's term or the tokens',
+    and the two attention terms. Which of the first two a prefill teaches is the prior's
+    choice (its kink, `floor/token` tokens: about 400 for the defaults), not the learned
+    model's: a model that picks its own features runs away when it starts far off (one
+    overshoot below zero and every later turn teaches the wrong term). Predictions use the
+    learned kink (`PrefillCost.ms`)."""
+    held = context - computed
+    at_floor = prior.floor_ms >= prior.token_ms * computed
+    return [1.0 if at_floor else 0.0, 0.0 if at_floor else float(computed),
+            computed * computed / 2000, computed * held / 1000]
 
 
 @dataclass(frozen=True)
@@ -213,38 +223,38 @@ class CostModels:
         if o.prefill_ms is None or not 0 < o.prefill_ms < MAX_OBSERVED_MS or o.computed <= 0:
             return
         engine = o.decode_engine if o.on_decode else o.prefill_engine
-        features = prefill_features(o.computed, o.prompt)
+        prefill = self._prefill_model(engine)
+        features = prefill_features(o.computed, o.prompt, self.priors.prefill)
         if o.pulled <= 0 or not o.source_engine:
-            self._fit_prefill(engine, features, o.prefill_ms)
-            return
-        pair = (o.source_engine, o.prefill_engine)
-        if o.copy_ms is not None and 0 <= o.copy_ms < MAX_OBSERVED_MS:
-            self._fit_copy(pair, o.pulled, o.copy_ms)
-            self._fit_prefill(engine, features, max(o.prefill_ms - o.copy_ms, 0.0))
-            return
-        predicted = self.prefill_cost(engine).ms(o.computed, o.prompt)
-        self._fit_copy(pair, o.pulled, max(o.prefill_ms - predicted, 0.0))
+            prefill.update(features, o.prefill_ms)
+        else:
+            pair = (o.source_engine, o.prefill_engine)
+            copy = self._copy_model(pair)
+            if o.copy_ms is not None and 0 <= o.copy_ms < MAX_OBSERVED_MS:
+                copy.update([1.0, float(o.pulled)], o.copy_ms)
+                prefill.update(features, max(o.prefill_ms - o.copy_ms, 0.0))
+            else:  # the gateway times the pull and the prefill as one request
+                predicted = self.prefill_cost(engine).ms(o.computed, o.prompt)
+                copy.update([1.0, float(o.pulled)], o.prefill_ms - predicted)  # < 0: P's floor is high
+            self._copy_now[pair] = CopyCost(*copy.theta)
+        self._prefill_now[engine] = PrefillCost(*prefill.theta)
 
-    def _fit_prefill(self, engine: str, features: list[float], ms: float) -> None:
+    def _prefill_model(self, engine: str) -> Rls:
         model = self.prefill.get(engine)
         if model is None:
             prior = self.priors.prefill
-            theta = [prior.fixed_ms, prior.token_ms, prior.context_ms]
+            theta = [prior.floor_ms, prior.token_ms, prior.attention_ms, prior.context_ms]
             model = self.prefill[engine] = Rls(theta, [abs(t) + 1e-6 for t in theta], self.forgetting)
-        model.update(features, ms)
-        fixed, token, context = model.theta
-        self._prefill_now[engine] = PrefillCost(fixed, token, context)
+        return model
 
-    def _fit_copy(self, pair: tuple[str, str], tokens: int, ms: float) -> None:
+    def _copy_model(self, pair: tuple[str, str]) -> Rls:
         model = self.copy.get(pair)
         if model is None:
             prior = self.priors.copy
             theta = [prior.fixed_ms, prior.token_ms]
             # A link may be far slower than its default (a TCP fallback): a wide prior rate.
             model = self.copy[pair] = Rls(theta, [abs(theta[0]) + 1.0, 10 * abs(theta[1]) + 1e-6], self.forgetting)
-        model.update([1.0, float(tokens)], ms)
-        fixed, token = model.theta
-        self._copy_now[pair] = CopyCost(fixed, token)
+        return model
 
     def _observe_inter_token(self, engine: str, ms: float) -> None:
         self._observe_mean(self.inter_token, engine, ms)

@@ -74,7 +74,8 @@ def build_router(
 def cost_models(settings: RouterSettings) -> CostModels:
     """The learned costs, starting from the configured defaults (rebuilt on every start)."""
     return CostModels(Priors(
-        PrefillCost(settings.ttft_prefill_fixed_ms, settings.ttft_prefill_token_ms, settings.ttft_prefill_context_ms),
+        PrefillCost(settings.ttft_prefill_floor_ms, settings.ttft_prefill_token_ms,
+                    settings.ttft_prefill_attention_ms, settings.ttft_prefill_context_ms),
         CopyCost(settings.ttft_copy_fixed_ms, settings.ttft_copy_token_ms),
         settings.ttft_inter_token_ms,
         settings.ttft_learning_turns,

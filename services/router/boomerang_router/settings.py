@@ -66,25 +66,34 @@ class RouterSettings(EnginePoolSettings):
         le=1_000_000,
         description="Fewest reusable tokens worth a pull when the prefill engine does not say.",
     )
-    ttft_prefill_fixed_ms: float = Field(
-        default=38.3,
+    ttft_prefill_floor_ms: float = Field(
+        default=49.8,
         ge=0,
         le=600_000,
-        description="Predicted prefill time, fixed milliseconds per prefill: the prior every engine's "
-        "learned prefill cost starts from (as measured for Qwen3-32B on one H200, TP 1).",
+        description="Predicted prefill time, the least milliseconds a prefill takes (one forward pass): "
+        "the prior every engine's learned prefill cost starts from (as measured for Qwen3-32B on one "
+        "H200, TP 1).",
     )
     ttft_prefill_token_ms: float = Field(
-        default=0.1012,
+        default=0.1253,
         ge=0,
         le=1000,
-        description="Predicted prefill time, milliseconds per computed token (prior: Qwen3-32B on one H200).",
+        description="Predicted prefill time, milliseconds per computed token when the tokens, not the "
+        "floor, bound it (prior: Qwen3-32B on one H200).",
+    )
+    ttft_prefill_attention_ms: float = Field(
+        default=0.00294,
+        ge=0,
+        le=1000,
+        description="Predicted prefill time, milliseconds per computed token per 1,000 computed tokens, "
+        "halved: their attention among themselves (prior: Qwen3-32B on one H200).",
     )
     ttft_prefill_context_ms: float = Field(
-        default=0.00548,
+        default=0.00668,
         ge=0,
         le=1000,
-        description="Predicted prefill time, milliseconds per computed token per 1,000 tokens of mean "
-        "attended context: attention (prior: Qwen3-32B on one H200).",
+        description="Predicted prefill time, milliseconds per computed token per 1,000 tokens of held "
+        "context: their attention over the history (prior: Qwen3-32B on one H200).",
     )
     ttft_copy_fixed_ms: float = Field(
         default=1.0,

@@ -19,18 +19,23 @@ the prefill side of the time to first token of each way to serve it and picks th
 with L the prompt, R the verified reusable prefix (whole blocks, below L), c what P's prefix
 cache holds (whole blocks; 0 when the caller cannot tell).
 
-The fitted forms (milliseconds), for n tokens computed at the end of a context of L:
+The fitted forms (milliseconds), for n tokens computed at the end of a context of L (the
+first h = L − n tokens held):
 
-    prefill(n, L) = fixed + token·n + context·n·(L − n/2)/1000
+    prefill(n, L) = max(floor, token·n) + attention·n²/2/1000 + context·n·h/1000
     copy(k)       = fixed + token·k          (0 for k = 0)
 
-`L − n/2` is the mean context each computed token attends to, so a full prefill's attention
-is quadratic and a short suffix over a long history is linear in the history. Over the
-pull's length the predicted time is quadratic (`d²/dk² = −context/1000`): concave for a
-positive attention term, so the best pull is one of the ends (all P lacks, or the shortest
-allowed); a learned negative term makes it convex, and its stationary point, rounded to
-blocks, is a candidate too. So the minimum over every whole-block pull is found from at
-most four evaluations.
+`floor` is one forward pass: the weights are read however few tokens it computes, so a short
+turn costs the floor (Qwen3-32B on an H200: about 50 ms for 128 tokens over any history);
+a long prefill is bound by its tokens. The two attention terms are the computed tokens'
+attention among themselves (quadratic in a full prefill) and over the held history (linear
+in it for a short turn). Over the pull's length k (n = L − k, h = k) the predicted time is
+piecewise quadratic, with a kink where `token·n = floor` and the curvature
+`(attention − 2·context)/1000` on both sides: when it is not positive (as measured) each
+piece's minimum is at its ends, so the best pull is the shortest allowed, all that P lacks,
+or one next to the kink; when a learned model makes it positive, each regime's stationary
+point rounded to blocks is a candidate too. So the minimum over every whole-block pull is
+found from at most eight evaluations.
 """
 
 from __future__ import annotations
@@ -44,16 +49,18 @@ from dataclasses import dataclass
 class PrefillCost:
     """Predicted prefill milliseconds of one engine (see the module docstring)."""
 
-    fixed_ms: float
-    token_ms: float
-    context_ms: float  # per computed token per 1,000 tokens of mean attended context
+    floor_ms: float  # one forward pass, however few tokens it computes
+    token_ms: float  # per computed token, above the floor
+    attention_ms: float  # per computed token per 1,000 computed tokens (halved: causal)
+    context_ms: float  # per computed token per 1,000 held tokens of context
 
     def ms(self, computed: int, context: int) -> float:
         """Milliseconds to compute the last `computed` tokens of a `context`-token prompt."""
         if computed <= 0:
             return 0.0
-        mean_context = context - computed / 2
-        t = self.fixed_ms + self.token_ms * computed + self.context_ms * computed * mean_context / 1000
+        held = context - computed
+        t = (max(self.floor_ms, self.token_ms * computed) + self.attention_ms * computed * computed / 2000
+             + self.context_ms * computed * held / 1000)
         return max(t, 0.0)
 
 
@@ -108,20 +115,25 @@ class Choice:
     pulls_allowed: bool = True  # False: no pull reaches the threshold past P's own cache
 
 
-def pull_lengths(reusable: int, cached: int, block_size: int, threshold: int, context_ms: float,
-                 copy_token_ms: float, token_ms: float) -> list[int]:
-    """The pull lengths worth predicting: the ends of the allowed range and, when the
-    predicted time is convex in the length, its stationary point rounded to blocks."""
+def pull_lengths(prompt: int, reusable: int, cached: int, block_size: int, threshold: int,
+                 p: PrefillCost, copy_token_ms: float) -> list[int]:
+    """The pull lengths worth predicting: the ends of the allowed range, the whole blocks next
+    to the floor's kink and, where the time is convex in the length, each regime's
+    stationary point rounded to blocks."""
     shortest = -(-(cached + max(threshold, 1)) // block_size) * block_size
     if reusable < shortest:
         return []
     if reusable == shortest:
         return [shortest]
-    if context_ms >= 0:
-        return [shortest, reusable]
-    # Convex: d/dk [copy + prefill] = copy_token − token − context·k/1000 = 0
-    k = (copy_token_ms - token_ms) * 1000 / context_ms
-    inner = {int(k // block_size) * block_size, int(-(-k // block_size)) * block_size} if shortest < k < reusable else set()
+    points = [prompt - p.floor_ms / p.token_ms] if p.token_ms > 0 else []
+    curvature = (p.attention_ms - 2 * p.context_ms) / 1000
+    if curvature > 0:
+        # d/dk [copy_token·k + regime(L − k) + attention·(L − k)²/2000 + context·(L − k)·k/1000]
+        # = curvature·k − offset − (token_ms in the token regime, 0 at the floor)
+        offset = (p.attention_ms - p.context_ms) * prompt / 1000 - copy_token_ms
+        points += [(offset + p.token_ms) / curvature, offset / curvature]
+    inner = {f(x / block_size) * block_size for x in points if shortest < x < reusable
+             for f in (math.floor, math.ceil)}
     return sorted({shortest, reusable} | {x for x in inner if shortest <= x <= reusable})
 
 
@@ -137,7 +149,7 @@ def choose(prompt: int, reusable: int, cached: int, block_size: int, threshold: 
     handoff = link.ms(prompt - reusable) + costs.first_step_ms if costs.decode is not None else 0.0
     recompute = p.ms(prompt - cached, prompt) + handoff
     option, best, pull = Option.RECOMPUTE, recompute, 0
-    lengths = pull_lengths(reusable, cached, block_size, threshold, p.context_ms, link.token_ms, p.token_ms)
+    lengths = pull_lengths(prompt, reusable, cached, block_size, threshold, p, link.token_ms)
     for k in lengths:
         t = link.ms(k - cached) + p.ms(prompt - k, prompt) + handoff
         if t < best:

@@ -89,6 +89,10 @@ class Cluster:
             # release them, the turns those plans leave unread stay pinned on D for vLLM's 480 s
             # and fill its pool. Plans use the configured costs, as on engines not yet measured.
             "BOOMERANG_TTFT_LEARNING_TURNS": "0",
+            # The conversations are a few hundred tokens: over the default prefill floor (one
+            # forward pass of Qwen3-32B on an H200) a pull of them saves nothing, and the
+            # campaign is about pulls under faults. Its engines model no floor.
+            "BOOMERANG_TTFT_PREFILL_FLOOR_MS": "0",
         }
         if proc.kind == "gateway":
             env.update(tokenizers_env(sim_tokenizers({PROFILE}, [])))
