@@ -69,3 +69,47 @@ async def test_each_api_answers_a_bad_request_with_its_status(stack: GatewayStac
         with pytest.raises(BoomerangClientError) as plan:
             await router.plan_turn(rtpb.PlanTurnRequest(tenant="acme", model=MODEL))
         assert plan.value.code == "INVALID_ARGUMENT"
+
+
+@pytest.fixture(scope="module")
+def with_gateway() -> Iterator[GatewayStack]:
+    with fresh_database() as url:
+        s = GatewayStack(url, control_plane=True, gateway_env={"BOOMERANG_ALLOW_ANONYMOUS": "true"})
+        s.start()
+        try:
+            yield s
+        finally:
+            s.stop()
+
+
+async def test_the_gateway_in_the_process_pulls_and_drains_first(with_gateway: GatewayStack) -> None:
+    """`--gateway-listen`: the gateway's plans and reports are in-process calls. Later turns
+    PULL; SIGTERM drains the gateway (its last report lands) before the gRPC services stop."""
+    stack = with_gateway
+    proc = stack.procs["control-plane"]
+    assert set(proc.addresses) == {"control-plane", "gateway"}
+    assert proc.addresses["gateway"] != proc.addresses["control-plane"]
+    conv = f"cpg-{uuid.uuid4().hex[:8]}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " + "Read, edit. " * 80}]
+    plans, ids = [], []
+    async with stack.openai_client("unused") as client:
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"Step {turn}: open the next file."})
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=messages, max_tokens=16, extra_body={"conversation_id": conv})
+            plans.append(raw.headers["x-boomerang-plan"])
+            ids.append(raw.headers.get("x-boomerang-plan-id", ""))
+            messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
+    assert plans == ["COLD", "PULL", "PULL"], plans
+    assert stack.unsafe() == 0
+    assert proc.terminate() == 0
+    out = proc.output()
+    assert out.index("gateway stopped") < out.index("control-plane stopped"), out
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        reported = await conn.fetchval(
+            "SELECT count(*) FROM turn_plans WHERE plan_id = ANY($1::uuid[]) AND reported_at IS NOT NULL",
+            [i for i in ids if i])
+    finally:
+        await conn.close()
+    assert reported == len([i for i in ids if i]) >= 2

@@ -35,8 +35,9 @@ class GatewayStack:
     """Start with `start()`, stop with `stop()`."""
 
     def __init__(self, database_url: str, time_scale: float = 0.0, gateway_args: list[str] | None = None,
-                 control_plane: bool = False):
-        """`control_plane`: the registry and the router as one `boomerang control-plane` process."""
+                 control_plane: bool = False, gateway_env: dict[str, str] | None = None):
+        """`control_plane`: the registry and the router as one `boomerang control-plane` process;
+        `gateway_env` (with it): the gateway in that process too, with these settings."""
         self.database_url = database_url
         self.env = {
             "BOOMERANG_DATABASE_URL": database_url,
@@ -55,6 +56,7 @@ class GatewayStack:
         self.time_scale = time_scale
         self.gateway_args = gateway_args or []
         self.control_plane = control_plane
+        self.gateway_env = gateway_env
         self.procs: dict[str, ServiceProcess] = {}
         self.run = uuid.uuid4().hex[:6]
 
@@ -75,7 +77,10 @@ class GatewayStack:
         """Start everything and wait until the gateway serves both models."""
         try:
             if self.control_plane:
-                both = self._proc("control-plane", ["control-plane", "--listen", "127.0.0.1:0"]).start()
+                gateway = ["--gateway-listen", "127.0.0.1:0"] if self.gateway_env is not None else []
+                self.env.update(self.gateway_env or {})
+                both = self._proc("control-plane", ["control-plane", "--listen", "127.0.0.1:0", *gateway]).start(
+                    ready_name="control-plane")
                 self.procs["registry"] = self.procs["router"] = both
             else:
                 self._proc("registry", ["registry", "--listen", "127.0.0.1:0"]).start()
@@ -86,8 +91,11 @@ class GatewayStack:
                                                    "--engine-refresh-seconds", "0.2"]))
             with ThreadPoolExecutor(len(later)) as pool:
                 list(pool.map(lambda p: p.start(), later))
-            self._proc("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", self.procs["router"].address,
-                                   "--registry", registry, *self.gateway_args]).start()
+            if self.gateway_env is None:
+                self._proc("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", self.procs["router"].address,
+                                       "--registry", registry, *self.gateway_args]).start()
+            else:
+                self.procs["gateway"] = self.procs["control-plane"]
             self.wait_models()
         except BaseException:
             self.stop()
@@ -97,7 +105,8 @@ class GatewayStack:
     @property
     def gateway_url(self) -> str:
         """The gateway's base URL."""
-        return f"http://{self.procs['gateway'].address}"
+        gateway = self.procs["gateway"]
+        return f"http://{gateway.addresses.get('gateway', gateway.address)}"
 
     def sim_url(self, role: str, model: str = MODEL) -> str:
         """A simulated engine's base URL."""

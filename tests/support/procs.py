@@ -30,10 +30,12 @@ class ServiceProcess:
         self.name = name or args[0]
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
+        self.addresses: dict[str, str] = {}  # by the name on each READY line (one process may serve several)
         self.lines: list[str] = []
 
-    def start(self, timeout: float = 60.0) -> ServiceProcess:
-        """Start and wait until the service reports it is listening."""
+    def start(self, timeout: float = 60.0, ready_name: str = "") -> ServiceProcess:
+        """Start and wait until the service reports it is listening (`ready_name`: the service of
+        that name, in a process that serves several)."""
         self.proc = subprocess.Popen(
             [BOOMERANG, *self.args],
             stdout=subprocess.PIPE,
@@ -50,7 +52,9 @@ class ServiceProcess:
             for line in self.proc.stdout:
                 self.lines.append(line.rstrip())
                 if line.startswith("BOOMERANG_READY"):
-                    ready.put(line.split()[-1])
+                    self.addresses[line.split()[1]] = line.split()[-1]
+                    if line.split()[1] == ready_name or not ready_name:
+                        ready.put(line.split()[-1])
             ready.put("")
 
         self.pump = threading.Thread(target=pump, daemon=True)

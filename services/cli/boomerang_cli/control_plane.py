@@ -1,32 +1,46 @@
-"""`boomerang control-plane`: the registry and the router in one process, on one port.
+"""`boomerang control-plane`: the registry and the router in one process, on one port, and
+with `--gateway-listen` the gateway too.
 
-As Mimir's and Loki's single-binary mode: each service keeps its own gRPC API on the shared
-listener (the gateway, the hooks, the reaper and the CLI reach both at that one address), and
-the router's calls into the registry (ClaimReuse, CompleteTurn, ListEngines, …) are in-process
-calls (`boomerang_server.rpc.inprocess`): a plan crosses one network hop, the caller's, not
-two. Each service still runs alone (`boomerang registry`, `boomerang router`) for a deployment
-that scales them apart. Both read their settings from the environment as they do alone; the
-listener and the database come from here, and `/metrics` (one registry of metrics for the
-process) from the registry's `BOOMERANG_METRICS_LISTEN`.
+As Mimir's and Loki's single-binary mode: each service keeps its own API (the registry's and
+the router's gRPC on the shared listener, where the hooks, the reaper, the CLI and other
+gateways reach them; the gateway's HTTP on its own), and the calls between them are in-process
+calls (`boomerang_server.rpc.inprocess`): the router's into the registry (ClaimReuse,
+CompleteTurn, ListEngines, …), and the gateway's into the router (PlanTurn, ReportTurn) and
+the registry (engines, the live-lease summary). A plan through this gateway crosses no
+network hop of Boomerang's; a hook's crosses one. Each service still runs alone (`boomerang
+registry`, `router`, `gateway`) for a deployment that scales them apart. All read their
+settings from the environment as they do alone; the listeners and the database come from
+here, and `/metrics` (one registry of metrics for the process) from the registry's
+`BOOMERANG_METRICS_LISTEN`.
+
+On SIGTERM the gateway drains first (its turns still plan and report in-process), then the
+registry and the router.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 from boomerang.clients.registry import RegistryClient
+from boomerang.clients.router import RouterClient
 from boomerang.telemetry import grpc_server_interceptors, setup_tracing
+from boomerang_gateway import cli as gateway_cli
+from boomerang_gateway import server as gateway_server
+from boomerang_gateway.settings import GatewaySettings
 from boomerang_registry import server as registry_server
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router import server as router_server
 from boomerang_router.settings import RouterSettings
 from boomerang_server.config.flags import require_database, run_async
+from boomerang_server.config.settings import load_settings
 from boomerang_server.rpc.inprocess import LocalStub
 from boomerang_server.rpc.server import ServerOptions, serve_together
 
-# Who the router is to the registry it calls in-process (as a `service:router` certificate).
+# Who the router and the gateway are to what they call in-process (as `service:` certificates).
 ROUTER_PRINCIPAL = "service:router"
+GATEWAY_PRINCIPAL = "service:gateway"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="gRPC listen address of both services (default: the registry's BOOMERANG_LISTEN, "
                         "127.0.0.1:50051; port 0: a free one)")
     parser.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL)")
+    parser.add_argument("--gateway-listen", metavar="HOST:PORT",
+                        help="also serve the gateway (its other settings from BOOMERANG_* as `boomerang gateway` "
+                        "reads them), calling the router and the registry in-process")
     parser.set_defaults(handler=_run)
 
 
@@ -47,12 +64,19 @@ def _run(args: argparse.Namespace) -> int:
     registry = RegistrySettings(**given)
     require_database(registry, "control-plane")
     router = RouterSettings(**{**given, "listen": registry.listen, "metrics_listen": ""})
-    run_async(serve(registry, router))
+    gateway = None
+    if args.gateway_listen is not None:
+        gateway = load_settings(GatewaySettings, database_url=registry.database_url, listen=args.gateway_listen,
+                                router_address=registry.listen, registry_address=registry.listen, metrics_listen="")
+        gateway_cli.check(gateway)
+    run_async(serve(registry, router, gateway))
     return 0
 
 
-async def serve(registry_settings: RegistrySettings, router_settings: RouterSettings) -> None:
-    """Start the registry, then the router on it in-process; serve both until SIGTERM."""
+async def serve(registry_settings: RegistrySettings, router_settings: RouterSettings,
+                gateway_settings: GatewaySettings | None = None) -> None:
+    """Start the registry, then the router on it in-process, then the gateway on both; serve
+    until SIGTERM (the gateway takes the signal and drains first)."""
     setup_tracing("boomerang-control-plane")  # first: the services' own calls then keep this name
     registry = await registry_server.start(registry_settings)
     servicer = registry.services[0].servicer
@@ -67,4 +91,19 @@ async def serve(registry_settings: RegistrySettings, router_settings: RouterSett
         max_message_bytes=max(registry_settings.max_message_bytes, router_settings.max_message_bytes),
         interceptors=grpc_server_interceptors(),
     )
-    await serve_together(options, [registry, router])
+    if gateway_settings is None:
+        await serve_together(options, [registry, router])
+        return
+    router_servicer = router.services[0].servicer
+    peers = gateway_server.Peers(
+        lambda: RouterClient("in-process", gateway_settings.report_turn_timeout_seconds,
+                             gateway_settings.plan_timeout_seconds, LocalStub(router_servicer, GATEWAY_PRINCIPAL)),
+        lambda: RegistryClient("in-process", stub=LocalStub(servicer, GATEWAY_PRINCIPAL)),
+    )
+    gateway = asyncio.ensure_future(gateway_server.serve(gateway_settings, peers))
+    try:
+        await serve_together(options, [registry, router], until=gateway)
+    finally:
+        gateway.cancel()
+        await asyncio.gather(gateway, return_exceptions=True)
+    gateway.result()  # a gateway that failed to start fails the command

@@ -42,6 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _run_gateway(args: argparse.Namespace) -> int:
     settings = settings_from_args(GatewaySettings, args)
+    check(settings)
+    run_async(run(settings))
+    return 0
+
+
+def check(settings: GatewaySettings) -> None:
+    """Exit with what to change when the gateway cannot serve as configured."""
     if not settings.database_url and not settings.allow_anonymous:
         raise SystemExit(
             "boomerang gateway: no database configured for API keys: set BOOMERANG_DATABASE_URL "
@@ -52,9 +59,6 @@ def _run_gateway(args: argparse.Namespace) -> int:
         raise SystemExit("boomerang gateway: give both --prefill and --decode engines, or neither (registry)")
     if not settings.prefill_engines and not settings.registry_address:
         raise SystemExit("boomerang gateway: no engines: give --prefill and --decode URLs, or --registry")
-
-    run_async(run(settings))
-    return 0
 
 
 def check_anonymous_listener(settings: GatewaySettings) -> None:

@@ -12,7 +12,8 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2 as httpx
@@ -75,9 +76,34 @@ class _Server(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
+@dataclass(frozen=True)
+class Peers:
+    """How the gateway reaches the router and the registry: over the network when it runs
+    alone, or in this process (`boomerang control-plane --gateway-listen`)."""
+
+    router: Callable[[], RouterClient]
+    registry: Callable[[], RegistryClient]
+
+
+def network_peers(settings: GatewaySettings) -> Peers:
+    """The router and the registry at their configured addresses."""
+    return Peers(
+        lambda: RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds),
+        lambda: RegistryClient(settings.registry_address),
+    )
+
+
 async def run(settings: GatewaySettings) -> None:
-    """Serve until SIGTERM/SIGINT, then drain."""
+    """Serve alone until SIGTERM/SIGINT, then drain."""
     setup_tracing("boomerang-gateway")
+    try:
+        await serve(settings, network_peers(settings))
+    finally:
+        shutdown_tracing()
+
+
+async def serve(settings: GatewaySettings, peers: Peers) -> None:
+    """Serve until SIGTERM/SIGINT, then drain (this process's tracing is the caller's)."""
     # One line per engine call would drown the gateway's own log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     db = None
@@ -91,17 +117,11 @@ async def run(settings: GatewaySettings) -> None:
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
     )
     static = bool(settings.prefill_engines or settings.decode_engines)
-    registry = (lambda: RegistryClient(settings.registry_address)) if not static and settings.registry_address else None
-    def new_router() -> RouterClient:
-        return RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds)
-
+    registry = peers.registry if not static and settings.registry_address else None
     # With the engines' hook planning, the gateway never calls the router.
-    router = new_router() if settings.router_address and not settings.engine_hook else None
+    router = peers.router() if settings.router_address and not settings.engine_hook else None
     # Static engines answering their health checks are vouched for in the registry (heartbeats).
-    voucher = (
-        Voucher(lambda: RegistryClient(settings.registry_address), settings.heartbeat_timeout_seconds)
-        if static and settings.registry_address else None
-    )
+    voucher = Voucher(peers.registry, settings.heartbeat_timeout_seconds) if static and settings.registry_address else None
     pool = EngineRouting(http, settings.prefill_engines, settings.decode_engines, registry, settings.engine_refresh_seconds,
                          settings.heartbeat_timeout_seconds, voucher)
     control = ControlPlane(
@@ -110,7 +130,7 @@ async def run(settings: GatewaySettings) -> None:
         settings.report_turn_timeout_seconds,
         settings.control_plane_backoff_seconds,
         on_report=lambda outcome: metrics.reports.labels(outcome).inc(),
-        reconnect=new_router,
+        reconnect=peers.router,
         commit_timeout=settings.report_commit_timeout_seconds,
         prefill_on_decode=settings.prefill_on_decode,
     )
@@ -120,7 +140,7 @@ async def run(settings: GatewaySettings) -> None:
     # The live-lease summary: turns of conversations with no live lease skip their plan's wait.
     summary, keys_client, watching = None, None, None
     if router is not None and settings.registry_address and settings.lease_summary:
-        summary, keys_client = LeaseSummary(), RegistryClient(settings.registry_address)
+        summary, keys_client = LeaseSummary(), peers.registry()
         watching = asyncio.ensure_future(watch_forever(keys_client, summary, f"gateway:{settings.listen}"))
     runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host,
                                                                 settings.engine_hook, settings.sticky_prefill), local,
@@ -167,5 +187,4 @@ async def run(settings: GatewaySettings) -> None:
         await http.aclose()
         if db is not None:
             await db.dispose()
-        shutdown_tracing()
         log.info("gateway stopped")

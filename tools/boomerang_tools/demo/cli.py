@@ -126,6 +126,9 @@ def _stack_config(args: argparse.Namespace, profiles: list[str], mode: Mode) -> 
         # longer claim deadline keeps a busy laptop from turning pulls into recomputes.
         router_args=["--claim-deadline-ms", str(CLAIM_DEADLINE_MS)],
         gateway_args=["--plan-timeout-seconds", str(CLAIM_DEADLINE_MS / 1000 + 0.25), *mode.gateway_args],
+        # Boomerang as one process (`boomerang control-plane --gateway-listen`): no network hop
+        # of Boomerang's on a gateway's turn, one on a hook's.
+        single_process=mode.boomerang,
     )
 
 

@@ -73,13 +73,15 @@ class Child:
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
         self.metrics_address = ""  # from its BOOMERANG_METRICS line, when it serves metrics
-        self._ready: queue.Queue[str] = queue.Queue()
+        self._ready: queue.Queue[tuple[str, str]] = queue.Queue()  # (name, address); ("", ""): exited
+        self._seen: dict[str, str] = {}  # READY lines read while waiting for another name
         self._log: IO[str] | None = None
         self._pump: threading.Thread | None = None
 
     def start(self) -> None:
         """Start the process (does not wait)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._seen.clear()
         self._log = open(self.log_path, "a", buffering=1)  # noqa: SIM115 - open while the child runs; stop() closes it
         self._log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} boomerang {' '.join(self.args)}\n")
         self.proc = subprocess.Popen(
@@ -100,18 +102,28 @@ class Child:
         for line in self.proc.stdout:
             self._log.write(line)
             if line.startswith("BOOMERANG_READY"):
-                self._ready.put(line.split()[-1])
+                words = line.split()
+                self._ready.put((words[1] if len(words) > 2 else "", words[-1]))
             elif line.startswith("BOOMERANG_METRICS"):
                 self.metrics_address = line.split()[-1]
             elif self.stopped_line and line.rstrip().endswith(self.stopped_line):
                 self._quiet.set()
         self._quiet.set()
-        self._ready.put("")
+        self._ready.put(("", ""))
 
-    def wait_ready(self, timeout: float = 60.0) -> str:
-        """The address it listens on, once ready; ChildFailed otherwise."""
+    def wait_ready(self, timeout: float = 60.0, name: str | None = None) -> str:
+        """The address it listens on, once ready (the one its READY line for `name` gives: a
+        process serving several services prints one line each); ChildFailed otherwise."""
+        deadline = time.monotonic() + timeout
         try:
-            address = self._ready.get(timeout=timeout)
+            while True:
+                if name in self._seen:
+                    address = self._seen[name]
+                    break
+                said, address = self._ready.get(timeout=max(deadline - time.monotonic(), 0.001))
+                if name is None or not address:
+                    break
+                self._seen[said] = address
         except queue.Empty:
             self.stop(5)
             raise ChildFailed(f"{self.name} did not start within {timeout:.0f}s\n{self.tail()}") from None

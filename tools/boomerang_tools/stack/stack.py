@@ -74,6 +74,10 @@ class StackConfig:
     # nodes instead of the embedded cluster; 0: none. Synchronous: Patroni's synchronous_mode.
     ha_nodes: int = 0
     ha_synchronous: bool = False
+    # The registry, the router and the gateway in one process (`boomerang control-plane
+    # --gateway-listen`, in-process calls between them; the child is named "control-plane"),
+    # not three. Their flags (`router_args`, `gateway_args`) go to it as BOOMERANG_* variables.
+    single_process: bool = False
 
 
 def sims_for(spec: str, profile: str, prefill_base: int = 8100, decode_base: int = 8200) -> list[SimSpec]:
@@ -201,8 +205,22 @@ class Stack:
         cfg = self.config
         self._database()
         registry_port, router_port, reaper_port = cfg.grpc_ports
-        registry = self._spawn("registry", ["registry", "--listen", f"127.0.0.1:{registry_port}"], 0)
-        self.registry_address = registry.wait_ready()
+        gateway_flags = [*(["--allow-anonymous"] if cfg.allow_anonymous else []), *(["--engine-hook"] if cfg.hook else []),
+                         *cfg.gateway_args]
+        gateway_env = {**tokenizers_env(sim_tokenizers({s.profile for s in cfg.sims}, cfg.sim_args, cfg.strip_reasoning)),
+                       **cfg.gateway_env}
+        if cfg.single_process:
+            if cfg.prefill_urls or cfg.decode_urls:
+                raise ValueError("a single-process stack finds its engines in the registry: no static engines")
+            registry = self._spawn("control-plane", [
+                "control-plane", "--listen", f"127.0.0.1:{registry_port}",
+                "--gateway-listen", f"127.0.0.1:{cfg.gateway_port}"], 0,
+                {**flags_env(cfg.router_args), **flags_env(gateway_flags), **gateway_env})
+            self.registry_address = registry.wait_ready(name="control-plane")
+            router_port = int(self.registry_address.rpartition(":")[2])
+        else:
+            registry = self._spawn("registry", ["registry", "--listen", f"127.0.0.1:{registry_port}"], 0)
+            self.registry_address = registry.wait_ready()
         self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
         _retire_unreachable_engines(self.registry_address)
         if cfg.hook and not router_port:
@@ -237,21 +255,22 @@ class Stack:
             # External engines may not register themselves; name every engine statically.
             static = [a for u in self.prefill_urls for a in ("--prefill", u)]
             static += [a for u in self.decode_urls for a in ("--decode", u)]
-        router = self._spawn("router", ["router", "--listen", f"127.0.0.1:{router_port}",
-                                        "--registry", self.registry_address, *static, *cfg.router_args], 1)
         reaper = self._spawn("reaper", ["reaper", "--listen", f"127.0.0.1:{reaper_port}",
                                         "--registry", self.registry_address], 1)
-        self.router_address = router.wait_ready()
+        if cfg.single_process:
+            self.router_address = self.registry_address
+            self.gateway_url = f"http://{registry.wait_ready(name='gateway')}"
+        else:
+            router = self._spawn("router", ["router", "--listen", f"127.0.0.1:{router_port}",
+                                            "--registry", self.registry_address, *static, *cfg.router_args], 1)
+            self.router_address = router.wait_ready()
+            gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
+                                              "--router", self.router_address, "--registry", self.registry_address,
+                                              *static, *gateway_flags], 2, gateway_env)
+            self.gateway_url = f"http://{gateway.wait_ready()}"
         self.endpoints.append(Endpoint("router", self.router_address, "gRPC RouterService"))
         self.reaper_address = reaper.wait_ready()
         self.endpoints.append(Endpoint("reaper", self.reaper_address, "gRPC TTLReaperService"))
-        gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
-                                          "--router", self.router_address, "--registry", self.registry_address,
-                                          *static, *(["--allow-anonymous"] if cfg.allow_anonymous else []),
-                                          *(["--engine-hook"] if cfg.hook else []), *cfg.gateway_args], 2,
-                              {**tokenizers_env(sim_tokenizers({s.profile for s in cfg.sims}, cfg.sim_args,
-                                                               cfg.strip_reasoning)), **cfg.gateway_env})
-        self.gateway_url = f"http://{gateway.wait_ready()}"
         access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
         self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
         self._wait_engines()
@@ -282,7 +301,10 @@ class Stack:
             time.sleep(0.2)
 
     def child(self, name: str) -> Child:
-        """A running child by name (`registry`, `router`, `gateway`, `sim-decode-1`, …)."""
+        """A running child by name (`registry`, `router`, `gateway`, `sim-decode-1`, …; the first
+        three are the one `control-plane` child of a single-process stack)."""
+        if self.config.single_process and name in ("registry", "router", "gateway"):
+            name = "control-plane"
         for c in self.children:
             if c.name == name:
                 return c
@@ -311,6 +333,20 @@ class Stack:
             self.postgres.stop()
         if self.ha is not None:
             self.ha.stop()
+
+
+def flags_env(flags: Sequence[str]) -> dict[str, str]:
+    """Command-line flags named after their settings (`--claim-deadline-ms 250`, `--engine-hook`)
+    as the BOOMERANG_* variables the same settings read."""
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(flags):
+        name = "BOOMERANG_" + flags[i].removeprefix("--").replace("-", "_").upper()
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            env[name], i = flags[i + 1], i + 2
+        else:
+            env[name], i = "true", i + 1
+    return env
 
 
 def _free_port() -> int:
