@@ -10,7 +10,7 @@ given is left to the variable and then the default. So a setting is written once
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, get_origin
 
 import uvloop
@@ -88,4 +88,24 @@ def run_async(coro: Awaitable[Any]) -> Any:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
-__all__ = ["add_settings_flags", "flag_dest", "flag_help", "require_database", "run_async", "settings_from_args"]
+def service_command(name: str, help_text: str, cls: type[S], run: Callable[[S], Awaitable[Any]]
+                    ) -> Callable[[argparse._SubParsersAction], None]:  # type: ignore[type-arg]
+    """The `register(subparsers)` of `boomerang <name>`, a database-backed gRPC service: one flag
+    per field of `cls`, then `run(settings)` until it stops."""
+
+    def handle(args: argparse.Namespace) -> int:
+        settings = settings_from_args(cls, args)
+        require_database(settings, name)
+        run_async(run(settings))
+        return 0
+
+    def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+        parser = subparsers.add_parser(name, help=help_text)
+        add_settings_flags(parser, cls)
+        parser.set_defaults(handler=handle)
+
+    return register
+
+
+__all__ = ["add_settings_flags", "flag_dest", "flag_help", "require_database", "run_async", "service_command",
+           "settings_from_args"]

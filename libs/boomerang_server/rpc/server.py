@@ -60,11 +60,12 @@ class Hosted:
         await serve(self.options, self.services, self.on_stop, self.on_drain)
 
 
-async def serve_together(options: ServerOptions, parts: Sequence[Hosted], until: Awaitable[Any] | None = None) -> None:
+async def serve_together(options: ServerOptions, parts: Sequence[Hosted],
+                         then: Callable[[], Awaitable[Any]] | None = None) -> None:
     """Serve several started services on one listener; on a stop, drain them all, then stop
-    them in the reverse of their order (a caller before what it calls). `until`: stop when it
-    ends, not on a signal (a caller in this process that handles the signals, and must
-    drain first)."""
+    them in the reverse of their order (a caller before what it calls). `then`: run once the
+    listener is up, and stop when it ends, not on a signal (a caller in this process that
+    handles the signals, and must drain first)."""
 
     async def drain() -> None:
         for part in parts:
@@ -76,7 +77,7 @@ async def serve_together(options: ServerOptions, parts: Sequence[Hosted], until:
             if part.on_stop is not None:
                 await part.on_stop()
 
-    await serve(options, [spec for part in parts for spec in part.services], stop, drain, until)
+    await serve(options, [spec for part in parts for spec in part.services], stop, drain, then)
 
 
 async def serve(
@@ -84,9 +85,10 @@ async def serve(
     services: Sequence[ServiceSpec],
     on_stop: Callable[[], Awaitable[None]] | None = None,
     on_drain: Callable[[], Awaitable[None]] | None = None,
-    until: Awaitable[Any] | None = None,
+    then: Callable[[], Awaitable[Any]] | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT (or until `until` ends), then drain and return.
+    """Serve until SIGTERM/SIGINT (or, given `then`, until what it starts once the server
+    listens ends), then drain and return.
 
     `on_drain` runs after the drain delay, just before the server stops taking calls: it
     should end long-lived streams, which would otherwise hold the stop for the whole grace.
@@ -116,16 +118,16 @@ async def serve(
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
-    if until is None:
+    if then is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        until = stop.wait()
+        then = stop.wait
     print(f"BOOMERANG_READY {options.name} {host}:{port}", flush=True)
     log.info("%s listening on %s:%d", options.name, host, port)
     try:
-        await asyncio.wait([asyncio.ensure_future(until)])  # its outcome is its owner's to read
+        await asyncio.wait([asyncio.ensure_future(then())])  # its outcome is its caller's to read
     finally:
         log.info("%s draining (grace %.1fs)", options.name, options.grace_seconds)
         await health_servicer.enter_graceful_shutdown()

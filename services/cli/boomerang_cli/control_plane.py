@@ -100,10 +100,18 @@ async def serve(registry_settings: RegistrySettings, router_settings: RouterSett
                              gateway_settings.plan_timeout_seconds, LocalStub(router_servicer, GATEWAY_PRINCIPAL)),
         lambda: RegistryClient("in-process", stub=LocalStub(servicer, GATEWAY_PRINCIPAL)),
     )
-    gateway = asyncio.ensure_future(gateway_server.serve(gateway_settings, peers))
+    gateway: asyncio.Future[None] | None = None
+
+    def start_gateway() -> asyncio.Future[None]:  # once the gRPC listener is up (its READY line first)
+        nonlocal gateway
+        gateway = asyncio.ensure_future(gateway_server.serve(gateway_settings, peers))
+        return gateway
+
     try:
-        await serve_together(options, [registry, router], until=gateway)
+        await serve_together(options, [registry, router], then=start_gateway)
     finally:
-        gateway.cancel()
-        await asyncio.gather(gateway, return_exceptions=True)
-    gateway.result()  # a gateway that failed to start fails the command
+        if gateway is not None:
+            gateway.cancel()
+            await asyncio.gather(gateway, return_exceptions=True)
+    if gateway is not None:
+        gateway.result()  # a gateway that failed fails the command

@@ -9,12 +9,7 @@ import os
 
 from boomerang.clients.reaper import ReaperClient
 from boomerang.v1 import reaper_service_pb2 as pb
-from boomerang_server.config.flags import (
-    add_settings_flags,
-    require_database,
-    run_async,
-    settings_from_args,
-)
+from boomerang_server.config.flags import service_command
 
 from boomerang_reaper.advice_report import render_table, to_json
 from boomerang_reaper.convert import advice_from_proto
@@ -25,11 +20,13 @@ REAPER_ENV = "BOOMERANG_REAPER_ADDRESS"
 DEFAULT_REAPER = "127.0.0.1:50053"
 
 
+_register_reaper = service_command(
+    "reaper", "run a TTL-reaper replica (expiry, engine liveness, retention)", ReaperSettings, run)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `reaper` (its flags are ReaperSettings' fields) and `advise-ttl` subcommands."""
-    parser = subparsers.add_parser("reaper", help="run a TTL-reaper replica (expiry, engine liveness, retention)")
-    add_settings_flags(parser, ReaperSettings)
-    parser.set_defaults(handler=_run_reaper)
+    _register_reaper(subparsers)
 
     advise = subparsers.add_parser(
         "advise-ttl",
@@ -49,14 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     advise.add_argument("--reaper", metavar="ADDR", default=os.environ.get(REAPER_ENV, DEFAULT_REAPER),
                         help=f"the reaper service to ask, HOST:PORT (default: ${REAPER_ENV}, else {DEFAULT_REAPER})")
     advise.set_defaults(handler=_run_advise)
-
-
-def _run_reaper(args: argparse.Namespace) -> int:
-    settings = settings_from_args(ReaperSettings, args)
-    require_database(settings, "reaper")
-
-    run_async(run(settings))
-    return 0
 
 
 def _candidates(text: str) -> tuple[int, ...]:

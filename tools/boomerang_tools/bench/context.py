@@ -33,6 +33,7 @@ from boomerang_tools.bench.loadgen import Workers
 from boomerang_tools.bench.profiling import Sampler
 from boomerang_tools.bench.services import BenchEngines, CpuMeter, Services
 from boomerang_tools.bench.workload import MODEL
+from boomerang_tools.sim import hfmodel
 
 log = logging.getLogger(__name__)
 TTL_MARGIN_SECONDS = 10.0  # the registry's default BOOMERANG_TTL_MARGIN_SECONDS
@@ -63,6 +64,12 @@ class CountColumn(ProgressColumn):
         return Text(f"{task.completed:,.0f}/{task.total:,.0f}")
 
 
+SIM_MODEL = "Qwen/Qwen3-32B"
+# The gateway the `gateway` phase measures: anonymous tenants, and in-process tokenizing with
+# the simulator's own model files, as it would with a real model's (P's /tokenize its fallback).
+GATEWAY_ENV = {"BOOMERANG_ALLOW_ANONYMOUS": "true", "BOOMERANG_TOKENIZERS": f"{SIM_MODEL}={hfmodel.folder(thinking=False)}"}
+
+
 class Bench:
     """Everything a run holds: the database, the services, the engines, the client processes."""
 
@@ -78,6 +85,7 @@ class Bench:
         self.workers: Workers
         self.registry_address = ""
         self.router_address = ""
+        self.gateway_url = ""  # the gateway phase's (its own process, or the control plane's)
         self.margin_seconds = TTL_MARGIN_SECONDS
         self.preloaded = 0
         self.copy_rows_per_second = 10_000.0
@@ -129,10 +137,13 @@ class Bench:
         self.services = Services(self.log_dir, env)
         s = self.services
         metrics = {"BOOMERANG_METRICS_LISTEN": "127.0.0.1:0"}
-        if self.cfg.control_plane:  # one process, known by both names (its CPU counted once, as registry)
-            s.start("registry", ["control-plane", "--listen", "127.0.0.1:0"], metrics)
+        if self.cfg.control_plane:
+            # One process, known by three names (its CPU counted once, as registry): the registry,
+            # the router and the gateway the `gateway` phase measures (in-process calls).
+            s.start("registry", ["control-plane", "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0"],
+                    {**metrics, **GATEWAY_ENV})
             (self.registry_address,) = await s.ready("registry")
-            s.children["router"] = s.children["registry"]
+            s.children["router"] = s.children["gateway"] = s.children["registry"]
         else:
             s.start("registry", ["registry", "--listen", "127.0.0.1:0"], metrics)
             (self.registry_address,) = await s.ready("registry")

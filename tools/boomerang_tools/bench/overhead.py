@@ -14,12 +14,10 @@ from boomerang.clients.router import RouterClient
 from boomerang.v1 import router_service_pb2 as rtpb
 from prometheus_client.parser import text_string_to_metric_families
 
-from boomerang_tools.bench.context import Bench
+from boomerang_tools.bench.context import GATEWAY_ENV, SIM_MODEL, Bench
 from boomerang_tools.bench.stats import floats, summarize
 from boomerang_tools.bench.turns import PATHS
-from boomerang_tools.sim import hfmodel
 
-SIM_MODEL = "Qwen/Qwen3-32B"
 # The hooked engines serve the same profile under a name of their own, so each gateway's
 # turns reach only its own pair of engines.
 HOOK_MODEL = "bench-hook/Qwen3-32B"
@@ -90,11 +88,9 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     s.start("sim-prefill", ["sim", "--role", "prefill", "--engine-id", f"bench-sim-p-{run}", *common])
     s.start("sim-decode", ["sim", "--role", "decode", "--engine-id", f"bench-sim-d-{run}", *common])
     prefill, decode = (f"http://{a}" for a in await s.ready("sim-prefill", "sim-decode"))
-    # The gateway tokenizes in-process with the simulator's own model files, as it would with a
-    # real model's (BOOMERANG_TOKENIZERS); P's /tokenize stays its fallback.
-    s.start("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", b.router_address, "--registry",
-                        b.registry_address, "--allow-anonymous"],
-            {"BOOMERANG_TOKENIZERS": f"{SIM_MODEL}={hfmodel.folder(thinking=False)}"})
+    if not cfg.control_plane:  # else the gateway runs in the control plane's process (context.py)
+        s.start("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", b.router_address, "--registry",
+                            b.registry_address], GATEWAY_ENV)
     s.start("naive-proxy", ["bench", "--serve-naive-proxy", "127.0.0.1:0", "--prefill", prefill, "--decode", decode])
     # Hook mode: the engines plan (PlanTurn from P's own token ids) and register (D's sender,
     # RegisterRetainedBlocksBatch) themselves; the gateway only routes. The planning budget is
@@ -113,8 +109,8 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     prefill_hook, decode_hook = (f"http://{a}" for a in [s.children[n].address for n in HOOKED_ENGINES])
     s.start("naive-proxy-hook", ["bench", "--serve-naive-proxy", "127.0.0.1:0", "--prefill", prefill_hook,
                                  "--decode", decode_hook])
-    gateway, naive, hook, naive_hook = (f"http://{a}" for a in await s.ready("gateway", "naive-proxy", "gateway-hook",
-                                                                             "naive-proxy-hook"))
+    naive, hook, naive_hook = (f"http://{a}" for a in await s.ready("naive-proxy", "gateway-hook", "naive-proxy-hook"))
+    gateway = b.gateway_url = f"http://{await asyncio.to_thread(s.children['gateway'].wait_ready, 60.0, 'gateway')}"
     await _wait_engines(gateway, b.router_address)
     await _wait_engines(hook, b.router_address, model=HOOK_MODEL)
     b.progress.update(task, description=f"gateway overhead: turns on 6 paths for {cfg.gateway_seconds:g}s")
@@ -258,7 +254,7 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
     """
     cfg = b.cfg
     task = b.progress.add_task(f"control plane: CPU per turn, sequential, {cfg.gateway_seconds:g}s", total=None)
-    gateway = f"http://{b.services.children['gateway'].address}"
+    gateway = b.gateway_url
     base = {"kind": "turns", "gateway": gateway, "naive": "", "prefill": "", "decode": "", "model": SIM_MODEL,
             "paths": ["boomerang"], "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
             "think_seconds": 0.02}

@@ -29,13 +29,12 @@ import httpx
 from boomerang.tokenchain import build_chain
 from prometheus_client.parser import text_string_to_metric_families
 
-from boomerang_tools.bench.context import Bench
+from boomerang_tools.bench.context import SIM_MODEL, Bench
 from boomerang_tools.bench.overhead import (
     CONTROL_PLANE,
     CONTROL_PLANE_HOOK,
     HOOK_MODEL,
     HOOKED_ENGINES,
-    SIM_MODEL,
     sequential_cpu,
 )
 from boomerang_tools.bench.stats import floats, summarize
@@ -87,7 +86,7 @@ def chain_ms(tokens: int, block_size: int = 16, repeat: int = 20) -> float:
 async def _one(b: Bench, context: int, hook: bool) -> dict[str, Any]:
     """Sequential conversations of `context` tokens of history on one path."""
     children = b.services.children
-    base: dict[str, Any] = {"kind": "turns", "gateway": f"http://{children['gateway'].address}", "naive": "",
+    base: dict[str, Any] = {"kind": "turns", "gateway": b.gateway_url, "naive": "",
                             "prefill": "", "decode": "", "model": SIM_MODEL, "turns_per_conversation": 4,
                             "words": TURN_WORDS, "system_words": int(context / TOKENS_PER_WORD), "max_tokens": 16, "think_seconds": 0.02}
     path = "hook" if hook else "boomerang"

@@ -324,7 +324,7 @@ def run_grid(console: Console, data_dir: Path, out: Path, database_url: str, tim
                                           SimSpec("decode", m, 0, ("--prefix-cache-blocks", str(D_CACHE_BLOCKS))))],
         time_scale=time_scale, log_level="WARNING", sim_args=["--enable-prompt-tokens-details"],
         router_args=["--claim-deadline-ms", "1000"], gateway_args=["--plan-timeout-seconds", "1.25"],
-        gateway_env={"BOOMERANG_PREFILL_ON_DECODE": "true"})
+        gateway_env={"BOOMERANG_PREFILL_ON_DECODE": "true"}, single_process=True)
     stack = Stack(config)
     console.rule("[bold]The plan by predicted time to first token[/bold], against each option measured")
     console.print(f"Models {', '.join(models)}; contexts {', '.join(f'{c // 1000}k' for c in contexts)}; links "

@@ -134,7 +134,8 @@ class Child:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(5)
             raise ChildFailed(f"{self.name} exited before it was ready\n{self.tail()}")
-        self.address = address
+        if name is None or not self.address:
+            self.address = address  # the process's address: its first (or only) service's
         return address
 
     def tail(self, lines: int = 15) -> str:
