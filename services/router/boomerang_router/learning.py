@@ -15,12 +15,12 @@ What a report teaches (`observe`):
 
 * a turn P computed without a pull: P's prefill, `prefill(L − cached, L)`;
 * a pulled turn with the copy time measured (the vLLM hook): the copy `copy(k)` and P's
-  prefill separately; without it (the gateway sees one prefill request), both from their
-  sum at once (`update_jointly`). Their sum is what a pull's prediction needs; how it splits
-  follows the priors' uncertainty: a pull's fixed cost is known to within a millisecond or
-  so and P's floor is not, so the constant part goes to P's floor (learned from the
-  gateway's pulls), and the part that grows with the pull to the copy rate and P's
-  attention over the history together;
+  prefill separately; without it (the gateway sees one prefill request), the copy is what
+  the measured time leaves over P's predicted prefill. P's model then learns from full
+  prefills only: fitting it to a pull's sum too let the copy's rate and P's attention trade
+  places, and the recompute it predicts went wrong (in a simulated replay of the demo's
+  conversations, Qwen3-8B under Qwen3-32B's prior: recomputing 21k tokens predicted at
+  173 ms, where it takes 890). P's floor stays the prior's, or what the hook's pulls taught;
 * a turn prefilled on D: D's prefill (its time to first token), and every turn's decode
   stream its inter-token latency.
 
@@ -66,45 +66,31 @@ class Rls:
 
     def update(self, x: Sequence[float], y: float) -> None:
         """Move θ towards explaining `y` at `x`."""
-        update_jointly([(self, x)], y)
-
-
-def update_jointly(parts: Sequence[tuple[Rls, Sequence[float]]], y: float) -> None:
-    """Move the models towards explaining `y ≈ Σ θ·x` together: one measured time that is the
-    sum of several models' predictions (a pull's copy and P's prefill after it, timed as one
-    request). Each keeps its own covariance (decoupled: their cross terms are not kept), so
-    the error goes to the model less certain along its `x`."""
-    predicted = sum(model.predict(x) for model, x in parts)
-    err = y - predicted
-    side = 1 if err > 0 else -1
-    limit = SURPRISE * max(abs(predicted), 1.0)
-    if abs(err) > limit:
-        changed = False
-        for model, _ in parts:
-            model.surprises = model.surprises + side if model.surprises * side > 0 else side
-            if abs(model.surprises) >= 2:
-                model.p = [row[:] for row in model.prior_p]  # a change: learn it anew
-                changed = True
-        if not changed:
-            err = side * limit  # maybe a stray measurement: move by no more than the limit
-    else:
-        for model, _ in parts:
-            model.surprises = 0
-    lam = parts[0][0].forgetting
-    pxs = [[sum(m.p[i][j] * x[j] for j in range(len(x))) for i in range(len(x))] for m, x in parts]
-    denom = lam + sum(sum(v * w for v, w in zip(x, px)) for (_, x), px in zip(parts, pxs))
-    if not math.isfinite(denom) or denom <= 0:
-        return
-    for (model, x), px in zip(parts, pxs):
-        n, p = len(x), model.p
+        predicted = self.predict(x)
+        err = y - predicted
+        side = 1 if err > 0 else -1
+        limit = SURPRISE * max(abs(predicted), 1.0)
+        if abs(err) > limit:
+            self.surprises = self.surprises + side if self.surprises * side > 0 else side
+            if abs(self.surprises) >= 2:
+                self.p = [row[:] for row in self.prior_p]  # a change: learn it anew
+            else:
+                err = side * limit  # maybe a stray measurement: move by no more than the limit
+        else:
+            self.surprises = 0
+        n, lam, p = len(x), self.forgetting, self.p
+        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
+        denom = lam + sum(x[i] * px[i] for i in range(n))
+        if not math.isfinite(denom) or denom <= 0:
+            return
         gain = [v / denom for v in px]
-        model.theta = [t + g * err for t, g in zip(model.theta, gain)]
+        self.theta = [t + g * err for t, g in zip(self.theta, gain)]
         p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(n)] for i in range(n)]
         # Each variance capped at its prior's (D·P·D keeps P a covariance): a parameter the
         # turns do not excite keeps the prior's uncertainty, not one grown by forgetting.
-        scale = [math.sqrt(min(1.0, model.prior_p[i][i] / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(n)]
-        model.p = [[v * scale[i] * scale[j] for j, v in enumerate(row)] for i, row in enumerate(p)]
-        model.observations += 1
+        scale = [math.sqrt(min(1.0, self.prior_p[i][i] / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(n)]
+        self.p = [[v * scale[i] * scale[j] for j, v in enumerate(row)] for i, row in enumerate(p)]
+        self.observations += 1
 
 
 def prefill_features(computed: int, context: int, prior: PrefillCost) -> list[float]:
@@ -248,8 +234,14 @@ class CostModels:
             if o.copy_ms is not None and 0 <= o.copy_ms < MAX_OBSERVED_MS:
                 copy.update([1.0, float(o.pulled)], o.copy_ms)
                 prefill.update(features, max(o.prefill_ms - o.copy_ms, 0.0))
-            else:  # the gateway times the pull and the prefill as one request
-                update_jointly([(copy, [1.0, float(o.pulled)]), (prefill, features)], o.prefill_ms)
+            else:
+                # The gateway times the pull and the prefill as one request. Both learn from the
+                # sum, but of P only the floor: its other terms also predict a recompute, and a
+                # sum cannot tell them from the copy's rate, which grows with the pull alike.
+                # The gateway times the pull and the prefill as one request: the copy learns what
+                # the time leaves over P's predicted prefill (below 0 where P's floor is set high).
+                predicted = self.prefill_cost(engine).ms(o.computed, o.prompt)
+                copy.update([1.0, float(o.pulled)], o.prefill_ms - predicted)
             self._copy_now[pair] = CopyCost(*copy.theta)
         self._prefill_now[engine] = PrefillCost(*prefill.theta)
 

@@ -132,9 +132,13 @@ def pull_lengths(prompt: int, reusable: int, cached: int, block_size: int, thres
         # = curvature·k − offset − (token_ms in the token regime, 0 at the floor)
         offset = (p.attention_ms - p.context_ms) * prompt / 1000 - copy_token_ms
         points += [(offset + p.token_ms) / curvature, offset / curvature]
-    inner = {f(x / block_size) * block_size for x in points if shortest < x < reusable
-             for f in (math.floor, math.ceil)}
-    return sorted({shortest, reusable} | {x for x in inner if shortest <= x <= reusable})
+    lengths = [shortest]
+    for x in points:
+        if shortest < x < reusable:  # the whole blocks on either side (within the range)
+            below = int(x // block_size) * block_size
+            lengths += [below, min(below + block_size, reusable)]
+    lengths.append(reusable)
+    return lengths
 
 
 def choose(prompt: int, reusable: int, cached: int, block_size: int, threshold: int, costs: TurnCosts) -> Choice:
