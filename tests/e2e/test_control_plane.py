@@ -37,18 +37,24 @@ def stack() -> Iterator[GatewayStack]:
             s.stop()
 
 
-async def test_later_turns_pull_through_the_one_process(stack: GatewayStack) -> None:
+async def conversation(stack: GatewayStack, turns: int) -> tuple[list[str], list[str]]:
+    """A new conversation's turns through the gateway: each turn's plan header and plan id."""
     conv = f"cp-{uuid.uuid4().hex[:8]}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " + "Read, edit. " * 80}]
     plans, ids = [], []
     async with stack.openai_client("unused") as client:
-        for turn in range(4):
+        for turn in range(turns):
             messages.append({"role": "user", "content": f"Step {turn}: open the next file."})
             raw = await client.chat.completions.with_raw_response.create(
                 model=MODEL, messages=messages, max_tokens=16, extra_body={"conversation_id": conv})
             plans.append(raw.headers["x-boomerang-plan"])
             ids.append(raw.headers.get("x-boomerang-plan-id", ""))
             messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
+    return plans, ids
+
+
+async def test_later_turns_pull_through_the_one_process(stack: GatewayStack) -> None:
+    plans, ids = await conversation(stack, 4)
     assert plans[0] == "COLD" and plans[1:] == ["PULL"] * 3, plans
     assert stack.unsafe() == 0
     conn = await asyncpg.connect(stack.database_url)
@@ -89,17 +95,7 @@ async def test_the_gateway_in_the_process_pulls_and_drains_first(with_gateway: G
     proc = stack.procs["control-plane"]
     assert set(proc.addresses) == {"control-plane", "gateway"}
     assert proc.addresses["gateway"] != proc.addresses["control-plane"]
-    conv = f"cpg-{uuid.uuid4().hex[:8]}"
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " + "Read, edit. " * 80}]
-    plans, ids = [], []
-    async with stack.openai_client("unused") as client:
-        for turn in range(3):
-            messages.append({"role": "user", "content": f"Step {turn}: open the next file."})
-            raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages, max_tokens=16, extra_body={"conversation_id": conv})
-            plans.append(raw.headers["x-boomerang-plan"])
-            ids.append(raw.headers.get("x-boomerang-plan-id", ""))
-            messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
+    plans, ids = await conversation(stack, 3)
     assert plans == ["COLD", "PULL", "PULL"], plans
     assert stack.unsafe() == 0
     assert proc.terminate() == 0

@@ -148,3 +148,19 @@ def test_no_learning_keeps_the_configured_costs() -> None:
     models.observe(Observation("p", "d", "", False, 2_000, 2_000, 0, None, None, 20.0))
     assert models.prefill_cost("p") == PRIOR.prefill and models.copy_cost("d", "p") == PRIOR.copy
     assert models.inter_token_ms("d") == 43.0 and not models.prefill and not models.copy
+
+
+def test_prefills_of_one_length_leave_what_they_cannot_tell_apart_at_the_prior() -> None:
+    # Every full prefill 2,000 tokens (a deployment whose first turns are all alike): the
+    # token cost and the attention among the computed tokens are not told apart by them. The
+    # fit moves the two along the prior's uncertainty and stays there, rather than walking
+    # the pair off (a per-parameter variance cap once took the token cost below zero and the
+    # attention to 25 times its prior, predicting 20k tokens at 14 s instead of 0.8).
+    models, rng = CostModels(PRIOR), random.Random(5)
+    for _ in range(40):
+        ms = TRUE_8B.ms(2_000, 2_000) * rng.uniform(0.97, 1.03)
+        models.observe(Observation("p", "d", "", False, 2_000, 2_000, 0, ms, None, None))
+    learned = models.prefill_cost("p")
+    assert learned.ms(2_000, 2_000) == pytest.approx(TRUE_8B.ms(2_000, 2_000), rel=0.05)
+    assert learned.token_ms == pytest.approx(TRUE_8B.token_ms, rel=0.15)
+    assert learned.attention_ms == pytest.approx(PRIOR.prefill.attention_ms, rel=0.1)

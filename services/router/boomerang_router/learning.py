@@ -4,9 +4,9 @@ copy cost and each decode engine's inter-token latency, from the times turns rep
 Free of gRPC and SQL. Every model starts from the configured defaults (the prior) and moves
 with each reported turn by recursive least squares with forgetting: with a forgetting factor
 of `1 − 1/turns`, an observation `turns` reports old weighs 1/e of a new one, so a link that
-slows moves the copy model within a few dozen turns. Each parameter's variance is capped at
-its prior's, so a direction the turns do not excite (all turns the same length, say) drifts
-no further from the prior than it started. A change the forgetting would follow only
+slows moves the copy model within a few dozen turns. The covariance is capped at the prior's
+(its trace, scaled alike in every direction), so a direction the turns do not excite (all
+turns the same length, say) drifts no further from the prior than it started. A change the forgetting would follow only
 slowly (a link that drops from 55 to 3 GB/s) shows as predictions off by more than half, in
 the same direction, twice in a row: the covariance then goes back to the prior's, and the
 next few turns move the model at once (one stray measurement moves it by at most that half).
@@ -56,6 +56,7 @@ class Rls:
         # The prior covariance: each parameter may plausibly be off by `spread` of itself.
         self.p = [[(spread[i] ** 2 if i == j else 0.0) for j in range(n)] for i in range(n)]
         self.prior_p = [row[:] for row in self.p]
+        self.cap = sum(self.p[i][i] for i in range(n))
         self.forgetting = forgetting
         self.observations = 0
         self.surprises = 0  # signed: consecutive surprises of one direction
@@ -86,10 +87,13 @@ class Rls:
         gain = [v / denom for v in px]
         self.theta = [t + g * err for t, g in zip(self.theta, gain)]
         p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(n)] for i in range(n)]
-        # Each variance capped at its prior's (D·P·D keeps P a covariance): a parameter the
-        # turns do not excite keeps the prior's uncertainty, not one grown by forgetting.
-        scale = [math.sqrt(min(1.0, self.prior_p[i][i] / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(n)]
-        self.p = [[v * scale[i] * scale[j] for j, v in enumerate(row)] for i, row in enumerate(p)]
+        # Capped at the prior's trace, scaled alike in every direction (a per-parameter cap
+        # would turn the next update's direction, and walk the parameters a turn's length
+        # cannot tell apart, the token and attention terms, far from the prior: in a test, to
+        # a negative token cost).
+        trace = sum(p[i][i] for i in range(n))
+        scale = min(1.0, self.cap / trace) if trace > 0 else 1.0
+        self.p = [[v * scale for v in row] for row in p]
         self.observations += 1
 
 
