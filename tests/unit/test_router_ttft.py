@@ -15,7 +15,15 @@ import math
 import pytest
 from boomerang_router.domain import ClaimResult, LeaseHandle, PlanDecision, PlanReason, decide
 from boomerang_router.settings import RouterSettings
-from boomerang_router.ttft import SHORTER_PULL_MARGIN, Choice, CopyCost, Option, PrefillCost, TurnCosts, choose
+from boomerang_router.ttft import (
+    SHORTER_PULL_MARGIN,
+    Choice,
+    CopyCost,
+    Option,
+    PrefillCost,
+    TurnCosts,
+    choose,
+)
 from boomerang_server.leases import ClaimOutcome
 from boomerang_tools.sim import h200
 
