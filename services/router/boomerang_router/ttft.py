@@ -35,8 +35,7 @@ piecewise quadratic, with a kink where `token·n = floor` and the curvature
 piece's minimum is at its ends, so the best pull is the shortest allowed, all that P lacks,
 or one next to the kink; when a learned model makes it positive, each regime's stationary
 point rounded to blocks is a candidate too. So the minimum over every whole-block pull is
-found from at most eight evaluations. A shorter pull than all P lacks must beat that by
-`SHORTER_PULL_MARGIN`.
+found from at most eight evaluations.
 """
 
 from __future__ import annotations
@@ -77,14 +76,6 @@ class CopyCost:
         if tokens <= 0:
             return 0.0
         return max(self.fixed_ms + self.token_ms * tokens, 0.0)
-
-
-# A pull shorter than all P lacks is taken only when predicted faster than that by more than
-# this share. Its gain rests on P's floor and where the tokens take over from it, the least
-# certain part of the prediction (an engine under another model's prior: Qwen3-8B under
-# Qwen3-32B's floor pulled 64 tokens of 2,000, nearly a recompute, on a near tie); the whole
-# pull also saves P the compute.
-SHORTER_PULL_MARGIN = 0.10
 
 
 class Option(str, enum.Enum):
@@ -167,10 +158,6 @@ def choose(prompt: int, reusable: int, cached: int, block_size: int, threshold: 
         t = link.ms(k - cached) + p.ms(prompt - k, prompt) + handoff
         if t < best:
             option, best, pull = Option.PULL, t, k
-    if option is Option.PULL and pull < reusable:
-        full = link.ms(reusable - cached) + p.ms(prompt - reusable, prompt) + handoff
-        if full * (1 - SHORTER_PULL_MARGIN) <= best and full < recompute:
-            best, pull = full, reusable
     if costs.decode is not None and reusable > 0:
         t = costs.decode.ms(prompt - reusable, prompt)
         if t < best and t <= costs.max_pause_ms:
