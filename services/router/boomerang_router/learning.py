@@ -239,9 +239,6 @@ class CostModels:
                 copy.update([1.0, float(o.pulled)], o.copy_ms)
                 prefill.update(features, max(o.prefill_ms - o.copy_ms, 0.0))
             else:
-                # The gateway times the pull and the prefill as one request. Both learn from the
-                # sum, but of P only the floor: its other terms also predict a recompute, and a
-                # sum cannot tell them from the copy's rate, which grows with the pull alike.
                 # The gateway times the pull and the prefill as one request: the copy learns what
                 # the time leaves over P's predicted prefill (below 0 where P's floor is set high).
                 predicted = self.prefill_cost(engine).ms(o.computed, o.prompt)
