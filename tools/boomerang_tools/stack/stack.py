@@ -26,7 +26,11 @@ from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_gateway.settings import GatewaySettings
+from boomerang_router.settings import RouterSettings
+from boomerang_server.config.fields import env_name, flag_spec
 from boomerang_server.db.migrate import upgrade
+from pydantic_settings import BaseSettings
 
 from boomerang_tools.sim import hfmodel
 from boomerang_tools.sim.costmodel import profile
@@ -215,7 +219,7 @@ class Stack:
             registry = self._spawn("control-plane", [
                 "control-plane", "--listen", f"127.0.0.1:{registry_port}",
                 "--gateway-listen", f"127.0.0.1:{cfg.gateway_port}"], 0,
-                {**flags_env(cfg.router_args), **flags_env(gateway_flags), **gateway_env})
+                {**flags_env(cfg.router_args, RouterSettings), **flags_env(gateway_flags, GatewaySettings), **gateway_env})
             self.registry_address = registry.wait_ready(name="control-plane")
             router_port = int(self.registry_address.rpartition(":")[2])
         else:
@@ -335,17 +339,21 @@ class Stack:
             self.ha.stop()
 
 
-def flags_env(flags: Sequence[str]) -> dict[str, str]:
-    """Command-line flags named after their settings (`--claim-deadline-ms 250`, `--engine-hook`)
-    as the BOOMERANG_* variables the same settings read."""
+def flags_env(flags: Sequence[str], settings: type[BaseSettings]) -> dict[str, str]:
+    """Command-line flags of a settings class (`--claim-deadline-ms 250`, `--engine-hook`) as the
+    BOOMERANG_* variables the same settings read, by the settings' own flag and variable names."""
+    fields = {flag_spec(name, field).name: (name, field.annotation is bool)
+              for name, field in settings.model_fields.items()}
     env: dict[str, str] = {}
     i = 0
     while i < len(flags):
-        name = "BOOMERANG_" + flags[i].removeprefix("--").replace("-", "_").upper()
-        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-            env[name], i = flags[i + 1], i + 2
+        if flags[i] not in fields:
+            raise ValueError(f"{flags[i]} is no flag of {settings.__name__}")
+        name, switch = fields[flags[i]]
+        if switch:
+            env[env_name(name)], i = "true", i + 1
         else:
-            env[name], i = "true", i + 1
+            env[env_name(name)], i = flags[i + 1], i + 2
     return env
 
 
