@@ -17,7 +17,13 @@ import asyncpg
 import pytest
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.plan_store import PlanRecord, new_plan_id, plan_time
-from boomerang_router.repository import AuditWriter, TurnPlanRepository
+from boomerang_router.repository import (
+    _COLUMNS,
+    UPSERT_SQL,
+    AuditWriter,
+    TurnPlanRepository,
+    to_row,
+)
 from boomerang_router.spool import SET_ASIDE, SPOOL_FULL, SUFFIX, AuditSpool
 from boomerang_server.db.engine import make_engine
 
@@ -210,3 +216,40 @@ async def test_answers_wait_for_their_rows_and_share_one_commit(database_url: st
         await down.stop(3.0)
         await down_engine.dispose()
 
+
+
+async def test_a_row_postgres_does_not_answer_for_is_spooled_before_the_answer(
+    database_url: str, pg: asyncpg.Connection, unique: str, tmp_path: Path
+) -> None:
+    """A batch Postgres holds (here: behind a row lock, as behind a synchronous standby that
+    went away) must not leave an answered plan in memory only: past the wait it is spooled."""
+    tenant = f"held-{unique}"
+    engine = make_engine(database_url, 2)
+    spool_dir = tmp_path / "spool"
+    writer = AuditWriter(TurnPlanRepository(engine), flush_interval=60, spool=AuditSpool(spool_dir, 1 << 20, "h"))
+    record = _record(tenant, 7)
+    blocker = await asyncpg.connect(database_url)
+    holding = blocker.transaction()
+    await holding.start()
+    # The same plan id inserted and not committed: the writer's upsert waits on its lock.
+    await blocker.execute(UPSERT_SQL, *([to_row(record).get(c)] for c in _COLUMNS))
+    writer.start()
+    try:
+        writer.submit(record)
+        assert await writer.kept(record.plan_id, 0.3)  # not written: spooled
+        assert record.plan_id in writer._writing_rows  # the upsert is still waiting on the lock
+        spooled = b"".join(p.read_bytes() for p in spool_dir.rglob(f"*{SUFFIX}"))
+        assert record.plan_id.encode() in spooled
+        # A deadline already past spools at once, without waiting.
+        late = _record(tenant, 8)
+        writer.submit(late)
+        assert await writer.kept(late.plan_id, 0.0)
+        assert late.plan_id.encode() in b"".join(p.read_bytes() for p in spool_dir.rglob(f"*{SUFFIX}"))
+    finally:
+        await holding.rollback()
+        await blocker.close()
+        await writer.stop(5.0)
+        await engine.dispose()
+    # Once Postgres answers, each row is in turn_plans once (the batch, the spool replayed).
+    rows = await _rows(pg, tenant)
+    assert sorted(r["plan_id"] for r in rows) == sorted([record.plan_id, late.plan_id])

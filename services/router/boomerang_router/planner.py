@@ -98,12 +98,13 @@ class Router:
         return record
 
     async def _audited(self, record: PlanRecord, left: float | None = None) -> None:
-        """Wait until the plan's `turn_plans` row is written (bounded): an answer sent before
-        it would leave a served turn without its audit row if this router died next."""
+        """Wait until the plan's `turn_plans` row is written, or past the wait (or the caller's
+        deadline) spooled: an answer sent before either would leave a served turn without its
+        audit row if this router died next."""
         wait = self.settings.audit_wait_ms / 1000
         if left is not None:
             wait = min(wait, max(left, 0.0))
-        if wait > 0:
+        if self.settings.audit_wait_ms > 0:
             await self.audit.kept(record.plan_id, wait)
 
     def _abandoned(self, task: asyncio.Task[PlanRecord]) -> None:

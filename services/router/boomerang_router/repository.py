@@ -268,6 +268,7 @@ class AuditWriter:
         self.partition_interval = partition_interval
         self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # plan id → kept() calls of its pending row
+        self._writing_rows: dict[str, dict[str, Any]] = {}  # the batch Postgres is being asked to take
         self.written = 0
         self.dropped = 0
         self._wake = asyncio.Event()
@@ -287,21 +288,36 @@ class AuditWriter:
         return True
 
     async def kept(self, plan_id: str, timeout: float) -> bool:
-        """Wait (at most `timeout` s) until the plan's queued row is out of memory; whether it was.
+        """Wait (at most `timeout` s) until the plan's row is out of memory; whether it is.
 
-        True at once when nothing of the plan is queued (written already, or never submitted)."""
-        if plan_id not in self.pending or self._task is None:
-            return plan_id not in self.pending
-        done = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(plan_id, []).append(done)
-        self._wake.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(done), timeout)
-        except TimeoutError:
-            UNCONFIRMED.inc()
-            log.warning("plan %s answered before its turn_plans row was written (%.1f s)", plan_id, timeout)
+        True at once when nothing of the plan is queued or being written (written already, or
+        never submitted). Past `timeout`, a row still in memory (queued, or in a batch Postgres
+        has not answered: a failover, a synchronous standby gone) goes to the spool now, so an
+        answer never leaves a row that a SIGKILL would lose. The batch may still write it too:
+        the upsert makes that one row.
+        """
+        if plan_id not in self.pending and plan_id not in self._writing_rows:
+            return True
+        if self._task is not None and timeout > 0:
+            done = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(plan_id, []).append(done)
+            self._wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(done), timeout)
+                return True
+            except TimeoutError:
+                pass
+        UNCONFIRMED.inc()
+        row = self.pending.get(plan_id) or self._writing_rows.get(plan_id)
+        if row is None:  # written while the wait ended
+            return True
+        if self.spool is None:
+            log.warning("plan %s answered before its turn_plans row was written (%.1f s; no spool)", plan_id, timeout)
             return False
-        return True
+        spooled = await asyncio.to_thread(self.spool.append, [row])
+        if not spooled:
+            log.error("plan %s answered before its turn_plans row was written, and the audit spool is full", plan_id)
+        return spooled == 1
 
     def _take(self, keys: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[asyncio.Future[None]]]]:
         """Rows leaving the queue, and the `kept` waits they end once written, spooled or dropped."""
@@ -408,6 +424,7 @@ class AuditWriter:
     async def _flush_batch(self) -> bool:
         keys = list(self.pending)[: self.batch_size]
         rows, waits = self._take(keys)
+        self._writing_rows = dict(zip(keys, rows, strict=True))
         try:
             for attempt in range(1, self.attempts + 1):
                 try:
@@ -432,6 +449,7 @@ class AuditWriter:
                     return True
             return False
         finally:
+            self._writing_rows = {}
             _end(waits)  # written, spooled or dropped: out of memory either way
 
     async def _spill_queued(self, why: str) -> None:

@@ -171,7 +171,7 @@ class RouterSettings(EnginePoolSettings):
         ge=0,
         le=60_000,
         description="Longest a PlanTurn or ReportTurn answer waits for its turn_plans row to be "
-        "written (or spooled); past it the answer goes anyway, counted in "
+        "written; past it the row goes to the audit spool before the answer, counted in "
         "boomerang_router_audit_rows_unconfirmed. 0: answer at once (a router killed then loses the row).",
     )
     audit_batch_size: int = Field(default=500, ge=1, le=1000, description="turn_plans rows per write.")
