@@ -16,11 +16,14 @@ What a report teaches (`observe`):
 * a turn P computed without a pull: P's prefill, `prefill(L − cached, L)`;
 * a pulled turn with the copy time measured (the vLLM hook): the copy `copy(k)` and P's
   prefill separately; without it (the gateway sees one prefill request), the copy is what
-  the measured time leaves over P's predicted prefill. P's model then learns from full
-  prefills only: fitting it to a pull's sum too let the copy's rate and P's attention trade
-  places, and the recompute it predicts went wrong (in a simulated replay of the demo's
-  conversations, Qwen3-8B under Qwen3-32B's prior: recomputing 21k tokens predicted at
-  173 ms, where it takes 890). P's floor stays the prior's, or what the hook's pulls taught;
+  the measured time leaves over P's predicted prefill, never below 0. A time below P's
+  prediction alone says P is over-predicted: P then learns the time less the predicted
+  copy. Otherwise P learns from full prefills only: fitting it to every pull's sum let the
+  copy's rate and P's attention trade places, and the recompute it predicts went wrong (in a
+  simulated replay of the demo's conversations, Qwen3-8B under Qwen3-32B's prior:
+  recomputing 21k tokens predicted at 173 ms, where it takes 890). Letting the copy take a
+  negative residual went wrong the other way: under that prior the copy's fixed cost went
+  to −100 ms and its rate swung to 40 times the link's, and turns pulled 64 tokens of 8k;
 * a turn prefilled on D: D's prefill (its time to first token), and every turn's decode
   stream its inter-token latency.
 
@@ -60,6 +63,14 @@ class Rls:
         self.forgetting = forgetting
         self.observations = 0
         self.surprises = 0  # signed: consecutive surprises of one direction
+
+    def costs(self) -> list[float]:
+        """θ as the plans use it: every parameter is a time, none below 0. The fit itself
+        stays unconstrained (a clamp inside it slows how fast it converges: in a test, 40 full
+        prefills left it 20% off in place of 4%); a term that overshoots below 0 no longer
+        makes a recompute look cheap (a negative attention term once predicted 12k tokens
+        at 36 ms, where they take 450)."""
+        return [max(t, 0.0) for t in self.theta]
 
     def predict(self, x: Sequence[float]) -> float:
         """θ·x."""
@@ -240,11 +251,15 @@ class CostModels:
                 prefill.update(features, max(o.prefill_ms - o.copy_ms, 0.0))
             else:
                 # The gateway times the pull and the prefill as one request: the copy learns what
-                # the time leaves over P's predicted prefill (below 0 where P's floor is set high).
+                # the time leaves over P's predicted prefill, and nothing below nothing. Where P's
+                # prediction alone exceeds the time, P is over-predicted (another model's prior,
+                # say), and learns the time less the predicted copy.
                 predicted = self.prefill_cost(engine).ms(o.computed, o.prompt)
-                copy.update([1.0, float(o.pulled)], o.prefill_ms - predicted)
+                if o.prefill_ms < predicted:
+                    prefill.update(features, max(o.prefill_ms - self.copy_cost(*pair).ms(o.pulled), 0.0))
+                copy.update([1.0, float(o.pulled)], max(o.prefill_ms - predicted, 0.0))
             self._copy_now[pair] = CopyCost(*copy.theta)
-        self._prefill_now[engine] = PrefillCost(*prefill.theta)
+        self._prefill_now[engine] = PrefillCost(*prefill.costs())
 
     def _prefill_model(self, engine: str) -> Rls:
         model = self.prefill.get(engine)
