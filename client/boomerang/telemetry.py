@@ -265,78 +265,15 @@ def _span(name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
         yield current
 
 
-def trace_carrier() -> dict[str, str]:
-    """The current span's W3C trace context (`traceparent`, `tracestate`) for a message that
-    crosses a process on its own, as one item of a long-lived stream does ({} when tracing is off)."""
-    if not _enabled:
-        return {}
-    # deferred: OpenTelemetry loads only once tracing is on
-    from opentelemetry import propagate
-
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier
-
-
-def served_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager[Any]:
-    """A server span `name` continuing the trace in `carrier` (from `trace_carrier`), as the
-    server interceptor makes for a unary call (a no-op context when tracing is off)."""
-    if not _enabled:
-        return nullcontext()
-    return _kind_span(name, "SERVER", carrier)
-
-
-def client_span(name: str) -> AbstractContextManager[Any]:
-    """A client span `name` under the current one, as the client interceptor makes for a
-    unary call; for one message of a long-lived stream (a no-op context when tracing is off)."""
-    if not _enabled:
-        return nullcontext()
-    return _kind_span(name, "CLIENT", None)
-
-
-def detached() -> AbstractContextManager[Any]:
-    """Run outside any trace: what starts here (a long-lived stream, say) belongs to no request."""
-    if not _enabled:
-        return nullcontext()
-    return _detached()
-
-
-@contextmanager
-def _kind_span(name: str, kind: str, carrier: Mapping[str, str] | None) -> Iterator[Any]:
-    # deferred: OpenTelemetry loads only once tracing is on
-    from opentelemetry import propagate, trace
-
-    tracer = trace.get_tracer("boomerang")
-    parent = propagate.extract(dict(carrier)) if carrier is not None else None
-    with tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind[kind]) as current:
-        yield current
-
-
-@contextmanager
-def _detached() -> Iterator[None]:
-    # deferred: OpenTelemetry loads only once tracing is on
-    from opentelemetry import context
-
-    token = context.attach(context.Context())
-    try:
-        yield
-    finally:
-        context.detach(token)
-
-
 __all__: Sequence[str] = (
     "annotate",
     "asgi_app",
-    "client_span",
-    "detached",
     "enabled",
     "grpc_client_interceptors",
     "grpc_server_interceptors",
     "instrument_engine",
-    "served_span",
     "setup_tracing",
     "shutdown_tracing",
     "span",
-    "trace_carrier",
     "tracing_requested",
 )

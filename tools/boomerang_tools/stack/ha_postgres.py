@@ -103,10 +103,6 @@ class HaPostgres:
         hosts = ",".join(f"127.0.0.1:{n.pg_port}" for n in self.nodes)
         return f"postgresql://{USER}:{self.password}@{hosts}/{DATABASE}?target_session_attrs=read-write"
 
-    def node_url(self, node: HaNode, database: str = DATABASE) -> str:
-        """One node's URL (its primary or standby, whichever it is)."""
-        return f"postgresql://{USER}:{self.password}@127.0.0.1:{node.pg_port}/{database}"
-
     @property
     def where(self) -> str:
         """What runs, for people to read."""
