@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from boomerang_gateway import protocol
-from boomerang_gateway.chunks import Aggregate, Capture, for_client, sse
+from boomerang_gateway.chunks import Aggregate, Capture, for_client, lift_prompt_ids, sse
 from boomerang_gateway.protocol import Kind
 
 KV = {"do_remote_decode": True, "remote_block_ids": [[7, 8]], "remote_request_id": "r", "remote_num_tokens": 20}
@@ -47,6 +47,34 @@ def test_completion_stream_prompt_ids_come_per_choice() -> None:
     cap.observe({"choices": [{"index": 0, "text": "b", "token_ids": [8], "finish_reason": "length"}],
                  "kv_transfer_params": KV})
     assert cap.prompt_token_ids == [4, 5] and cap.output_token_ids == [9, 8] and cap.kv_transfer_params == KV
+
+
+def test_prompt_ids_are_lifted_as_text_and_parsed_when_read() -> None:
+    """The first chunk's prompt ids (any member position, compact or spaced, chat or per
+    choice) leave the chunk as text, and what is left parses to the chunk without them."""
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 5, "model": "m"}
+    role = {"index": 0, "delta": {"role": "assistant", "content": 'say "prompt_token_ids": [9]'}}
+    chunks = [
+        {**head, "choices": [role], "prompt_token_ids": [1, 2, 3]},  # vLLM's place: the last member
+        {"prompt_token_ids": [1, 2, 3], **head, "choices": [role]},  # the first
+        {**head, "choices": [{"index": 0, "text": "", "prompt_token_ids": [1, 2, 3], "token_ids": [7]}]},
+    ]
+    for chunk in chunks:
+        for text in (json.dumps(chunk), json.dumps(chunk, separators=(",", ":"))):
+            rest, ids = lift_prompt_ids(text)
+            assert ids is not None and json.loads(ids) == [1, 2, 3], text
+            without = json.loads(rest)
+            expected = {k: v for k, v in chunk.items() if k != "prompt_token_ids"}
+            expected["choices"] = [{k: v for k, v in c.items() if k != "prompt_token_ids"} for c in chunk["choices"]]
+            assert without == expected
+            cap = Capture()
+            cap.observe(without, ids)
+            assert cap.has_prompt_ids and cap.prompt_ids_text is not None  # not parsed yet
+            assert cap.prompt_token_ids == [1, 2, 3] and cap.prompt_ids_text is None
+    # Only the text of a string mentions them, or they are not a list of ids: left whole.
+    for text in (json.dumps({**head, "choices": [role]}), json.dumps({**head, "prompt_token_ids": None}),
+                 json.dumps({"prompt_token_ids": [1]})):
+        assert lift_prompt_ids(text) == (text, None)
 
 
 def test_client_never_sees_the_handle_nor_unrequested_ids_or_usage() -> None:

@@ -41,7 +41,7 @@ import httpx2 as httpx
 from boomerang.leasekeys import LeaseSummary, conversation_key
 
 from boomerang_gateway import protocol, reuse
-from boomerang_gateway.chunks import DONE, Capture, sse_data
+from boomerang_gateway.chunks import DONE, Capture, lift_prompt_ids, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
 from boomerang_gateway.engine_calls import EngineCalls
 from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef, EngineRouting
@@ -121,6 +121,8 @@ class Turn:
                     # Report now, before the client has `[DONE]` and can send its next turn.
                     self._report_once()
                     return
+                # The prompt ids the client did not ask for stay text until the report reads them.
+                data, prompt_ids = (data, None) if self.req.wants_token_ids else lift_prompt_ids(data)
                 try:
                     chunk = json.loads(data)
                 except ValueError:
@@ -130,11 +132,11 @@ class Turn:
                 if "error" in chunk and "choices" not in chunk:
                     raise UpstreamBroken(str(chunk["error"]))
                 first = self.capture.first_token_at is None
-                self.capture.observe(chunk)
-                if self.plan.planned_after and self.plan_after is None and self.capture.prompt_token_ids:
+                self.capture.observe(chunk, prompt_ids)
+                if self.plan.planned_after and self.plan_after is None and self.capture.has_prompt_ids:
                     # After the first token, beside the decode: the report needs its plan id soon,
                     # or the conversation's next turn, arriving at once, waits for it.
-                    self.plan_after = self.runner.plan_after(self.req, self.tenant, self.capture.prompt_token_ids)
+                    self.plan_after = self.runner.plan_after(self.req, self.tenant, self.capture)
                 if first and self.capture.first_token_at is not None:
                     self.runner.metrics.ttft_seconds.labels(self.plan.decision).observe(
                         self.capture.first_token_at - self.started
@@ -195,7 +197,7 @@ class Turn:
         if self.plan.planned_after and self.capture.prompt_token_ids and self.runner.local is not None:
             self.runner.local.remember(self.req, self.capture.prompt_token_ids)
         if self.plan.planned_after and self.plan_after is None:
-            self.plan_after = self.runner.plan_after(self.req, self.tenant, prompt)
+            self.plan_after = self.runner.plan_after(self.req, self.tenant, self.capture)
         summary = self.runner.summary
         if summary is not None and params and self.req.conversation_id:
             # This turn's lease is about to be registered: its next turn may pull, whatever the
@@ -329,12 +331,12 @@ class TurnRunner:
         self.metrics.lease_summary.labels("ruled_out").inc()
         return Plan("COLD", "NO_LIVE_LEASE", planned_after=True)
 
-    def plan_after(self, req: ClientRequest, tenant: str, prompt: list[int]) -> asyncio.Task[Plan | None]:
+    def plan_after(self, req: ClientRequest, tenant: str, capture: Capture) -> asyncio.Task[Plan | None]:
         """The router's plan of a turn that ran without one, made beside its decode: its id for the
         report (which registers the lease its next turn pulls). A PULL there is a wrong "no"
         (counted; the report gives the claim back unread)."""
         async def plan() -> Plan | None:
-            tokens = prompt or req.prompt_token_ids
+            tokens = capture.prompt_token_ids or req.prompt_token_ids
             if not tokens:
                 tokens, _ = await self._tokenize(req, {})
             if not tokens:
