@@ -62,13 +62,10 @@ def test_a_link_that_slows_moves_the_decision_within_fifty_turns(measured_copy: 
     assert decision() is Option.PULL
     learned = models.costs("p", "d", None)
     # The pulled turn as predicted: the copy, then P's prefill of the new turn. The gateway
-    # times the two as one request, and P's prefill after a pull is not learned from it
-    # unless P's prediction alone is too long; a copy never learns below 0 ms. Under another
-    # model's prior the sum then stays somewhat high (here 17%, on the safe side of a 1 s
-    # recompute): a copy that learned negative times fitted it closer in this pattern, and
-    # pulled 64 tokens of 8k in the demo's (the next test).
+    # times the two as one request: P's floor stays the prior's (Qwen3-32B's, above the 8B's)
+    # and the copy learns what the time leaves over it, never below 0 ms.
     assert learned.link.ms(23_872) + learned.prefill.ms(128, 24_000) == pytest.approx(
-        copy_8b(55).ms(23_872) + TRUE_8B.ms(128, 24_000), rel=0.2)
+        copy_8b(55).ms(23_872) + TRUE_8B.ms(128, 24_000), rel=0.1)
     if measured_copy:
         assert learned.link.ms(23_872) == pytest.approx(copy_8b(55).ms(23_872), rel=0.15)
     turns = 0
@@ -88,12 +85,13 @@ def true_ms(prompt: int, pulled: int, link: CopyCost) -> float:
 @pytest.mark.parametrize("seed", range(10))
 def test_a_gateway_under_another_models_prior_pulls_what_is_fastest(seed: int) -> None:
     """The demo's conversations through the gateway (a turn of about 1,850 tokens, then a
-    short one; each pull timed as one request with P's prefill), on Qwen3-8B engines under
-    Qwen3-32B's prior. Timed for real, the choices of both conversations take within 5% of
-    the best options' time (pull length at block granularity, or recompute), and no turn
-    more than 25% above its best (the floor's near-ties; 20 seeds: at most 1.20 a turn, 1.03
-    in all). A copy that learned negative times (−100 ms fixed, then 40 times the link's
-    rate) pulled 64 tokens of 8k here: 5.65 times a turn's best, 1.16 in all."""
+    short one; each pull timed as one request with P's prefill, the engine's first request
+    20 ms slow), on Qwen3-8B engines under Qwen3-32B's prior. Timed for real, the choices of
+    both conversations take within 2% of the best options' time (pull length at block
+    granularity, or recompute), and no turn more than 10% above its best (20 seeds: at most
+    1.03 a turn, 1.001 in all). A copy that learned negative times (−100 ms fixed, then 40
+    times the link's rate) pulled 64 tokens of 8k here: 5.65 times a turn's best, 1.16 in
+    all. Teaching P from pulls timed below its prediction planned recomputes at 2k and 4k."""
     models, rng, link = CostModels(PRIOR), random.Random(seed), copy_8b(55)
     prompts = [635, 1_852, 2_000, 3_852, 4_000, 7_852, 8_000, 11_852, 12_000, 15_852, 16_000, 19_852, 20_000,
                23_852, 24_000]
@@ -107,13 +105,13 @@ def test_a_gateway_under_another_models_prior_pulls_what_is_fastest(seed: int) -
                 choice = choose(prompt, reusable, 0, 16, 64, models.costs("p", "d", None))
                 pulled = choice.pull_tokens
                 best = min(true_ms(prompt, k, link) for k in [0, *range(64, reusable + 1, 16)])
-                assert true_ms(prompt, pulled, link) <= 1.25 * best, (prompt, reusable, choice)
+                assert true_ms(prompt, pulled, link) <= 1.1 * best, (prompt, reusable, choice)
                 took, best_total = took + true_ms(prompt, pulled, link), best_total + best
-            ms = true_ms(prompt, pulled, link) * rng.uniform(0.95, 1.05)
+            ms = true_ms(prompt, pulled, link) * rng.uniform(0.95, 1.05) + (20.0 if not took and not pulled else 0.0)
             models.observe(Observation("p", "d", "d" if pulled else "", False, prompt, prompt - pulled, pulled,
                                        ms, None, None))
             held = prompt + 20
-    assert took <= 1.05 * best_total
+    assert took <= 1.02 * best_total
 
 
 def test_bad_measurements_teach_nothing() -> None:

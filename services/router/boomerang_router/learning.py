@@ -16,14 +16,15 @@ What a report teaches (`observe`):
 * a turn P computed without a pull: P's prefill, `prefill(L − cached, L)`;
 * a pulled turn with the copy time measured (the vLLM hook): the copy `copy(k)` and P's
   prefill separately; without it (the gateway sees one prefill request), the copy is what
-  the measured time leaves over P's predicted prefill, never below 0. A time below P's
-  prediction alone says P is over-predicted: P then learns the time less the predicted
-  copy. Otherwise P learns from full prefills only: fitting it to every pull's sum let the
-  copy's rate and P's attention trade places, and the recompute it predicts went wrong (in a
-  simulated replay of the demo's conversations, Qwen3-8B under Qwen3-32B's prior:
-  recomputing 21k tokens predicted at 173 ms, where it takes 890). Letting the copy take a
-  negative residual went wrong the other way: under that prior the copy's fixed cost went
-  to −100 ms and its rate swung to 40 times the link's, and turns pulled 64 tokens of 8k;
+  the measured time leaves over P's predicted prefill, never below 0. P learns from full
+  prefills only. Fitting it to every pull's sum let the copy's rate and P's attention trade
+  places, and the recompute it predicts went wrong (in a simulated replay of the demo's
+  conversations, Qwen3-8B under Qwen3-32B's prior: recomputing 21k tokens predicted at
+  173 ms, where it takes 890). Letting the copy take a negative leftover went wrong the
+  other way: under that prior the copy's fixed cost went to −100 ms and its rate swung to 40
+  times the link's, and turns pulled 64 tokens of 8k. Teaching P from a pull whose time was
+  below P's prediction alone drove its terms apart (a token cost 16 times the engine's, the
+  context term negative) and, after one slow first request, planned recomputes at 2k and 4k;
 * a turn prefilled on D: D's prefill (its time to first token), and every turn's decode
   stream its inter-token latency.
 
@@ -251,12 +252,8 @@ class CostModels:
                 prefill.update(features, max(o.prefill_ms - o.copy_ms, 0.0))
             else:
                 # The gateway times the pull and the prefill as one request: the copy learns what
-                # the time leaves over P's predicted prefill, and nothing below nothing. Where P's
-                # prediction alone exceeds the time, P is over-predicted (another model's prior,
-                # say), and learns the time less the predicted copy.
+                # the time leaves over P's predicted prefill, and nothing below nothing.
                 predicted = self.prefill_cost(engine).ms(o.computed, o.prompt)
-                if o.prefill_ms < predicted:
-                    prefill.update(features, max(o.prefill_ms - self.copy_cost(*pair).ms(o.pulled), 0.0))
                 copy.update([1.0, float(o.pulled)], max(o.prefill_ms - predicted, 0.0))
             self._copy_now[pair] = CopyCost(*copy.theta)
         self._prefill_now[engine] = PrefillCost(*prefill.costs())
