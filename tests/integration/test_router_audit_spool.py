@@ -245,6 +245,16 @@ async def test_a_row_postgres_does_not_answer_for_is_spooled_before_the_answer(
         writer.submit(late)
         assert await writer.kept(late.plan_id, 0.0)
         assert late.plan_id.encode() in b"".join(p.read_bytes() for p in spool_dir.rglob(f"*{SUFFIX}"))
+        # A spool that cannot be written fails no plan: the answer goes, unconfirmed.
+        assert writer.spool is not None
+        unwritable = _record(tenant, 9)
+        writer.submit(unwritable)
+
+        def broken(rows: list[dict[str, object]]) -> int:
+            raise OSError("disk full")
+
+        writer.spool.append = broken  # type: ignore[method-assign]
+        assert not await writer.kept(unwritable.plan_id, 0.0)
     finally:
         await holding.rollback()
         await blocker.close()
@@ -252,4 +262,4 @@ async def test_a_row_postgres_does_not_answer_for_is_spooled_before_the_answer(
         await engine.dispose()
     # Once Postgres answers, each row is in turn_plans once (the batch, the spool replayed).
     rows = await _rows(pg, tenant)
-    assert sorted(r["plan_id"] for r in rows) == sorted([record.plan_id, late.plan_id])
+    assert sorted(r["plan_id"] for r in rows) == sorted([record.plan_id, late.plan_id, unwritable.plan_id])

@@ -314,7 +314,12 @@ class AuditWriter:
         if self.spool is None:
             log.warning("plan %s answered before its turn_plans row was written (%.1f s; no spool)", plan_id, timeout)
             return False
-        spooled = await asyncio.to_thread(self.spool.append, [row])
+        try:
+            spooled = await asyncio.to_thread(self.spool.append, [row])
+        except OSError as exc:  # the audit never fails a plan: said, and counted as unconfirmed
+            log.error("plan %s answered before its turn_plans row was written; cannot write the audit spool in %s: %s",
+                      plan_id, self.spool.directory, exc)
+            return False
         if not spooled:
             log.error("plan %s answered before its turn_plans row was written, and the audit spool is full", plan_id)
         return spooled == 1
