@@ -71,6 +71,11 @@ def test_prompt_ids_are_lifted_as_text_and_parsed_when_read() -> None:
             cap.observe(without, ids)
             assert cap.has_prompt_ids and cap.prompt_ids_text is not None  # not parsed yet
             assert cap.prompt_token_ids == [1, 2, 3] and cap.prompt_ids_text is None
+    # Digits and commas that are not a list: lifted, then read as none.
+    rest, ids = lift_prompt_ids('{"id":"c","prompt_token_ids":[1,,2]}')
+    cap = Capture()
+    cap.observe(json.loads(rest), ids)
+    assert rest == '{"id":"c"}' and cap.has_prompt_ids and cap.prompt_token_ids is None
     # Only the text of a string mentions them, or they are not a list of ids: left whole.
     for text in (json.dumps({**head, "choices": [role]}), json.dumps({**head, "prompt_token_ids": None}),
                  json.dumps({"prompt_token_ids": [1]})):

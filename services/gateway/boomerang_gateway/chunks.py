@@ -91,7 +91,10 @@ class Capture:
     def prompt_token_ids(self) -> list[int] | None:
         """D's prompt ids, parsed on first use."""
         if self.prompt_ids_text is not None:
-            ids = json.loads(self.prompt_ids_text)
+            try:
+                ids = json.loads(self.prompt_ids_text)
+            except ValueError:  # digits and commas, but not a list (`[1,,2]`): as if none came
+                ids = None
             self.parsed_prompt_ids, self.prompt_ids_text = (ids if isinstance(ids, list) else None), None
         return self.parsed_prompt_ids
 
