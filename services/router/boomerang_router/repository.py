@@ -311,18 +311,11 @@ class AuditWriter:
         row = self.pending.get(plan_id) or self._writing_rows.get(plan_id)
         if row is None:  # written while the wait ended
             return True
-        if self.spool is None:
-            log.warning("plan %s answered before its turn_plans row was written (%.1f s; no spool)", plan_id, timeout)
-            return False
-        try:
-            spooled = await asyncio.to_thread(self.spool.append, [row])
-        except OSError as exc:  # the audit never fails a plan: said, and counted as unconfirmed
-            log.error("plan %s answered before its turn_plans row was written; cannot write the audit spool in %s: %s",
-                      plan_id, self.spool.directory, exc)
-            return False
-        if not spooled:
-            log.error("plan %s answered before its turn_plans row was written, and the audit spool is full", plan_id)
-        return spooled == 1
+        if await self._to_spool([row]) == 1:
+            return True
+        # The audit never fails a plan: the row stays queued for Postgres, the answer goes.
+        log.warning("plan %s answered before its turn_plans row was written or spooled (%.1f s)", plan_id, timeout)
+        return False
 
     def _take(self, keys: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[asyncio.Future[None]]]]:
         """Rows leaving the queue, and the `kept` waits they end once written, spooled or dropped."""
@@ -467,15 +460,21 @@ class AuditWriter:
         """Rows Postgres cannot take now: to the spool, or (none, or full) dropped."""
         if not rows:
             return
-        kept = 0
-        if self.spool is not None:
-            try:
-                kept = await asyncio.to_thread(self.spool.append, rows)
-            except OSError as exc:
-                log.error("cannot write the audit spool in %s: %s", self.spool.directory, exc)
+        kept = await self._to_spool(rows)
         if kept < len(rows):
             full = " and the audit spool is full" if self.spool is not None else ""
             self._drop(len(rows) - kept, why + full)
+
+    async def _to_spool(self, rows: list[dict[str, Any]]) -> int:
+        """Append rows to the spool; how many it kept (0 without a spool, or when it cannot be
+        written; fewer when full)."""
+        if self.spool is None:
+            return 0
+        try:
+            return await asyncio.to_thread(self.spool.append, rows)
+        except OSError as exc:
+            log.error("cannot write the audit spool in %s: %s", self.spool.directory, exc)
+            return 0
 
     def _drop(self, count: int, why: str) -> None:
         self.dropped += count
