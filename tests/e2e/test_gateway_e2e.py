@@ -319,3 +319,26 @@ async def test_a_first_turn_the_lease_summary_rules_out_starts_cold_and_its_next
     assert _gateway_metric(stack, 'boomerang_gateway_lease_summary_total{verdict="ruled_out"}') >= 2
     assert _gateway_metric(stack, "boomerang_gateway_lease_summary_false_no_total") == 0
     assert stack.unsafe() == 0
+
+
+async def test_a_first_turn_without_an_id_starts_cold_and_its_next_turn_pulls(
+    stack: GatewayStack, key: str
+) -> None:
+    """A chat without a conversation id and without an assistant message continues no lease
+    (a continuation holds the output of the turn it continues): the gateway starts it at once,
+    no tokenize and no plan before its prefill, and its next turn (no id either) still pulls.
+    Sent again as it was (a regeneration), it starts at once too, and the plans made beside
+    them find no "no" that was wrong."""
+    first_turns = _gateway_metric(stack, 'boomerang_gateway_lease_summary_total{verdict="first_turn"}')
+    false_no = _gateway_metric(stack, "boomerang_gateway_lease_summary_false_no_total")
+    async with stack.openai_client(key) as c:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, user(7)]
+        reply, headers = await chat(c, messages, "")
+        assert headers["x-boomerang-reason"] == "NO_LIVE_LEASE" and "x-boomerang-plan-id" not in headers, headers
+        _, headers = await chat(c, messages, "")
+        assert headers["x-boomerang-reason"] == "NO_LIVE_LEASE", headers
+        _, headers = await chat(c, [*messages, {"role": "assistant", "content": reply}, user(8)], "")
+        assert headers["x-boomerang-plan"] == "PULL", headers
+    assert _gateway_metric(stack, 'boomerang_gateway_lease_summary_total{verdict="first_turn"}') - first_turns == 2
+    assert _gateway_metric(stack, "boomerang_gateway_lease_summary_false_no_total") == false_no
+    assert stack.unsafe() == 0

@@ -32,7 +32,8 @@ class GatewayMetrics:
         self.lease_summary = Counter(
             "boomerang_gateway_lease_summary",
             "Turns with a conversation id by what the live-lease summary said: ruled_out (started at once, COLD), "
-            "maybe (planned as usual), unknown (no summary yet: planned as usual).",
+            "maybe (planned as usual), unknown (no summary yet: planned as usual); and chats without one that "
+            "hold no assistant message: first_turn (started at once, COLD).",
             ["verdict"], registry=r,
         )
         self.lease_summary_false_no = Counter(

@@ -197,6 +197,16 @@ def parse(
     )
 
 
+# Roles a chat's first turn may hold: nothing the model wrote (an assistant message, or a tool
+# result answering one).
+FIRST_TURN_ROLES = frozenset({"system", "developer", "user"})
+
+
+def is_first_turn(req: ClientRequest) -> bool:
+    """Whether the request is a chat whose messages hold no earlier output of the model."""
+    return req.kind is Kind.CHAT and all(m.get("role") in FIRST_TURN_ROLES for m in req.body["messages"])
+
+
 def tokenize_body(req: ClientRequest) -> dict[str, Any]:
     """The `/tokenize` request that renders the prompt as the prefill engine will."""
     if req.kind is Kind.CHAT:

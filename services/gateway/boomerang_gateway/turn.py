@@ -48,7 +48,7 @@ from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef, EngineR
 from boomerang_gateway.errors import ApiError
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
-from boomerang_gateway.protocol import ClientRequest
+from boomerang_gateway.protocol import ClientRequest, is_first_turn
 from boomerang_gateway.reuse import ReuseOutcome
 
 log = logging.getLogger(__name__)
@@ -318,17 +318,27 @@ class TurnRunner:
         return None
 
     def _ruled_out(self, req: ClientRequest, tenant: str) -> Plan | None:
-        """A COLD plan at once when the live-lease summary says the conversation has no lease
-        (its router plan goes on beside the turn); None: plan as usual."""
-        if self.summary is None or not req.conversation_id:
+        """A COLD plan at once when the turn surely has no lease to continue (its router plan goes
+        on beside the turn); None: plan as usual.
+
+        With a conversation id, the live-lease summary says. Without one, a plan pulls only a
+        lease whose previous prompt the new one continues, strictly longer (the registry's
+        continuation rule): the continuation then holds that turn's output. A chat without an
+        assistant message holds none, so it continues nothing."""
+        if self.summary is None:
             return None
-        if not self.summary.ready:
+        if not req.conversation_id:
+            if not is_first_turn(req):
+                return None
+            self.metrics.lease_summary.labels("first_turn").inc()
+        elif not self.summary.ready:
             self.metrics.lease_summary.labels("unknown").inc()
             return None
-        if self.summary.may_have_conversation(tenant, req.conversation_id):
+        elif self.summary.may_have_conversation(tenant, req.conversation_id):
             self.metrics.lease_summary.labels("maybe").inc()
             return None
-        self.metrics.lease_summary.labels("ruled_out").inc()
+        else:
+            self.metrics.lease_summary.labels("ruled_out").inc()
         return Plan("COLD", "NO_LIVE_LEASE", planned_after=True)
 
     def plan_after(self, req: ClientRequest, tenant: str, capture: Capture) -> asyncio.Task[Plan | None]:
