@@ -133,15 +133,17 @@ class Turn:
                     raise UpstreamBroken(str(chunk["error"]))
                 first = self.capture.first_token_at is None
                 self.capture.observe(chunk, prompt_ids)
-                if self.plan.planned_after and self.plan_after is None and self.capture.has_prompt_ids:
-                    # After the first token, beside the decode: the report needs its plan id soon,
-                    # or the conversation's next turn, arriving at once, waits for it.
-                    self.plan_after = self.runner.plan_after(self.req, self.tenant, self.capture)
                 if first and self.capture.first_token_at is not None:
                     self.runner.metrics.ttft_seconds.labels(self.plan.decision).observe(
                         self.capture.first_token_at - self.started
                     )
                 yield chunk
+                if (self.plan.planned_after and self.plan_after is None and self.capture.first_token_at is not None
+                        and self.capture.has_prompt_ids):
+                    # Once the first token is out (not at D's first chunk, which may be the role
+                    # alone), beside the decode: the report needs its plan id soon, or the
+                    # conversation's next turn, arriving at once, waits for it.
+                    self.plan_after = self.runner.plan_after(self.req, self.tenant, self.capture)
         except httpx.HTTPError as exc:
             self.runner.metrics.engine_errors.labels(DECODE, "stream").inc()
             raise UpstreamBroken(f"decode engine stream failed: {exc!r}") from exc

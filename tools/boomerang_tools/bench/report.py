@@ -34,6 +34,9 @@ TARGETS = {
     # Issue 23: finding the lease a prompt continues, without a conversation id.
     "lookup_p50_delta_ms": ("plan p50 without an id − with one, 200/s, 100k leases, ms", "≤", 0.5),
     "lookup_cpu_ratio": ("service CPU per plan without an id / with one", "≤", 1.1),
+    # Issue 31: a turn that cannot pull does not wait.
+    "first_turn_delta_ms": (("a first turn with nothing to pull: TTFT on − off, worst p50 of both paths, with an "
+                             "id and without, 2k and 24k, ms"), "≤", 1.0),
 }
 
 
@@ -67,6 +70,8 @@ def _targets(report: dict[str, Any]) -> dict[str, Any]:
         "hook_step_max_ms_far": ((report.get("hook_schedule") or {}).get("far") or {}).get("background", {}).get("max_ms"),
         "lookup_p50_delta_ms": (report.get("lookup_paths") or {}).get("p50_delta_ms"),
         "lookup_cpu_ratio": (report.get("lookup_paths") or {}).get("services_cpu_ratio"),
+        "first_turn_delta_ms": max((r["delta_p50_ms"] for r in (report.get("first_turns") or {}).values()),
+                                   default=None),
     }
     out = {}
     for key, (label, op, goal) in TARGETS.items():
@@ -93,6 +98,7 @@ def build_report(
         "control_plane": results.get("control_plane"),
         "control_plane_hook": results.get("control_plane_hook"),
         "pulled_turn_stages": results.get("pulled_turn_stages"),
+        "first_turns": results.get("first_turns"),
         "hook_schedule": results.get("hook_schedule"),
         "scale": results["scale"],
         "memory_mb": {name: m["peak_rss_mb"] for name, m in sorted(memory.items())},
@@ -206,6 +212,22 @@ def pulled_turn_lines(st: dict[str, Any]) -> list[str]:
                 f"| {', '.join(f'{k} {v}' for k, v in {**(r.get('plans') or {}), **(r.get('errors') or {})}.items())} |")
     chain = ", ".join(f"{int(c):,} tokens {v:.2f} ms" for c, v in st.get("chain_ms", {}).items())
     lines += ["", f"The prompt's token chain, built here with the router's function: {chain}."]
+    return lines
+
+
+def first_turn_lines(first: dict[str, Any]) -> list[str]:
+    """A first turn with nothing to pull, with Boomerang on and off: p50 TTFT and the paired difference."""
+    if not first:
+        return []
+    lines = ["", "## A first turn with nothing to pull", "",
+             ("New conversations, one request at a time, each with Boomerang on and off, in turn first "
+              "(`X-Boomerang-Reuse: off`, the same gateway and engines, `--time-scale 0`); p50 ms."),
+             "", "| context | path | conversation id | TTFT on | TTFT off | on − off (p50 of pairs) |",
+             "|---|---|---|---|---|---|"]
+    for key, r in first.items():
+        context, path, ids = key.split("/")
+        lines.append(f"| {int(context):,} | {path} | {ids} | {_ms(r['on_p50_ms'])} | {_ms(r['off_p50_ms'])} | "
+                     f"**{r['delta_p50_ms']:+.2f}** |")
     return lines
 
 
@@ -326,6 +348,7 @@ def markdown(report: dict[str, Any]) -> str:
                          "without the claim's answer, by why): "
                          + ", ".join(f"{k} {v}" for k, v in cp["agents_degraded_by"].items()) + ".")
     lines += pulled_turn_lines(report.get("pulled_turn_stages") or {})
+    lines += first_turn_lines(report.get("first_turns") or {})
     if report["memory_mb"]:
         lines += ["", "## Memory (peak RSS, MB)", "", ", ".join(f"{k} {v:,.0f}" for k, v in report["memory_mb"].items())]
     return "\n".join(lines) + "\n"

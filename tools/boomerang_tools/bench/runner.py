@@ -78,6 +78,7 @@ async def measure(b: Bench) -> dict[str, Any]:
         results["control_plane"] = await overhead.control_plane(b)
         results["control_plane_hook"] = await overhead.control_plane_hook(b)
         results["pulled_turn_stages"] = await stages.pulled_turn_stages(b)
+        results["first_turns"] = await stages.first_turns(b)
         b.services.stop("gateway", "naive-proxy", "sim-prefill", "sim-decode", "gateway-hook", "naive-proxy-hook",
                         *overhead.HOOKED_ENGINES)
         lap("gateway")

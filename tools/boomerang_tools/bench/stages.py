@@ -21,8 +21,11 @@ of history and add about 125 a turn, on the engines `gateway_overhead` started
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -38,6 +41,7 @@ from boomerang_tools.bench.overhead import (
     sequential_cpu,
 )
 from boomerang_tools.bench.stats import floats, summarize
+from boomerang_tools.bench.turns import user_message
 
 CONTEXTS = (2_000, 24_000)
 # The simulator's tokenizer makes about 1.96 tokens of a bench word (24,000 words: 46,986 tokens).
@@ -130,5 +134,59 @@ async def pulled_turn_stages(b: Bench) -> dict[str, Any]:
     for context in CONTEXTS:
         out["contexts"][str(context)] = {"gateway": await _one(b, context, hook=False),
                                          "hook": await _one(b, context, hook=True)}
+    b.progress.remove_task(task)
+    return out
+
+
+FIRST_TURNS = 20  # pairs (reuse on, then off) per context, path and id
+
+
+async def _ttft_ms(http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]) -> float:
+    """Milliseconds from sending a streamed chat request to its first token."""
+    t, ttft = time.perf_counter(), None
+    async with http.stream("POST", url, json=body, headers=headers) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code} from {url}: {(await resp.aread())[:200]!r}")
+        async for line in resp.aiter_lines():  # to the end: the turn is reported before [DONE]
+            if ttft is None and line.startswith("data: ") and line != "data: [DONE]" and any(
+                    (c.get("delta") or {}).get("content") for c in json.loads(line[6:]).get("choices") or []):
+                ttft = (time.perf_counter() - t) * 1000
+    if ttft is None:
+        raise RuntimeError(f"no token from {url}")
+    return ttft
+
+
+async def first_turns(b: Bench) -> dict[str, Any]:
+    """A first turn has nothing to pull: its TTFT with Boomerang on against off (the same
+    gateway, `X-Boomerang-Reuse: off`), through the gateway and with the hook, with a
+    conversation id and without, at each of CONTEXTS. Each pair runs one request at a time,
+    on first or off first in turn, on the `--time-scale 0` engines: the difference is
+    Boomerang's own time."""
+    task = b.progress.add_task("a first turn with nothing to pull (on against off)", total=None)
+    hook = f"http://{b.services.children['gateway-hook'].address}"
+    paths = {"gateway": (b.gateway_url, SIM_MODEL), "hook": (hook, HOOK_MODEL)}
+    rng = random.Random(31)
+    out: dict[str, Any] = {}
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        for context in CONTEXTS:
+            system = user_message(rng, int(context / TOKENS_PER_WORD))
+            for name, (base, model) in paths.items():
+                for with_id in (True, False):
+                    on, off = [], []
+                    for i in range(FIRST_TURNS):
+                        for reuse, into in (("on", on), ("off", off))[::1 if i % 2 else -1]:
+                            await asyncio.sleep(0.05)  # the last turn's report and plan beside it are done
+                            messages = [{"role": "system", "content": system},
+                                        {"role": "user", "content": user_message(rng, TURN_WORDS)}]
+                            body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 2,
+                                                    "stream": True}
+                            if with_id:
+                                body["conversation_id"] = f"first-{uuid.uuid4().hex}"
+                            into.append(await _ttft_ms(http, base + "/v1/chat/completions", body,
+                                                       {"X-Boomerang-Reuse": reuse}))
+                    deltas = sorted(a - o for a, o in zip(on, off, strict=True))
+                    out[f"{context}/{name}/{'id' if with_id else 'no id'}"] = {
+                        "on_p50_ms": summarize(on)["p50_ms"], "off_p50_ms": summarize(off)["p50_ms"],
+                        "delta_p50_ms": round(deltas[len(deltas) // 2], 3)}
     b.progress.remove_task(task)
     return out

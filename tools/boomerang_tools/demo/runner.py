@@ -103,6 +103,17 @@ class RunResult:
                 seen.append(f"{res.plan or 'FAILED'} ({res.reason})" if res.plan != "ENGINE" else "recomputed")
         return ", ".join(dict.fromkeys(seen)) or "—"
 
+    def first_turn_delta_ms(self, profile: str, deployment: str) -> float | None:
+        """Median over repetitions of a conversation's first turn (nothing to pull) TTFT with
+        Boomerang on less off: the same prompt both ways (one seed per repetition)."""
+        def kickoffs(mode: str, name: str | None) -> dict[int, float]:
+            return {r.rep: r.result.ttft_ms for r in self.records
+                    if r.profile == profile and r.mode == mode and r.step is None and r.conversations == 1
+                    and r.result.ok and (name is None or r.deployment == name)}
+        on, off = kickoffs("on", deployment), kickoffs("off", None)
+        values = [on[rep] - off[rep] for rep in on.keys() & off.keys()]
+        return statistics.median(values) if values else None
+
     def overhead_ms(self, profile: str, point: int, deployment: str | None = None) -> float | None:
         """Median time the gateway spent on Boomerang's own steps (tokenize + plan) for the
         measured turns at `point` with Boomerang on (none when the engines plan)."""

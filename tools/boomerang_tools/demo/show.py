@@ -136,6 +136,9 @@ def conclude(
     failed = len(result.failed)
     off = _off(result, profiles, extra)
     data: dict[str, Any] = report.report(tables, corrupt, failed, off, extra)
+    data["first_turn_delta_ms"] = {m.name: {p: round(v, 2) for p in profiles
+                                            if (v := result.first_turn_delta_ms(p, m.name)) is not None}
+                                   for m in modes if m.boomerang}
     json_path, png_path = out_dir / "demo-report.json", out_dir / "demo-report.png"
     report.write_json(data, json_path)
     report.chart(tables, modes, png_path, lower)
@@ -156,6 +159,10 @@ def conclude(
     if spent:
         console.print("Boomerang's own share of a turn's TTFT with the gateway planning (tokenize + plan), at the "
                       f"longest context: {', '.join(spent)}.")
+    firsts = "; ".join(f"{mode}: " + ", ".join(f"{p} {v:+.1f} ms" for p, v in by_profile.items())
+                       for mode, by_profile in data["first_turn_delta_ms"].items() if by_profile)
+    if firsts:
+        console.print(f"A first turn (nothing to pull), TTFT with Boomerang on less off, median: {firsts}.")
     for m in modes:
         calls = sum(extra.get((p, m.name), {}).get("tokenize_calls", 0) for p in profiles)
         planned = [f"{p}: {v:.1f} ms" for p in profiles
