@@ -172,7 +172,7 @@ async def first_turns(b: Bench) -> dict[str, Any]:
             system = user_message(rng, int(context / TOKENS_PER_WORD))
             for name, (base, model) in paths.items():
                 for with_id in (True, False):
-                    on, off = [], []
+                    on, off = list[float](), list[float]()
                     for i in range(FIRST_TURNS):
                         for reuse, into in (("on", on), ("off", off))[::1 if i % 2 else -1]:
                             await asyncio.sleep(0.05)  # the last turn's report and plan beside it are done
