@@ -155,7 +155,7 @@ async def test_a_turns_own_plan_made_beside_its_decode_does_not_wait_for_its_rep
         control.send_report_later(Report("t", "", "c", "READ", None, [], [], 0.0,
                                          background_plan=asyncio.ensure_future(own_plan())))
         started = time.monotonic()
-        assert await control.ask_router_for_plan("t", "c", "m", [1], after_report=False) is None  # the router is down
+        assert await control.ask_router_for_plan("t", "c", "m", [1], turn_started=True) is None  # the router is down
         assert time.monotonic() - started < 2.0  # not the 5 s plan timeout behind the report
     finally:
         never.cancel()

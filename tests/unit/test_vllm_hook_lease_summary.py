@@ -1,5 +1,5 @@
 """The prefill hook's live-lease summary: a request the summary rules out goes on at once (no
-"ask again later"), its plan sent beside it; a wrong "no" is counted and its claim given back."""
+"ask again later"), its plan sent beside it, claiming nothing; a wrong "no" is counted."""
 
 from __future__ import annotations
 
@@ -46,17 +46,25 @@ def test_a_conversation_with_a_live_lease_waits_for_its_plan(connector: Any, fak
     assert "summary_ruled_out" not in conn.boomerang.stats()
 
 
-def test_a_wrong_no_is_counted_and_its_claim_given_back(connector: Any, fakes: Fakes) -> None:
+def test_a_wrong_no_is_counted_and_the_plan_beside_claims_nothing(connector: Any, fakes: Fakes) -> None:
     fakes.registry.lease_keys = []  # the summary is behind: the lease it misses is there
-    fakes.router.planner = lambda req: pull_plan(96)
+    asked: list[opb.PlanTurnRequest] = []
+
+    def started(req: opb.PlanTurnRequest) -> opb.PlanTurnResponse:  # the router's answer to a started turn
+        asked.append(req)
+        return opb.PlanTurnResponse(plan_id="plan-1", decision=opb.PLAN_DECISION_COLD,
+                                    reason=opb.PLAN_REASON_TURN_STARTED, verified_prefix_tokens=96)
+
+    fakes.router.planner = started
     conn = connector("p-1", extra("prefill"))
     assert wait_for(lambda: ready(conn), 5)
     req = prefill_request(conversation="c-1")
     assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
     assert wait_for(lambda: conn.boomerang.stats().get("summary_false_no") == 1, 5)
+    assert [r.turn_started for r in asked] == [True]
     assert wait_for(lambda: len(fakes.background.reports) == 1, 5)
     report = fakes.background.reports[0]
-    assert (report.plan_id, report.handle_use) == ("plan-1", opb.HANDLE_USE_NOT_READ)
+    assert (report.plan_id, report.handle_use) == ("plan-1", opb.HANDLE_USE_UNSPECIFIED)
 
 
 def test_a_turn_it_prefilled_makes_its_next_turn_a_maybe(connector: Any, fakes: Fakes) -> None:

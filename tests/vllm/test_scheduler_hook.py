@@ -228,11 +228,6 @@ def test_many_requests_in_one_scheduler_step(pair: Pair, unique: str) -> None:
     for c in conversations:
         pair.p.submit(f"p1-{c}", prompts[c], 1, first_turn(c))
     p_done = pair.p.run([f"p1-{c}" for c in conversations])
-    # The first turns ran COLD by the lease summary, their plans made beside them. A beside
-    # plan still in flight once D registers the turn's lease claims that lease (a known race,
-    # not this test's subject: the next turn then finds it ALREADY_CLAIMED until the report
-    # gives it back). Those plans are done before D runs.
-    assert wait_for(lambda: pair.p.hook.stats()["plans_in_flight"] == 0, 20), pair.p.hook.stats()
     for c in conversations:
         pair.d.submit(f"d1-{c}", prompts[c], 30, p_done[f"p1-{c}"].kv_transfer_params)
     d_done = pair.d.run([f"d1-{c}" for c in conversations])

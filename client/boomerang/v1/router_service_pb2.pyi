@@ -34,6 +34,7 @@ class PlanReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_REASON_NO_CONVERSATION: _ClassVar[PlanReason]
     PLAN_REASON_LEASE_RELEASED: _ClassVar[PlanReason]
     PLAN_REASON_RECOMPUTE_FASTER: _ClassVar[PlanReason]
+    PLAN_REASON_TURN_STARTED: _ClassVar[PlanReason]
 
 class HandleUse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -74,6 +75,7 @@ PLAN_REASON_BLOCK_SIZE_MISMATCH: PlanReason
 PLAN_REASON_NO_CONVERSATION: PlanReason
 PLAN_REASON_LEASE_RELEASED: PlanReason
 PLAN_REASON_RECOMPUTE_FASTER: PlanReason
+PLAN_REASON_TURN_STARTED: PlanReason
 HANDLE_USE_UNSPECIFIED: HandleUse
 HANDLE_USE_READ: HandleUse
 HANDLE_USE_NOT_READ: HandleUse
@@ -97,7 +99,7 @@ class PlannedEngine(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., http_base_url: _Optional[str] = ...) -> None: ...
 
 class PlanTurnRequest(_message.Message):
-    __slots__ = ("tenant", "conversation_id", "model", "prompt_token_ids", "prompt_chain", "num_prompt_tokens", "request_id", "cache_salt", "prefill_cached_tokens", "can_prefill_on_decode", "prefill_engine_id")
+    __slots__ = ("tenant", "conversation_id", "model", "prompt_token_ids", "prompt_chain", "num_prompt_tokens", "request_id", "cache_salt", "prefill_cached_tokens", "can_prefill_on_decode", "prefill_engine_id", "turn_started")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +111,7 @@ class PlanTurnRequest(_message.Message):
     PREFILL_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CAN_PREFILL_ON_DECODE_FIELD_NUMBER: _ClassVar[int]
     PREFILL_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_STARTED_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     conversation_id: str
     model: str
@@ -120,7 +123,8 @@ class PlanTurnRequest(_message.Message):
     prefill_cached_tokens: int
     can_prefill_on_decode: bool
     prefill_engine_id: str
-    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., prefill_cached_tokens: _Optional[int] = ..., can_prefill_on_decode: _Optional[bool] = ..., prefill_engine_id: _Optional[str] = ...) -> None: ...
+    turn_started: bool
+    def __init__(self, tenant: _Optional[str] = ..., conversation_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_chain: _Optional[_Union[_types_pb2.TokenChain, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., prefill_cached_tokens: _Optional[int] = ..., can_prefill_on_decode: _Optional[bool] = ..., prefill_engine_id: _Optional[str] = ..., turn_started: _Optional[bool] = ...) -> None: ...
 
 class PlanTurnResponse(_message.Message):
     __slots__ = ("plan_id", "decision", "reason", "prefill_engine", "decode_engine", "reusable_tokens", "recompute_tokens", "verified_prefix_tokens", "kv_transfer_params", "kv_transfer_params_json", "lease_id", "claim_id", "source_engine_id", "kv_recompute_threshold")

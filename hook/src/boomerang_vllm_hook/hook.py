@@ -307,11 +307,12 @@ class BoomerangHook:
         return not summary.may_continue(context.tenant, chain)
 
     def _beside(self, pending: PendingPlan, attempt: PlanAttempt) -> None:
-        """The answer to a plan sent beside a request the summary ruled out (any thread): a
-        PULL was a wrong "no" (counted); whatever it claimed goes back unread."""
+        """The answer to a plan sent beside a request the summary ruled out (any thread): it
+        claimed nothing (`turn_started`); tokens it would have pulled were a wrong "no"
+        (counted). Its report settles it in the audit trail."""
         with self._late_lock:
             self.late["summary_checked"] += 1
-            if attempt.response is not None and attempt.response.decision == opb.PLAN_DECISION_PULL:
+            if attempt.response is not None and attempt.response.verified_prefix_tokens > 0:
                 self.late["summary_false_no"] += 1
         self._give_back(pending, attempt, "beside")
 

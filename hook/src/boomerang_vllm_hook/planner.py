@@ -233,6 +233,7 @@ class PrefillPlanner:
             return
         try:
             req = self.build_request(pending.context, pending.prompt, pending.vllm_request_id, pending.cached)
+            req.turn_started = pending.beside
         except ValueError:
             self._finish(pending, PlanAttempt(None, "BAD_TOKENS", elapsed=self.clock() - pending.started))
             return

@@ -77,6 +77,7 @@ class Plan:
     # made at its first token, from the prompt ids on D's first chunk, for the report's plan id
     # (and to tell whether the "no" was wrong), so nothing competes with the turn's prefill.
     planned_after: bool = False
+    missed_tokens: int = 0  # that plan's: what it would have pulled (the summary's "no" was wrong)
 
 
 def fallback(conversation_id: str, reason: str) -> Plan:
@@ -196,23 +197,24 @@ class ControlPlane:
         token_ids: list[int],
         timings: dict[str, float] | None = None,
         cache_salt: str = "",
-        after_report: bool = True,
+        turn_started: bool = False,
     ) -> Plan | None:
         """The router's plan, or None when it failed or was late (the turn recomputes).
 
         `cache_salt` is the request's (vLLM's isolation key): leases of another salt never match.
 
-        With `after_report`, the plan waits for the conversation's previous report when one is
-        in flight (its lease is what this turn pulls); `timings` gets `report_wait`, the
-        seconds waited. A turn's own plan made beside its decode does not: the report in
-        flight may be its own, which waits for that very plan.
+        The plan waits for the conversation's previous report when one is in flight (its lease
+        is what this turn pulls); `timings` gets `report_wait`, the seconds waited. A plan of a
+        turn that already started (`turn_started`, made beside its decode) does not: the report
+        in flight may be its own, which waits for that very plan. Such a plan claims nothing;
+        its `missed_tokens` are what it would have pulled.
         """
         if self.router is None or not self.available():
             return None
         self._fresh_channel()
         assert self.router is not None
         pending = self._pending.get((tenant, conversation_id)) if conversation_id else None
-        if after_report and pending is not None and not pending.done():
+        if not turn_started and pending is not None and not pending.done():
             started = time.monotonic()
             await asyncio.wait({pending}, timeout=self.plan_timeout)
             if timings is not None:
@@ -225,6 +227,7 @@ class ControlPlane:
             request_id=str(uuid.uuid4()),
             cache_salt=salt_key(cache_salt),
             can_prefill_on_decode=self.prefill_on_decode,  # such a turn goes straight to D
+            turn_started=turn_started,
         )
         try:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)
@@ -253,6 +256,7 @@ class ControlPlane:
             decode_url=resp.decode_engine.http_base_url.rstrip("/"),
             reused_tokens=int(resp.reusable_tokens) if decision in ("PULL", "PREFILL_ON_DECODE") else 0,
             from_router=True,
+            missed_tokens=int(resp.verified_prefix_tokens) if turn_started else 0,
         )
 
     def send_report_later(self, report: Report) -> asyncio.Task[str] | None:
@@ -268,9 +272,9 @@ class ControlPlane:
             task.add_done_callback(functools.partial(self._forget, key))
         return task
 
-    def give_back_later(self, tenant: str, conversation_id: str, plan: asyncio.Task[Plan | None]) -> None:
+    def settle_later(self, tenant: str, conversation_id: str, plan: asyncio.Task[Plan | None]) -> None:
         """Settle a plan made for a turn that then ended without a lease (the client went away):
-        a report with nothing to register, so a claim it made goes back unread."""
+        a report with nothing to register."""
         self.send_report_later(Report(tenant, "", conversation_id, "NOT_READ", None, [], [], time.time(),
                                       background_plan=plan))
 

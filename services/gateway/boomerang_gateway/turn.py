@@ -193,8 +193,8 @@ class Turn:
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
         if self.plan.planned_after and not (params and prompt):
-            if self.plan_after is not None:  # nothing to register: whatever it claimed goes back
-                self.runner.control.give_back_later(self.tenant, self.req.conversation_id, self.plan_after)
+            if self.plan_after is not None:  # nothing to register
+                self.runner.control.settle_later(self.tenant, self.req.conversation_id, self.plan_after)
             return
         if self.plan.planned_after and self.capture.prompt_token_ids and self.runner.local is not None:
             self.runner.local.remember(self.req, self.capture.prompt_token_ids)
@@ -345,8 +345,8 @@ class TurnRunner:
 
     def plan_after(self, req: ClientRequest, tenant: str, capture: Capture) -> asyncio.Task[Plan | None]:
         """The router's plan of a turn that ran without one, made beside its decode: its id for the
-        report (which registers the lease its next turn pulls). A PULL there is a wrong "no"
-        (counted; the report gives the claim back unread)."""
+        report (which registers the lease its next turn pulls). It claims nothing; what it would
+        have pulled is a wrong "no" (counted)."""
         async def plan() -> Plan | None:
             tokens = capture.prompt_token_ids or req.prompt_token_ids
             if not tokens:
@@ -354,8 +354,8 @@ class TurnRunner:
             if not tokens:
                 return None
             planned = await self.control.ask_router_for_plan(tenant, req.conversation_id, req.model, tokens, None,
-                                                             req.cache_salt, after_report=False)
-            if planned is not None and planned.decision == "PULL":
+                                                             req.cache_salt, turn_started=True)
+            if planned is not None and planned.missed_tokens:
                 self.metrics.lease_summary_false_no.inc()
             return planned
         return asyncio.ensure_future(plan())

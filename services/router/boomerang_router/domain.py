@@ -51,6 +51,7 @@ class PlanReason(str, enum.Enum):
     NO_CONVERSATION = "NO_CONVERSATION"
     LEASE_RELEASED = "LEASE_RELEASED"
     RECOMPUTE_FASTER = "RECOMPUTE_FASTER"
+    TURN_STARTED = "TURN_STARTED"
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,21 @@ def decide(
             release_claim=True, choice=c,
         )
     return give_back(PlanReason.RECOMPUTE_FASTER if c.pulls_allowed else PlanReason.BELOW_THRESHOLD, c)
+
+
+def decide_started(claim: ClaimResult, prompt_tokens: int, block_size: int, threshold: int) -> Decision:
+    """The plan of a turn its caller started without it (the live-lease summary ruled it out):
+    COLD, its claim asked for more than the prompt holds, so nothing was claimed.
+
+    `verified_tokens` is what a plan would have pulled from an earlier turn's lease (a wrong
+    "no"), 0 when nothing. A lease that covers every whole block a pull may take is the turn's
+    own, registered while this plan was on its way (or the same prompt's earlier answer): not
+    a pull the turn missed."""
+    verified = claim.verified_tokens
+    reusable = reusable_tokens(verified, prompt_tokens, block_size)
+    missed = claim.status is ClaimOutcome.BELOW_THRESHOLD and reusable >= max(threshold, 1) \
+        and verified < max_reusable_tokens(prompt_tokens, block_size)
+    return Decision(PlanDecision.COLD, PlanReason.TURN_STARTED, 0, prompt_tokens, reusable if missed else 0)
 
 
 class HandleUse(str, enum.Enum):

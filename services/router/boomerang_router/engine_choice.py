@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from boomerang.errors import BoomerangError, Code
 
 from boomerang_router import metrics
-from boomerang_router.domain import ClaimResult, Decision, PlanDecision, decide
+from boomerang_router.domain import ClaimResult, Decision, PlanDecision, decide, decide_started
 from boomerang_router.learning import CostModels
 from boomerang_router.pool import EngineInfo, EnginePool, Role
 from boomerang_router.requests import PlanInput
@@ -55,6 +55,8 @@ def decide_plan(
     """The plan decision (`domain.decide`), told whether the pool still sees the claimed
     lease's engine alive (it may see a stopped heartbeat before the registry does) and what
     the engines' learned costs predict; a prefill on D runs on the lease's engine."""
+    if p.turn_started:
+        return decide_started(claim, p.prompt_tokens, engines.block_size, engines.threshold), engines
     lease = claim.lease
     if lease is None:
         return decide(claim, p.prompt_tokens, engines.block_size, engines.threshold), engines

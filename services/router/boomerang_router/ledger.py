@@ -94,6 +94,9 @@ def observation(record: PlanRecord, r: ReportInput) -> Observation:
         computed = record.prompt_tokens - record.prefill_cached
     prefill_ms = None if r.prefill_seconds is None else r.prefill_seconds * 1000
     first = r.decode_first_token_seconds
+    # A started turn's plan chose no engine and verified nothing D was sent: whatever it found
+    # says nothing of the history D held for this turn.
+    held = 0 if record.reason is PlanReason.TURN_STARTED else record.verified_tokens
     if pulled and r.handle_use is not HandleUse.READ:
         prefill_ms = None  # P may not have run the turn as planned: nothing to learn from its time
     return Observation(
@@ -109,8 +112,8 @@ def observation(record: PlanRecord, r: ReportInput) -> Observation:
         inter_token_ms=None if r.inter_token_seconds is None else r.inter_token_seconds * 1000,
         # D's first token after a prefill on P, where D holds a verified history: it loads only
         # the new tokens (a first turn's whole prompt would make the step hang on the link's model).
-        handoff_tokens=record.prompt_tokens - record.verified_tokens,
-        first_token_ms=first * 1000 if first is not None and record.verified_tokens else None,
+        handoff_tokens=record.prompt_tokens - held,
+        first_token_ms=first * 1000 if first is not None and held else None,
     )
 
 

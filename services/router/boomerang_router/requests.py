@@ -78,6 +78,7 @@ class PlanInput:
     prefill_cached: int = 0  # prompt tokens the prefill engine's own cache holds
     can_prefill_on_decode: bool = False
     prefill_engine_id: str = ""  # the caller's own prefill engine (the vLLM hook's)
+    turn_started: bool = False  # the caller went on without this plan: it claims nothing
 
 
 # The longest a reported prefill, copy or inter-token gap may be (seconds).
@@ -128,6 +129,7 @@ def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
         prefill_cached=req.prefill_cached_tokens,
         can_prefill_on_decode=req.can_prefill_on_decode,
         prefill_engine_id=req.prefill_engine_id,
+        turn_started=req.turn_started,
     )
 
 

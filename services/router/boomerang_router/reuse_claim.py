@@ -105,7 +105,8 @@ class ReuseClaimer:
             p.tenant,
             p.conversation_id,
             chain,
-            claim_floor(p.prompt_tokens, block_size, engines.threshold),
+            # A started turn's plan claims nothing, yet learns what a claim would have found.
+            p.prompt_tokens + 1 if p.turn_started else claim_floor(p.prompt_tokens, block_size, engines.threshold),
             self.settings.min_remaining_seconds,
             claim_id,
             p.model,
