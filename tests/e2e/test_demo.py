@@ -47,7 +47,11 @@ def _quick_demo(database_url: str, tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     report = json.loads((tmp_path / "demo-report.json").read_text())
-    assert set(report) == {"profiles", "ceiling_targets", "corrupt_pulls", "requests_failed", "off"}
+    assert set(report) == {"profiles", "ceiling_targets", "corrupt_pulls", "requests_failed", "off",
+                           "first_turn_delta_ms"}
+    # A first turn's TTFT with Boomerang on less off, per mode that plans and profile.
+    firsts = report["first_turn_delta_ms"]
+    assert {"gateway", "hook"} <= set(firsts) and all(set(v) == set(QUICK_PROFILES) for v in firsts.values())
     turns = sum(1 + 2 * len(QUICK_POINTS[p]) for p in QUICK_PROFILES)
     assert report["off"] == {"turns": turns, "cached_tokens": 0, "pulls": 0}
     # Issue 25's demo targets, per mode, against the simulator's own ceiling (met or not depends

@@ -71,6 +71,17 @@ async def plan_rows(stack: GatewayStack, plan_ids: list[str]) -> dict[str, async
         await conn.close()
 
 
+async def registered_by_cold_plans(stack: GatewayStack, lease_ids: set[str]) -> bool:
+    """Whether every one of the leases was registered by the report of a COLD plan."""
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        found = await conn.fetchval("SELECT count(*) FROM turn_plans WHERE new_lease_id = ANY($1::uuid[]) "
+                                    "AND decision = 'COLD'", list(lease_ids))
+    finally:
+        await conn.close()
+    return bool(found == len(lease_ids))
+
+
 async def test_64_interleaved_conversations_on_a_shared_system_prompt_pull_their_own_leases(
     stack: GatewayStack, key: str
 ) -> None:
@@ -95,10 +106,17 @@ async def test_64_interleaved_conversations_on_a_shared_system_prompt_pull_their
             random.Random(step).shuffle(order)
             await asyncio.gather(*(one(k) for k in order))
     assert all(d[0].startswith("COLD/") and all(x.startswith("PULL/") for x in d[1:]) for d in decisions), decisions
-    rows = await plan_rows(stack, [p for ids in plan_ids for p in ids])
+    # A first turn started at once (no assistant message: nothing to continue), its plan made
+    # beside it, so the client has no plan id for it.
+    assert all(ids[0] == "" for ids in plan_ids)
+    rows = await plan_rows(stack, [p for ids in plan_ids for p in ids[1:]])
+    # Each second turn pulled a lease of its own: 64 different ones, each a first turn's
+    # (the registry verified each against the prompt, which continues one first turn only).
+    firsts = {rows[ids[1]]["lease_id"] for ids in plan_ids}
+    assert len(firsts) == n and await registered_by_cold_plans(stack, firsts)
     taken_from_another = 0
     for ids in plan_ids:
-        for prev, cur in itertools.pairwise(ids):
+        for prev, cur in itertools.pairwise(ids[1:]):
             assert rows[prev]["new_lease_id"], rows[prev]
             taken_from_another += rows[cur]["lease_id"] != rows[prev]["new_lease_id"]
     assert taken_from_another == 0

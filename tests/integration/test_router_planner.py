@@ -200,10 +200,10 @@ async def test_a_started_turns_plan_claims_nothing_and_says_what_it_missed(
     model, conv, history, _decode = await first_turn(harness, registry, unique)
     # The first turn's own plan, made after its lease was registered: nothing missed.
     own = await harness.plan("acme", conv, model, history[:300], turn_started=True)
-    assert (own.decision, own.reason, own.verified_tokens) == (PlanDecision.COLD, PlanReason.TURN_STARTED, 0)
+    assert (own.decision, own.reason, own.verified_tokens) == (PlanDecision.COLD, PlanReason.NO_LEASE, 0)
     prompt2 = history + tokens(50, 3)
     started = await harness.plan("acme", conv, model, prompt2, turn_started=True)
-    assert (started.decision, started.reason) == (PlanDecision.COLD, PlanReason.TURN_STARTED)
+    assert (started.decision, started.reason) == (PlanDecision.RECOMPUTE, PlanReason.TURN_STARTED)
     assert started.verified_tokens == 352 and started.reusable_tokens == 0 and not started.lease_id
     assert await pg.fetchval("SELECT count(*) FROM leases WHERE conversation_id = $1 AND state = 'RETAINED'", conv) == 1
     # So the turn that follows still pulls.
@@ -212,7 +212,7 @@ async def test_a_started_turns_plan_claims_nothing_and_says_what_it_missed(
     await harness.audit.flush()
     row = await pg.fetchrow("SELECT decision, reason, lease_id FROM turn_plans WHERE plan_id = $1",
                             uuid.UUID(started.plan_id))
-    assert (row["decision"], row["reason"], row["lease_id"]) == ("COLD", "TURN_STARTED", None)
+    assert (row["decision"], row["reason"], row["lease_id"]) == ("RECOMPUTE", "TURN_STARTED", None)
 
 
 async def test_delivered_reuse_is_recorded_beside_the_planned(harness: Harness, registry: RegistryClient, pg: asyncpg.Connection, unique: str) -> None:

@@ -87,6 +87,7 @@ def test_targets_are_judged_against_the_issue_s_goals() -> None:
         "expiry_lag_p99_s": 1.0,
         "gateway_overhead": {"ratio": None},
         "hook_schedule": {"far": {"background": {"max_ms": 0.4}}},
+        "first_turns": {"2000/gateway/id": {"delta_p50_ms": 0.2}, "24000/hook/no id": {"delta_p50_ms": 0.9}},
     }
     met = {k: v["met"] for k, v in _targets(report).items()}
     assert met == {"plan_p50_ms_at_1000": True, "plan_p99_ms_at_1000": False, "max_rps_p99_5ms": True,
@@ -94,9 +95,11 @@ def test_targets_are_judged_against_the_issue_s_goals() -> None:
                    "gateway_overhead_ratio": False, "hook_overhead_ratio": False, "plan_pull_at_1000": False,
                    "plan_cpu_ratio": False, "turn_cpu_ms": False, "hook_turn_cpu_ms": False,
                    "agents_pull_share": False, "agents_failed": False, "hook_step_max_ms_far": True,
-                   "lookup_p50_delta_ms": False, "lookup_cpu_ratio": False}
+                   "lookup_p50_delta_ms": False, "lookup_cpu_ratio": False, "first_turn_delta_ms": True}
     report["hook_schedule"]["far"]["background"]["max_ms"] = 1.2
     assert not _targets(report)["hook_step_max_ms_far"]["met"]
+    report["first_turns"]["24000/hook/no id"]["delta_p50_ms"] = 1.3  # the worst of them judges
+    assert not _targets(report)["first_turn_delta_ms"]["met"]
 
 
 def test_issue_13_targets_side_by_side() -> None:

@@ -11,6 +11,7 @@ from boomerang_router.domain import (
     PlanReason,
     claim_floor,
     decide,
+    decide_started,
     max_reusable_tokens,
     reusable_tokens,
     turn_outcome,
@@ -79,7 +80,24 @@ def test_every_reason_is_reachable() -> None:
     seen.add(decide(claimed(32), 500, BS, 64).reason)
     very_slow_link = TurnCosts(PrefillCost(1.0, 0.01, 0.0, 0.0), CopyCost(1.0, 1.0))
     seen.add(decide(claimed(320), 500, BS, 64, costs=very_slow_link).reason)
+    seen.add(decide_started(ClaimResult(ClaimOutcome.BELOW_THRESHOLD, None, 320), 500, BS, 64).reason)
     assert seen == set(PlanReason)
+
+
+def test_a_started_turns_plan_says_what_it_missed_and_not_its_own_lease() -> None:
+    def started(status: ClaimOutcome, verified: int, prompt: int = 500) -> tuple[PlanDecision, PlanReason, int]:
+        d = decide_started(ClaimResult(status, None, verified), prompt, BS, 64)
+        assert d.reusable_tokens == 0 and not d.release_claim
+        return d.decision, d.reason, d.verified_tokens
+
+    # An earlier turn's lease it would have pulled (the registry refused only the floor it was asked).
+    assert started(ClaimOutcome.BELOW_THRESHOLD, 330) == (PlanDecision.RECOMPUTE, PlanReason.TURN_STARTED, 320)
+    # The turn's own lease covers the whole prompt: nothing was there to pull when it started.
+    assert started(ClaimOutcome.BELOW_THRESHOLD, 500) == (PlanDecision.COLD, PlanReason.NO_LEASE, 0)
+    # Too short a prefix for any plan, and every other outcome, as any claim decides them.
+    assert started(ClaimOutcome.BELOW_THRESHOLD, 40)[:2] == (PlanDecision.RECOMPUTE, PlanReason.BELOW_THRESHOLD)
+    assert started(ClaimOutcome.NO_LEASE, 0) == (PlanDecision.COLD, PlanReason.NO_LEASE, 0)
+    assert started(ClaimOutcome.PREFIX_MISMATCH, 0)[:2] == (PlanDecision.RECOMPUTE, PlanReason.PREFIX_MISMATCH)
 
 
 def test_pull_loads_the_verified_prefix_and_computes_the_rest() -> None:

@@ -52,7 +52,7 @@ def test_a_wrong_no_is_counted_and_the_plan_beside_claims_nothing(connector: Any
 
     def started(req: opb.PlanTurnRequest) -> opb.PlanTurnResponse:  # the router's answer to a started turn
         asked.append(req)
-        return opb.PlanTurnResponse(plan_id="plan-1", decision=opb.PLAN_DECISION_COLD,
+        return opb.PlanTurnResponse(plan_id="plan-1", decision=opb.PLAN_DECISION_RECOMPUTE,
                                     reason=opb.PLAN_REASON_TURN_STARTED, verified_prefix_tokens=96)
 
     fakes.router.planner = started

@@ -256,7 +256,7 @@ class ControlPlane:
             decode_url=resp.decode_engine.http_base_url.rstrip("/"),
             reused_tokens=int(resp.reusable_tokens) if decision in ("PULL", "PREFILL_ON_DECODE") else 0,
             from_router=True,
-            missed_tokens=int(resp.verified_prefix_tokens) if turn_started else 0,
+            missed_tokens=int(resp.verified_prefix_tokens) if resp.reason == rtpb.PLAN_REASON_TURN_STARTED else 0,
         )
 
     def send_report_later(self, report: Report) -> asyncio.Task[str] | None:

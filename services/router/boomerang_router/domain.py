@@ -197,17 +197,21 @@ def decide(
 
 def decide_started(claim: ClaimResult, prompt_tokens: int, block_size: int, threshold: int) -> Decision:
     """The plan of a turn its caller started without it (the live-lease summary ruled it out):
-    COLD, its claim asked for more than the prompt holds, so nothing was claimed.
+    its claim asked for more than the prompt holds, so nothing was claimed, yet the registry
+    said what it found.
 
-    `verified_tokens` is what a plan would have pulled from an earlier turn's lease (a wrong
-    "no"), 0 when nothing. A lease that covers every whole block a pull may take is the turn's
-    own, registered while this plan was on its way (or the same prompt's earlier answer): not
-    a pull the turn missed."""
-    verified = claim.verified_tokens
-    reusable = reusable_tokens(verified, prompt_tokens, block_size)
-    missed = claim.status is ClaimOutcome.BELOW_THRESHOLD and reusable >= max(threshold, 1) \
-        and verified < max_reusable_tokens(prompt_tokens, block_size)
-    return Decision(PlanDecision.COLD, PlanReason.TURN_STARTED, 0, prompt_tokens, reusable if missed else 0)
+    A lease a plan would have pulled is a pull the turn missed: RECOMPUTE, reason TURN_STARTED,
+    `verified_tokens` what it would have pulled. A lease that covers every whole block a pull
+    may take is the turn's own, registered while this plan was on its way (or the same
+    prompt's earlier answer): the turn had nothing to pull, COLD NO_LEASE. Anything else is
+    decided as for any claim that failed."""
+    if claim.status is ClaimOutcome.BELOW_THRESHOLD:
+        if claim.verified_tokens >= max_reusable_tokens(prompt_tokens, block_size):
+            return Decision(PlanDecision.COLD, PlanReason.NO_LEASE, 0, prompt_tokens, 0)
+        reusable = reusable_tokens(claim.verified_tokens, prompt_tokens, block_size)
+        if reusable >= max(threshold, 1):
+            return Decision(PlanDecision.RECOMPUTE, PlanReason.TURN_STARTED, 0, prompt_tokens, reusable)
+    return decide(claim, prompt_tokens, block_size, threshold)
 
 
 class HandleUse(str, enum.Enum):
