@@ -19,3 +19,15 @@ def test_sim_spec_ports() -> None:
 
 def test_install_hint_says_what_to_do() -> None:
     assert "apt-get install postgresql" in INSTALL_HINT and "--database-url" in INSTALL_HINT
+
+
+def test_flags_become_the_settings_variables_and_a_bad_flag_is_named() -> None:
+    from boomerang_gateway.settings import GatewaySettings
+    from boomerang_tools.stack.stack import flags_env
+
+    env = flags_env(["--engine-hook", "--plan-timeout-seconds", "0.25"], GatewaySettings)
+    assert env == {"BOOMERANG_ENGINE_HOOK": "true", "BOOMERANG_PLAN_TIMEOUT_SECONDS": "0.25"}
+    with pytest.raises(ValueError, match="--plan-timeout-seconds needs a value"):
+        flags_env(["--plan-timeout-seconds"], GatewaySettings)
+    with pytest.raises(ValueError, match="--no-such-flag is no flag of GatewaySettings"):
+        flags_env(["--no-such-flag"], GatewaySettings)

@@ -352,6 +352,8 @@ def flags_env(flags: Sequence[str], settings: type[BaseSettings]) -> dict[str, s
         name, switch = fields[flags[i]]
         if switch:
             env[env_name(name)], i = "true", i + 1
+        elif i + 1 == len(flags):
+            raise ValueError(f"{flags[i]} needs a value")
         else:
             env[env_name(name)], i = flags[i + 1], i + 2
     return env
