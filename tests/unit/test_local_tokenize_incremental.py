@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from boomerang_gateway.localtokens import InProcessTokenizers
+from boomerang_gateway.localtokens import InProcessTokenizers, history_key
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import Kind, parse
 from boomerang_server import localtokens
@@ -106,8 +106,30 @@ async def test_the_gateway_keeps_each_conversations_last_prompt() -> None:
         body = {"model": "sim", "messages": messages, "conversation_id": "c-1"}
         req = parse(Kind.CHAT, json.dumps(body).encode(), None)
         assert await local.ids(req) == tok.chat_ids({"messages": messages})
-        assert local._last[("sim", "c-1")].text.endswith("<|im_start|>assistant\n")
+        assert local._last[("sim", "id\x00c-1")].text.endswith("<|im_start|>assistant\n")
         messages += [{"role": "assistant", "content": f"done {turn}"}]
+
+
+async def test_without_an_id_the_last_prompt_with_the_same_opening_is_kept() -> None:
+    """A client that sends no conversation id is tokenized incrementally too: from the last
+    prompt that opened with the same two messages (the ids still equal a full tokenization)."""
+    local = InProcessTokenizers({"sim": str(hfmodel.folder(False))}, "", GatewayMetrics())
+    await local.load_all()
+    tok = localtokens.load(str(hfmodel.folder(False)))
+    system = {"role": "system", "content": "Be brief. " * 200}
+    keys = set()
+    for first in ("plan the change", "fix the test"):
+        messages: list[dict[str, Any]] = [system]
+        for turn in range(3):
+            messages += [{"role": "user", "content": f"{first}, step {turn}: " + "read the cache. " * 50}]
+            req = parse(Kind.CHAT, json.dumps({"model": "sim", "messages": messages}).encode(), None)
+            key = history_key(req)
+            assert key is not None and (key in local._last) == (turn > 0)  # the last prompt to continue
+            assert await local.ids(req) == tok.chat_ids({"messages": messages})
+            assert local._last[key].text.endswith("<|im_start|>assistant\n") and len(local._last[key].ids) > 800
+            keys.add(key)
+            messages += [{"role": "assistant", "content": f"done {turn}"}]
+    assert len(keys) == 2 and set(local._last) == keys  # one per opening
 
 
 @pytest.mark.parametrize("thinking", [False, True])

@@ -11,17 +11,21 @@ A conversation resends its whole history every turn. Its last prompt's encoding 
 most recent conversations', up to `KEEP_TOKENS` tokens in all), and the next prompt is
 tokenized only from the last special token the two texts share (`LocalTokenizer.encode_after`,
 the same ids as a full tokenization): a new turn costs its new messages, not the history.
+Without a conversation id, the last prompt kept is the last one that opened with the same two
+messages (`history_key`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import xxhash
 from boomerang_server.chatrender import Unsupported
 from boomerang_server.localtokens import Encoded, LocalTokenizer, TokenizerFilesError, load
 
@@ -87,10 +91,10 @@ class InProcessTokenizers:
             size = sum(len(str(m.get("content") or "")) for m in req.body["messages"])
         else:
             size = len(str(req.body["prompt"]))
-        key = (req.model, req.conversation_id)
-        previous = self._last.get(key) if req.conversation_id and req.kind is Kind.CHAT else None
+        key = history_key(req)
+        previous = self._last.get(key) if key is not None else None
         try:
-            if req.conversation_id and req.kind is Kind.CHAT and not req.body.get("add_special_tokens", False):
+            if key is not None:
                 # With the history kept, only the new messages are tokenized: no thread needed.
                 run = asyncio.to_thread if size > THREAD_ABOVE_CHARS and previous is None else _inline
                 encoded = await run(tok.chat_encoding, req.body, previous)
@@ -113,15 +117,15 @@ class InProcessTokenizers:
     def remember(self, req: ClientRequest, ids: list[int]) -> None:
         """Keep the prompt of a turn not tokenized here (its ids the engine's), so the
         conversation's next prompt is tokenized incrementally all the same."""
-        tok = self._loaded.get(req.model)
-        if tok is None or not req.conversation_id or req.kind is not Kind.CHAT or req.model in self.disabled:
+        tok, key = self._loaded.get(req.model), history_key(req)
+        if tok is None or key is None or req.model in self.disabled:
             return
         try:
             encoded = tok.chat_encoding_of(req.body, ids)
         except Exception:  # noqa: BLE001 - a template this renderer does not mirror: nothing kept
             return
         if encoded is not None:
-            self._keep((req.model, req.conversation_id), encoded)
+            self._keep(key, encoded)
 
     def _keep(self, key: tuple[str, str], encoded: Encoded) -> None:
         old = self._last.pop(key, None)
@@ -143,6 +147,19 @@ class InProcessTokenizers:
         log.error("model %s: the in-process tokenizer disagrees with the engine at token %d of %d (engine: %d); "
                   "the model's turns go to /tokenize from now on — check BOOMERANG_TOKENIZERS names the files "
                   "the engine serves", model, first, len(local), len(engine))
+
+
+def history_key(req: ClientRequest) -> tuple[str, str] | None:
+    """Whose last prompt a chat's prompt most likely continues: its conversation's, or without
+    an id, the last one that opened with the same two messages (a system prompt and the first
+    user message, say). Any prompt is a correct start (`encode_after` re-uses only what the
+    two texts share): the key decides only how much is tokenized again. None: tokenized whole."""
+    if req.kind is not Kind.CHAT or req.body.get("add_special_tokens", False):
+        return None
+    if req.conversation_id:
+        return req.model, "id\x00" + req.conversation_id
+    opening = json.dumps(req.body["messages"][:2], sort_keys=True, separators=(",", ":"), default=str)
+    return req.model, "opening\x00" + xxhash.xxh3_128_hexdigest(opening.encode())
 
 
 async def _inline(fn: Callable[[dict[str, Any], Encoded | None], Encoded | None], body: dict[str, Any],
