@@ -308,7 +308,8 @@ class BoomerangHook:
 
     def _beside(self, pending: PendingPlan, attempt: PlanAttempt) -> None:
         """The answer to a plan sent beside a request the summary ruled out (any thread): it
-        claimed nothing (`turn_started`); a pull it found missed is a wrong "no" (counted). Its report settles it in the audit trail."""
+        claimed nothing (`turn_started`); a pull it found missed is a wrong "no" (counted).
+        Its report settles it in the audit trail."""
         with self._late_lock:
             self.late["summary_checked"] += 1
             if attempt.response is not None and attempt.response.reason == opb.PLAN_REASON_TURN_STARTED:

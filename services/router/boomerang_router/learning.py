@@ -8,9 +8,9 @@ slows moves the copy model within a few dozen turns. The covariance is capped at
 (its trace, scaled alike in every direction), so a direction the turns do not excite (all
 turns the same length, say) drifts no further from the prior than it started. A change the
 forgetting would follow only slowly (a link that drops from 55 to 3 GB/s) shows as
-predictions off by more than half, in
-the same direction, twice in a row: the covariance then goes back to the prior's, and the
-next few turns move the model at once (one stray measurement moves it by at most that half).
+predictions off by more than half, in the same direction, twice in a row: the covariance
+then goes back to the prior's, and the next few turns move the model at once (one stray
+measurement moves it by at most that half).
 
 What a report teaches (`observe`):
 
