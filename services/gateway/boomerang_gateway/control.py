@@ -77,7 +77,6 @@ class Plan:
     # made at its first token, from the prompt ids on D's first chunk, for the report's plan id
     # (and to tell whether the "no" was wrong), so nothing competes with the turn's prefill.
     planned_after: bool = False
-    missed_tokens: int = 0  # that plan's: what it would have pulled (the summary's "no" was wrong)
 
 
 def fallback(conversation_id: str, reason: str) -> Plan:
@@ -207,7 +206,7 @@ class ControlPlane:
         is what this turn pulls); `timings` gets `report_wait`, the seconds waited. A plan of a
         turn that already started (`turn_started`, made beside its decode) does not: the report
         in flight may be its own, which waits for that very plan. Such a plan claims nothing;
-        its `missed_tokens` are what it would have pulled.
+        its reason is TURN_STARTED when it missed a pull.
         """
         if self.router is None or not self.available():
             return None
@@ -256,7 +255,6 @@ class ControlPlane:
             decode_url=resp.decode_engine.http_base_url.rstrip("/"),
             reused_tokens=int(resp.reusable_tokens) if decision in ("PULL", "PREFILL_ON_DECODE") else 0,
             from_router=True,
-            missed_tokens=int(resp.verified_prefix_tokens) if resp.reason == rtpb.PLAN_REASON_TURN_STARTED else 0,
         )
 
     def send_report_later(self, report: Report) -> asyncio.Task[str] | None:

@@ -355,7 +355,7 @@ class TurnRunner:
                 return None
             planned = await self.control.ask_router_for_plan(tenant, req.conversation_id, req.model, tokens, None,
                                                              req.cache_salt, turn_started=True)
-            if planned is not None and planned.missed_tokens:
+            if planned is not None and planned.reason == "TURN_STARTED":
                 self.metrics.lease_summary_false_no.inc()
             return planned
         return asyncio.ensure_future(plan())

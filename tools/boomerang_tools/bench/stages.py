@@ -22,7 +22,6 @@ of history and add about 125 a turn, on the engines `gateway_overhead` started
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import uuid
@@ -42,6 +41,7 @@ from boomerang_tools.bench.overhead import (
 )
 from boomerang_tools.bench.stats import floats, summarize
 from boomerang_tools.bench.turns import user_message
+from boomerang_tools.demo.client import stream_chat
 
 CONTEXTS = (2_000, 24_000)
 # The simulator's tokenizer makes about 1.96 tokens of a bench word (24,000 words: 46,986 tokens).
@@ -138,22 +138,7 @@ async def pulled_turn_stages(b: Bench) -> dict[str, Any]:
     return out
 
 
-FIRST_TURNS = 20  # pairs (reuse on, then off) per context, path and id
-
-
-async def _ttft_ms(http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]) -> float:
-    """Milliseconds from sending a streamed chat request to its first token."""
-    t, ttft = time.perf_counter(), None
-    async with http.stream("POST", url, json=body, headers=headers) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code} from {url}: {(await resp.aread())[:200]!r}")
-        async for line in resp.aiter_lines():  # to the end: the turn is reported before [DONE]
-            if ttft is None and line.startswith("data: ") and line != "data: [DONE]" and any(
-                    (c.get("delta") or {}).get("content") for c in json.loads(line[6:]).get("choices") or []):
-                ttft = (time.perf_counter() - t) * 1000
-    if ttft is None:
-        raise RuntimeError(f"no token from {url}")
-    return ttft
+FIRST_TURNS = 20  # pairs (reuse on and off, in turn first) per context, path and id
 
 
 async def first_turns(b: Bench) -> dict[str, Any]:
@@ -178,12 +163,13 @@ async def first_turns(b: Bench) -> dict[str, Any]:
                             await asyncio.sleep(0.05)  # the last turn's report and plan beside it are done
                             messages = [{"role": "system", "content": system},
                                         {"role": "user", "content": user_message(rng, TURN_WORDS)}]
-                            body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 2,
-                                                    "stream": True}
+                            body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 2}
                             if with_id:
                                 body["conversation_id"] = f"first-{uuid.uuid4().hex}"
-                            into.append(await _ttft_ms(http, base + "/v1/chat/completions", body,
-                                                       {"X-Boomerang-Reuse": reuse}))
+                            turn = await stream_chat(http, base, body, {"X-Boomerang-Reuse": reuse})
+                            if not turn.ok:
+                                raise RuntimeError(f"a first turn through {base} failed: {turn.error}")
+                            into.append(turn.ttft_ms)
                     deltas = sorted(a - o for a, o in zip(on, off, strict=True))
                     out[f"{context}/{name}/{'id' if with_id else 'no id'}"] = {
                         "on_p50_ms": summarize(on)["p50_ms"], "off_p50_ms": summarize(off)["p50_ms"],
