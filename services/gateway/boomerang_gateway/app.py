@@ -156,10 +156,11 @@ class Handlers:
         return JSONResponse({"object": "list", "data": self.s.pool.models()})
 
     async def health(self, request: Request) -> Response:
-        """GET /health: 200 while serving, 503 while draining."""
+        """GET /health: 200 while serving, 503 while draining. `models`: those it can serve now
+        (a prefill and a decode engine each), the figure a load balancer's readiness reads."""
         if self.s.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse({"status": "ok", "engines": self.s.pool.source, "models": len(self.s.pool.models())})
+        return JSONResponse({"status": "ok", "engines": self.s.pool.source, "models": self.s.pool.servable()})
 
     async def metrics(self, request: Request) -> Response:
         """GET /metrics: Prometheus text exposition."""

@@ -212,6 +212,11 @@ class EngineRouting:
         """The model cards of models with at least one prefill engine."""
         return [self.view.cards[k] for k in sorted(self.view.cards)]
 
+    def servable(self) -> int:
+        """How many models have both a prefill and a decode engine: what a turn needs."""
+        decoded = {m for e in self.view.engines if e.role == DECODE for m in e.models}
+        return len(decoded & self.view.cards.keys())
+
     def serves(self, model: str) -> bool:
         """Whether some prefill engine serves `model`."""
         return model in self.view.cards
