@@ -40,7 +40,7 @@ def _dead_url() -> str:
 def _record(tenant: str, n: int) -> PlanRecord:
     pid = new_plan_id()
     return PlanRecord(pid, plan_time(pid), tenant, f"conv-{n % 3}", "m", f"req-{n}", PlanDecision.COLD,
-                      PlanReason.NO_LEASE, "p", "http://p", "d", "http://d", 100 + n, 0, 100 + n, 0, 64, 16,
+                      PlanReason.NO_LEASE, "p", "http://p", "d", "http://d", 100 + n, 0, 100 + n, 0, 64,
                       router="spool-test")
 
 

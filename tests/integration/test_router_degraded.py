@@ -16,8 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
-import boomerang_router.claim_keeper as claims_module
-import boomerang_router.reuse_claim as reuse_claim_module
+import boomerang_router.claims as claims_module
 import pytest
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
@@ -26,14 +25,14 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import requests
 from boomerang_router.domain import PlanDecision, PlanReason
-from boomerang_router.engine_health import RegistryRefresher
 from boomerang_router.plan_store import PlanRecord
 from boomerang_router.planner import Router
-from boomerang_router.pool import EngineInfo, Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
 from boomerang_server.db.engine import make_engine
+from boomerang_server.enginepool.refresh import RegistryRefresher
+from boomerang_server.enginepool.table import EngineInfo, Role
 from prometheus_client import REGISTRY
 
 from tests.support.procs import ServiceProcess
@@ -193,7 +192,7 @@ async def test_the_vllm_hooks_default_deadline_leaves_time_for_the_claim(
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address)
     router.audit.start()
-    monkeypatch.setattr(reuse_claim_module, "time", _StoppedMonotonic())
+    monkeypatch.setattr(claims_module, "time", _StoppedMonotonic())
     budgets: list[float] = []
     claim = router.claimer.batcher.claim_in_batch
 

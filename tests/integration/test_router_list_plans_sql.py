@@ -31,7 +31,7 @@ def _plan_id(ms: int, n: int) -> str:
 
 def _record(plan_id: str, tenant: str, conversation: str) -> PlanRecord:
     return PlanRecord(plan_id, plan_time(plan_id), tenant, conversation, "m", "", PlanDecision.COLD,
-                      PlanReason.NO_LEASE, "p", "http://p", "d", "http://d", 10, 0, 10, 0, 64, 16)
+                      PlanReason.NO_LEASE, "p", "http://p", "d", "http://d", 10, 0, 10, 0, 64)
 
 
 async def test_pages_follow_the_plan_id_within_one_millisecond(engine: AsyncEngine, unique: str) -> None:
@@ -43,13 +43,13 @@ async def test_pages_follow_the_plan_id_within_one_millisecond(engine: AsyncEngi
     listed: list[str] = []
     after = ""
     while True:
-        page = await repo.conversation_page(f"t-{unique}", "c", after, 2, 16)
+        page = await repo.conversation_page(f"t-{unique}", "c", after, 2)
         listed += [p.plan_id for p in page]
         if len(page) < 2:
             break
         after = page[-1].plan_id
     assert listed == sorted(ids, key=lambda i: (plan_time(i), uuid.UUID(i)))
-    assert await repo.conversation_page(f"t-{unique}", "c", ids[-1], 2, 16) == []
+    assert await repo.conversation_page(f"t-{unique}", "c", ids[-1], 2) == []
 
 
 async def test_a_page_reads_one_range_of_the_conversation_index(engine: AsyncEngine, unique: str) -> None:
@@ -67,4 +67,4 @@ async def test_a_page_reads_one_range_of_the_conversation_index(engine: AsyncEng
         plan = [r[0] for r in await conn.execute(text("EXPLAIN " + CONVERSATION_PAGE_SQL), params)]
     scans = [line for line in plan if f" on {part} " in line]
     assert scans and all("tenant_conversation_id_created_at_idx" in line for line in scans), "\n".join(plan)
-    assert len(await repo.conversation_page(tenant, "c7", ids[7], 100, 16)) == 9
+    assert len(await repo.conversation_page(tenant, "c7", ids[7], 100)) == 9

@@ -24,13 +24,13 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_router import requests
 from boomerang_router.domain import PlanDecision, PlanReason, Retention
-from boomerang_router.engine_health import RegistryRefresher
 from boomerang_router.plan_store import PlanRecord
-from boomerang_router.pool import Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
 from boomerang_server.db.engine import make_engine
+from boomerang_server.enginepool.refresh import RegistryRefresher
+from boomerang_server.enginepool.table import Role
 
 from tests.support.procs import ServiceProcess
 
@@ -244,7 +244,7 @@ async def test_delivered_reuse_is_recorded_beside_the_planned(harness: Harness, 
     await harness.audit.flush()
     assert await pg.fetchval("SELECT delivered_cached_tokens FROM turn_plans WHERE plan_id = $1",
                              uuid.UUID(plan.plan_id)) == 200
-    from boomerang_router.convert import turn_plan
+    from boomerang_router.servicer import turn_plan
 
     view = turn_plan(await harness.router.find_plan("acme", plan.plan_id, plan.created_at))
     assert view.HasField("delivered_cached_tokens") and view.delivered_cached_tokens == 200
@@ -451,7 +451,7 @@ async def test_a_prefill_on_d_runs_on_the_engine_holding_the_history_and_gives_t
     assert (plan.decision, plan.reason) == (PlanDecision.PREFILL_ON_DECODE, PlanReason.VERIFIED_PREFIX)
     assert plan.decode_engine_id == decode and plan.reusable_tokens == 352 and plan.recompute_tokens == 58
     assert not plan.lease_id and plan.params is not None and plan.params.remote_engine_id is None
-    from boomerang_router.convert import plan_response
+    from boomerang_router.servicer import plan_response
 
     response = plan_response(plan)
     assert response.decision == rtpb.PLAN_DECISION_PREFILL_ON_DECODE
@@ -478,7 +478,7 @@ async def test_no_prefill_on_d_when_its_bound_is_zero(database_url: str, registr
 
 async def test_reported_times_teach_the_router_that_the_link_is_slow(database_url: str, registry_proc: ServiceProcess,
                                                                      registry: RegistryClient, unique: str) -> None:
-    from boomerang_router.convert import pool_engine
+    from boomerang_router.servicer import pool_engine
 
     h = Harness(database_url, registry_proc.address, ttft_learning_turns=30)
     try:

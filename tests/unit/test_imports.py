@@ -132,7 +132,7 @@ def _package_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_the_scan_sees_the_tree() -> None:
     assert "boomerang.resilience" in MODULES and "boomerang_router.planner" in MODULES
-    assert "boomerang_router.reuse_claim" in graph()["boomerang_router.planner"]
+    assert "boomerang_router.claims" in graph()["boomerang_router.planner"]
 
 
 def test_no_import_circles() -> None:

@@ -25,7 +25,7 @@ def _record(decision: str, reason: str, prompt: int, reused: int):  # type: igno
         plan_id="p1", created_at=datetime.now(UTC), tenant="acme", conversation_id="c1", model="m",
         request_id="", decision=PlanDecision(decision), reason=PlanReason(reason), prefill_engine_id="P",
         prefill_url="", decode_engine_id="D", decode_url="", prompt_tokens=prompt, reusable_tokens=reused,
-        recompute_tokens=prompt - reused, verified_tokens=reused, kv_recompute_threshold=64, block_size=16,
+        recompute_tokens=prompt - reused, verified_tokens=reused, kv_recompute_threshold=64,
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_router.claim_keeper import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher
+from boomerang_router.claims import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher
 from boomerang_router.domain import ClaimResult
 from boomerang_router.registry_api import RouterRegistry, claim_result
 from boomerang_server.leases import ClaimOutcome

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from boomerang_router.claims import MAX_SHARE_WAIT_SECONDS, claim_wait, reply_budget
 from boomerang_router.domain import (
     ClaimResult,
     HandleUse,
@@ -16,7 +17,6 @@ from boomerang_router.domain import (
     reusable_tokens,
     turn_outcome,
 )
-from boomerang_router.reuse_claim import MAX_SHARE_WAIT_SECONDS, claim_wait, reply_budget
 from boomerang_router.ttft import CopyCost, PrefillCost, TurnCosts
 from boomerang_server.leases import ClaimOutcome
 

@@ -9,7 +9,7 @@ import pytest
 from boomerang.errors import BoomerangError
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_router import convert, kvparams, requests
+from boomerang_router import kvparams, requests, servicer
 from boomerang_router.domain import ClaimResult, LeaseHandle, PlanDecision, decide
 from boomerang_server.leases import ClaimOutcome
 
@@ -95,10 +95,10 @@ def test_pull_params_satisfy_the_prefill_acceptance_rule_field_by_field(prompt_t
 
 def test_params_as_json_and_typed_agree() -> None:
     p = kvparams.pull(lease(), 320)
-    typed = convert.params(p)
+    typed = servicer.params(p)
     assert requests.params_from_proto(typed) == p
     assert kvparams.from_json(kvparams.to_json(p)) == p
-    first = convert.params(kvparams.first_turn())
+    first = servicer.params(kvparams.first_turn())
     assert first.do_remote_decode and not first.HasField("remote_engine_id") and not first.remote_block_groups
 
 

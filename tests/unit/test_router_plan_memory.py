@@ -19,7 +19,7 @@ def pull_plan(i: int, blocks: int) -> PlanRecord:
     return PlanRecord(
         pid, plan_time(pid), f"tenant-{i % 97}", f"conversation-{i}", "model", f"request-{i}", PlanDecision.PULL,
         PlanReason.VERIFIED_PREFIX, "prefill-0", "http://p", "decode-0", "http://d", blocks * 16, blocks * 16, 0,
-        blocks * 16, 64, 16, "decode-0", f"lease-{i}", f"claim-{i}",
+        blocks * 16, 64, "decode-0", f"lease-{i}", f"claim-{i}",
         params=KvParams(do_remote_prefill=True, remote_block_ids=(ids,), remote_engine_id="decode-0"),
     )
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from boomerang_router.engines import EnginePool
 from boomerang_router.plan_store import PlanStore, claim_id_for, new_plan_id, plan_time
-from boomerang_router.pool import EngineInfo, EnginePool, Role, Source, parse_static
+from boomerang_server.enginepool.table import EngineInfo, Role, Source, parse_static
 
 
 class Clock:
@@ -179,7 +180,7 @@ def test_plan_store_evicts_by_age_and_size() -> None:
     def rec(i: int) -> PlanRecord:
         pid = new_plan_id()
         return PlanRecord(pid, plan_time(pid), "t", "c", "m", f"r{i}", PlanDecision.COLD, PlanReason.NO_LEASE,
-                          "p", "", "d", "", 10, 0, 10, 0, 64, 16)
+                          "p", "", "d", "", 10, 0, 10, 0, 64)
 
     first = rec(0)
     store.put(first)

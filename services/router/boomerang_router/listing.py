@@ -73,7 +73,7 @@ class ListInput:
 
 
 async def list_plans(
-    q: ListInput, audit: AuditWriter, repo: TurnPlanRepository, block_size: int
+    q: ListInput, audit: AuditWriter, repo: TurnPlanRepository
 ) -> tuple[list[PlanRecord], str]:
     """One page of the conversation's plans and the next page's token ("" on the last page).
 
@@ -81,7 +81,7 @@ async def list_plans(
     it settled) is listed at once; another replica's once that replica has written its row.
     """
     await audit.flush()
-    records = await repo.conversation_page(q.tenant, q.conversation_id, q.after, q.page_size + 1, block_size)
+    records = await repo.conversation_page(q.tenant, q.conversation_id, q.after, q.page_size + 1)
     if len(records) <= q.page_size:
         return records, ""
     page = records[: q.page_size]

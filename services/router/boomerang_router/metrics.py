@@ -48,11 +48,6 @@ SHORTFALL_TURNS = Counter(
     "boomerang_router_reuse_shortfall_turns",
     "Reported PULL turns whose prefill engine reported fewer cached tokens than the planned reuse (PREFILL_SHORTFALL).",
 )
-DECODE_PAUSE_SECONDS = Counter(
-    "boomerang_router_decode_prefill_pause_seconds",
-    "Predicted seconds the decode engines' running decodes are paused by the prefills planned on them "
-    "(PREFILL_ON_DECODE): the cost such a plan puts on the other turns.",
-)
 PREFILL_SECONDS_SAVED = Counter(
     "boomerang_router_prefill_seconds_saved",
     "Estimated prefill compute time saved by pulls: reused tokens × BOOMERANG_PREFILL_MS_PER_TOKEN.",

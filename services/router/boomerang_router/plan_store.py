@@ -76,7 +76,6 @@ class PlanRecord:
     recompute_tokens: int
     verified_tokens: int
     kv_recompute_threshold: int
-    block_size: int
     source_engine_id: str = ""
     lease_id: str = ""
     claim_id: str = ""

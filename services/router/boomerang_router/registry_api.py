@@ -1,7 +1,7 @@
 """The registry as the router calls it: the router's own values in and out, the protos kept here.
 
 The planner, the claim keeper and the reporter call these methods; only this module (and
-`engine_health.py`, which reads ListEngines into the pool) builds or reads registry messages.
+`boomerang_server.enginepool.refresh`, which reads ListEngines into the pool) builds or reads registry messages.
 Every method raises `BoomerangClientError` when the call fails, as the typed client does.
 """
 

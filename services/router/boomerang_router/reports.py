@@ -27,13 +27,17 @@ from boomerang.v1 import types_pb2 as tpb
 
 from boomerang_router import kvparams
 from boomerang_router.domain import Retention
+from boomerang_router.engines import EnginePool
 from boomerang_router.plan_store import PlanRecord
-from boomerang_router.pool import EnginePool
 from boomerang_router.registry_api import DecodeEngine, Retained, RouterRegistry, TurnClaim, TurnEnd
 from boomerang_router.requests import ReportInput
 from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
+
+# How the registry ended a turn (`Reporter.end_turn_in_registry`): the claimed lease's state,
+# why settling it failed, the retention, the new lease, and why registering the blocks failed.
+TurnEnding = tuple[str, str, Retention, tpb.Lease | None, str]
 
 
 def registry_down(err: BoomerangClientError) -> BoomerangError:
@@ -123,9 +127,7 @@ class Reporter:
         except BoomerangClientError as err:  # best effort: a stale engine only costs reuse
             log.debug("heartbeat for %s after its turn failed: %s", engine_id, err)
 
-    async def end_turn_in_registry(
-        self, record: PlanRecord, r: ReportInput, pulled: bool
-    ) -> tuple[str, str, Retention, tpb.Lease | None, str]:
+    async def end_turn_in_registry(self, record: PlanRecord, r: ReportInput, pulled: bool) -> TurnEnding:
         """Settle the claim and register D's retained blocks: one CompleteTurn, one transaction.
 
         Returns (the claimed lease's state, the settlement's failure, the retention, the new

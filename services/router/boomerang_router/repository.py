@@ -93,7 +93,7 @@ def to_row(r: PlanRecord) -> dict[str, Any]:
     }
 
 
-def from_row(row: Mapping[Any, Any], block_size: int) -> PlanRecord:
+def from_row(row: Mapping[Any, Any]) -> PlanRecord:
     """A plan record from a `turn_plans` row."""
     return PlanRecord(
         plan_id=str(row["plan_id"]),
@@ -117,7 +117,6 @@ def from_row(row: Mapping[Any, Any], block_size: int) -> PlanRecord:
         reusable_tokens=row["reused_tokens"],
         recompute_tokens=row["recomputed_tokens"],
         kv_recompute_threshold=row["kv_recompute_threshold"],
-        block_size=block_size,
         plan_micros=row["plan_micros"],
         reported_at=row["reported_at"],
         handle_use=row["handle_use"] or "",
@@ -174,7 +173,7 @@ class TurnPlanRepository:
             raw = await conn.get_raw_connection()
             await raw.driver_connection.execute(UPSERT_SQL, *arrays)  # type: ignore[union-attr]
 
-    async def get(self, tenant: str, plan_id: str, created_at: datetime, block_size: int) -> PlanRecord | None:
+    async def get(self, tenant: str, plan_id: str, created_at: datetime) -> PlanRecord | None:
         """One tenant's plan by id (`created_at` comes from the id and selects the partition)."""
         query = select(turn_plans).where(
             and_(
@@ -185,17 +184,17 @@ class TurnPlanRepository:
         )
         async with self.engine.connect() as conn:
             row = (await conn.execute(query)).first()
-        return None if row is None else from_row(row._mapping, block_size)
+        return None if row is None else from_row(row._mapping)
 
     async def conversation_page(
-        self, tenant: str, conversation_id: str, after: str, limit: int, block_size: int
+        self, tenant: str, conversation_id: str, after: str, limit: int
     ) -> list[PlanRecord]:
         """Up to `limit` of a conversation's plans, oldest first, after the plan id `after` ("": from the first)."""
         start = (plan_time(after), after) if after else (_BEFORE_ANY, _NIL)
         params = {"tenant": tenant, "conversation": conversation_id, "after_created": start[0],
                   "after_id": start[1], "limit": limit}
         async with self.engine.connect() as conn:
-            return [from_row(r._mapping, block_size) for r in await conn.execute(text(CONVERSATION_PAGE_SQL), params)]
+            return [from_row(r._mapping) for r in await conn.execute(text(CONVERSATION_PAGE_SQL), params)]
 
     async def claim_handed_out(self, tenant: str, conversation_id: str, claim_id: str, since: datetime) -> bool:
         """Whether a recorded PULL plan of the conversation (made after `since`) holds `claim_id`."""

@@ -17,20 +17,20 @@ from boomerang_server.config.settings import normalize_database_url
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.db.engine import make_engine, warm_pool
 from boomerang_server.db.migrate import upgrade
+from boomerang_server.enginepool.refresh import RegistryRefresher
+from boomerang_server.enginepool.table import Role, parse_static
 from boomerang_server.metrics import serve_metrics
 from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
 from sqlalchemy.engine import make_url
 
-from boomerang_router.claim_keeper import ClaimKeeper
-from boomerang_router.engine_health import HealthProber, Periodic, RegistryRefresher
+from boomerang_router.claims import ClaimKeeper, ReuseClaimer
+from boomerang_router.engines import EnginePool, HealthProber, Periodic
 from boomerang_router.learning import CostModels, Priors
-from boomerang_router.ledger import PlanLedger
+from boomerang_router.plan_store import PlanStore
 from boomerang_router.planner import Router
-from boomerang_router.pool import EnginePool, Role, parse_static
 from boomerang_router.registry_api import RouterRegistry
 from boomerang_router.reports import Reporter
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
-from boomerang_router.reuse_claim import ReuseClaimer
 from boomerang_router.servicer import RouterServicer
 from boomerang_router.settings import RouterSettings
 from boomerang_router.spool import AuditSpool
@@ -66,9 +66,12 @@ def build_router(
     """The router's steps put together: one registry adapter and one set of stats for all."""
     stats: Counter[str] = Counter()
     api = RouterRegistry(registry)
-    ledger = PlanLedger(settings, pool, audit, repo, stats, cost_models(settings))
-    keeper = ClaimKeeper(settings, api, ledger.store, repo, stats)
-    return Router(ledger, ReuseClaimer(settings, api, keeper, stats), Reporter(settings, api, pool), name)
+    store = PlanStore(
+        settings.plan_memory_seconds, settings.plan_memory_max, max_bytes=int(settings.plan_memory_mb * 2**20)
+    )
+    claimer = ReuseClaimer(settings, api, ClaimKeeper(settings, api, store, repo, stats), stats)
+    reporter = Reporter(settings, api, pool)
+    return Router(settings, pool, audit, repo, store, cost_models(settings), claimer, reporter, stats, name)
 
 
 def cost_models(settings: RouterSettings) -> CostModels:
