@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 import boomerang_router.claims as claims_module
+import boomerang_router.settlement as settlement_module
 import pytest
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
@@ -69,7 +70,7 @@ def make_router(database_url: str, registry_address: str, audit_url: str = "", *
 
 def registry_client(router: Router) -> RegistryClient:
     """The registry client the router was built over."""
-    return router.reporter.registry.client
+    return router.reporter.registry
 
 
 async def close(router: Router) -> None:
@@ -123,7 +124,7 @@ async def test_slow_postgres_answers_degraded_in_time_and_leaves_no_claim_behind
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, pg: asyncpg.Connection,
     unique: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.3, 0.6))
+    monkeypatch.setattr(settlement_module, "ORPHAN_PROBE_DELAYS", (0.3, 0.6))
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=100)
     router.audit.start()
@@ -153,7 +154,7 @@ async def test_a_plan_answers_within_its_callers_deadline_when_the_claim_hangs(
 ) -> None:
     """The claim deadline (here 5 s) is not the caller's: a caller with 0.3 s left gets its
     (degraded) answer inside those 0.3 s, whatever the registry and its database do."""
-    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.3, 0.6))
+    monkeypatch.setattr(settlement_module, "ORPHAN_PROBE_DELAYS", (0.3, 0.6))
     model, conv, history, lease_id = await retained_lease(registry, unique)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=5000)
     router.audit.start()
@@ -233,7 +234,7 @@ async def test_a_slow_claim_degrades_a_short_prompt_and_serves_a_long_one(
     plan gives up at the 50 ms claim deadline and recomputes; a 40k-token prompt's claim may
     wait a quarter of the ~824 ms of prefill it could save, within the caller's 0.25 s less
     the reply margin (200 ms), so it gets the lease."""
-    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.3,))
+    monkeypatch.setattr(settlement_module, "ORPHAN_PROBE_DELAYS", (0.3,))
     model, conv, history, lease_id = await retained_lease(registry, unique, n=tokens)
     router = make_router(database_url, registry_proc.address, claim_deadline_ms=50)
     router.audit.start()
@@ -258,7 +259,7 @@ async def test_a_slow_claim_degrades_a_short_prompt_and_serves_a_long_one(
 async def test_orphan_probe_releases_a_claim_whose_answer_was_lost(
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.05,))
+    monkeypatch.setattr(settlement_module, "ORPHAN_PROBE_DELAYS", (0.05,))
     model, conv, history, _lease_id = await retained_lease(registry, unique)
     from boomerang.tokenchain import build_chain
 
@@ -287,7 +288,7 @@ async def test_orphan_probe_leaves_a_claim_that_a_retry_was_handed(
     database_url: str, registry_proc: ServiceProcess, registry: RegistryClient, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The claim id of a request id is shared by its retries: a retry may hold it; never release it then."""
-    monkeypatch.setattr(claims_module, "ORPHAN_PROBE_DELAYS", (0.05,))
+    monkeypatch.setattr(settlement_module, "ORPHAN_PROBE_DELAYS", (0.05,))
     model, conv, history, lease_id = await retained_lease(registry, unique)
     prompt = history + [1] * 40
     first, retry = (make_router(database_url, registry_proc.address) for _ in range(2))

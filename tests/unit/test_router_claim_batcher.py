@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import grpc
 import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_router.claims import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher
+from boomerang_router.claims import QUEUE_FULL, QUEUE_TIMEOUT, ClaimBatcher, claim_reuse_batch
 from boomerang_router.domain import ClaimResult
-from boomerang_router.registry_api import RouterRegistry, claim_result
 from boomerang_server.leases import ClaimOutcome
 
 
-def answer(n: int) -> ClaimResult:
+def answer(n: int) -> rpb.ClaimReuseResponse:
     """NO_LEASE, marked with the claim's number as its verified tokens."""
-    return claim_result(rpb.ClaimReuseResponse(outcome=rpb.CLAIM_OUTCOME_NO_LEASE, reusable_tokens=n))
+    return rpb.ClaimReuseResponse(outcome=rpb.CLAIM_OUTCOME_NO_LEASE, reusable_tokens=n)
 
 
 def number(req: rpb.ClaimReuseRequest) -> int:
@@ -26,7 +24,7 @@ def number(req: rpb.ClaimReuseRequest) -> int:
 
 
 class FakeRegistry:
-    """Answers each claim NO_LEASE after `delay`, recording every call's claims."""
+    """A registry client that answers each claim NO_LEASE after `delay`, recording every call's claims."""
 
     def __init__(self, delay: float = 0.0, fail_conversation: str = ""):
         self.delay = delay
@@ -45,24 +43,24 @@ class FakeRegistry:
             raise BoomerangClientError("ClaimReuse", BoomerangError(Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", "late"))
         await asyncio.sleep(self.delay)
 
-    async def claim_in_registry(self, req: rpb.ClaimReuseRequest, timeout: float) -> ClaimResult:
+    async def claim_reuse(self, req: rpb.ClaimReuseRequest, timeout: float) -> rpb.ClaimReuseResponse:
         self.calls.append([req.conversation_id])
         self.methods.append("ClaimReuse")
         await self.wait(timeout)
         return answer(number(req))
 
-    async def claim_batch_in_registry(
-        self, reqs: Sequence[rpb.ClaimReuseRequest], timeout: float
-    ) -> list[ClaimResult | BoomerangClientError]:
+    async def claim_reuse_batch(self, req: rpb.ClaimReuseBatchRequest, timeout: float) -> rpb.ClaimReuseBatchResponse:
+        reqs = req.claims
         self.calls.append([r.conversation_id for r in reqs])
         self.methods.append("ClaimReuseBatch")
         await self.wait(timeout)
-        return [
-            BoomerangClientError("ClaimReuse", BoomerangError(Code.INVALID_ARGUMENT, "INVALID_REQUEST", "bad"))
+        return rpb.ClaimReuseBatchResponse(results=[
+            rpb.ClaimReuseBatchResult(error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                      error_reason="INVALID_REQUEST", error_message="bad")
             if r.conversation_id == self.fail_conversation
-            else answer(number(r))
+            else rpb.ClaimReuseBatchResult(response=answer(number(r)))
             for r in reqs
-        ]
+        ])
 
 
 def req(n: int) -> rpb.ClaimReuseRequest:
@@ -123,7 +121,7 @@ async def test_one_bad_claim_fails_alone() -> None:
 
 async def test_a_failed_call_fails_every_claim_in_it() -> None:
     class Down(FakeRegistry):
-        async def claim_batch_in_registry(self, reqs, timeout):  # type: ignore[no-untyped-def]
+        async def claim_reuse_batch(self, req, timeout):  # type: ignore[no-untyped-def]
             raise BoomerangClientError("ClaimReuseBatch", BoomerangError(Code.UNAVAILABLE, "UNAVAILABLE", "down"))
 
     api = Down(delay=0.01)
@@ -178,8 +176,7 @@ async def test_a_batch_answer_s_failed_item_is_the_error_its_claim_alone_would_r
                                           error_reason="DATABASE_UNAVAILABLE", error_message="retry later"),
             ])
 
-    api = RouterRegistry(Client())  # type: ignore[arg-type]
-    ok, refused, down = await api.claim_batch_in_registry([req(0), req(1), req(2)], 1.0)
+    ok, refused, down = await claim_reuse_batch(Client(), [req(0), req(1), req(2)], 1.0)  # type: ignore[arg-type]
     assert isinstance(ok, ClaimResult) and ok.status is ClaimOutcome.NO_LEASE
     assert isinstance(refused, BoomerangClientError) and isinstance(down, BoomerangClientError)
     assert (refused.code, refused.reason, refused.error.message) == ("FAILED_PRECONDITION", "ENGINE_NOT_REGISTERED", "no such engine")

@@ -1,17 +1,10 @@
-"""A plan's claim: one ClaimReuse round trip within its caller's deadline, through a batcher;
-and the claims the router holds but will not hand out, given back in the background.
+"""A plan's claim: one ClaimReuse round trip within its caller's deadline, through a batcher.
 
 The claim is the only registry call on the time-to-first-token path, so it never fails a
 plan: a registry that is slow, down, or behind an open circuit breaker answers UNAVAILABLE
-here, and the plan goes on without reuse (CONTROL_PLANE_DEGRADED).
-
-A claim is given back (CompleteTurn with the claim not read) when the router decides against
-pulling after it claimed, when the caller went away before the answer, and when a claim call
-timed out but may still have committed. For the last, an orphan probe re-asks ClaimReuse
-under the same claim id with an unreachable `min_reusable_tokens`: that can only return the
-earlier claim (CLAIM_SQL's `prior`), never take a new one. It releases what it finds only
-while no plan holds the claim, because a claim id derived from a caller's request id is
-shared by that caller's retries, here or on another replica.
+here, and the plan goes on without reuse (CONTROL_PLANE_DEGRADED). A claim whose call timed
+out may still have committed; it is handed to the claim keeper's orphan probe
+(`settlement.ClaimKeeper`).
 """
 
 from __future__ import annotations
@@ -20,15 +13,18 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Coroutine
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
 
+from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
+from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
+from boomerang.grpcutil.client_status import from_code_number
 from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
 from boomerang.tokenchain import build_chain
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
 from boomerang.worth import worth_waiting
 from boomerang_server.leases import ClaimOutcome
 from boomerang_server.metrics import LATENCY_BUCKETS
@@ -36,13 +32,11 @@ from prometheus_client import Counter as Counted
 from prometheus_client import Gauge, Histogram
 
 from boomerang_router import metrics
-from boomerang_router.domain import ClaimResult, claim_floor
+from boomerang_router.domain import ClaimResult, LeaseHandle, claim_floor
 from boomerang_router.engines import EngineChoice
-from boomerang_router.plan_store import PlanStore
-from boomerang_router.registry_api import ClaimRequest, RouterRegistry, TurnClaim, claim_request
-from boomerang_router.repository import TurnPlanRepository
 from boomerang_router.requests import PlanInput
 from boomerang_router.settings import RouterSettings
+from boomerang_router.settlement import ClaimKeeper
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +82,7 @@ def claim_wait(deadline: float, share: float, prompt_tokens: int, seconds_per_to
 class ReuseClaimer:
     """Asks the registry for each plan's claim, through the claim batcher and a circuit breaker."""
 
-    def __init__(self, settings: RouterSettings, api: RouterRegistry, keeper: ClaimKeeper, stats: Counter[str]):
+    def __init__(self, settings: RouterSettings, registry: RegistryClient, keeper: ClaimKeeper, stats: Counter[str]):
         self.settings = settings
         self.keeper = keeper
         self.stats = stats
@@ -96,7 +90,7 @@ class ReuseClaimer:
         self.seconds_per_token = metrics.prefill_seconds_per_token()  # for claim_wait
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown_seconds)
         self._counted: BoomerangClientError | None = None  # the last failed call the breaker counted
-        self.batcher = ClaimBatcher(api, settings.claim_batch_max, settings.claim_batches_in_flight, settings.claim_queue_max)
+        self.batcher = ClaimBatcher(registry, settings.claim_batch_max, settings.claim_batches_in_flight, settings.claim_queue_max)
 
     def claim_wait(self, prompt_tokens: int) -> float:
         """Seconds a plan's claim may wait, before its caller's deadline (`claim_wait`)."""
@@ -118,16 +112,19 @@ class ReuseClaimer:
             return ClaimResult(ClaimOutcome.UNAVAILABLE, detail="registry circuit open")
         block_size = engines.block_size
         chain = p.chain if p.chain is not None else build_chain(p.token_ids or [], block_size, p.salt)
-        req = claim_request(
-            p.tenant,
-            p.conversation_id,
-            chain,
+        req = rpb.ClaimReuseRequest(
+            tenant=p.tenant,
+            conversation_id=p.conversation_id,
+            prompt_chain=chainproto.to_proto(chain),
             # A started turn's plan claims nothing, yet learns what a claim would have found.
-            p.prompt_tokens + 1 if p.turn_started else claim_floor(p.prompt_tokens, block_size, engines.threshold),
-            self.settings.min_remaining_seconds,
-            claim_id,
-            p.model,
-            p.token_ids if not p.conversation_id else None,
+            min_reusable_tokens=p.prompt_tokens + 1
+            if p.turn_started
+            else claim_floor(p.prompt_tokens, block_size, engines.threshold),
+            min_remaining_seconds=self.settings.min_remaining_seconds,
+            claim_id=claim_id,
+            model=p.model,
+            # Without a conversation id the lease is found by the prompt's tokens.
+            prompt_token_ids=p.token_ids if not p.conversation_id and p.token_ids else (),
         )
         try:
             claim = await self.batcher.claim_in_batch(req, wait, patient=wait > self.claim_deadline)
@@ -186,7 +183,7 @@ QUEUE_TIMEOUT = "CLAIM_QUEUE_TIMEOUT"
 
 @dataclass(eq=False)
 class _Waiting:
-    req: ClaimRequest
+    req: rpb.ClaimReuseRequest
     queued_at: float
     future: asyncio.Future[ClaimResult]
     timer: asyncio.TimerHandle | None = None
@@ -211,8 +208,8 @@ class ClaimBatcher:
     answers CLAIM_QUEUE_FULL at once. Depth, wait, batch sizes and sheds are metrics.
     """
 
-    def __init__(self, api: RouterRegistry, max_batch: int, in_flight: int, queue_max: int):
-        self.api = api
+    def __init__(self, registry: RegistryClient, max_batch: int, in_flight: int, queue_max: int):
+        self.registry = registry
         self.max_batch = max_batch
         self.in_flight = in_flight
         self.queue_max = queue_max
@@ -220,7 +217,7 @@ class ClaimBatcher:
         self.sending = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def claim_in_batch(self, req: ClaimRequest, timeout: float, patient: bool = False) -> ClaimResult:
+    async def claim_in_batch(self, req: rpb.ClaimReuseRequest, timeout: float, patient: bool = False) -> ClaimResult:
         """The claim's result within `timeout` seconds, or BoomerangClientError.
 
         A call carries its most urgent claim's deadline, so a `patient` claim (one allowed to
@@ -284,9 +281,9 @@ class ClaimBatcher:
         try:
             results: list[ClaimResult | BoomerangClientError]
             if len(batch) == 1:
-                results = [await self.api.claim_in_registry(batch[0].req, timeout)]
+                results = [await claim_reuse(self.registry, batch[0].req, timeout)]
             else:
-                results = await self.api.claim_batch_in_registry([item.req for item in batch], timeout)
+                results = await claim_reuse_batch(self.registry, [item.req for item in batch], timeout)
         except BoomerangClientError as err:
             results = [err] * len(batch)
         except Exception as exc:  # every waiting caller gets an answer
@@ -308,120 +305,69 @@ def _shed(reason: str, message: str) -> BoomerangClientError:
     return BoomerangClientError("ClaimReuse", BoomerangError(Code.RESOURCE_EXHAUSTED, reason, message))
 
 
-ORPHAN_PROBE_DELAYS = (1.0, 4.0, 15.0)
-MAX_ORPHAN_PROBES = 256
+_CLAIM_STATUS = {
+    rpb.CLAIM_OUTCOME_CLAIMED: ClaimOutcome.CLAIMED,
+    rpb.CLAIM_OUTCOME_NO_LEASE: ClaimOutcome.NO_LEASE,
+    rpb.CLAIM_OUTCOME_EXPIRING: ClaimOutcome.EXPIRING,
+    rpb.CLAIM_OUTCOME_PREFIX_MISMATCH: ClaimOutcome.PREFIX_MISMATCH,
+    rpb.CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimOutcome.BELOW_THRESHOLD,
+    rpb.CLAIM_OUTCOME_ENGINE_INVALID: ClaimOutcome.ENGINE_INVALID,
+    rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome.ALREADY_CLAIMED,
+    rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome.BLOCK_SIZE_MISMATCH,
+    rpb.CLAIM_OUTCOME_LEASE_RELEASED: ClaimOutcome.LEASE_RELEASED,
+}
 
 
-class ClaimKeeper:
-    """Background releases and orphan probes, with bounded concurrency."""
+def claim_result(resp: rpb.ClaimReuseResponse) -> ClaimResult:
+    """A ClaimReuse answer as the planner needs it; CLAIMED without its lease is UNAVAILABLE."""
+    status = _CLAIM_STATUS.get(resp.outcome, ClaimOutcome.UNAVAILABLE)
+    lease = lease_handle(resp.lease) if status is ClaimOutcome.CLAIMED and resp.HasField("lease") else None
+    if status is ClaimOutcome.CLAIMED and lease is None:
+        status = ClaimOutcome.UNAVAILABLE
+    detail = ""
+    if status is ClaimOutcome.LEASE_RELEASED and resp.HasField("lease"):
+        detail = f"lease {resp.lease.lease_id} on {resp.lease.engine_id} was released early"
+    return ClaimResult(status, lease, int(resp.reusable_tokens), float(resp.remaining_seconds), detail)
 
-    def __init__(
-        self,
-        settings: RouterSettings,
-        registry: RouterRegistry,
-        store: PlanStore,
-        repo: TurnPlanRepository,
-        stats: Counter[str],
-    ):
-        self.settings = settings
-        self.registry = registry
-        self.store = store
-        self.repo = repo
-        self.stats = stats
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self._orphan_probes = 0
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run `coro` in the background; its failure is logged, never raised."""
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self._background_done)
+def lease_handle(lease: tpb.Lease) -> LeaseHandle:
+    """The claimed lease as the plan decision needs it."""
+    return LeaseHandle(
+        lease_id=lease.lease_id,
+        claim_id=lease.claim_id,
+        engine_id=lease.engine_id,
+        engine_generation=lease.engine_generation,
+        remote_request_id=lease.remote_request_id,
+        block_groups=tuple(tuple(g.block_ids) for g in lease.block_groups),
+        num_tokens=lease.num_tokens,
+        block_size=lease.block_size,
+        remote_host=lease.remote_host,
+        remote_port=lease.remote_port,
+        tp_size=lease.tp_size or 1,
+        dcp_size=lease.dcp_size or 1,
+        pp_size=lease.pp_size or 1,
+    )
 
-    def _background_done(self, task: asyncio.Task[Any]) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background claim task failed", exc_info=task.exception())
 
-    def give_back(self, tenant: str, lease_id: str, claim_id: str, reason: str) -> None:
-        """Release a claim nobody will read, in the background (`release_with_retries`)."""
-        self.spawn(self.release_with_retries(tenant, lease_id, claim_id, reason))
+async def claim_reuse(registry: RegistryClient, req: rpb.ClaimReuseRequest, timeout: float) -> ClaimResult:
+    """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
+    return claim_result(await registry.claim_reuse(req, timeout=timeout))
 
-    async def release_with_retries(
-        self, tenant: str, lease_id: str, claim_id: str, reason: str, attempts: int = 3
-    ) -> bool:
-        """CompleteTurn with the claim not read (and nothing registered), retried while the
-        registry is unreachable; whether it was released."""
-        claim = TurnClaim(lease_id, claim_id, read=False, release_reason=reason)
-        for attempt in range(attempts):
-            try:
-                end = await self.registry.complete_turn_in_registry(
-                    tenant, claim, None, timeout=self.settings.report_timeout_seconds
-                )
-                if end.claim_error is not None:
-                    raise end.claim_error
-                self.stats["claims_released"] += 1
-                return True
-            except BoomerangClientError as err:
-                if err.code not in TRANSIENT_CODES:
-                    log.warning("could not release claim on lease %s: %s", lease_id, err)
-                    return False
-                await asyncio.sleep(0.2 * 2**attempt)
-        log.warning("gave up releasing claim on lease %s; it stays claimed until it expires", lease_id)
-        self.stats["claims_release_failed"] += 1
-        return False
 
-    def probe_orphan(self, claim: ClaimRequest) -> None:
-        """Start an orphan probe for a claim call that failed or timed out (bounded in number)."""
-        if self._orphan_probes >= MAX_ORPHAN_PROBES:
-            self.stats["orphan_probes_skipped"] += 1
-            return
-        self.spawn(self._counted(claim))
-
-    async def _counted(self, claim: ClaimRequest) -> None:
-        self._orphan_probes += 1
-        try:
-            await self.orphan_probe(claim)
-        finally:
-            self._orphan_probes -= 1
-
-    async def orphan_probe(self, claim: ClaimRequest) -> None:
-        """A timed-out claim may still commit: find it under its id and give it back.
-
-        Only while no plan holds it: a claim id derived from a caller's request id is shared
-        by that caller's retries, and a retry (here or on another replica) may have been
-        handed this very claim. Plans that hand a claim out are in this router's store or
-        in `turn_plans`; when neither can be checked, the claim is left to expire.
-        """
-        since = datetime.now(UTC) - timedelta(hours=1)
-        for delay in ORPHAN_PROBE_DELAYS:
-            await asyncio.sleep(delay)
-            try:
-                lease_id = await self.registry.find_claim(claim, timeout=self.settings.report_timeout_seconds)
-            except BoomerangClientError:
-                continue
-            if lease_id is None:
-                continue
-            if self.store.by_claim(claim.claim_id) is not None:
-                self.stats["orphan_claims_in_use"] += 1
-                return
-            try:
-                held = await self.repo.claim_handed_out(claim.tenant, claim.conversation_id, claim.claim_id, since)
-            except Exception:
-                log.warning("cannot check whether claim %s is in use; leaving it", claim.claim_id, exc_info=True)
-                self.stats["orphan_claims_unchecked"] += 1
-                return
-            if held:
-                self.stats["orphan_claims_in_use"] += 1
-                return
-            self.stats["orphan_claims_found"] += 1
-            await self.release_with_retries(claim.tenant, lease_id, claim.claim_id, "ROUTER_CLAIM_TIMED_OUT")
-            return
-
-    async def drain(self, timeout: float = 5.0) -> None:
-        """Wait (bounded) for background releases; orphan probes still sleeping are cancelled."""
-        if not self.tasks:
-            return
-        _, pending = await asyncio.wait(list(self.tasks), timeout=timeout)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+async def claim_reuse_batch(
+    registry: RegistryClient, reqs: Sequence[rpb.ClaimReuseRequest], timeout: float
+) -> list[ClaimResult | BoomerangClientError]:
+    """ClaimReuseBatch: each claim's result, or the error that claim alone failed with."""
+    resp = await registry.claim_reuse_batch(rpb.ClaimReuseBatchRequest(claims=reqs), timeout=timeout)
+    if len(resp.results) != len(reqs):
+        raise BoomerangClientError(
+            "ClaimReuseBatch",
+            BoomerangError(Code.INTERNAL, "BATCH_MISMATCH", f"{len(resp.results)} results for {len(reqs)} claims"),
+        )
+    out: list[ClaimResult | BoomerangClientError] = []
+    for r in resp.results:
+        if r.error_code:
+            out.append(BoomerangClientError("ClaimReuse", from_code_number(r.error_code, r.error_reason, r.error_message)))
+        else:
+            out.append(claim_result(r.response))
+    return out

@@ -3,10 +3,10 @@
 `Router.plan_turn` is on the time-to-first-token path. Its steps, each in the module of its
 concern: pick the engines from the in-memory pool (`engines`), claim the conversation's
 retained blocks with a short deadline (`claims`), decide (`engines.decide_plan`, over
-`domain.decide`), give back a claim it will not hand out (`claims.ClaimKeeper`), and record
-the plan (below: counted in its engines' load while its turn runs, kept in memory for
-retries and reports, and queued for `turn_plans`, written by a background writer in a group
-commit the answer waits for). The decision reads the engines' learned costs
+`domain.decide`), give back a claim it will not hand out (`settlement.ClaimKeeper`), and
+record the plan (below: counted in its engines' load while its turn runs, kept in memory
+for retries and reports, and queued for `turn_plans`, written by a background writer in a
+group commit the answer waits for). The decision reads the engines' learned costs
 (`learning.CostModels`); reports update them, never a plan. The servicer answers with it.
 Anything slow or failing in the control plane turns into a COLD plan with reason
 CONTROL_PLANE_DEGRADED, never a failed turn.
@@ -16,12 +16,12 @@ degraded one: asking again may find the claim that committed after the deadline 
 claim id returns it) and use it.
 
 `Router.report_turn` settles a turn: find its plan, check the report against it, end the
-turn at the registry (`reports`: one CompleteTurn), and record the outcome (which also
+turn at the registry (`settlement`: one CompleteTurn), and record the outcome (which also
 teaches the cost models the times the report measured).
 
 Claims the router will not hand out are given back in the background: when it decides
 against pulling after a successful claim, when the caller went away before the answer, and
-when the claim call timed out but may still have gone through (`claims.ClaimKeeper`'s
+when the claim call timed out but may still have gone through (`settlement.ClaimKeeper`'s
 orphan probe) and no recorded plan holds it.
 """
 
@@ -52,10 +52,10 @@ from boomerang_router.domain import (
 from boomerang_router.engines import EngineChoice, EnginePool, decide_plan, pick_engines
 from boomerang_router.learning import CostModels, Observation
 from boomerang_router.plan_store import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
-from boomerang_router.reports import Reporter, ReportResult, TurnEnding
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.requests import PlanInput, ReportInput
 from boomerang_router.settings import RouterSettings
+from boomerang_router.settlement import Reporter, ReportResult, TurnEnding
 
 
 class Router:

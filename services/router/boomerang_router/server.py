@@ -23,16 +23,15 @@ from boomerang_server.metrics import serve_metrics
 from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
 from sqlalchemy.engine import make_url
 
-from boomerang_router.claims import ClaimKeeper, ReuseClaimer
+from boomerang_router.claims import ReuseClaimer
 from boomerang_router.engines import EnginePool, HealthProber, Periodic
 from boomerang_router.learning import CostModels, Priors
 from boomerang_router.plan_store import PlanStore
 from boomerang_router.planner import Router
-from boomerang_router.registry_api import RouterRegistry
-from boomerang_router.reports import Reporter
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.servicer import RouterServicer
 from boomerang_router.settings import RouterSettings
+from boomerang_router.settlement import ClaimKeeper, Reporter
 from boomerang_router.spool import AuditSpool
 from boomerang_router.ttft import CopyCost, PrefillCost
 
@@ -63,14 +62,13 @@ def build_router(
     repo: TurnPlanRepository,
     name: str = "",
 ) -> Router:
-    """The router's steps put together: one registry adapter and one set of stats for all."""
+    """The router's steps put together: one registry client and one set of stats for all."""
     stats: Counter[str] = Counter()
-    api = RouterRegistry(registry)
     store = PlanStore(
         settings.plan_memory_seconds, settings.plan_memory_max, max_bytes=int(settings.plan_memory_mb * 2**20)
     )
-    claimer = ReuseClaimer(settings, api, ClaimKeeper(settings, api, store, repo, stats), stats)
-    reporter = Reporter(settings, api, pool)
+    claimer = ReuseClaimer(settings, registry, ClaimKeeper(settings, registry, store, repo, stats), stats)
+    reporter = Reporter(settings, registry, pool)
     return Router(settings, pool, audit, repo, store, cost_models(settings), claimer, reporter, stats, name)
 
 

@@ -22,7 +22,7 @@ from boomerang_router.kvparams import KvParams
 from boomerang_router.learning import CostModels
 from boomerang_router.plan_store import PlanRecord
 from boomerang_router.planner import Router
-from boomerang_router.reports import ReportResult, report_each
+from boomerang_router.settlement import ReportResult, report_each
 
 
 class RouterServicer(rtgrpc.RouterServiceServicer):
