@@ -29,7 +29,6 @@ def exported_in_process() -> set[str]:
     """Every `boomerang_*` sample name the services' metric modules define."""
     import boomerang_reaper.metrics  # noqa: F401 - registers its metrics
     import boomerang_registry.metrics  # noqa: F401
-    import boomerang_router.metrics
     import boomerang_router.planner
     import boomerang_router.repository  # noqa: F401
     from boomerang_gateway.metrics import GatewayMetrics

@@ -30,14 +30,14 @@ def _record(decision: str, reason: str, prompt: int, reused: int):  # type: igno
 
 
 def test_router_counts_reused_and_recomputed_tokens_and_the_time_saved() -> None:
-    from boomerang_router import metrics
+    from boomerang_router.plan_store import observe_plan
 
     before = (value("boomerang_router_reused_prompt_tokens_total"),
               value("boomerang_router_recomputed_prompt_tokens_total", decision="PULL"),
               value("boomerang_router_recomputed_prompt_tokens_total", decision="COLD"),
               value("boomerang_router_prefill_seconds_saved_total"))
-    metrics.observe_plan(_record("PULL", "VERIFIED_PREFIX", 2000, 1872))
-    metrics.observe_plan(_record("COLD", "NO_LEASE", 500, 0))
+    observe_plan(_record("PULL", "VERIFIED_PREFIX", 2000, 1872))
+    observe_plan(_record("COLD", "NO_LEASE", 500, 0))
     after = (value("boomerang_router_reused_prompt_tokens_total"),
              value("boomerang_router_recomputed_prompt_tokens_total", decision="PULL"),
              value("boomerang_router_recomputed_prompt_tokens_total", decision="COLD"),

@@ -31,9 +31,9 @@ from boomerang_server.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter as Counted
 from prometheus_client import Gauge, Histogram
 
-from boomerang_router import metrics
 from boomerang_router.domain import ClaimResult, LeaseHandle, claim_floor
 from boomerang_router.engines import EngineChoice
+from boomerang_router.plan_store import prefill_seconds_per_token
 from boomerang_router.requests import PlanInput
 from boomerang_router.settings import RouterSettings
 from boomerang_router.settlement import ClaimKeeper
@@ -87,7 +87,7 @@ class ReuseClaimer:
         self.keeper = keeper
         self.stats = stats
         self.claim_deadline = settings.claim_deadline_ms / 1000
-        self.seconds_per_token = metrics.prefill_seconds_per_token()  # for claim_wait
+        self.seconds_per_token = prefill_seconds_per_token()  # for claim_wait
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown_seconds)
         self._counted: BoomerangClientError | None = None  # the last failed call the breaker counted
         self.batcher = ClaimBatcher(registry, settings.claim_batch_max, settings.claim_batches_in_flight, settings.claim_queue_max)

@@ -53,7 +53,7 @@ class KvParams:
 # Keys the first-turn form carries as explicit nulls (vLLM's example proxy sends them so).
 _ALWAYS = ("remote_engine_id", "remote_block_ids", "remote_host", "remote_port")
 # The optional single-valued keys, in the order vLLM writes them; the typed message
-# (convert.params) carries each under the same name.
+# (servicer.params, requests.params_from_proto) carries each under the same name.
 SCALAR_KEYS = (
     "remote_engine_id",
     "remote_request_id",

@@ -39,7 +39,7 @@ from typing import Any
 
 from boomerang.errors import FieldViolation, failed_precondition, invalid, not_found
 
-from boomerang_router import kvparams, metrics
+from boomerang_router import kvparams
 from boomerang_router.claims import ReuseClaimer, answer_by
 from boomerang_router.domain import (
     ClaimResult,
@@ -51,7 +51,18 @@ from boomerang_router.domain import (
 )
 from boomerang_router.engines import EngineChoice, EnginePool, decide_plan, pick_engines
 from boomerang_router.learning import CostModels, Observation
-from boomerang_router.plan_store import PlanRecord, PlanStore, claim_id_for, new_plan_id, plan_time
+from boomerang_router.plan_store import (
+    PLAN_SECONDS,
+    PLANS,
+    PlanRecord,
+    PlanStore,
+    claim_id_for,
+    new_plan_id,
+    observe_delivered,
+    observe_plan,
+    observe_report,
+    plan_time,
+)
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.requests import PlanInput, ReportInput
 from boomerang_router.settings import RouterSettings
@@ -205,9 +216,9 @@ class Router:
         for old in self.store.put(record):
             self._uncount(old)
         self.audit.submit(record)
-        metrics.PLANS.labels(record.decision.value, record.reason.value).inc()
-        metrics.PLAN_SECONDS.observe(elapsed)
-        metrics.observe_plan(record)
+        PLANS.labels(record.decision.value, record.reason.value).inc()
+        PLAN_SECONDS.observe(elapsed)
+        observe_plan(record)
 
     def record_abandoned(self, record: PlanRecord) -> bool:
         """A plan whose caller went away before the answer: whether it held a claim to give back."""
@@ -243,13 +254,13 @@ class Router:
         record.outcome_detail = "; ".join(d for d in (handle_detail, retain_detail) if d)
         if r.delivered_cached_tokens is not None:
             if record.delivered_cached_tokens is None:  # a repeated report counts nothing twice
-                metrics.observe_delivered(record, r.delivered_cached_tokens)
+                observe_delivered(record, r.delivered_cached_tokens)
             record.delivered_cached_tokens = r.delivered_cached_tokens
         record.params = None  # a reported turn's handle is never handed out again; free its block ids
         self._uncount(record)
         self.audit.submit(record)
         self.stats["reports"] += 1
-        metrics.observe_report(record)
+        observe_report(record)
         return ReportResult(record, lease_state, retention, lease, retain_detail)
 
     def _count(self, record: PlanRecord) -> None:

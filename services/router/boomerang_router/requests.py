@@ -9,14 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from boomerang import chainproto
 from boomerang.errors import BoomerangError, Violations
 from boomerang.tokenchain import TokenChain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_server.validation import MAX_TEXT, check_id, check_text
-from boomerang_server.validation import check_conversation as _check_conversation
+from boomerang_server.validation import MAX_TEXT, check_conversation, check_id, check_text
 
 from boomerang_router import kvparams
 from boomerang_router.domain import HandleUse
@@ -33,22 +33,12 @@ from boomerang_router.plan_store import plan_time
 MAX_SALT = 256
 
 
-def check_conversation(v: Violations, path: str, value: str) -> None:
-    """An optional conversation id (a plan without one is found by the prompt it continues)."""
-    _check_conversation(v, path, value, required=False)
-
-
 _HANDLE_USE = {
     rtpb.HANDLE_USE_UNSPECIFIED: HandleUse.UNKNOWN,
     rtpb.HANDLE_USE_READ: HandleUse.READ,
     rtpb.HANDLE_USE_NOT_READ: HandleUse.NOT_READ,
     rtpb.HANDLE_USE_UNKNOWN: HandleUse.UNKNOWN,
 }
-
-
-def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain) -> TokenChain | None:
-    """A validated token chain, or None after recording why not."""
-    return chainproto.validated(v, path, msg)
 
 
 def check_plan_id(v: Violations, path: str, value: str) -> datetime | None:
@@ -89,7 +79,8 @@ def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
     """Validate PlanTurnRequest."""
     v = Violations()
     check_id(v, "tenant", req.tenant)
-    check_conversation(v, "conversation_id", req.conversation_id)
+    # Optional: a plan without one is found by the prompt it continues.
+    check_conversation(v, "conversation_id", req.conversation_id, required=False)
     check_id(v, "model", req.model, MAX_TEXT)
     check_id(v, "request_id", req.request_id, required=False)
     check_text(v, "cache_salt", req.cache_salt, MAX_SALT, required=False)
@@ -101,7 +92,7 @@ def plan_turn(req: rtpb.PlanTurnRequest, max_prompt_tokens: int) -> PlanInput:
     elif has_ids:
         length = len(req.prompt_token_ids)
     elif has_chain:
-        chain = chain_from_proto(v, "prompt_chain", req.prompt_chain)
+        chain = chainproto.validated(v, "prompt_chain", req.prompt_chain)
         length = chain.num_tokens if chain is not None else 0
         if chain is not None and length == 0:
             v.add("prompt_chain.num_tokens", "must be at least 1")
@@ -168,27 +159,14 @@ def _seconds(v: Violations, req: rtpb.ReportTurnRequest, name: str) -> float | N
 
 
 def params_from_proto(msg: tpb.KvTransferParams) -> KvParams:
-    """The typed `kv_transfer_params` message as KvParams."""
-
-    def opt(name: str) -> object:
-        return getattr(msg, name) if msg.HasField(name) else None
-
+    """The typed `kv_transfer_params` message as KvParams (each optional field under its name)."""
     groups = tuple(tuple(g.block_ids) for g in msg.remote_block_groups)
+    scalars: dict[str, Any] = {n: getattr(msg, n) if msg.HasField(n) else None for n in kvparams.SCALAR_KEYS}
     return KvParams(
         do_remote_decode=msg.do_remote_decode,
         do_remote_prefill=msg.do_remote_prefill,
         remote_block_ids=groups or None,
-        remote_engine_id=opt("remote_engine_id"),  # type: ignore[arg-type]
-        remote_request_id=opt("remote_request_id"),  # type: ignore[arg-type]
-        remote_host=opt("remote_host"),  # type: ignore[arg-type]
-        remote_port=opt("remote_port"),  # type: ignore[arg-type]
-        tp_size=opt("tp_size"),  # type: ignore[arg-type]
-        dcp_size=opt("dcp_size"),  # type: ignore[arg-type]
-        pp_size=opt("pp_size"),  # type: ignore[arg-type]
-        remote_num_tokens=opt("remote_num_tokens"),  # type: ignore[arg-type]
-        remote_blocks_expiry_time=opt("remote_blocks_expiry_time"),  # type: ignore[arg-type]
-        remote_registration_generation=opt("remote_registration_generation"),  # type: ignore[arg-type]
-        transfer_mode=opt("transfer_mode"),  # type: ignore[arg-type]
+        **scalars,
     )
 
 
@@ -229,7 +207,7 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
     v = Violations()
     check_id(v, "tenant", req.tenant)
     created = check_plan_id(v, "plan_id", req.plan_id)
-    check_conversation(v, "conversation_id", req.conversation_id)
+    check_conversation(v, "conversation_id", req.conversation_id, required=False)
     check_id(v, "request_id", req.request_id, required=False)
     if req.handle_use not in _HANDLE_USE:
         v.add("handle_use", "is not a HandleUse")
@@ -256,7 +234,7 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         if len(token_ids) > max_tokens:
             v.add("prompt_token_ids", f"prompt plus output may hold at most {max_tokens} tokens")
     elif req.HasField("sequence_chain"):
-        chain = chain_from_proto(v, "sequence_chain", req.sequence_chain)
+        chain = chainproto.validated(v, "sequence_chain", req.sequence_chain)
         if (chain is not None and params is not None and params.remote_num_tokens is not None
                 and chain.num_tokens > params.remote_num_tokens):
             v.add("sequence_chain.num_tokens", "must not exceed the handle's remote_num_tokens")
@@ -335,7 +313,7 @@ def list_plans(req: rtpb.ListTurnPlansRequest) -> ListInput:
     """Validate ListTurnPlansRequest (a token is checked against the listing it names)."""
     v = Violations()
     check_id(v, "tenant", req.tenant)
-    _check_conversation(v, "conversation_id", req.conversation_id, required=True)
+    check_conversation(v, "conversation_id", req.conversation_id, required=True)
     named = not v.items  # a token names its listing: judge it only against a valid one
     v.require(0 <= req.page_size <= MAX_PAGE_SIZE, "page_size", f"must be 0 (default {DEFAULT_PAGE_SIZE}) to {MAX_PAGE_SIZE}")
     after = ""

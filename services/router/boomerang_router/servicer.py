@@ -3,10 +3,13 @@ translate the router's values into the protobuf answers (below)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 import grpc
+from boomerang.errors import BoomerangError
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang.v1 import types_pb2 as tpb
@@ -22,7 +25,8 @@ from boomerang_router.kvparams import KvParams
 from boomerang_router.learning import CostModels
 from boomerang_router.plan_store import PlanRecord
 from boomerang_router.planner import Router
-from boomerang_router.settlement import ReportResult, report_each
+from boomerang_router.requests import ReportInput
+from boomerang_router.settlement import ReportResult
 
 
 class RouterServicer(rtgrpc.RouterServiceServicer):
@@ -93,6 +97,33 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
         entries = self.router.pool.entries(request.model, role)
         models = self.router.models
         return rtpb.RouterServiceListEnginesResponse(engines=[pool_engine(e, models) for e in entries])
+
+
+async def report_each(
+    report: Callable[[ReportInput], Awaitable[ReportResult]], inputs: Sequence[ReportInput | BoomerangError]
+) -> list[ReportResult | BaseException]:
+    """ReportTurnBatch's work: each valid report settled by `report` (ReportTurn's own path),
+    all at once; each answer, or the error it alone failed with, in the inputs' order (a
+    validation error passes through in its place).
+
+    At once, not one after another: each report's CompleteTurn then reaches the registry
+    together with the others, and the registry's group commit (RegistrationBatcher) settles
+    them in a few transactions instead of one each. Measured on a loaded 2-core host, 64
+    reports with registrations: router + registry CPU 2.0 ms a report at once against 5.3 ms
+    one after another (6.7 ms as 64 ReportTurn calls), 0.09 Postgres commits a report
+    against 2.3. Reports of the same plan still run one at a time (`report` serializes them
+    per plan id).
+    """
+
+    async def one(item: ReportInput | BoomerangError) -> ReportResult | BaseException:
+        if isinstance(item, BoomerangError):
+            return item
+        try:
+            return await report(item)
+        except Exception as exc:  # noqa: BLE001 - each report's failure is its own answer
+            return exc
+
+    return list(await asyncio.gather(*(one(item) for item in inputs)))
 
 
 DECISION = {

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -124,33 +124,6 @@ class ReportResult:
     retention: Retention
     lease: tpb.Lease | None
     detail: str
-
-
-async def report_each(
-    report: Callable[[ReportInput], Awaitable[ReportResult]], inputs: Sequence[ReportInput | BoomerangError]
-) -> list[ReportResult | BaseException]:
-    """ReportTurnBatch's work: each valid report settled by `report` (ReportTurn's own path),
-    all at once; each answer, or the error it alone failed with, in the inputs' order (a
-    validation error passes through in its place).
-
-    At once, not one after another: each report's CompleteTurn then reaches the registry
-    together with the others, and the registry's group commit (RegistrationBatcher) settles
-    them in a few transactions instead of one each. Measured on a loaded 2-core host, 64
-    reports with registrations: router + registry CPU 2.0 ms a report at once against 5.3 ms
-    one after another (6.7 ms as 64 ReportTurn calls), 0.09 Postgres commits a report
-    against 2.3. Reports of the same plan still run one at a time (`report` serializes them
-    per plan id).
-    """
-
-    async def one(item: ReportInput | BoomerangError) -> ReportResult | BaseException:
-        if isinstance(item, BoomerangError):
-            return item
-        try:
-            return await report(item)
-        except Exception as exc:  # noqa: BLE001 - each report's failure is its own answer
-            return exc
-
-    return list(await asyncio.gather(*(one(item) for item in inputs)))
 
 
 class Reporter:
