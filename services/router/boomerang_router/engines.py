@@ -137,7 +137,7 @@ class EngineChoice:
     block_size: int
 
 
-def pick_engines(pool: EnginePool, p: PlanInput, stats: Counter[str]) -> EngineChoice:
+def pick_engines(pool: EnginePool, p: PlanInput) -> EngineChoice:
     """The caller's own prefill engine when it names an available one (the vLLM hook), else
     the least-loaded; the least-loaded decode engine; or UNAVAILABLE."""
     prefill = pool.available(p.prefill_engine_id, p.model, Role.PREFILL) if p.prefill_engine_id else None
@@ -145,7 +145,6 @@ def pick_engines(pool: EnginePool, p: PlanInput, stats: Counter[str]) -> EngineC
     decode = pool.choose(p.model, Role.DECODE)
     if prefill is None or decode is None:
         role = "PREFILL" if prefill is None else "DECODE"
-        stats[f"no_{role.lower()}_engine"] += 1
         raise BoomerangError(
             Code.UNAVAILABLE,
             f"NO_{role}_ENGINE",
@@ -215,10 +214,8 @@ class Periodic:
 class HealthProber:
     """Probes static engines' `/health` and records the verdict in the pool."""
 
-    def __init__(self, pool: EnginePool, path: str = "/health", timeout: float = 1.0, failures: int = 2):
+    def __init__(self, pool: EnginePool, failures: int = 2):
         self.pool = pool
-        self.path = path
-        self.timeout = timeout
         self.failures = failures
         self._misses: dict[str, int] = {}
         self._client: httpx.AsyncClient | None = None
@@ -228,7 +225,7 @@ class HealthProber:
         if not self.pool.static:
             return
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
+            self._client = httpx.AsyncClient(timeout=1.0, trust_env=False)
         entries = list(self.pool.static.values())
         results = await asyncio.gather(*(self._probe(e.info.http_base_url) for e in entries))
         for entry, ok in zip(entries, results):
@@ -245,7 +242,7 @@ class HealthProber:
     async def _probe(self, base_url: str) -> bool:
         assert self._client is not None
         try:
-            resp = await self._client.get(base_url + self.path)
+            resp = await self._client.get(base_url + "/health")
             return resp.status_code == 200
         except httpx.HTTPError:
             return False

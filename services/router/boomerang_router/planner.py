@@ -131,7 +131,7 @@ class Router:
     async def _plan_steps(self, p: PlanInput, by: float | None) -> PlanRecord:
         """Pick engines → claim → decide → give back what is not handed out → record."""
         start = time.perf_counter()
-        engines = pick_engines(self.pool, p, self.stats)
+        engines = pick_engines(self.pool, p)
         ids = plan_ids(p)
         claim = await self.claimer.claim_for_plan(p, engines, ids[1], by)
         d, engines = decide_plan(self.pool, self.models, p, engines, claim)
@@ -206,7 +206,6 @@ class Router:
                 "PLAN_ALREADY_REPORTED",
                 f"request {p.request_id!r} was planned as {done.plan_id} and that turn is reported",
             )
-        self.stats["plans_replayed"] += 1
         return done
 
     def record_plan(self, record: PlanRecord, elapsed: float) -> None:
@@ -259,7 +258,6 @@ class Router:
         record.params = None  # a reported turn's handle is never handed out again; free its block ids
         self._uncount(record)
         self.audit.submit(record)
-        self.stats["reports"] += 1
         observe_report(record)
         return ReportResult(record, lease_state, retention, lease, retain_detail)
 

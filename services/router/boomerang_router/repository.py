@@ -217,6 +217,8 @@ class TurnPlanRepository:
             return int(made.scalar_one())
 
 
+PARTITION_SECONDS = 3600.0  # how often the writer creates the coming days' partitions
+MAX_BACKOFF_SECONDS = 2.0  # the longest a failing Postgres is left alone
 # SQLSTATE classes of a Postgres that cannot take rows now (connection, shutdown, resources).
 _TRANSIENT_SQLSTATES = ("08", "53", "57")
 
@@ -251,20 +253,16 @@ class AuditWriter:
         batch_size: int = 500,
         max_pending: int = 100_000,
         attempts: int = 3,
-        partition_interval: float = 3600.0,
         spool: AuditSpool | None = None,
-        max_backoff: float = 2.0,
     ):
         self.repo = repo
         self.spool = spool
-        self.max_backoff = max_backoff
         self._backoff = 0.0  # seconds; 0 while Postgres takes the rows
         self._down_until = 0.0  # loop time before which flushes spool without asking Postgres
         self.flush_interval = flush_interval
         self.batch_size = batch_size
         self.max_pending = max_pending
         self.attempts = attempts
-        self.partition_interval = partition_interval
         self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # plan id → kept() calls of its pending row
         self._writing_rows: dict[str, dict[str, Any]] = {}  # the batch Postgres is being asked to take
@@ -361,7 +359,7 @@ class AuditWriter:
         return self.spool is not None and not self._stopping and asyncio.get_running_loop().time() < self._down_until
 
     def _refused(self) -> None:
-        self._backoff = min(self.max_backoff, max(self.flush_interval, self._backoff * 2))
+        self._backoff = min(MAX_BACKOFF_SECONDS, max(self.flush_interval, self._backoff * 2))
         self._down_until = asyncio.get_running_loop().time() + self._backoff
 
     async def _replay(self) -> None:
@@ -402,7 +400,7 @@ class AuditWriter:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        next_partitions = loop.time() + self.partition_interval
+        next_partitions = loop.time() + PARTITION_SECONDS
         while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval)
@@ -411,7 +409,7 @@ class AuditWriter:
             self._wake.clear()
             await self.flush()
             if loop.time() >= next_partitions:
-                next_partitions = loop.time() + self.partition_interval
+                next_partitions = loop.time() + PARTITION_SECONDS
                 try:
                     await self.repo.ensure_partitions()
                 except Exception:

@@ -355,7 +355,6 @@ class ClaimKeeper:
                 end = await complete_turn(self.registry, tenant, claim, None, self.settings.report_timeout_seconds)
                 if end.claim_error is not None:
                     raise end.claim_error
-                self.stats["claims_released"] += 1
                 return True
             except BoomerangClientError as err:
                 if err.code not in TRANSIENT_CODES:
@@ -363,13 +362,11 @@ class ClaimKeeper:
                     return False
                 await asyncio.sleep(0.2 * 2**attempt)
         log.warning("gave up releasing claim on lease %s; it stays claimed until it expires", lease_id)
-        self.stats["claims_release_failed"] += 1
         return False
 
     def probe_orphan(self, claim: rpb.ClaimReuseRequest) -> None:
         """Start an orphan probe for a claim call that failed or timed out (bounded in number)."""
         if self._orphan_probes >= MAX_ORPHAN_PROBES:
-            self.stats["orphan_probes_skipped"] += 1
             return
         self.spawn(self._counted(claim))
 
@@ -404,7 +401,6 @@ class ClaimKeeper:
                 held = await self.repo.claim_handed_out(claim.tenant, claim.conversation_id, claim.claim_id, since)
             except Exception:
                 log.warning("cannot check whether claim %s is in use; leaving it", claim.claim_id, exc_info=True)
-                self.stats["orphan_claims_unchecked"] += 1
                 return
             if held:
                 self.stats["orphan_claims_in_use"] += 1
