@@ -92,17 +92,14 @@ class ReuseClaimer:
         self._counted: BoomerangClientError | None = None  # the last failed call the breaker counted
         self.batcher = ClaimBatcher(registry, settings.claim_batch_max, settings.claim_batches_in_flight, settings.claim_queue_max)
 
-    def claim_wait(self, prompt_tokens: int) -> float:
-        """Seconds a plan's claim may wait, before its caller's deadline (`claim_wait`)."""
-        return claim_wait(self.claim_deadline, self.settings.claim_wait_share, prompt_tokens, self.seconds_per_token)
-
     async def claim_for_plan(
         self, p: PlanInput, engines: EngineChoice, claim_id: str, answer_by: float | None = None
     ) -> ClaimResult:
         """The plan's claim, or why there is none (UNAVAILABLE, with a detail, when unanswered)."""
         if not p.conversation_id and p.token_ids is None:
             return ClaimResult(ClaimOutcome.NOT_ASKED)  # found by the prompt only: that needs its tokens
-        allowed = self.claim_wait(p.prompt_tokens)
+        share = self.settings.claim_wait_share
+        allowed = claim_wait(self.claim_deadline, share, p.prompt_tokens, self.seconds_per_token)
         wait = allowed if answer_by is None else min(allowed, answer_by - time.monotonic())
         if wait <= MIN_CLAIM_SECONDS:
             self._unanswered("claims_skipped_caller_deadline", "caller_deadline")
