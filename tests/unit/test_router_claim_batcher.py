@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -24,7 +25,7 @@ def number(req: rpb.ClaimReuseRequest) -> int:
 
 
 class FakeRegistry:
-    """A registry client that answers each claim NO_LEASE after `delay`, recording every call's claims."""
+    """A registry client answering each claim NO_LEASE after `delay`; records every call's claims."""
 
     def __init__(self, delay: float = 0.0, fail_conversation: str = ""):
         self.delay = delay
@@ -43,13 +44,17 @@ class FakeRegistry:
             raise BoomerangClientError("ClaimReuse", BoomerangError(Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", "late"))
         await asyncio.sleep(self.delay)
 
-    async def claim_reuse(self, req: rpb.ClaimReuseRequest, timeout: float) -> rpb.ClaimReuseResponse:
+    async def claim_reuse(
+        self, req: rpb.ClaimReuseRequest, timeout: float
+    ) -> rpb.ClaimReuseResponse:
         self.calls.append([req.conversation_id])
         self.methods.append("ClaimReuse")
         await self.wait(timeout)
         return answer(number(req))
 
-    async def claim_reuse_batch(self, req: rpb.ClaimReuseBatchRequest, timeout: float) -> rpb.ClaimReuseBatchResponse:
+    async def claim_reuse_batch(
+        self, req: rpb.ClaimReuseBatchRequest, timeout: float
+    ) -> rpb.ClaimReuseBatchResponse:
         reqs = req.claims
         self.calls.append([r.conversation_id for r in reqs])
         self.methods.append("ClaimReuseBatch")
@@ -176,7 +181,8 @@ async def test_a_batch_answer_s_failed_item_is_the_error_its_claim_alone_would_r
                                           error_reason="DATABASE_UNAVAILABLE", error_message="retry later"),
             ])
 
-    ok, refused, down = await claim_reuse_batch(Client(), [req(0), req(1), req(2)], 1.0)  # type: ignore[arg-type]
+    client: Any = Client()
+    ok, refused, down = await claim_reuse_batch(client, [req(0), req(1), req(2)], 1.0)
     assert isinstance(ok, ClaimResult) and ok.status is ClaimOutcome.NO_LEASE
     assert isinstance(refused, BoomerangClientError) and isinstance(down, BoomerangClientError)
     assert (refused.code, refused.reason, refused.error.message) == ("FAILED_PRECONDITION", "ENGINE_NOT_REGISTERED", "no such engine")

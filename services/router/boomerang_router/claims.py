@@ -82,7 +82,9 @@ def claim_wait(deadline: float, share: float, prompt_tokens: int, seconds_per_to
 class ReuseClaimer:
     """Asks the registry for each plan's claim, through the claim batcher and a circuit breaker."""
 
-    def __init__(self, settings: RouterSettings, registry: RegistryClient, keeper: ClaimKeeper, stats: Counter[str]):
+    def __init__(
+        self, settings: RouterSettings, registry: RegistryClient, keeper: ClaimKeeper, stats: Counter[str]
+    ):
         self.settings = settings
         self.keeper = keeper
         self.stats = stats
@@ -214,7 +216,9 @@ class ClaimBatcher:
         self.sending = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def claim_in_batch(self, req: rpb.ClaimReuseRequest, timeout: float, patient: bool = False) -> ClaimResult:
+    async def claim_in_batch(
+        self, req: rpb.ClaimReuseRequest, timeout: float, patient: bool = False
+    ) -> ClaimResult:
         """The claim's result within `timeout` seconds, or BoomerangClientError.
 
         A call carries its most urgent claim's deadline, so a `patient` claim (one allowed to
@@ -346,7 +350,9 @@ def lease_handle(lease: tpb.Lease) -> LeaseHandle:
     )
 
 
-async def claim_reuse(registry: RegistryClient, req: rpb.ClaimReuseRequest, timeout: float) -> ClaimResult:
+async def claim_reuse(
+    registry: RegistryClient, req: rpb.ClaimReuseRequest, timeout: float
+) -> ClaimResult:
     """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
     return claim_result(await registry.claim_reuse(req, timeout=timeout))
 

@@ -161,7 +161,9 @@ def _seconds(v: Violations, req: rtpb.ReportTurnRequest, name: str) -> float | N
 def params_from_proto(msg: tpb.KvTransferParams) -> KvParams:
     """The typed `kv_transfer_params` message as KvParams (each optional field under its name)."""
     groups = tuple(tuple(g.block_ids) for g in msg.remote_block_groups)
-    scalars: dict[str, Any] = {n: getattr(msg, n) if msg.HasField(n) else None for n in kvparams.SCALAR_KEYS}
+    scalars: dict[str, Any] = {
+        name: getattr(msg, name) if msg.HasField(name) else None for name in kvparams.SCALAR_KEYS
+    }
     return KvParams(
         do_remote_decode=msg.do_remote_decode,
         do_remote_prefill=msg.do_remote_prefill,

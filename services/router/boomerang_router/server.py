@@ -64,12 +64,13 @@ def build_router(
 ) -> Router:
     """The router's steps put together: one registry client and one set of stats for all."""
     stats: Counter[str] = Counter()
-    store = PlanStore(
-        settings.plan_memory_seconds, settings.plan_memory_max, max_bytes=int(settings.plan_memory_mb * 2**20)
-    )
-    claimer = ReuseClaimer(settings, registry, ClaimKeeper(settings, registry, store, repo, stats), stats)
+    plan_bytes = int(settings.plan_memory_mb * 2**20)
+    store = PlanStore(settings.plan_memory_seconds, settings.plan_memory_max, max_bytes=plan_bytes)
+    keeper = ClaimKeeper(settings, registry, store, repo, stats)
+    claimer = ReuseClaimer(settings, registry, keeper, stats)
     reporter = Reporter(settings, registry, pool)
-    return Router(settings, pool, audit, repo, store, cost_models(settings), claimer, reporter, stats, name)
+    models = cost_models(settings)
+    return Router(settings, pool, audit, repo, store, models, claimer, reporter, stats, name)
 
 
 def cost_models(settings: RouterSettings) -> CostModels:

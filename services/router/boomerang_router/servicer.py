@@ -86,7 +86,8 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
             return result
 
         inputs = requests.report_batch(request, self.max_prompt_tokens)
-        return rtpb.ReportTurnBatchResponse(results=await asyncio.gather(*(one(item) for item in inputs)))
+        results = await asyncio.gather(*(one(item) for item in inputs))
+        return rtpb.ReportTurnBatchResponse(results=results)
 
     @rpc
     async def GetTurnPlan(self, request: rtpb.GetTurnPlanRequest, context: grpc.aio.ServicerContext) -> rtpb.GetTurnPlanResponse:

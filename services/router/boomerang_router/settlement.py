@@ -60,11 +60,14 @@ TurnEnding = tuple[str, str, Retention, tpb.Lease | None, str]
 _LEASE_STATE_NAME = {v: k for k, v in tpb.LeaseState.items()}
 
 
-def turn_claim(lease_id: str, claim_id: str, read: bool, release_reason: str = "PREFILL_DID_NOT_READ") -> rpb.TurnClaim:
+def turn_claim(
+    lease_id: str, claim_id: str, read: bool, release_reason: str = "PREFILL_DID_NOT_READ"
+) -> rpb.TurnClaim:
     """A PULL plan's claim, settled at its turn's end: consumed when read, else given back."""
     if read:
         return rpb.TurnClaim(lease_id=lease_id, claim_id=claim_id, use=rpb.CLAIM_USE_READ)
-    return rpb.TurnClaim(lease_id=lease_id, claim_id=claim_id, use=rpb.CLAIM_USE_NOT_READ, release_reason=release_reason)
+    use = rpb.CLAIM_USE_NOT_READ
+    return rpb.TurnClaim(lease_id=lease_id, claim_id=claim_id, use=use, release_reason=release_reason)
 
 
 @dataclass
@@ -78,11 +81,14 @@ class TurnEnd:
     registration_error: BoomerangClientError | None = None
 
 
-def _item_error(item: rpb.TurnClaimResult | rpb.RegisterRetainedBlocksBatchResult) -> BoomerangClientError | None:
+def _item_error(
+    item: rpb.TurnClaimResult | rpb.RegisterRetainedBlocksBatchResult,
+) -> BoomerangClientError | None:
     """The error one part of CompleteTurn alone failed with, or None."""
     if not item.error_code:
         return None
-    return BoomerangClientError("CompleteTurn", from_code_number(item.error_code, item.error_reason, item.error_message))
+    error = from_code_number(item.error_code, item.error_reason, item.error_message)
+    return BoomerangClientError("CompleteTurn", error)
 
 
 async def complete_turn(
@@ -104,7 +110,8 @@ async def complete_turn(
     if retained is not None:
         out.registration_error = _item_error(resp.registration)
         if out.registration_error is None:
-            out.created, out.lease = resp.registration.response.created, resp.registration.response.lease
+            registered = resp.registration.response
+            out.created, out.lease = registered.created, registered.lease
     return out
 
 
@@ -168,7 +175,9 @@ class Reporter:
         except BoomerangClientError as err:  # best effort: a stale engine only costs reuse
             log.debug("heartbeat for %s after its turn failed: %s", engine_id, err)
 
-    async def end_turn_in_registry(self, record: PlanRecord, r: ReportInput, pulled: bool) -> TurnEnding:
+    async def end_turn_in_registry(
+        self, record: PlanRecord, r: ReportInput, pulled: bool
+    ) -> TurnEnding:
         """Settle the claim and register D's retained blocks: one CompleteTurn, one transaction.
 
         Returns (the claimed lease's state, the settlement's failure, the retention, the new
@@ -209,7 +218,9 @@ class Reporter:
             return state, settle_detail, Retention.REJECTED, None, refusal.reason
         raise AssertionError("unreachable: the second attempt returns")  # pragma: no cover
 
-    def _settled(self, record: PlanRecord, claim: rpb.TurnClaim | None, end: TurnEnd) -> tuple[str, str]:
+    def _settled(
+        self, record: PlanRecord, claim: rpb.TurnClaim | None, end: TurnEnd
+    ) -> tuple[str, str]:
         """The claimed lease's state after CompleteTurn, and why settling it failed (or "")."""
         if claim is None:
             return "", ""
@@ -222,9 +233,12 @@ class Reporter:
         if err.code == "FAILED_PRECONDITION" and err.reason.startswith("LEASE_"):
             state = err.reason.removeprefix("LEASE_")  # the state the lease had already ended in
         log.warning("plan %s: settling its claim: %s", record.plan_id, err)
-        return state, f"{'consume' if claim.use == rpb.CLAIM_USE_READ else 'release'} claim: {err.reason}"
+        settling = "consume" if claim.use == rpb.CLAIM_USE_READ else "release"
+        return state, f"{settling} claim: {err.reason}"
 
-    def retained(self, record: PlanRecord, r: ReportInput) -> rpb.RegisterRetainedBlocksRequest | Retention:
+    def retained(
+        self, record: PlanRecord, r: ReportInput
+    ) -> rpb.RegisterRetainedBlocksRequest | Retention:
         """D's retained blocks as the conversation's next lease (CompleteTurn's registration, its
         tenant the call's own), or why there are none.
 
@@ -267,7 +281,8 @@ class Reporter:
             remote_port=p.remote_port,
             model=record.model,
             request_id=f"report-{record.plan_id}",
-            prompt_tokens=prompt_len,  # the previous prompt's length; 0: found by conversation id only
+            # The previous prompt's length; 0: found by conversation id only.
+            prompt_tokens=prompt_len,
             prompt_tail_token_ids=(r.token_ids or [])[prompt_len - tail : prompt_len] if tail else (),
         )
 
@@ -292,7 +307,8 @@ class Reporter:
             dcp_size=p.dcp_size or 1,
             pp_size=p.pp_size or 1,
         )
-        request = rpb.RegisterEngineRequest(engine=engine, request_id=f"report-{record.plan_id}-engine")
+        request_id = f"report-{record.plan_id}-engine"
+        request = rpb.RegisterEngineRequest(engine=engine, request_id=request_id)
         try:
             await self.registry.register_engine(request, timeout=self.settings.report_timeout_seconds)
         except BoomerangClientError as err:
@@ -352,7 +368,8 @@ class ClaimKeeper:
         claim = turn_claim(lease_id, claim_id, read=False, release_reason=reason)
         for attempt in range(attempts):
             try:
-                end = await complete_turn(self.registry, tenant, claim, None, self.settings.report_timeout_seconds)
+                timeout = self.settings.report_timeout_seconds
+                end = await complete_turn(self.registry, tenant, claim, None, timeout)
                 if end.claim_error is not None:
                     raise end.claim_error
                 return True
