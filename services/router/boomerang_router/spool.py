@@ -27,7 +27,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -93,20 +92,18 @@ class Segment:
             return None
         return cls(path, handle)
 
-    def rows(self) -> Iterator[dict[str, Any]]:
+    def read_all(self) -> list[dict[str, Any]]:
         """Every whole row in the file (a torn last line from a crash is skipped)."""
         self.handle.seek(0)
+        rows = []
         for number, line in enumerate(self.handle, 1):
             if not line.strip():
                 continue
             try:
-                yield decode(line)
+                rows.append(decode(line))
             except ValueError:
                 log.warning("audit spool %s line %d is not a whole row; skipped", self.path.name, number)
-
-    def read_all(self) -> list[dict[str, Any]]:
-        """`rows()` as a list."""
-        return list(self.rows())
+        return rows
 
     def close(self, delete: bool = False) -> None:
         """Release the lock (deleting the file first when asked)."""
