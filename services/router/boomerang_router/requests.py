@@ -137,7 +137,6 @@ class ReportInput:
     chain: TokenChain | None
     finish_time_unix: float
     conversation_id: str
-    request_id: str
     delivered_cached_tokens: int | None = None  # the prefill engine's own count, if it gave one
     prompt_len: int = 0  # how many of `token_ids` are the prompt (the rest are output)
     salt: str = ""  # the request's cache_salt, as given to PlanTurn
@@ -268,7 +267,6 @@ def report_turn(req: rtpb.ReportTurnRequest, max_tokens: int) -> ReportInput:
         chain=chain,
         finish_time_unix=req.finish_time_unix,
         conversation_id=req.conversation_id,
-        request_id=req.request_id,
         delivered_cached_tokens=delivered,
         prompt_len=len(req.prompt_token_ids),
         salt=req.cache_salt,
