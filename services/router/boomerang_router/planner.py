@@ -168,7 +168,7 @@ class Router:
         async with self._one_report_at_a_time(r.plan_id):
             record = await self.find_plan(r.tenant, r.plan_id, r.created_at)
             pulled = check_report(record, r)
-            ended = await self.reporter.end_turn_in_registry(record, r, pulled)
+            ended = await self.reporter.end_turn(record, r, pulled)
             result = self.record_report(record, r, pulled, ended)
             await self._audited(record)
             return result

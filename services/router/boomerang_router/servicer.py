@@ -31,7 +31,7 @@ from boomerang_router.settlement import ReportResult
 class RouterServicer(rtgrpc.RouterServiceServicer):
     """RouterService over a Router."""
 
-    def __init__(self, router: Router, credentials: CredentialStore | None = None):
+    def __init__(self, router: Router, credentials: CredentialStore):
         self.router = router
         self.credentials = credentials
         self.max_prompt_tokens = router.settings.max_prompt_tokens
@@ -43,8 +43,7 @@ class RouterServicer(rtgrpc.RouterServiceServicer):
         principals) may both plan and report; the tenant in a request is the caller's word
         for whose turn it is, so with `BOOMERANG_REQUIRE_AUTH` anonymous callers are refused.
         """
-        if self.credentials is not None:
-            await self.credentials.authenticate(context, self.router.settings.require_auth)
+        await self.credentials.authenticate(context, self.router.settings.require_auth)
 
     @rpc
     async def PlanTurn(self, request: rtpb.PlanTurnRequest, context: grpc.aio.ServicerContext) -> rtpb.PlanTurnResponse:

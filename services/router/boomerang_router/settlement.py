@@ -52,7 +52,7 @@ from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 
-# How the registry ended a turn (`Reporter.end_turn_in_registry`): the claimed lease's state,
+# How the registry ended a turn (`Reporter.end_turn`): the claimed lease's state,
 # why settling it failed, the retention, the new lease, and why registering the blocks failed.
 TurnEnding = tuple[str, str, Retention, tpb.Lease | None, str]
 
@@ -175,9 +175,7 @@ class Reporter:
         except BoomerangClientError as err:  # best effort: a stale engine only costs reuse
             log.debug("heartbeat for %s after its turn failed: %s", engine_id, err)
 
-    async def end_turn_in_registry(
-        self, record: PlanRecord, r: ReportInput, pulled: bool
-    ) -> TurnEnding:
+    async def end_turn(self, record: PlanRecord, r: ReportInput, pulled: bool) -> TurnEnding:
         """Settle the claim and register D's retained blocks: one CompleteTurn, one transaction.
 
         Returns (the claimed lease's state, the settlement's failure, the retention, the new
