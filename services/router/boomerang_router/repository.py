@@ -57,76 +57,38 @@ _OUTCOME_COLUMNS = (
 )
 
 
+# The record's fields a column stores under another name, and the text columns that hold
+# NULL where the record holds "".
+_COLUMN_FIELD = {"reused_tokens": "reusable_tokens", "recomputed_tokens": "recompute_tokens"}
+_NULL_IF_EMPTY = (
+    "source_engine_id",
+    "lease_id",
+    "claim_id",
+    "handle_use",
+    "claimed_lease_state",
+    "retention",
+    "new_lease_id",
+    "outcome",
+    "outcome_detail",
+)
+
+
 def to_row(r: PlanRecord) -> dict[str, Any]:
     """The `turn_plans` row of a plan record."""
-    return {
-        "plan_id": r.plan_id,
-        "created_at": r.created_at,
-        "tenant": r.tenant,
-        "conversation_id": r.conversation_id,
-        "model": r.model,
-        "request_id": r.request_id,
-        "router": r.router,
-        "decision": r.decision.value,
-        "reason": r.reason.value,
-        "prefill_engine_id": r.prefill_engine_id,
-        "prefill_url": r.prefill_url,
-        "decode_engine_id": r.decode_engine_id,
-        "decode_url": r.decode_url,
-        "source_engine_id": r.source_engine_id or None,
-        "lease_id": r.lease_id or None,
-        "claim_id": r.claim_id or None,
-        "prompt_tokens": r.prompt_tokens,
-        "verified_tokens": r.verified_tokens,
-        "reused_tokens": r.reusable_tokens,
-        "recomputed_tokens": r.recompute_tokens,
-        "kv_recompute_threshold": r.kv_recompute_threshold,
-        "plan_micros": min(r.plan_micros, 2**31 - 1),
-        "reported_at": r.reported_at,
-        "handle_use": r.handle_use or None,
-        "claimed_lease_state": r.claimed_lease_state or None,
-        "retention": r.retention or None,
-        "new_lease_id": r.new_lease_id or None,
-        "outcome": r.outcome or None,
-        "outcome_detail": r.outcome_detail or None,
-        "delivered_cached_tokens": r.delivered_cached_tokens,
-    }
+    row = {column: getattr(r, _COLUMN_FIELD.get(column, column)) for column in _COLUMNS}
+    row.update({column: row[column] or None for column in _NULL_IF_EMPTY})
+    row.update(decision=r.decision.value, reason=r.reason.value)
+    row.update(plan_micros=min(r.plan_micros, 2**31 - 1))
+    return row
 
 
 def from_row(row: Mapping[Any, Any]) -> PlanRecord:
-    """A plan record from a `turn_plans` row."""
-    return PlanRecord(
-        plan_id=str(row["plan_id"]),
-        created_at=row["created_at"],
-        tenant=row["tenant"],
-        conversation_id=row["conversation_id"],
-        model=row["model"],
-        request_id=row["request_id"],
-        router=row["router"],
-        decision=PlanDecision(row["decision"]),
-        reason=PlanReason(row["reason"]),
-        prefill_engine_id=row["prefill_engine_id"],
-        prefill_url=row["prefill_url"],
-        decode_engine_id=row["decode_engine_id"],
-        decode_url=row["decode_url"],
-        source_engine_id=row["source_engine_id"] or "",
-        lease_id=str(row["lease_id"]) if row["lease_id"] else "",
-        claim_id=row["claim_id"] or "",
-        prompt_tokens=row["prompt_tokens"],
-        verified_tokens=row["verified_tokens"],
-        reusable_tokens=row["reused_tokens"],
-        recompute_tokens=row["recomputed_tokens"],
-        kv_recompute_threshold=row["kv_recompute_threshold"],
-        plan_micros=row["plan_micros"],
-        reported_at=row["reported_at"],
-        handle_use=row["handle_use"] or "",
-        claimed_lease_state=row["claimed_lease_state"] or "",
-        retention=row["retention"] or "",
-        new_lease_id=str(row["new_lease_id"]) if row["new_lease_id"] else "",
-        outcome=row["outcome"] or "",
-        outcome_detail=row["outcome_detail"] or "",
-        delivered_cached_tokens=row["delivered_cached_tokens"],
-    )
+    """A plan record from a `turn_plans` row (its UUID columns as text)."""
+    values = {_COLUMN_FIELD.get(column, column): row[column] for column in _COLUMNS}
+    values.update({column: str(row[column] or "") for column in _NULL_IF_EMPTY})
+    values.update(plan_id=str(row["plan_id"]), decision=PlanDecision(row["decision"]))
+    values.update(reason=PlanReason(row["reason"]))
+    return PlanRecord(**values)
 
 
 _PG_TYPES = {"UUID": "uuid", "DateTime": "timestamptz", "BigInteger": "bigint", "Integer": "integer", "Text": "text"}
