@@ -176,39 +176,14 @@ def decide_plan(
     return d, engines
 
 
-class Periodic:
-    """Runs an async function every `interval` seconds until stopped."""
-
-    def __init__(self, name: str, interval: float, fn: Callable[[], Awaitable[None]]):
-        self.name = name
-        self.interval = interval
-        self.fn = fn
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Start the loop (a no-op for a non-positive interval)."""
-        if self._task is None and self.interval > 0:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
-
-    async def stop(self) -> None:
-        """Stop the loop."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.fn()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.debug("%s failed", self.name, exc_info=True)
+async def every(name: str, seconds: float, fn: Callable[[], Awaitable[None]]) -> None:
+    """Run `fn` every `seconds` until cancelled; a failure is logged and the loop goes on."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await fn()
+        except Exception:
+            log.debug("%s failed", name, exc_info=True)
 
 
 class HealthProber:

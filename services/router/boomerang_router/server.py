@@ -24,7 +24,7 @@ from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
 from sqlalchemy.engine import make_url
 
 from boomerang_router.claims import ReuseClaimer
-from boomerang_router.engines import EnginePool, HealthProber, Periodic
+from boomerang_router.engines import EnginePool, HealthProber, every
 from boomerang_router.learning import CostModels, Priors
 from boomerang_router.plan_store import PlanStore
 from boomerang_router.planner import Router
@@ -148,20 +148,18 @@ async def start(settings: RouterSettings, registry: RegistryClient | None = None
     refresher = RegistryRefresher(pool, registry)
     await _warm_registry(registry, refresher)
     prober = HealthProber(pool, failures=settings.health_check_failures)
+    loops = [asyncio.create_task(every("engine-refresh", settings.engine_refresh_seconds, refresher.tick))]
     if pool.static and settings.health_check_seconds > 0:
         await prober.probe_all()
-    loops = [
-        Periodic("engine-refresh", settings.engine_refresh_seconds, refresher.tick),
-        Periodic("engine-health", settings.health_check_seconds if pool.static else 0, prober.probe_all),
-    ]
-    for loop in loops:
-        loop.start()
+        health = every("engine-health", settings.health_check_seconds, prober.probe_all)
+        loops.append(asyncio.create_task(health))
     router = build_router(settings, registry, pool, audit, repo)
     serve_metrics(settings.metrics_listen)
 
     async def stop() -> None:
         for loop in loops:
-            await loop.stop()
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
         await router.drain()
         await audit.stop()
         await prober.close()
