@@ -203,7 +203,7 @@ class ClaimBatcher:
     passes is answered CLAIM_QUEUE_TIMEOUT (RESOURCE_EXHAUSTED) and never sent, so there is
     nothing to give back. A call carries the deadline of its most urgent claim, and gRPC
     enforces it: a late answer is DEADLINE_EXCEEDED for every claim in the call, as a direct
-    call would be (the planner's orphan probe finds a claim that committed). A full queue
+    call would be (the claim keeper's orphan probe finds a claim that committed). A full queue
     answers CLAIM_QUEUE_FULL at once. Depth, wait, batch sizes and sheds are metrics.
     """
 
