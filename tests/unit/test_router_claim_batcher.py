@@ -25,7 +25,7 @@ def number(req: rpb.ClaimReuseRequest) -> int:
 
 
 class FakeRegistry:
-    """A registry client answering each claim NO_LEASE after `delay`; records every call's claims."""
+    """A registry client answering each claim NO_LEASE after `delay`; records each call's claims."""
 
     def __init__(self, delay: float = 0.0, fail_conversation: str = ""):
         self.delay = delay

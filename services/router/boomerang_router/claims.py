@@ -83,7 +83,11 @@ class ReuseClaimer:
     """Asks the registry for each plan's claim, through the claim batcher and a circuit breaker."""
 
     def __init__(
-        self, settings: RouterSettings, registry: RegistryClient, keeper: ClaimKeeper, stats: Counter[str]
+        self,
+        settings: RouterSettings,
+        registry: RegistryClient,
+        keeper: ClaimKeeper,
+        stats: Counter[str],
     ):
         self.settings = settings
         self.keeper = keeper
@@ -92,7 +96,9 @@ class ReuseClaimer:
         self.seconds_per_token = prefill_seconds_per_token()  # for claim_wait
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown_seconds)
         self._counted: BoomerangClientError | None = None  # the last failed call the breaker counted
-        self.batcher = ClaimBatcher(registry, settings.claim_batch_max, settings.claim_batches_in_flight, settings.claim_queue_max)
+        self.batcher = ClaimBatcher(
+            registry, settings.claim_batch_max, settings.claim_batches_in_flight, settings.claim_queue_max
+        )
 
     async def claim_for_plan(
         self, p: PlanInput, engines: EngineChoice, claim_id: str, answer_by: float | None = None
@@ -284,7 +290,8 @@ class ClaimBatcher:
             if len(batch) == 1:
                 results = [await claim_reuse(self.registry, batch[0].req, timeout)]
             else:
-                results = await claim_reuse_batch(self.registry, [item.req for item in batch], timeout)
+                reqs = [item.req for item in batch]
+                results = await claim_reuse_batch(self.registry, reqs, timeout)
         except BoomerangClientError as err:
             results = [err] * len(batch)
         except Exception as exc:  # every waiting caller gets an answer
@@ -361,16 +368,18 @@ async def claim_reuse_batch(
     registry: RegistryClient, reqs: Sequence[rpb.ClaimReuseRequest], timeout: float
 ) -> list[ClaimResult | BoomerangClientError]:
     """ClaimReuseBatch: each claim's result, or the error that claim alone failed with."""
-    resp = await registry.claim_reuse_batch(rpb.ClaimReuseBatchRequest(claims=reqs), timeout=timeout)
+    batch = rpb.ClaimReuseBatchRequest(claims=reqs)
+    resp = await registry.claim_reuse_batch(batch, timeout=timeout)
     if len(resp.results) != len(reqs):
+        mismatch = f"{len(resp.results)} results for {len(reqs)} claims"
         raise BoomerangClientError(
-            "ClaimReuseBatch",
-            BoomerangError(Code.INTERNAL, "BATCH_MISMATCH", f"{len(resp.results)} results for {len(reqs)} claims"),
+            "ClaimReuseBatch", BoomerangError(Code.INTERNAL, "BATCH_MISMATCH", mismatch)
         )
     out: list[ClaimResult | BoomerangClientError] = []
     for r in resp.results:
         if r.error_code:
-            out.append(BoomerangClientError("ClaimReuse", from_code_number(r.error_code, r.error_reason, r.error_message)))
+            error = from_code_number(r.error_code, r.error_reason, r.error_message)
+            out.append(BoomerangClientError("ClaimReuse", error))
         else:
             out.append(claim_result(r.response))
     return out

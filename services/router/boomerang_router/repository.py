@@ -156,7 +156,8 @@ class TurnPlanRepository:
         params = {"tenant": tenant, "conversation": conversation_id, "after_created": start[0],
                   "after_id": start[1], "limit": limit}
         async with self.engine.connect() as conn:
-            return [from_row(r._mapping) for r in await conn.execute(text(CONVERSATION_PAGE_SQL), params)]
+            rows = await conn.execute(text(CONVERSATION_PAGE_SQL), params)
+            return [from_row(r._mapping) for r in rows]
 
     async def claim_handed_out(self, tenant: str, conversation_id: str, claim_id: str, since: datetime) -> bool:
         """Whether a recorded PULL plan of the conversation (made after `since`) holds `claim_id`."""

@@ -148,7 +148,8 @@ async def start(settings: RouterSettings, registry: RegistryClient | None = None
     refresher = RegistryRefresher(pool, registry)
     await _warm_registry(registry, refresher)
     prober = HealthProber(pool, failures=settings.health_check_failures)
-    loops = [asyncio.create_task(every("engine-refresh", settings.engine_refresh_seconds, refresher.tick))]
+    refresh = every("engine-refresh", settings.engine_refresh_seconds, refresher.tick)
+    loops = [asyncio.create_task(refresh)]
     if pool.static and settings.health_check_seconds > 0:
         await prober.probe_all()
         health = every("engine-health", settings.health_check_seconds, prober.probe_all)

@@ -66,8 +66,9 @@ def turn_claim(
     """A PULL plan's claim, settled at its turn's end: consumed when read, else given back."""
     if read:
         return rpb.TurnClaim(lease_id=lease_id, claim_id=claim_id, use=rpb.CLAIM_USE_READ)
-    use = rpb.CLAIM_USE_NOT_READ
-    return rpb.TurnClaim(lease_id=lease_id, claim_id=claim_id, use=use, release_reason=release_reason)
+    return rpb.TurnClaim(
+        lease_id=lease_id, claim_id=claim_id, use=rpb.CLAIM_USE_NOT_READ, release_reason=release_reason
+    )
 
 
 @dataclass
@@ -182,7 +183,9 @@ class Reporter:
         lease, the registration's failure). A decode engine the registry does not know at
         this generation is registered from its own params and the turn ended again (the
         settlement repeats as a no-op)."""
-        claim = turn_claim(record.lease_id, record.claim_id, r.handle_use.consumed) if pulled else None
+        claim = None
+        if pulled:
+            claim = turn_claim(record.lease_id, record.claim_id, r.handle_use.consumed)
         kept = self.retained(record, r)
         retained = kept if isinstance(kept, rpb.RegisterRetainedBlocksRequest) else None
         if claim is None and retained is None:
@@ -266,6 +269,7 @@ class Reporter:
             return Retention.NOT_RETAINED
         prompt_len = r.prompt_len if r.token_ids is not None and r.prompt_len <= chain.num_tokens else 0
         tail = prompt_len % chain.block_size
+        tail_ids = (r.token_ids or [])[prompt_len - tail : prompt_len] if tail else ()
         return rpb.RegisterRetainedBlocksRequest(
             conversation_id=record.conversation_id,
             engine_id=p.remote_engine_id,
@@ -281,7 +285,7 @@ class Reporter:
             request_id=f"report-{record.plan_id}",
             # The previous prompt's length; 0: found by conversation id only.
             prompt_tokens=prompt_len,
-            prompt_tail_token_ids=(r.token_ids or [])[prompt_len - tail : prompt_len] if tail else (),
+            prompt_tail_token_ids=tail_ids,
         )
 
     async def register_decode_engine(
@@ -308,7 +312,8 @@ class Reporter:
         request_id = f"report-{record.plan_id}-engine"
         request = rpb.RegisterEngineRequest(engine=engine, request_id=request_id)
         try:
-            await self.registry.register_engine(request, timeout=self.settings.report_timeout_seconds)
+            timeout = self.settings.report_timeout_seconds
+            await self.registry.register_engine(request, timeout=timeout)
         except BoomerangClientError as err:
             if err.code in TRANSIENT_CODES:
                 raise registry_down(err) from None
