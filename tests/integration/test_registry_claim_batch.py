@@ -14,15 +14,16 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from boomerang_registry import requests
-from boomerang_registry.domain import ClaimOutcome, ClaimQuery
 from boomerang_registry.rawsql import SET_TENANTS_LOCAL, TenantPool
 from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.requests import ClaimQuery
 from boomerang_registry.statements import CLAIM_BATCH_SQL
 from boomerang_server.db.engine import make_engine
+from boomerang_server.leases import ClaimOutcome
 
 from tests.integration.test_registry_repository import register, register_engine, turn
 from tests.support.registry_data import claim_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_batch
 
 pytestmark = pytest.mark.integration
 
@@ -246,8 +247,8 @@ async def test_one_statement_registers_a_batch_and_each_supersedes_its_own_conve
             blocks("a", "conv", 96, now - 1),            # the same conversation again: next round, supersedes the first
             blocks("a", "other", 80, now - 2, generation=7),  # refused: the engine is at generation 1
         ]
-        out = await repo.registrations.register_batch(batch)
-        repeat = await repo.registrations.register_batch([batch[1]])
+        out = await register_batch(repo, batch)
+        repeat = await register_batch(repo, [batch[1]])
     finally:
         await raw.close()
         await engine.dispose()

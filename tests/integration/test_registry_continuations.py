@@ -19,14 +19,14 @@ from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_registry import requests
-from boomerang_registry.continuations import CONTINUE_CLAIM_SQL, continue_params
-from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry.claim_store import CONTINUE_CLAIM_SQL, continue_params
 from boomerang_registry.repository import RegistryRepository
+from boomerang_server.leases import ClaimOutcome
 from sqlalchemy import text
 
 from tests.integration.test_registry_repository import register_engine
 from tests.support.registry_data import BLOCK
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ async def retain(repo: RegistryRepository, tenant: str, eid: str, prompt: list[i
         num_tokens=len(seq), token_chain=chain_msg(seq, salt), prompt_tokens=len(prompt),
         prompt_tail_token_ids=prompt[len(prompt) - tail:] if tail else [],
     )
-    lease, created, superseded = await repo.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+    lease, created, superseded = await register_blocks(repo, requests.retained_blocks(req, 10**6, 10**7))
     assert created and superseded == 0
     return str(lease["lease_id"])
 

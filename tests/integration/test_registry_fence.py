@@ -18,14 +18,14 @@ import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
 from boomerang_registry import requests
-from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.requests import ClaimSettlement, TurnEnd
 from boomerang_registry.statements import CLAIM_SQL
-from boomerang_registry.turns import ClaimSettlement, TurnEnd
+from boomerang_server.leases import ClaimOutcome
 
 from tests.support.databases import fresh_database
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 TENANT = "t-fence"
@@ -57,7 +57,7 @@ def tokens(n: int, start: int = 1000) -> list[int]:
 
 async def lease_for(repo: RegistryRepository, engine: str, conv: str, finish: float = 0.0) -> str:
     req = blocks_request(TENANT, conv, engine, tokens(320), finish_time_unix=finish)
-    lease, created, _ = await repo.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+    lease, created, _ = await register_blocks(repo, requests.retained_blocks(req, 10**6, 10**7))
     assert created
     return str(lease["lease_id"])
 

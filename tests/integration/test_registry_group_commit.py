@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
 from boomerang_registry import requests
-from boomerang_registry.batching import RegistrationBatcher
+from boomerang_registry.group_commit import RegistrationBatcher
 
 from tests.support.registry_data import blocks_request, engine_request
 from tests.support.registry_repo import open_repository

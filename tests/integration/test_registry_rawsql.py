@@ -13,10 +13,10 @@ import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
 from boomerang_registry import requests
-from boomerang_registry.batching import RegistrationBatcher
-from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry.group_commit import RegistrationBatcher
 from boomerang_registry.rawsql import positional
 from boomerang_registry.repository import RegistryRepository
+from boomerang_server.leases import ClaimOutcome
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
 from tests.support.registry_repo import open_repository

@@ -12,12 +12,12 @@ import pytest
 from boomerang.errors import BoomerangError, Code
 from boomerang.tokenchain import build_chain, common_tokens
 from boomerang_registry import requests
-from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
+from boomerang_server.leases import ClaimOutcome
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository, settle
+from tests.support.registry_repo import open_repository, register_blocks, settle
 
 pytestmark = pytest.mark.integration
 SETTINGS = RegistrySettings()
@@ -35,7 +35,7 @@ async def register_engine(repo: RegistryRepository, engine_id: str, generation: 
 
 async def register(repo: RegistryRepository, tenant: str, conv: str, engine_id: str, tokens: list[int], **kw):  # type: ignore[no-untyped-def]
     req = blocks_request(tenant, conv, engine_id, tokens, **kw)
-    return await repo.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+    return await register_blocks(repo, requests.retained_blocks(req, 10**6, 10**7))
 
 
 async def claim(repo: RegistryRepository, tenant: str, conv: str, tokens: list[int], **kw):  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ import pytest
 from boomerang_registry import requests
 
 from tests.support.registry_data import blocks_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +17,7 @@ async def test_tenant_role_sees_and_changes_only_its_tenant(database_url: str, u
         eid = f"d-{unique}"
         await repo.engines.register(requests.engine_spec(engine_request(eid), 480), "r")
         for tenant in ("alpha", "beta"):
-            await repo.registrations.register(
+            await register_blocks(repo,
                 requests.retained_blocks(blocks_request(f"{tenant}-{unique}", "same-conversation", eid, list(range(64))), 10**6, 10**7)
             )
 

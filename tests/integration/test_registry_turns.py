@@ -13,12 +13,11 @@ import pytest
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_registry import requests
-from boomerang_registry.batching import RegistrationBatcher
+from boomerang_registry.group_commit import RegistrationBatcher, TurnEnded
 from boomerang_registry.repository import RegistryRepository
-from boomerang_registry.turns import TurnEnded
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +43,7 @@ async def events(pg: asyncpg.Connection, lease_id: str) -> list[tuple[str | None
 async def claimed_turn(repo: RegistryRepository, tenant: str, conv: str, eid: str, held: list[int], claim_id: str) -> str:
     """Register `held` on `eid` and claim it with a longer prompt; the lease id."""
     await repo.engines.register(requests.engine_spec(engine_request(eid), 480), "r")
-    lease, _, _ = await repo.registrations.register(requests.retained_blocks(blocks_request(tenant, conv, eid, held), 10**6, 10**7))
+    lease, _, _ = await register_blocks(repo, requests.retained_blocks(blocks_request(tenant, conv, eid, held), 10**6, 10**7))
     req = claim_request(tenant, conv, held + [1], claim_id=claim_id)
     outcome, row, _, _ = await repo.claims.claim(requests.claim(req))
     assert row is not None and row["lease_id"] == lease["lease_id"], outcome

@@ -17,9 +17,10 @@ from typing import Any
 
 from boomerang.errors import not_found
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from boomerang_registry.rawsql import Row, TenantPool
 from boomerang_registry.statements import LEASE_COLUMNS
-from boomerang_registry.store import Row, Store
 
 _CONVERSATION_LEASES_SQL = (
     f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.tenant = :t AND l.conversation_id = :c "
@@ -115,13 +116,14 @@ def _list_leases_sql(
 class EventStore:
     """GetConversation, ListLeases and ListRegistrations."""
 
-    def __init__(self, store: Store):
-        self.store = store
+    def __init__(self, owner: AsyncEngine, pool: TenantPool):
+        self.owner = owner
+        self.pool = pool
 
     async def conversation(self, tenant: str, conversation_id: str, include_events: bool) -> tuple[list[Row], list[Row]]:
         """A conversation's newest 100 leases and, if asked, their events."""
         params = {"t": tenant, "c": conversation_id}
-        async with self.store.pool.transaction(tenant) as tx:
+        async with self.pool.transaction(tenant) as tx:
             leases: list[Row] = list(await tx.fetch(_CONVERSATION_LEASES_SQL, params))
             if not leases:
                 raise not_found(
@@ -137,10 +139,10 @@ class EventStore:
         sql, params = _list_leases_sql(tenant, engine_id, states, page_size, page_token)
         rows: list[Row]
         if tenant:
-            async with self.store.pool.transaction(tenant) as tx:
+            async with self.pool.transaction(tenant) as tx:
                 rows = list(await tx.fetch(sql, params))
         else:  # an operator's listing across tenants
-            async with self.store.owner.connect() as conn:
+            async with self.owner.connect() as conn:
                 rows = [r._mapping for r in await conn.execute(text(sql), params)]
         next_token = ""
         if len(rows) > page_size:
@@ -153,7 +155,7 @@ class EventStore:
     ) -> tuple[list[Row], datetime, datetime, str]:
         """A page of the leases registered in the last `hours` (all tenants' when `tenant` is
         empty), newest first; the window (since, until); the next page's token."""
-        async with self.store.owner.connect() as conn:
+        async with self.owner.connect() as conn:
             if page_token:
                 since, until, after_created, after_id = decode_history_token(page_token)
             else:

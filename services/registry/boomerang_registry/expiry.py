@@ -1,4 +1,4 @@
-"""The registry's SQL for the TTL reaper: expiry, engine liveness, audit retention.
+"""The registry's SQL for the TTL reaper: expiry, engine liveness, audit retention, releases.
 
 Only the registry writes lease state; the reaper asks for these through fenced RPCs. Each
 fenced method first locks the election's `reaper_leader` row FOR SHARE in its own
@@ -13,7 +13,7 @@ requires the lease to be live.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,9 +21,11 @@ from typing import Any
 import asyncpg
 import sqlalchemy.exc
 from boomerang.errors import failed_precondition
-from boomerang_server.leases import LIVE_SQL
+from boomerang_server.leases import LIVE_SQL, LeaseState
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from boomerang_registry.statements import TRANSITION_SQL
 
 Row = Mapping[Any, Any]  # a result row by column name (SQLAlchemy's RowMapping keys by str or Column)
 DEFAULT_ELECTION = "ttl-reaper"
@@ -137,6 +139,21 @@ CUTOFF_SQL = "SELECT now() - make_interval(days => :days)"
 # Creating and dropping partitions lock `lease_events` briefly; never queue the hot path
 # (every registration appends events) behind a long wait for such a lock.
 LOCK_TIMEOUT = "500ms"
+
+
+# Releases: ending leases nobody will pull, so their decode engine frees the blocks early.
+# A lease the retention policy or memory pressure gives up on moves `RETAINED → RELEASED` in
+# one statement (the lease locked, re-checked `RETAINED` after the lock, moved, its event
+# appended) and is marked `release_pending`. A claim racing it locks the same row: whichever
+# commits first wins, and the other finds the lease no longer `RETAINED` (a claimed lease is
+# never released under its puller; a released one is never claimed). The engine's next
+# heartbeat takes the release (statements.HEARTBEAT_SQL) and its hook frees the blocks
+# through vLLM's own expiry path. Supersession, expiry, consumption and a claim that ends its
+# lease mark `release_pending` in their own statements.
+RELEASE_REASONS = frozenset({"RETENTION_POLICY", "MEMORY_PRESSURE", "OPERATOR"})  # the event's reason
+RELEASE_LEASES_SQL = TRANSITION_SQL.format(
+    where="lease_id = ANY(CAST(:ids AS uuid[])) AND state = 'RETAINED'", extra_set=", release_pending = true"
+)
 
 
 @dataclass(frozen=True)
@@ -321,3 +338,26 @@ class ExpiryRepository:
             if done < PURGE_BATCH:
                 break
         return purged
+
+    async def release(
+        self, lease_ids: Sequence[str], reason: str, request_id: str, actor: str = "registry",
+        fence: Fence | None = None,
+    ) -> list[str]:
+        """Move those of `lease_ids` still RETAINED to RELEASED; the ids moved.
+
+        With `fence` (ReleaseLeases), the caller's term is checked first in the same
+        transaction, so a deposed leader's decision never lands. Leases belong to every
+        tenant, so this runs as the owner."""
+        if reason not in RELEASE_REASONS:
+            raise ValueError(f"release reason {reason!r} is not one of {sorted(RELEASE_REASONS)}")
+        if not lease_ids:
+            return []
+        async with self.engine.begin() as conn:
+            if fence is not None:
+                await self.check_fence(conn, fence)
+            rows = await conn.execute(
+                text(RELEASE_LEASES_SQL),
+                {"ids": list(lease_ids), "to_state": LeaseState.RELEASED.value, "reason": reason,
+                 "actor": actor, "request_id": request_id, "event_claim_id": ""},
+            )
+            return [r.lease_id for r in rows]

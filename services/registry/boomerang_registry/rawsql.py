@@ -30,6 +30,8 @@ from boomerang_server.config.settings import asyncpg_dsn
 
 from boomerang_registry.fence import epoch_changed
 
+Row = Mapping[Any, Any]  # a result row by column name (an asyncpg Record, or SQLAlchemy's RowMapping)
+
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 # Each sets both settings, so a batch's tenant list never outlives the use that set it.
 SET_TENANT_SESSION = "SELECT set_config('boomerang.tenant', $1, false), set_config('boomerang.tenants', '', false)"
@@ -54,6 +56,25 @@ def positional(sql: str) -> tuple[str, list[str]]:
         return f"${names.index(name) + 1}"
 
     return _NAMED.sub(number, sql), names
+
+
+def rounds(keys: Sequence[tuple[str, str]]) -> list[list[int]]:
+    """Positions of `keys` in rounds holding each (tenant, conversation) at most once, in order.
+
+    A batched statement takes at most one item per conversation (two claims could pick the
+    same lease; a second registration must see the first's lease to supersede it); later
+    items on the same conversation go in later rounds, which see the earlier ones' effects.
+    """
+    out: list[list[int]] = []
+    seen: list[set[tuple[str, str]]] = []
+    for n, key in enumerate(keys):
+        k = next((k for k, used in enumerate(seen) if key not in used), len(out))
+        if k == len(out):
+            out.append([])
+            seen.append(set())
+        out[k].append(n)
+        seen[k].add(key)
+    return out
 
 
 @contextmanager

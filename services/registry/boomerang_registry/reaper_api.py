@@ -20,8 +20,7 @@ from boomerang_server.rpc.status import error_for_exception, rpc, to_status
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.deadline_watch import DeadlineHub
 from boomerang_registry.events import decode_history_token
-from boomerang_registry.expiry import DEFAULT_ELECTION, ExpiryRepository, Fence
-from boomerang_registry.release_store import RELEASE_REASONS
+from boomerang_registry.expiry import DEFAULT_ELECTION, RELEASE_REASONS, ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
 
@@ -196,11 +195,8 @@ class ReaperFacingServicer:
         v.require(request.reason in RELEASE_REASONS, "reason", f"must be one of {', '.join(sorted(RELEASE_REASONS))}")
         v.raise_if_any()
 
-        async def fenced(conn: Any) -> None:
-            await self.expiry.check_fence(conn, fence)
-
-        released = await self.repo.releases.release(
-            list(request.lease_ids), request.reason, request.request_id, request.actor or "reaper", fenced
+        released = await self.expiry.release(
+            list(request.lease_ids), request.reason, request.request_id, request.actor or "reaper", fence
         )
         if released:
             metrics.TRANSITIONS.labels("RELEASED").inc(len(released))

@@ -1,4 +1,5 @@
-"""Request validation: protobuf requests in, validated domain values out (or INVALID_ARGUMENT).
+"""Request validation: protobuf requests in, the validated values the stores take out (or
+INVALID_ARGUMENT).
 
 Every problem of a request is reported at once, each naming its field, so a caller can fix
 everything in one go. Nothing here touches the database.
@@ -7,6 +8,7 @@ everything in one go. Nothing here touches the database.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from boomerang import chainproto
@@ -21,10 +23,86 @@ from boomerang_server.validation import check_conversation as check_conversation
 from boomerang_server.validation import check_id as check_id
 from boomerang_server.validation import check_text as check_text
 
-from boomerang_registry.domain import ClaimQuery, EngineRole, EngineSpec, RetainedBlocks
-from boomerang_registry.turns import ClaimSettlement, TurnEnd
-
 MAX_BLOCK_ID = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """A validated engine registration."""
+
+    engine_id: str
+    role: str  # PREFILL or DECODE
+    model: str
+    side_channel_host: str
+    side_channel_port: int
+    http_base_url: str
+    generation: int
+    kv_blocks_ttl_seconds: int
+    block_size: int
+    tp_size: int
+    dcp_size: int
+    pp_size: int
+    bytes_per_block: int
+    kv_recompute_threshold: int
+
+
+@dataclass(frozen=True)
+class RetainedBlocks:
+    """A validated registration of a finished turn's retained blocks."""
+
+    tenant: str
+    conversation_id: str
+    engine_id: str
+    engine_generation: int
+    remote_request_id: str
+    block_groups: list[list[int]]
+    num_tokens: int
+    chain: TokenChain
+    finish_time: datetime | None
+    remote_host: str
+    remote_port: int
+    model: str
+    request_id: str
+    prompt_tokens: int = 0  # the previous prompt's length; 0: found by conversation id only
+    prompt_tail_ids: tuple[int, ...] = ()  # its partial last block's token ids
+
+    @property
+    def num_blocks(self) -> int:
+        """Block ids over all groups."""
+        return sum(len(group) for group in self.block_groups)
+
+
+@dataclass(frozen=True)
+class ClaimQuery:
+    """A validated claim request."""
+
+    tenant: str
+    conversation_id: str
+    chain: TokenChain
+    min_reusable_tokens: int
+    min_remaining_seconds: float
+    claim_id: str
+    model: str
+    prompt_packed: bytes = b""  # without a conversation id: the new prompt, packed u32 LE
+
+
+@dataclass(frozen=True)
+class ClaimSettlement:
+    """A claimed lease to settle: consumed (`read`) or given back to the conversation."""
+
+    tenant: str
+    lease_id: str
+    claim_id: str
+    read: bool
+    reason: str = "PREFILL_DID_NOT_READ"  # the release's audit reason, when not read
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """One turn's end: either part may be absent (a turn that pulled nothing, or kept nothing)."""
+
+    claim: ClaimSettlement | None = None
+    registration: RetainedBlocks | None = None
 
 
 def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain, present: bool) -> TokenChain | None:
@@ -65,7 +143,7 @@ def engine_spec(req: rpb.RegisterEngineRequest, default_ttl: int) -> EngineSpec:
     v.raise_if_any()
     return EngineSpec(
         engine_id=e.engine_id,
-        role=EngineRole.PREFILL if e.role == tpb.ENGINE_ROLE_PREFILL else EngineRole.DECODE,
+        role="PREFILL" if e.role == tpb.ENGINE_ROLE_PREFILL else "DECODE",
         model=e.model,
         side_channel_host=e.side_channel_host,
         side_channel_port=e.side_channel_port,

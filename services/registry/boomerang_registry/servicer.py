@@ -13,18 +13,17 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.credentials import CredentialStore
+from boomerang_server.leases import ClaimOutcome
 from boomerang_server.rpc.status import rpc, write_item_error
 
 from boomerang_registry import convert, metrics, requests
-from boomerang_registry.batching import RegistrationBatcher
-from boomerang_registry.domain import ClaimOutcome
 from boomerang_registry.events import decode_page_token
+from boomerang_registry.group_commit import Registered, RegistrationBatcher
 from boomerang_registry.lease_keys import LeaseKeysHub, LeaseKeysServicer
+from boomerang_registry.rawsql import Row
 from boomerang_registry.reaper_api import ReaperFacingServicer
-from boomerang_registry.registrations import Registered
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
-from boomerang_registry.store import Row
 
 _OUTCOME = {
     ClaimOutcome.CLAIMED: rpb.CLAIM_OUTCOME_CLAIMED,

@@ -1,5 +1,12 @@
 """The registry's hot statements, each the one production runs (on rawsql.py's pool).
 
+A lease is one retained turn. `RETAINED → CLAIMED → CONSUMED`, or
+`RETAINED → EXPIRED | SUPERSEDED | INVALIDATED | RELEASED`, and `CLAIMED → RETAINED` only when the
+prefill node reports it never read. A claimed lease can still expire or be invalidated
+(the decode node frees its blocks at its own deadline whoever holds the claim), never be
+released. Each transition is one guarded SQL statement (here, expiry.py, fence.py): the
+state a statement requires is in its WHERE clause.
+
 Every lease state change appends its `lease_events` row in the same statement; the claim
 is one statement on the `(tenant, conversation_id)` live-lease index. Tests run these same
 constants; nothing else holds a second copy of them.
