@@ -21,9 +21,9 @@ from boomerang_reaper.domain import ClockOffset
 from boomerang_reaper.leader import LeaderElection
 from boomerang_reaper.repository import ReaperRepository
 from boomerang_registry import requests
-from boomerang_registry.deadline_watch import DeadlineHub, Subscription
 from boomerang_registry.expiry import ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.watches import DeadlineHub, Subscription
 from boomerang_server.db.engine import make_engine
 
 from tests.support.databases import fresh_database

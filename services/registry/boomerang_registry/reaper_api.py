@@ -1,5 +1,5 @@
-"""The registry RPCs that serve the TTL reaper: deadline watch, fenced expiry, engine sweep,
-audit retention, releases, and the reads of its status and advice (CountLiveLeases,
+"""The registry RPCs that serve the TTL reaper: fenced expiry, engine sweep, audit retention,
+releases, and the reads of its status and advice (CountLiveLeases,
 ListRegistrations). A mixin of BlockRegistryServicer: validate, delegate, translate.
 """
 
@@ -7,22 +7,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 from boomerang.errors import Violations
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_server.config.settings import asyncpg_dsn
-from boomerang_server.rpc.status import error_for_exception, rpc, to_status
+from boomerang_server.rpc.status import rpc
 
 from boomerang_registry import convert, metrics, requests
-from boomerang_registry.deadline_watch import DeadlineHub
 from boomerang_registry.events import decode_history_token
 from boomerang_registry.expiry import DEFAULT_ELECTION, RELEASE_REASONS, ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
-from boomerang_registry.settings import RegistrySettings
 
 log = logging.getLogger(__name__)
 MAX_EXPIRE_BATCH = 10_000
@@ -45,69 +40,12 @@ def _fenced(v: Violations, request: Any) -> Fence:
     return Fence(msg.election or DEFAULT_ELECTION, msg.term)
 
 
-def _ts_from_epoch(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=UTC)
-
-
 class ReaperFacingServicer:
-    """WatchLeaseDeadlines, ExpireLeases, SweepEngines, EnforceEventRetention, ReleaseLeases,
-    CountLiveLeases, ListRegistrations."""
+    """ExpireLeases, SweepEngines, EnforceEventRetention, ReleaseLeases, CountLiveLeases,
+    ListRegistrations (the reaper's deadline watch is in watches.py)."""
 
     repo: RegistryRepository
-    settings: RegistrySettings
-    _expiry_repo: ExpiryRepository | None = None
-    _deadline_hub: DeadlineHub | None = None
-
-    @property
-    def expiry(self) -> ExpiryRepository:
-        """The SQL edge for these RPCs (shares the registry's engine)."""
-        if self._expiry_repo is None:
-            self._expiry_repo = ExpiryRepository(self.repo.owner)
-        return self._expiry_repo
-
-    @property
-    def deadline_hub(self) -> DeadlineHub:
-        """The process's LISTEN hub, created on first use."""
-        if self._deadline_hub is None:
-            self._deadline_hub = DeadlineHub(asyncpg_dsn(self.settings.require_database()))
-        return self._deadline_hub
-
-    async def close_deadline_watch(self) -> None:
-        """End every watch stream (the registry drains; watchers reconnect elsewhere)."""
-        await self.deadline_hub.close()
-
-    async def WatchLeaseDeadlines(
-        self, request: rpb.WatchLeaseDeadlinesRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rpb.WatchLeaseDeadlinesResponse]:
-        # An async generator, not a coroutine writing to `context`: the OpenTelemetry server
-        # interceptor iterates a streaming handler's result, so with tracing on a coroutine
-        # handler failed every watch and the reaper fell back to polling.
-        v = Violations()
-        requests.check_id(v, "watcher", request.watcher, required=False)
-        sub = None
-        try:
-            authorize = getattr(self, "authorize", None)
-            if authorize is not None:
-                await authorize("WatchLeaseDeadlines", request, context)
-            v.raise_if_any()
-            # Listen before the snapshot, so no lease committed in between goes unseen.
-            sub = await self.deadline_hub.subscribe()
-            log.info("deadline watch opened by %r", request.watcher or context.peer())
-            now = await self.expiry.live_figures()
-            yield rpb.WatchLeaseDeadlinesResponse(
-                snapshot=True,
-                earliest_expire_time=convert.ts(now.next_deadline),
-                live_leases=now.live,
-                database_time=convert.ts(now.db_now),
-            )
-            while True:
-                deadline = await sub.next()
-                yield rpb.WatchLeaseDeadlinesResponse(earliest_expire_time=convert.ts(_ts_from_epoch(deadline)))
-        except Exception as exc:  # noqa: BLE001 - the stream's translation boundary (like @rpc)
-            await context.abort_with_status(to_status(error_for_exception(exc)))
-        finally:
-            if sub is not None:
-                self.deadline_hub.unsubscribe(sub)
+    expiry: ExpiryRepository
 
     @rpc
     async def ExpireLeases(

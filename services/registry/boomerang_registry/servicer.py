@@ -12,18 +12,20 @@ from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.config.settings import asyncpg_dsn
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.leases import ClaimOutcome
 from boomerang_server.rpc.status import rpc, write_item_error
 
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.events import decode_page_token
+from boomerang_registry.expiry import ExpiryRepository
 from boomerang_registry.group_commit import Registered, RegistrationBatcher
-from boomerang_registry.lease_keys import LeaseKeysHub, LeaseKeysServicer
 from boomerang_registry.rawsql import Row
 from boomerang_registry.reaper_api import ReaperFacingServicer
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
+from boomerang_registry.watches import DeadlineHub, LeaseKeysHub, WatchServicer
 
 _OUTCOME = {
     ClaimOutcome.CLAIMED: rpb.CLAIM_OUTCOME_CLAIMED,
@@ -74,7 +76,7 @@ def _claim_response(outcome: ClaimOutcome, row: Row | None, tokens: int, remaini
     )
 
 
-class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.BlockRegistryServiceServicer):
+class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegistryServiceServicer):
     """BlockRegistryService over a RegistryRepository."""
 
     def __init__(
@@ -88,12 +90,14 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
         self.settings = settings
         self.batcher = batcher
         self.credentials = credentials
-        dsn = settings.require_database().replace("postgresql+asyncpg://", "postgresql://", 1)
+        self.expiry = ExpiryRepository(repo.owner)  # the reaper's RPCs (reaper_api.py)
+        dsn = asyncpg_dsn(settings.require_database())
         self.lease_keys_hub = LeaseKeysHub(dsn, repo.owner, settings.lease_keys_refresh_seconds)
+        self.deadline_hub = DeadlineHub(dsn)
 
     async def close_watches(self) -> None:
         """End every watch stream (the registry drains; watchers reconnect elsewhere)."""
-        await self.close_deadline_watch()
+        await self.deadline_hub.close()
         await self.lease_keys_hub.close()
 
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
