@@ -17,9 +17,7 @@ import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
 from boomerang_reaper.advice import TurnRecord, advise
-from boomerang_reaper.domain import ClockOffset
-from boomerang_reaper.leader import LeaderElection
-from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.leader import ClockOffset, LeaderElection, ReaperRepository
 from boomerang_registry import requests
 from boomerang_registry.expiry import ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository

@@ -29,8 +29,8 @@ from boomerang_server.retention import (
 )
 
 from boomerang_reaper import metrics
-from boomerang_reaper.advice import TurnRecord, observe
-from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.advice import TurnRecord, observe, read_history
+from boomerang_reaper.registry_api import ReaperRegistryClient, epoch
 from boomerang_reaper.settings import ReaperSettings
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,6 @@ RELEASE_CHUNK = 10_000
 # A release reaches D in its next release heartbeat (0.5 s) and its freed blocks show in the
 # one after: a heartbeat younger than this after a release may not show them yet.
 REPORT_SETTLE_SECONDS = 1.0
-
-
-def _epoch(ts: object) -> float:
-    return float(ts.seconds + ts.nanos / 1e9)  # type: ignore[attr-defined]
 
 
 def evidence_from(records: Iterable[TurnRecord], history_end: float, settle_seconds: float) -> dict[tuple[str, str], Evidence]:
@@ -72,10 +68,10 @@ def held_from(leases: Iterable[tpb.Lease], db_now: float) -> list[Held]:
     for lease in leases:
         if lease.state != tpb.LEASE_STATE_RETAINED:
             continue
-        finished = _epoch(lease.finish_time)
+        finished = epoch(lease.finish_time)
         out.append(Held(
             lease_id=lease.lease_id, tenant=lease.tenant, model=lease.model, engine_id=lease.engine_id,
-            idle_seconds=max(0.0, db_now - finished), cap_seconds=max(0.0, _epoch(lease.expire_time) - finished),
+            idle_seconds=max(0.0, db_now - finished), cap_seconds=max(0.0, epoch(lease.expire_time) - finished),
             num_tokens=lease.num_tokens, num_blocks=sum(len(g.block_ids) for g in lease.block_groups),
         ))
     return out
@@ -113,7 +109,7 @@ class Retainer:
         """Re-read the history when older than `retention_evidence_seconds`."""
         if time.monotonic() - self._evidence_at < self.settings.retention_evidence_seconds:
             return
-        records, _, until = await self.registry.history("", self.settings.retention_history_hours)
+        records, _, until = await read_history(self.registry, "", self.settings.retention_history_hours)
         settle = max([r.engine_ttl_seconds for r in records] + [480])
         self.evidence = evidence_from(records, until.timestamp(), settle)
         self._evidence_at = time.monotonic()
@@ -138,7 +134,7 @@ class Retainer:
         for e in resp.engines:
             if e.status != tpb.ENGINE_STATUS_ACTIVE:
                 continue
-            reported = _epoch(e.heartbeat_time) - REPORT_SETTLE_SECONDS
+            reported = epoch(e.heartbeat_time) - REPORT_SETTLE_SECONDS
             pending = sum(b for at, engine, b in self._released if engine == e.engine_id and at >= reported)
             out[e.engine_id] = EngineMemory(e.free_kv_blocks, e.total_kv_blocks, pending)
         return out
