@@ -112,20 +112,9 @@ CONTINUE_CLAIM_SQL = claim_statement(
 
 
 def continue_params(q: ClaimQuery) -> dict[str, Any]:
-    """CONTINUE_CLAIM_SQL's parameters for a claim without a conversation id, but `actor`."""
-    return {
-        "tenant": q.tenant,
-        "claim_id": q.claim_id,
-        "block_size": q.chain.block_size,
-        "chain": q.chain.block_hashes,
-        "tail_hash": q.chain.tail_hash,
-        "num_tokens": q.chain.num_tokens,
-        "keys": probe_keys(q.chain),
-        "tokens": q.prompt_packed,
-        "model": q.model,
-        "min_tokens": q.min_reusable_tokens,
-        "min_remaining": q.min_remaining_seconds,
-    }
+    """CONTINUE_CLAIM_SQL's parameters for a claim without a conversation id, but `actor`: a
+    claim's, and the new prompt's keys and token ids."""
+    return {**_claim_params(q), "keys": probe_keys(q.chain), "tokens": q.prompt_packed}
 
 
 @dataclass(frozen=True)
@@ -241,12 +230,12 @@ class ClaimStore:
         return await self.fence.fenced(claim)
 
     async def _claim(self, q: ClaimQuery) -> ClaimAnswer:
-        if not q.conversation_id:
-            params = {**continue_params(q), "actor": self.actor}
-            rows = await self.pool.fetch_as(q.tenant, CONTINUE_CLAIM_SQL, params, "ClaimReuse")
-            return claim_result(q, rows)
-        params = {**_claim_params(q), "actor": self.actor}
-        return claim_result(q, await self.pool.fetch_as(q.tenant, CLAIM_SQL, params, "ClaimReuse"))
+        if q.conversation_id:
+            sql, params = CLAIM_SQL, _claim_params(q)
+        else:
+            sql, params = CONTINUE_CLAIM_SQL, continue_params(q)
+        rows = await self.pool.fetch_as(q.tenant, sql, {**params, "actor": self.actor}, "ClaimReuse")
+        return claim_result(q, rows)
 
     async def claim_batch(self, queries: Sequence[ClaimQuery]) -> list[ClaimAnswer]:
         """Each claim as `claim` answers it, in order; one statement per round of claims.

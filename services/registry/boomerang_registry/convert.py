@@ -10,6 +10,7 @@ from boomerang.v1 import types_pb2 as tpb
 from google.protobuf.timestamp_pb2 import Timestamp
 
 _ROLE = {"PREFILL": tpb.ENGINE_ROLE_PREFILL, "DECODE": tpb.ENGINE_ROLE_DECODE}
+ROLE_NAME = {v: k for k, v in _ROLE.items()}
 _STATUS = {"ACTIVE": tpb.ENGINE_STATUS_ACTIVE, "DEAD": tpb.ENGINE_STATUS_DEAD}
 LEASE_STATE = {
     "RETAINED": tpb.LEASE_STATE_RETAINED,
@@ -39,28 +40,28 @@ def ts(value: datetime | None) -> Timestamp | None:
     return Timestamp(seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000)
 
 
+# The columns a message carries under the same name and form.
+_ENGINE_FIELDS = (
+    "engine_id", "model", "side_channel_host", "side_channel_port", "http_base_url",
+    "kv_blocks_ttl_seconds", "block_size", "tp_size", "dcp_size", "pp_size", "bytes_per_block",
+    "kv_recompute_threshold", "in_flight_requests", "queued_prompt_tokens",
+)
+_LEASE_FIELDS = (
+    "lease_id", "tenant", "conversation_id", "engine_id", "engine_generation", "remote_request_id",
+    "num_tokens", "block_size", "version", "remote_host", "remote_port", "tp_size", "dcp_size",
+    "pp_size", "model",
+)
+
+
 def engine(row: Mapping[str, Any]) -> tpb.Engine:
     """An Engine message from an engines row."""
     return tpb.Engine(
-        engine_id=row["engine_id"],
+        **{name: row[name] for name in _ENGINE_FIELDS},
         role=_ROLE[row["role"]],
-        model=row["model"],
-        side_channel_host=row["side_channel_host"],
-        side_channel_port=row["side_channel_port"],
-        http_base_url=row["http_base_url"],
         registration_generation=row["generation"],
-        kv_blocks_ttl_seconds=row["kv_blocks_ttl_seconds"],
-        block_size=row["block_size"],
-        tp_size=row["tp_size"],
-        dcp_size=row["dcp_size"],
-        pp_size=row["pp_size"],
-        bytes_per_block=row["bytes_per_block"],
-        kv_recompute_threshold=row["kv_recompute_threshold"],
         status=_STATUS[row["status"]],
         register_time=ts(row["registered_at"]),
         heartbeat_time=ts(row["heartbeat_at"]),
-        in_flight_requests=row["in_flight_requests"],
-        queued_prompt_tokens=row["queued_prompt_tokens"],
         retained_blocks=int(row["retained_blocks"]),
         free_kv_blocks=int(row.get("free_kv_blocks") or 0),
         total_kv_blocks=int(row.get("total_kv_blocks") or 0),
@@ -70,28 +71,14 @@ def engine(row: Mapping[str, Any]) -> tpb.Engine:
 def lease(row: Mapping[str, Any]) -> tpb.Lease:
     """A Lease message from a leases row."""
     return tpb.Lease(
-        lease_id=row["lease_id"],
-        tenant=row["tenant"],
-        conversation_id=row["conversation_id"],
-        engine_id=row["engine_id"],
-        engine_generation=row["engine_generation"],
-        remote_request_id=row["remote_request_id"],
+        **{name: row[name] for name in _LEASE_FIELDS},
         block_groups=[tpb.BlockIdGroup(block_ids=g) for g in row["block_ids"]],
-        num_tokens=row["num_tokens"],
-        block_size=row["block_size"],
         state=LEASE_STATE[row["state"]],
-        version=row["version"],
         claim_id=row["claim_id"] or "",
         finish_time=ts(row["finished_at"]),
         create_time=ts(row["created_at"]),
         expire_time=ts(row["expires_at"]),
         update_time=ts(row["updated_at"]),
-        remote_host=row["remote_host"],
-        remote_port=row["remote_port"],
-        tp_size=row["tp_size"],
-        dcp_size=row["dcp_size"],
-        pp_size=row["pp_size"],
-        model=row["model"],
     )
 
 

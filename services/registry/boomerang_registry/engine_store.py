@@ -9,7 +9,6 @@ autocommit statement on the hot-path pool. Each lease state change appends its
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any, NamedTuple
 
@@ -150,9 +149,7 @@ class EngineStore:
         rows = await self.pool.fetch_global(HEARTBEAT_SQL, params, "Heartbeat")
         if rows:
             row = dict(rows[0])
-            taken = row.pop("released") or []
-            if isinstance(taken, str):
-                taken = json.loads(taken)
+            taken = row.pop("released") or []  # jsonb, decoded by the pool
             return self.retained.with_totals(row), [Released(str(a), str(b), str(c)) for a, b, c in taken]
         # Read after the update, not in its snapshot: a concurrent RegisterEngine that moved
         # the generation on is what this answer must name.

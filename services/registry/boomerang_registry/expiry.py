@@ -29,7 +29,6 @@ from boomerang_registry.statements import TRANSITION_SQL
 
 Row = Mapping[Any, Any]  # a result row by column name (SQLAlchemy's RowMapping keys by str or Column)
 DEFAULT_ELECTION = "ttl-reaper"
-LIVE = LIVE_SQL
 # Day-partitioned tables under the audit retention, with the function that makes their
 # partitions ahead: the lease audit trail, and the router's plan records.
 RETAINED_TABLES = (
@@ -45,7 +44,7 @@ FROM reaper_leader WHERE election = :election FOR SHARE
 EXPIRE_SQL = f"""
 WITH due AS (
     SELECT lease_id, tenant, conversation_id, state FROM leases
-    WHERE state IN {LIVE} AND expires_at <= now()
+    WHERE state IN {LIVE_SQL} AND expires_at <= now()
     ORDER BY expires_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -74,14 +73,14 @@ FROM moved ORDER BY expires_at
 
 # Runs after EXPIRE_SQL in the same transaction, so it sees what that statement ended.
 NEXT_DEADLINE_SQL = f"""
-SELECT min(expires_at) AS next_deadline, now() AS db_now FROM leases WHERE state IN {LIVE}
+SELECT min(expires_at) AS next_deadline, now() AS db_now FROM leases WHERE state IN {LIVE_SQL}
 """
 
 # Live leases, those past their deadline and the next deadline, from the live-lease deadline index.
 LIVE_FIGURES_SQL = f"""
 SELECT min(expires_at) AS next_deadline, count(*) AS live,
        count(*) FILTER (WHERE expires_at <= now()) AS overdue, now() AS db_now
-FROM leases WHERE state IN {LIVE}
+FROM leases WHERE state IN {LIVE_SQL}
 """
 
 MARK_SILENT_SQL = """
@@ -97,16 +96,16 @@ WITH cand_ids AS (
     SELECT l.lease_id,
            CASE WHEN e.engine_id = ANY(CAST(:silent AS text[])) THEN 'HEARTBEAT_TIMEOUT'
                 ELSE 'ENGINE_DEAD' END AS reason
-    FROM engines e JOIN leases l ON l.engine_id = e.engine_id AND l.state IN {LIVE}
+    FROM engines e JOIN leases l ON l.engine_id = e.engine_id AND l.state IN {LIVE_SQL}
     WHERE e.status = 'DEAD'
     UNION ALL
     SELECT l.lease_id, 'GENERATION_ADVANCED'
     FROM engines e JOIN leases l ON l.engine_id = e.engine_id
-        AND l.engine_generation < e.generation AND l.state IN {LIVE}
+        AND l.engine_generation < e.generation AND l.state IN {LIVE_SQL}
     WHERE e.status = 'ACTIVE'
 ), cand AS (
     SELECT l.lease_id, l.state, c.reason FROM leases l JOIN cand_ids c ON c.lease_id = l.lease_id
-    WHERE l.state IN {LIVE}
+    WHERE l.state IN {LIVE_SQL}
     FOR UPDATE OF l SKIP LOCKED
 ), moved AS (
     UPDATE leases l SET state = 'INVALIDATED', version = l.version + 1, updated_at = now()

@@ -61,8 +61,6 @@ RETAINED_BLOCK_SECONDS = Counter(
     ["engine_id"],
 )
 
-_STATES = ALL_STATES
-
 
 class BlockSecondsMeter:
     """Integrates each engine's retained blocks over time (the trapezoid between two refreshes).
@@ -112,7 +110,7 @@ async def refresh_gauges(engine: AsyncEngine, retained: Callable[[], Awaitable[d
         decode_engines = (
             await conn.execute(text("SELECT engine_id, bytes_per_block FROM engines WHERE role = 'DECODE'"))
         ).all()
-    for state in _STATES:
+    for state in ALL_STATES:
         LIVE_LEASES.labels(state).set(counts.get(state, 0))
     for engine_id, seconds in _METER.advance(blocks, time.monotonic()).items():
         RETAINED_BLOCK_SECONDS.labels(engine_id).inc(seconds)

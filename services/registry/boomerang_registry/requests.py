@@ -121,7 +121,7 @@ def engine_spec(req: rpb.RegisterEngineRequest, default_ttl: int) -> EngineSpec:
         v.add("engine", "is required")
         v.raise_if_any()
     check_id(v, "engine.engine_id", e.engine_id)
-    v.require(e.role != tpb.ENGINE_ROLE_UNSPECIFIED and e.role in (tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE),
+    v.require(e.role in (tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE),
               "engine.role", "must be ENGINE_ROLE_PREFILL or ENGINE_ROLE_DECODE")
     check_id(v, "engine.model", e.model, MAX_TEXT)
     check_text(v, "engine.side_channel_host", e.side_channel_host, 255)
@@ -270,23 +270,13 @@ def claim(req: rpb.ClaimReuseRequest) -> ClaimQuery:
     )
 
 
-MAX_CLAIM_BATCH = 256
-MAX_REGISTRATION_BATCH = 256
+MAX_BATCH = 256  # claims per ClaimReuseBatch, registrations per RegisterRetainedBlocksBatch
 
 
-def registration_batch_size(req: rpb.RegisterRetainedBlocksBatchRequest) -> None:
-    """A RegisterRetainedBlocksBatchRequest holds 1 to MAX_REGISTRATION_BATCH registrations."""
+def batch_size(field: str, n: int) -> None:
+    """A batch request holds 1 to MAX_BATCH items in `field` (each is validated alone)."""
     v = Violations()
-    v.require(1 <= len(req.registrations) <= MAX_REGISTRATION_BATCH, "registrations",
-              f"must hold 1 to {MAX_REGISTRATION_BATCH} registrations")
-    v.raise_if_any()
-
-
-
-def claim_batch_size(req: rpb.ClaimReuseBatchRequest) -> None:
-    """A ClaimReuseBatchRequest holds 1 to MAX_CLAIM_BATCH claims (each is validated alone)."""
-    v = Violations()
-    v.require(1 <= len(req.claims) <= MAX_CLAIM_BATCH, "claims", f"must hold 1 to {MAX_CLAIM_BATCH} claims")
+    v.require(1 <= n <= MAX_BATCH, field, f"must hold 1 to {MAX_BATCH} {field}")
     v.raise_if_any()
 
 

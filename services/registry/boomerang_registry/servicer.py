@@ -38,17 +38,17 @@ _OUTCOME = {
     ClaimOutcome.BLOCK_SIZE_MISMATCH: rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH,
     ClaimOutcome.LEASE_RELEASED: rpb.CLAIM_OUTCOME_LEASE_RELEASED,
 }
-_ROLE_NAME = {tpb.ENGINE_ROLE_PREFILL: "PREFILL", tpb.ENGINE_ROLE_DECODE: "DECODE"}
 
 # The RPCs an engine may call, each only for itself (the engine id the request names).
 # Every other RPC is for services (gateway, router, reaper, operators) only.
 # Engines may call these as well as the engine-scoped ones: a prefill hook watches the lease
 # keys (hashes of its tenants' conversations and prompts, never ids or tokens).
 _ENGINE_OPEN = frozenset({"WatchLeaseKeys"})
-_ENGINE_SCOPED: dict[str, Callable[[Any], str]] = {
-    "RegisterEngine": lambda r: r.engine.engine_id,
-    "Heartbeat": lambda r: r.engine_id,
-    "RegisterRetainedBlocks": lambda r: r.engine_id,
+_ENGINE_SCOPED: dict[str, Callable[[Any], list[str]]] = {
+    "RegisterEngine": lambda r: [r.engine.engine_id],
+    "Heartbeat": lambda r: [r.engine_id],
+    "RegisterRetainedBlocks": lambda r: [r.engine_id],
+    "RegisterRetainedBlocksBatch": lambda r: [item.engine_id for item in r.registrations],
 }
 
 
@@ -103,24 +103,18 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Authenticate the caller from its channel and check it may call `method` (run by @rpc)."""
         principal = await self.credentials.authenticate(context, self.settings.require_auth)
-        engine_of = _ENGINE_SCOPED.get(method)
-        if engine_of is not None:
-            if not principal.may_act_for_engine(engine_of(request)):
+        engines_of = _ENGINE_SCOPED.get(method)
+        if engines_of is None:
+            if principal.kind == "engine" and method not in _ENGINE_OPEN:
+                raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for Boomerang services, not engines")
+            return
+        for engine_id in engines_of(request):
+            if not principal.may_act_for_engine(engine_id):
                 raise BoomerangError(
                     Code.PERMISSION_DENIED,
                     "ENGINE_MISMATCH",
-                    f"{principal} may only {method} as itself, not as engine {engine_of(request)!r}",
+                    f"{principal} may only {method} as itself, not as engine {engine_id!r}",
                 )
-        elif method == "RegisterRetainedBlocksBatch":
-            for item in request.registrations:
-                if not principal.may_act_for_engine(item.engine_id):
-                    raise BoomerangError(
-                        Code.PERMISSION_DENIED,
-                        "ENGINE_MISMATCH",
-                        f"{principal} may only {method} as itself, not as engine {item.engine_id!r}",
-                    )
-        elif principal.kind == "engine" and method not in _ENGINE_OPEN:
-            raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for Boomerang services, not engines")
 
     @rpc
     async def RegisterEngine(self, request: rpb.RegisterEngineRequest, context: grpc.aio.ServicerContext) -> rpb.RegisterEngineResponse:
@@ -163,7 +157,7 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
     async def RegisterRetainedBlocksBatch(
         self, request: rpb.RegisterRetainedBlocksBatchRequest, context: grpc.aio.ServicerContext
     ) -> rpb.RegisterRetainedBlocksBatchResponse:
-        requests.registration_batch_size(request)
+        requests.batch_size("registrations", len(request.registrations))
         results = [rpb.RegisterRetainedBlocksBatchResult() for _ in request.registrations]
 
         valid = []
@@ -197,7 +191,7 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
     async def ClaimReuseBatch(
         self, request: rpb.ClaimReuseBatchRequest, context: grpc.aio.ServicerContext
     ) -> rpb.ClaimReuseBatchResponse:
-        requests.claim_batch_size(request)
+        requests.batch_size("claims", len(request.claims))
         results = [rpb.ClaimReuseBatchResult() for _ in request.claims]
         valid: list[int] = []
         queries = []
@@ -292,5 +286,5 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
         requests.check_text(v, "model", request.model)
         v.require(request.role in (0, tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE), "role", "is not an EngineRole")
         v.raise_if_any()
-        rows = await self.repo.engines.listing(request.model, _ROLE_NAME.get(request.role, ""))
+        rows = await self.repo.engines.listing(request.model, convert.ROLE_NAME.get(request.role, ""))
         return rpb.ListEnginesResponse(engines=[convert.engine(r) for r in rows])
