@@ -55,6 +55,7 @@ UPDATE reaper_leader SET expires_at = now(), renewed_at = now(), stats = CAST(:s
 WHERE election = :election AND holder = :holder AND term = :term AND expires_at > now()
 """
 
+
 @dataclass(frozen=True)
 class LeaderRow:
     """The election row as one round trip saw it (db_now in epoch seconds)."""

@@ -50,12 +50,6 @@ def observe_expiries(lags: Iterable[float]) -> None:
         EXPIRED.inc(n)
 
 
-def observe_invalidated(n: int) -> None:
-    """Record leases invalidated by an engine sweep."""
-    if n:
-        INVALIDATED.inc(n)
-
-
 @dataclass(frozen=True)
 class LagSummary:
     """Percentiles of expiry lag (deadline to recorded expiry), in seconds."""

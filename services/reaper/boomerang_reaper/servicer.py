@@ -54,7 +54,7 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
         registry: ReaperRegistryClient,
         election: LeaderElection,
         reaper: Reaper,
-        credentials: CredentialStore | None = None,
+        credentials: CredentialStore,
     ):
         self.settings = settings
         self.repo = repo
@@ -65,8 +65,6 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
 
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Authenticate the caller (run by @rpc first): operators and services, not engines."""
-        if self.credentials is None:
-            return
         principal = await self.credentials.authenticate(context, self.settings.require_auth)
         if principal.kind == "engine":
             raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for operators and services, not engines")

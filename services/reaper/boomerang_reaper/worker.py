@@ -313,7 +313,7 @@ class Reaper:
             )
         n = resp.heartbeat_timeout_leases + resp.dead_engine_leases + resp.stale_generation_leases
         self.stats.invalidated += n
-        metrics.observe_invalidated(n)
+        metrics.INVALIDATED.inc(n)
         if n or resp.dead_engine_ids:
             log.info(
                 "term %d: engines %s silent, marked dead; invalidated %d lease(s) (%d heartbeat, "

@@ -55,37 +55,27 @@ def _encode(*parts: str) -> str:
     return base64.urlsafe_b64encode(json.dumps(list(parts)).encode()).decode()
 
 
-def _decode(token: str, n: int) -> list[str]:
+def _decode(token: str, n: int) -> tuple[list[datetime], str]:
+    """The n - 1 instants and the lease id a page token encodes; ValueError when malformed."""
     try:
         parts = json.loads(base64.urlsafe_b64decode(token.encode()))
         if not isinstance(parts, list) or len(parts) != n:
             raise ValueError(token)
-        return [str(p) for p in parts]
+        return [datetime.fromisoformat(str(p)) for p in parts[:-1]], str(uuid.UUID(str(parts[-1])))
     except Exception as exc:
         raise ValueError("page_token is not one this service issued") from exc
 
 
-def _encode_page_token(created_at: datetime, lease_id: str) -> str:
-    return _encode(created_at.isoformat(), lease_id)
-
-
 def decode_page_token(token: str) -> tuple[datetime, str]:
-    """The (created_at, lease_id) position a page token encodes; ValueError when malformed."""
-    created, lease_id = _decode(token, 2)
-    try:
-        return datetime.fromisoformat(created), str(uuid.UUID(lease_id))
-    except ValueError as exc:
-        raise ValueError("page_token is not one this service issued") from exc
+    """The (created_at, lease_id) position a ListLeases page token encodes; ValueError when malformed."""
+    (created,), lease_id = _decode(token, 2)
+    return created, lease_id
 
 
 def decode_history_token(token: str) -> tuple[datetime, datetime, datetime, str]:
     """The window (since, until) and the position a ListRegistrations page token encodes."""
-    since, until, created, lease_id = _decode(token, 4)
-    try:
-        return (datetime.fromisoformat(since), datetime.fromisoformat(until), datetime.fromisoformat(created),
-                str(uuid.UUID(lease_id)))
-    except ValueError as exc:
-        raise ValueError("page_token is not one this service issued") from exc
+    (since, until, created), lease_id = _decode(token, 4)
+    return since, until, created, lease_id
 
 
 def _list_leases_sql(
@@ -147,7 +137,7 @@ class EventStore:
         next_token = ""
         if len(rows) > page_size:
             rows = rows[:page_size]
-            next_token = _encode_page_token(rows[-1]["created_at"], rows[-1]["lease_id"])
+            next_token = _encode(rows[-1]["created_at"].isoformat(), rows[-1]["lease_id"])
         return rows, next_token
 
     async def registrations(
