@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
@@ -80,11 +80,9 @@ def held_from(leases: Iterable[tpb.Lease], db_now: float) -> list[Held]:
 class Retainer:
     """Runs the retention policy for the leader (one `run` per interval)."""
 
-    def __init__(self, settings: ReaperSettings, registry: ReaperRegistryClient, prefill_seconds_per_token: float,
-                 actor: str):
+    def __init__(self, settings: ReaperSettings, registry: ReaperRegistryClient, prefill_seconds_per_token: float):
         self.settings = settings
         self.registry = registry
-        self.actor = actor
         self.params = Params(
             min_samples=settings.retention_min_samples,
             min_hold_seconds=settings.retention_min_hold_seconds,
@@ -139,16 +137,13 @@ class Retainer:
             out[e.engine_id] = EngineMemory(e.free_kv_blocks, e.total_kv_blocks, pending)
         return out
 
-    def decide(self, held: Sequence[Held], engines: dict[str, EngineMemory]) -> list[tuple[str, str]]:
-        """What to release now and why."""
-        return choose_releases(held, self.evidence_for, self.policy_for, engines, self.params)
-
-    async def run(self, fence: rpb.ReaperFence, db_now: float) -> dict[str, int]:
-        """One pass: read, decide, release; leases released per reason."""
+    async def run(self, fence: rpb.ReaperFence, db_now: float, actor: str) -> dict[str, int]:
+        """One pass: read, decide, release (as `actor`); leases released per reason."""
         await self.refresh_evidence()
         self._released = [r for r in self._released if r[0] > db_now - 60.0]
         held = {h.lease_id: h for h in held_from(await self._retained(), db_now)}
-        chosen = self.decide(list(held.values()), await self._memory())
+        engines = await self._memory()
+        chosen = choose_releases(list(held.values()), self.evidence_for, self.policy_for, engines, self.params)
         by_reason: dict[str, list[str]] = defaultdict(list)
         for lease_id, reason in chosen:
             by_reason[reason].append(lease_id)
@@ -157,7 +152,7 @@ class Retainer:
             for i in range(0, len(ids), RELEASE_CHUNK):
                 resp = await self.registry.release_leases(
                     rpb.ReleaseLeasesRequest(fence=fence, lease_ids=ids[i:i + RELEASE_CHUNK], reason=reason,
-                                             actor=self.actor),
+                                             actor=actor),
                     timeout=self.settings.registry_timeout_seconds,
                 )
                 released[reason] = released.get(reason, 0) + len(resp.released_lease_ids)

@@ -63,7 +63,7 @@ async def run(settings: ReaperSettings) -> None:
     retainer = None
     if settings.release_interval_seconds > 0:
         per_token = load_settings(TelemetrySettings).prefill_ms_per_token / 1000
-        retainer = Retainer(settings, registry, per_token, f"reaper:{replica_id}"[:128])
+        retainer = Retainer(settings, registry, per_token)
     reaper = Reaper(settings, registry, election, clock, replica_id, retainer)
     tasks = [
         asyncio.create_task(election.run(), name="leader-election"),

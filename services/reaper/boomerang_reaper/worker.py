@@ -352,7 +352,7 @@ class Reaper:
             return {}
         # Not under `_work`: the pass reads for seconds at scale, and expiries must not wait for
         # it; its releases are fenced by the term and change only RETAINED leases.
-        released = await self.retainer.run(self.fence(term), db_now)
+        released = await self.retainer.run(self.fence(term), db_now, self.actor)
         if released:
             log.info("term %d: released %s", term, ", ".join(f"{n} for {r}" for r, n in sorted(released.items())))
         return released

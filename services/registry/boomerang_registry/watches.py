@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 import grpc
@@ -63,11 +63,20 @@ def _draining() -> BoomerangError:
     return BoomerangError(Code.UNAVAILABLE, "REGISTRY_DRAINING", "the registry is shutting down")
 
 
-class _Subscription(Protocol):
-    def fail(self, error: BoomerangError) -> None: ...
+class Waiter:
+    """What a subscription shares: an error that ends it, and the event that wakes its stream."""
+
+    def __init__(self) -> None:
+        self.error: BoomerangError | None = None
+        self._ready = asyncio.Event()
+
+    def fail(self, error: BoomerangError) -> None:
+        """End the subscription; its stream's next wait raises `error`."""
+        self.error = error
+        self._ready.set()
 
 
-S = TypeVar("S", bound=_Subscription)
+S = TypeVar("S", bound=Waiter)
 
 
 class ListenHub(Generic[S]):
@@ -157,23 +166,17 @@ class ListenHub(Generic[S]):
                 self._on_lost(conn)
 
 
-class Subscription:
+class Subscription(Waiter):
     """One deadline watcher's pending hint: the earliest deadline (epoch seconds) not yet sent."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.earliest: float | None = None
-        self.error: BoomerangError | None = None
-        self._ready = asyncio.Event()
 
     def offer(self, deadline: float) -> None:
         """Remember `deadline` if it is earlier than the pending one."""
         if self.earliest is None or deadline < self.earliest:
             self.earliest = deadline
-        self._ready.set()
-
-    def fail(self, error: BoomerangError) -> None:
-        """End the subscription; the next `next()` raises `error`."""
-        self.error = error
         self._ready.set()
 
     async def next(self) -> float:
@@ -218,23 +221,18 @@ def parse_notification(payload: str) -> list[int]:
     return leasekeys.lease_keys(tenant, conversation_id, int(key) if key else None)
 
 
-class KeysSubscription:
+class KeysSubscription(Waiter):
     """One lease-keys stream's keys not yet sent."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.pending: list[int] = []
-        self.error: BoomerangError | None = None
-        self._ready = asyncio.Event()
 
     def offer(self, keys: list[int]) -> None:
         if len(self.pending) + len(keys) > MAX_PENDING_KEYS:
             self.fail(BoomerangError(Code.RESOURCE_EXHAUSTED, "WATCHER_TOO_SLOW", "the watcher fell behind; resubscribe"))
             return
         self.pending.extend(keys)
-        self._ready.set()
-
-    def fail(self, error: BoomerangError) -> None:
-        self.error = error
         self._ready.set()
 
     async def next(self, timeout: float) -> list[int]:
