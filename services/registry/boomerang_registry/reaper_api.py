@@ -13,8 +13,9 @@ import grpc
 from boomerang.errors import Violations
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_server.rpc.status import rpc
+from boomerang_server.validation import check_id
 
-from boomerang_registry import convert, metrics, requests
+from boomerang_registry import convert, metrics
 from boomerang_registry.events import decode_history_token
 from boomerang_registry.expiry import DEFAULT_ELECTION, RELEASE_REASONS, ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
@@ -32,11 +33,11 @@ def _fenced(v: Violations, request: Any) -> Fence:
     if not request.HasField("fence"):
         v.add("fence", "is required")
     else:
-        requests.check_id(v, "fence.election", msg.election, required=False)
+        check_id(v, "fence.election", msg.election, required=False)
         v.require(msg.term >= 1, "fence.term", "must be a leadership term (at least 1)")
     if "actor" in request.DESCRIPTOR.fields_by_name:
-        requests.check_id(v, "actor", request.actor, required=False)
-    requests.check_id(v, "request_id", request.request_id, required=False)
+        check_id(v, "actor", request.actor, required=False)
+    check_id(v, "request_id", request.request_id, required=False)
     return Fence(msg.election or DEFAULT_ELECTION, msg.term)
 
 
@@ -155,7 +156,7 @@ class ReaperFacingServicer:
         self, request: rpb.ListRegistrationsRequest, context: grpc.aio.ServicerContext
     ) -> rpb.ListRegistrationsResponse:
         v = Violations()
-        requests.check_id(v, "tenant", request.tenant, required=False)
+        check_id(v, "tenant", request.tenant, required=False)
         v.require(0 < request.history_hours <= 8760, "history_hours", "must be above 0 and at most 8760 hours")
         v.require(0 <= request.page_size <= MAX_REGISTRATIONS_PAGE, "page_size",
                   f"must be 0 (default 1000) to {MAX_REGISTRATIONS_PAGE}")

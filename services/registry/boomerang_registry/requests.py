@@ -16,12 +16,7 @@ from boomerang.errors import BoomerangError, Violations
 from boomerang.tokenchain import TokenChain, pack_tokens
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-
-# Re-exported: the servicers validate single fields through this module.
-from boomerang_server.validation import MAX_TEXT
-from boomerang_server.validation import check_conversation as check_conversation
-from boomerang_server.validation import check_id as check_id
-from boomerang_server.validation import check_text as check_text
+from boomerang_server.validation import MAX_TEXT, check_conversation, check_id, check_text
 
 MAX_BLOCK_ID = 2**31 - 1
 

@@ -16,6 +16,7 @@ from boomerang_server.config.settings import asyncpg_dsn
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.leases import ClaimOutcome
 from boomerang_server.rpc.status import rpc, write_item_error
+from boomerang_server.validation import check_conversation, check_id, check_text
 
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.events import decode_page_token
@@ -233,10 +234,10 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
         self, request: rpb.InvalidateEngineRequest, context: grpc.aio.ServicerContext
     ) -> rpb.InvalidateEngineResponse:
         v = Violations()
-        requests.check_id(v, "engine_id", request.engine_id)
+        check_id(v, "engine_id", request.engine_id)
         v.require(request.below_generation >= 0, "below_generation", "must be non-negative")
-        requests.check_id(v, "reason", request.reason)
-        requests.check_id(v, "request_id", request.request_id, required=False)
+        check_id(v, "reason", request.reason)
+        check_id(v, "request_id", request.request_id, required=False)
         v.raise_if_any()
         count = await self.repo.engines.invalidate(
             request.engine_id, request.below_generation, request.reason, request.request_id
@@ -248,8 +249,8 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
         self, request: rpb.GetConversationRequest, context: grpc.aio.ServicerContext
     ) -> rpb.GetConversationResponse:
         v = Violations()
-        requests.check_id(v, "tenant", request.tenant)
-        requests.check_conversation(v, "conversation_id", request.conversation_id)
+        check_id(v, "tenant", request.tenant)
+        check_conversation(v, "conversation_id", request.conversation_id)
         v.raise_if_any()
         leases, events = await self.repo.events.conversation(request.tenant, request.conversation_id, request.include_events)
         return rpb.GetConversationResponse(
@@ -259,8 +260,8 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
     @rpc
     async def ListLeases(self, request: rpb.ListLeasesRequest, context: grpc.aio.ServicerContext) -> rpb.ListLeasesResponse:
         v = Violations()
-        requests.check_id(v, "tenant", request.tenant, required=False)
-        requests.check_id(v, "engine_id", request.engine_id, required=False)
+        check_id(v, "tenant", request.tenant, required=False)
+        check_id(v, "engine_id", request.engine_id, required=False)
         v.require(0 <= request.page_size <= 1000, "page_size", "must be 0 (default 100) to 1000")
         states = []
         for i, state in enumerate(request.states):
@@ -283,7 +284,7 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
     @rpc
     async def ListEngines(self, request: rpb.ListEnginesRequest, context: grpc.aio.ServicerContext) -> rpb.ListEnginesResponse:
         v = Violations()
-        requests.check_text(v, "model", request.model)
+        check_text(v, "model", request.model)
         v.require(request.role in (0, tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE), "role", "is not an EngineRole")
         v.raise_if_any()
         rows = await self.repo.engines.listing(request.model, convert.ROLE_NAME.get(request.role, ""))

@@ -42,9 +42,10 @@ from boomerang import leasekeys
 from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_server.rpc.status import error_for_exception, to_status
+from boomerang_server.validation import check_id
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang_registry import convert, requests
+from boomerang_registry import convert
 from boomerang_registry.expiry import ExpiryRepository
 
 log = logging.getLogger(__name__)
@@ -337,7 +338,7 @@ class WatchServicer:
         self, request: rpb.WatchLeaseKeysRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rpb.WatchLeaseKeysResponse]:
         v = Violations()
-        requests.check_id(v, "watcher", request.watcher, required=False)
+        check_id(v, "watcher", request.watcher, required=False)
         hub = self.lease_keys_hub
         sub = None
         try:
@@ -364,7 +365,7 @@ class WatchServicer:
         self, request: rpb.WatchLeaseDeadlinesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rpb.WatchLeaseDeadlinesResponse]:
         v = Violations()
-        requests.check_id(v, "watcher", request.watcher, required=False)
+        check_id(v, "watcher", request.watcher, required=False)
         sub = None
         try:
             await self.authorize("WatchLeaseDeadlines", request, context)
