@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from boomerang_registry import requests
+from boomerang_registry import wire
 from boomerang_registry.expiry import ExpiryRepository
 from boomerang_registry.repository import RegistryRepository
 from boomerang_server.leases import ClaimOutcome
@@ -29,18 +29,18 @@ async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
 
 
 async def engine(repo: RegistryRepository, engine_id: str, generation: int = 1) -> None:
-    await repo.engines.register(requests.engine_spec(engine_request(engine_id, generation), 480), "req")
+    await repo.engines.register(wire.engine_spec(engine_request(engine_id, generation), 480), "req")
 
 
 async def register(repo: RegistryRepository, tenant: str, conv: str, engine_id: str, tokens: list[int], rid: str,
                    generation: int = 1):  # type: ignore[no-untyped-def]
     req = blocks_request(tenant, conv, engine_id, tokens, request_id=rid, generation=generation)
-    row, _, superseded = await register_blocks(repo, requests.retained_blocks(req, 10**6, 10**7))
+    row, _, superseded = await register_blocks(repo, wire.retained_blocks(req, 10**6, 10**7))
     return row, superseded
 
 
 async def claim(repo: RegistryRepository, tenant: str, conv: str, tokens: list[int]):  # type: ignore[no-untyped-def]
-    return await repo.claims.claim(requests.claim(claim_request(tenant, conv, tokens)))
+    return await repo.claims.claim(wire.claim(claim_request(tenant, conv, tokens)))
 
 
 async def take(repo: RegistryRepository, engine_id: str, generation: int = 1) -> list[tuple[str, str]]:
@@ -153,8 +153,8 @@ async def test_released_is_the_decline_only_while_nothing_newer(repo: RegistryRe
     lease, _ = await register(repo, "t", unique, d, prompt, f"r-{unique}")
     await ExpiryRepository(repo.owner).release([lease["lease_id"]], "MEMORY_PRESSURE", "pressure")
     assert (await claim(repo, "t", f"{unique}-other", prompt + [1]))[0] is ClaimOutcome.NO_LEASE
-    batch = await repo.claims.claim_batch([requests.claim(claim_request("t", unique, prompt + [1])),
-                                           requests.claim(claim_request("t", f"{unique}-x", prompt + [1]))])
+    batch = await repo.claims.claim_batch([wire.claim(claim_request("t", unique, prompt + [1])),
+                                           wire.claim(claim_request("t", f"{unique}-x", prompt + [1]))])
     assert [b[0] for b in batch] == [ClaimOutcome.LEASE_RELEASED, ClaimOutcome.NO_LEASE]
     # The next turn, computed afresh, is retained again: its own lease is claimed, not the release reported.
     longer = prompt + tokens(100, 9)

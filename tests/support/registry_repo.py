@@ -9,8 +9,8 @@ from boomerang.errors import BoomerangError
 from boomerang_registry.group_commit import Registered
 from boomerang_registry.rawsql import Row, TenantPool
 from boomerang_registry.repository import RegistryRepository
-from boomerang_registry.requests import ClaimSettlement, RetainedBlocks, TurnEnd
 from boomerang_registry.statements import WARM_UP
+from boomerang_registry.wire import ClaimSettlement, RetainedBlocks, TurnEnd
 from boomerang_server.db.engine import make_engine
 
 

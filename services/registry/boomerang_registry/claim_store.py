@@ -37,7 +37,6 @@ from boomerang_server.leases import ClaimOutcome, LeaseState
 
 from boomerang_registry.fence import EpochFence
 from boomerang_registry.rawsql import Row, TenantPool, Transaction, rounds
-from boomerang_registry.requests import ClaimQuery
 from boomerang_registry.statements import (
     CLAIM_BATCH_SQL,
     CLAIM_SQL,
@@ -49,6 +48,7 @@ from boomerang_registry.statements import (
     RELEASE_TARGET_SQL,
     claim_statement,
 )
+from boomerang_registry.wire import ClaimQuery
 
 ClaimAnswer = tuple[ClaimOutcome, Row | None, int, float]  # (outcome, lease, reusable tokens, remaining seconds)
 

@@ -18,7 +18,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from boomerang_registry.rawsql import Row, TenantPool
-from boomerang_registry.requests import EngineSpec
 from boomerang_registry.statements import (
     ENGINE_COLUMNS,
     HEARTBEAT_SQL,
@@ -26,6 +25,7 @@ from boomerang_registry.statements import (
     RETAINED_SQL,
     TRANSITION_SQL,
 )
+from boomerang_registry.wire import EngineSpec
 
 REGISTER_ENGINE_SQL = """
 INSERT INTO engines (engine_id, role, model, side_channel_host, side_channel_port,

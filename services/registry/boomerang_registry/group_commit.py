@@ -41,8 +41,8 @@ from boomerang_registry.engine_store import engine_row
 from boomerang_registry.fence import EpochFence
 from boomerang_registry.metrics import BATCH_SIZE
 from boomerang_registry.rawsql import Row, TenantPool, Transaction, db_span, rounds
-from boomerang_registry.requests import RetainedBlocks, TurnEnd
 from boomerang_registry.statements import FINISHED_AFTER_FENCE, LEASE_COLUMNS, REGISTER_BATCH_SQL
+from boomerang_registry.wire import RetainedBlocks, TurnEnd
 
 log = logging.getLogger(__name__)
 Registered = tuple[Row, bool, int]  # (lease, created, how many leases it superseded)

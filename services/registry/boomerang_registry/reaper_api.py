@@ -15,7 +15,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_server.rpc.status import rpc
 from boomerang_server.validation import check_id
 
-from boomerang_registry import convert, metrics
+from boomerang_registry import metrics, wire
 from boomerang_registry.events import decode_history_token
 from boomerang_registry.expiry import DEFAULT_ELECTION, RELEASE_REASONS, ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
@@ -65,15 +65,15 @@ class ReaperFacingServicer:
                     lease_id=r["lease_id"],
                     tenant=r["tenant"],
                     conversation_id=r["conversation_id"],
-                    from_state=convert.LEASE_STATE[r["from_state"]],
-                    expire_time=convert.ts(r["expires_at"]),
+                    from_state=wire.LEASE_STATE[r["from_state"]],
+                    expire_time=wire.ts(r["expires_at"]),
                     lag_seconds=max(0.0, float(r["lag_seconds"])),
                 )
                 for r in out.expired
             ],
             more_due=out.more_due,
-            next_expire_time=convert.ts(out.next_deadline),
-            database_time=convert.ts(out.db_now),
+            next_expire_time=wire.ts(out.next_deadline),
+            database_time=wire.ts(out.db_now),
         )
 
     @rpc
@@ -94,7 +94,7 @@ class ReaperFacingServicer:
             heartbeat_timeout_leases=out.leases_by_reason.get("HEARTBEAT_TIMEOUT", 0),
             dead_engine_leases=out.leases_by_reason.get("ENGINE_DEAD", 0),
             stale_generation_leases=out.leases_by_reason.get("GENERATION_ADVANCED", 0),
-            database_time=convert.ts(out.db_now),
+            database_time=wire.ts(out.db_now),
         )
 
     @rpc
@@ -115,7 +115,7 @@ class ReaperFacingServicer:
             dropped_partitions=out.dropped,
             busy_partitions=out.busy,
             created_partitions=out.created,
-            cutoff_time=convert.ts(out.cutoff),
+            cutoff_time=wire.ts(out.cutoff),
         )
 
     @rpc
@@ -148,7 +148,7 @@ class ReaperFacingServicer:
         now = await self.expiry.live_figures()
         return rpb.CountLiveLeasesResponse(
             live_leases=now.live, overdue_leases=now.overdue,
-            next_expire_time=convert.ts(now.next_deadline), database_time=convert.ts(now.db_now),
+            next_expire_time=wire.ts(now.next_deadline), database_time=wire.ts(now.db_now),
         )
 
     @rpc
@@ -173,13 +173,13 @@ class ReaperFacingServicer:
             registrations=[
                 rpb.Registration(
                     lease_id=r["lease_id"], tenant=r["tenant"], model=r["model"], conversation_id=r["conversation_id"],
-                    num_blocks=r["num_blocks"], state=convert.LEASE_STATE[r["state"]],
-                    finish_time=convert.ts(r["finished_at"]), first_claim_time=convert.ts(r["claimed_at"]),
+                    num_blocks=r["num_blocks"], state=wire.LEASE_STATE[r["state"]],
+                    finish_time=wire.ts(r["finished_at"]), first_claim_time=wire.ts(r["claimed_at"]),
                     bytes_per_block=r["bytes_per_block"], engine_ttl_seconds=r["engine_ttl_seconds"],
                 )
                 for r in rows
             ],
-            history_start_time=convert.ts(since),
-            history_end_time=convert.ts(until),
+            history_start_time=wire.ts(since),
+            history_end_time=wire.ts(until),
             next_page_token=token,
         )

@@ -18,7 +18,7 @@ from boomerang_server.leases import ClaimOutcome
 from boomerang_server.rpc.status import rpc, write_item_error
 from boomerang_server.validation import check_conversation, check_id, check_text
 
-from boomerang_registry import convert, metrics, requests
+from boomerang_registry import metrics, wire
 from boomerang_registry.events import decode_page_token
 from boomerang_registry.expiry import ExpiryRepository
 from boomerang_registry.group_commit import Registered, RegistrationBatcher
@@ -60,7 +60,7 @@ def _registered(registered: Registered, answer: rpb.RegisterRetainedBlocksRespon
     metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
     if superseded:
         metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
-    answer.lease.CopyFrom(convert.lease(row))
+    answer.lease.CopyFrom(wire.lease(row))
     answer.created, answer.superseded_leases = created, superseded
 
 
@@ -71,7 +71,7 @@ def _claim_response(outcome: ClaimOutcome, row: Row | None, tokens: int, remaini
         metrics.CLAIMED_TOKENS.inc(tokens)
     return rpb.ClaimReuseResponse(
         outcome=_OUTCOME[outcome],
-        lease=convert.lease(row) if row is not None else None,
+        lease=wire.lease(row) if row is not None else None,
         reusable_tokens=tokens,
         remaining_seconds=remaining,
     )
@@ -119,13 +119,13 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
 
     @rpc
     async def RegisterEngine(self, request: rpb.RegisterEngineRequest, context: grpc.aio.ServicerContext) -> rpb.RegisterEngineResponse:
-        spec = requests.engine_spec(request, self.settings.default_kv_ttl_seconds)
+        spec = wire.engine_spec(request, self.settings.default_kv_ttl_seconds)
         row, invalidated = await self.repo.engines.register(spec, request.request_id)
-        return rpb.RegisterEngineResponse(engine=convert.engine(row), invalidated_leases=invalidated)
+        return rpb.RegisterEngineResponse(engine=wire.engine(row), invalidated_leases=invalidated)
 
     @rpc
     async def Heartbeat(self, request: rpb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> rpb.HeartbeatResponse:
-        requests.heartbeat(request)
+        wire.heartbeat(request)
         row, released = await self.repo.engines.heartbeat(
             request.engine_id, request.registration_generation, request.in_flight_requests,
             request.queued_prompt_tokens, request.free_kv_blocks, request.total_kv_blocks, request.take_releases,
@@ -133,9 +133,9 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
         for r in released:
             metrics.RELEASES.labels(r.state).inc()
         return rpb.HeartbeatResponse(
-            engine=convert.engine(row),
+            engine=wire.engine(row),
             released=[
-                rpb.ReleasedTurn(remote_request_id=r.remote_request_id, state=convert.LEASE_STATE[r.state], lease_id=r.lease_id)
+                rpb.ReleasedTurn(remote_request_id=r.remote_request_id, state=wire.LEASE_STATE[r.state], lease_id=r.lease_id)
                 for r in released
             ],
         )
@@ -144,7 +144,7 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
     async def RegisterRetainedBlocks(
         self, request: rpb.RegisterRetainedBlocksRequest, context: grpc.aio.ServicerContext
     ) -> rpb.RegisterRetainedBlocksResponse:
-        blocks = requests.retained_blocks(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
+        blocks = wire.retained_blocks(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
         try:
             registered = await self.batcher.register(blocks)
         except Exception:
@@ -158,13 +158,13 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
     async def RegisterRetainedBlocksBatch(
         self, request: rpb.RegisterRetainedBlocksBatchRequest, context: grpc.aio.ServicerContext
     ) -> rpb.RegisterRetainedBlocksBatchResponse:
-        requests.batch_size("registrations", len(request.registrations))
+        wire.batch_size("registrations", len(request.registrations))
         results = [rpb.RegisterRetainedBlocksBatchResult() for _ in request.registrations]
 
         valid = []
         for n, item in enumerate(request.registrations):
             try:
-                valid.append((n, requests.retained_blocks(
+                valid.append((n, wire.retained_blocks(
                     item, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease
                 )))
             except BoomerangError as err:
@@ -182,7 +182,7 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
 
     @rpc
     async def ClaimReuse(self, request: rpb.ClaimReuseRequest, context: grpc.aio.ServicerContext) -> rpb.ClaimReuseResponse:
-        query = requests.claim(request)
+        query = wire.claim(request)
         started = time.perf_counter()
         outcome, row, tokens, remaining = await self.repo.claims.claim(query)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
@@ -192,13 +192,13 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
     async def ClaimReuseBatch(
         self, request: rpb.ClaimReuseBatchRequest, context: grpc.aio.ServicerContext
     ) -> rpb.ClaimReuseBatchResponse:
-        requests.batch_size("claims", len(request.claims))
+        wire.batch_size("claims", len(request.claims))
         results = [rpb.ClaimReuseBatchResult() for _ in request.claims]
         valid: list[int] = []
         queries = []
         for n, item in enumerate(request.claims):
             try:
-                queries.append(requests.claim(item))
+                queries.append(wire.claim(item))
                 valid.append(n)
             except BoomerangError as err:
                 write_item_error(results[n], err)
@@ -212,14 +212,14 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
 
     @rpc
     async def CompleteTurn(self, request: rpb.CompleteTurnRequest, context: grpc.aio.ServicerContext) -> rpb.CompleteTurnResponse:
-        turn = requests.turn_end(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
+        turn = wire.turn_end(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
         ended = await self.batcher.end_turn(turn)
         resp = rpb.CompleteTurnResponse()
         if turn.claim is not None:
             if isinstance(ended.claim, BoomerangError):
                 write_item_error(resp.claim, ended.claim)
             elif ended.claim is not None:
-                resp.claim.lease.CopyFrom(convert.lease(ended.claim))
+                resp.claim.lease.CopyFrom(wire.lease(ended.claim))
         if turn.registration is not None:
             if isinstance(ended.registration, BoomerangError) or ended.registration is None:
                 metrics.REGISTRATIONS.labels("rejected").inc()
@@ -254,7 +254,7 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
         v.raise_if_any()
         leases, events = await self.repo.events.conversation(request.tenant, request.conversation_id, request.include_events)
         return rpb.GetConversationResponse(
-            leases=[convert.lease(r) for r in leases], events=[convert.event(r) for r in events]
+            leases=[wire.lease(r) for r in leases], events=[wire.event(r) for r in events]
         )
 
     @rpc
@@ -265,7 +265,7 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
         v.require(0 <= request.page_size <= 1000, "page_size", "must be 0 (default 100) to 1000")
         states = []
         for i, state in enumerate(request.states):
-            name = convert.LEASE_STATE_NAME.get(state)
+            name = wire.LEASE_STATE_NAME.get(state)
             if name is None:
                 v.add(f"states[{i}]", "must be a LeaseState other than LEASE_STATE_UNSPECIFIED")
             else:
@@ -279,7 +279,7 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
         rows, token = await self.repo.events.list_leases(
             request.tenant, request.engine_id, states, request.page_size or 100, request.page_token
         )
-        return rpb.ListLeasesResponse(leases=[convert.lease(r) for r in rows], next_page_token=token)
+        return rpb.ListLeasesResponse(leases=[wire.lease(r) for r in rows], next_page_token=token)
 
     @rpc
     async def ListEngines(self, request: rpb.ListEnginesRequest, context: grpc.aio.ServicerContext) -> rpb.ListEnginesResponse:
@@ -287,5 +287,5 @@ class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegi
         check_text(v, "model", request.model)
         v.require(request.role in (0, tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE), "role", "is not an EngineRole")
         v.raise_if_any()
-        rows = await self.repo.engines.listing(request.model, convert.ROLE_NAME.get(request.role, ""))
-        return rpb.ListEnginesResponse(engines=[convert.engine(r) for r in rows])
+        rows = await self.repo.engines.listing(request.model, wire.ROLE_NAME.get(request.role, ""))
+        return rpb.ListEnginesResponse(engines=[wire.engine(r) for r in rows])

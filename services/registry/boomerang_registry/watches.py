@@ -45,7 +45,7 @@ from boomerang_server.rpc.status import error_for_exception, to_status
 from boomerang_server.validation import check_id
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang_registry import convert
+from boomerang_registry import wire
 from boomerang_registry.expiry import ExpiryRepository
 
 log = logging.getLogger(__name__)
@@ -375,13 +375,13 @@ class WatchServicer:
             now = await self.expiry.live_figures()
             yield rpb.WatchLeaseDeadlinesResponse(
                 snapshot=True,
-                earliest_expire_time=convert.ts(now.next_deadline),
+                earliest_expire_time=wire.ts(now.next_deadline),
                 live_leases=now.live,
-                database_time=convert.ts(now.db_now),
+                database_time=wire.ts(now.db_now),
             )
             while True:
                 deadline = datetime.fromtimestamp(await sub.next(), tz=UTC)
-                yield rpb.WatchLeaseDeadlinesResponse(earliest_expire_time=convert.ts(deadline))
+                yield rpb.WatchLeaseDeadlinesResponse(earliest_expire_time=wire.ts(deadline))
         except Exception as exc:  # noqa: BLE001 - the stream's translation boundary (like @rpc)
             await context.abort_with_status(to_status(error_for_exception(exc)))
         finally:
