@@ -38,7 +38,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.validation import check_id
 
-from boomerang_reaper.registry_api import ReaperRegistryClient, epoch
+from boomerang_reaper.registry_client import ReaperRegistryClient, epoch
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:

@@ -30,7 +30,7 @@ from boomerang_server.retention import (
 
 from boomerang_reaper import metrics
 from boomerang_reaper.advice import TurnRecord, observe, read_history
-from boomerang_reaper.registry_api import ReaperRegistryClient, epoch
+from boomerang_reaper.registry_client import ReaperRegistryClient, epoch
 from boomerang_reaper.settings import ReaperSettings
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from boomerang_server.rpc.server import ServerOptions, ServiceSpec, serve
 
 from boomerang_reaper import metrics
 from boomerang_reaper.leader import ClockOffset, LeaderElection, ReaperRepository
-from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.registry_client import ReaperRegistryClient
 from boomerang_reaper.retainer import Retainer
 from boomerang_reaper.servicer import TTLReaperServicer
 from boomerang_reaper.settings import ReaperSettings

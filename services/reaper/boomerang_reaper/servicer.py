@@ -19,7 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from boomerang_reaper.advice import advice_to_proto, advise, make_query, read_history
 from boomerang_reaper.leader import LeaderElection, ReaperRepository
 from boomerang_reaper.metrics import LagSummary, stats_from_json
-from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.registry_client import ReaperRegistryClient
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_reaper.worker import NotLeader, Reaper
 

@@ -25,7 +25,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_reaper import metrics
 from boomerang_reaper.leader import ClockOffset, LeaderElection
 from boomerang_reaper.metrics import LeaderStats
-from boomerang_reaper.registry_api import ReaperRegistryClient, epoch
+from boomerang_reaper.registry_client import ReaperRegistryClient, epoch
 from boomerang_reaper.retainer import Retainer
 from boomerang_reaper.settings import ReaperSettings
 
