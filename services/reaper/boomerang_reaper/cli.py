@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from boomerang.clients.reaper import ReaperClient
@@ -114,19 +115,7 @@ def to_json(advice: Sequence[TtlAdvice], target: float, safety: float, history: 
                 "recommended_ttl_seconds": a.recommended_ttl_seconds,
                 "current_ttl_seconds": a.current_ttl_seconds,
                 "bytes_known_share": a.bytes_known_share,
-                "candidates": [
-                    {
-                        "ttl_seconds": c.ttl_seconds,
-                        "reuse_share": c.reuse_share,
-                        "block_seconds": c.block_seconds,
-                        "byte_seconds": c.byte_seconds,
-                        "mean_resident_blocks": c.mean_resident_blocks,
-                        "mean_resident_bytes": c.mean_resident_bytes,
-                        "recommended": c.recommended,
-                        "current": c.current,
-                    }
-                    for c in a.candidates
-                ],
+                "candidates": [asdict(c) for c in a.candidates],
             }
             for a in advice
         ],

@@ -6,7 +6,6 @@ ListRegistrations). A mixin of BlockRegistryServicer: validate, delegate, transl
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 import grpc
@@ -127,10 +126,7 @@ class ReaperFacingServicer:
         n = len(request.lease_ids)
         v.require(1 <= n <= MAX_RELEASE_BATCH, "lease_ids", f"must list 1 to {MAX_RELEASE_BATCH} lease ids")
         for i, lease_id in enumerate(request.lease_ids[:MAX_RELEASE_BATCH]):
-            try:
-                uuid.UUID(lease_id)
-            except ValueError:
-                v.add(f"lease_ids[{i}]", "must be a lease id (a UUID) returned by this registry")
+            wire.check_lease_id(v, f"lease_ids[{i}]", lease_id)
         v.require(request.reason in RELEASE_REASONS, "reason", f"must be one of {', '.join(sorted(RELEASE_REASONS))}")
         v.raise_if_any()
 

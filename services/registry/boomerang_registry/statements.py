@@ -114,7 +114,7 @@ def claim_statement(lease_key: str, candidates: str, order: str, found_by: str =
     concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
     claim_store.py then asks once more, since the winner may be its own claim id), its CLAIMED
     event (noting `found_by` when given) appended in the same statement. Rows: the claimed
-    lease, or the prior one, or every candidate, for claims.claim_result to explain. On a
+    lease, or the prior one, or every candidate, for claim_store.claim_result to explain. On a
     server whose epoch is not the one fenced on, EPOCH_GUARD refuses the whole statement.
     """
     details = "'reusable_tokens', common_tokens" + (f", 'found_by', '{found_by}'" if found_by else "")

@@ -103,6 +103,14 @@ class TurnEnd:
     registration: RetainedBlocks | None = None
 
 
+def check_lease_id(v: Violations, path: str, value: str) -> None:
+    """A lease id: a UUID, as this registry hands them out."""
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        v.add(path, "must be a lease id (a UUID) returned by this registry")
+
+
 def chain_from_proto(v: Violations, path: str, msg: tpb.TokenChain, present: bool) -> TokenChain | None:
     """A validated token chain, or None after recording why not."""
     if not present:
@@ -291,10 +299,7 @@ def turn_end(req: rpb.CompleteTurnRequest, max_blocks: int, max_tokens: int) -> 
     claim = None
     if has_claim:
         c = req.claim
-        try:
-            uuid.UUID(c.lease_id)
-        except ValueError:
-            v.add("claim.lease_id", "must be a lease id (a UUID) returned by this registry")
+        check_lease_id(v, "claim.lease_id", c.lease_id)
         check_id(v, "claim.claim_id", c.claim_id)
         v.require(c.use in _CLAIM_USES, "claim.use", "must be CLAIM_USE_READ or CLAIM_USE_NOT_READ")
         check_text(v, "claim.release_reason", c.release_reason, 128)
