@@ -272,7 +272,7 @@ class ClaimStore:
             params: dict[str, Any] = {k: [p[k] for p in each] for k in each[0]}  # a round is never empty
             params.update(i=list(range(len(batch))), actor=self.actor)
             tenants = sorted({q.tenant for q in batch})
-            rows = await self.pool.fetch_for_tenants(tenants, CLAIM_BATCH_SQL, params, "ClaimReuseBatch")
+            rows = await self.pool.fetch_as(tenants, CLAIM_BATCH_SQL, params, "ClaimReuseBatch")
             per_claim: list[list[Row]] = [[] for _ in batch]
             for row in rows:
                 per_claim[row["i"]].append(row)

@@ -173,27 +173,23 @@ class TenantPool:
         query, names = self.compile(sql)
         return query, [params[n] for n in names]
 
-    async def fetch_as(self, tenant: str, sql: str, params: Mapping[str, Any], operation: str) -> Sequence[asyncpg.Record]:
-        """Run one statement (its own transaction) as `tenant`; its rows."""
-        query, args = self.args(sql, params)
-        with db_span(operation):
-            async with self.pool.acquire() as conn:
-                await conn.execute(SET_TENANT_SESSION, tenant)
-                return await conn.fetch(query, *args)  # type: ignore[no-any-return]
-
-    async def fetch_for_tenants(
-        self, tenants: Sequence[str], sql: str, params: Mapping[str, Any], operation: str
+    async def fetch_as(
+        self, tenant: str | Sequence[str], sql: str, params: Mapping[str, Any], operation: str
     ) -> Sequence[asyncpg.Record]:
-        """Run one statement (its own transaction) as the batch of `tenants`; its rows.
+        """Run one statement (its own transaction) as `tenant`, or as a batch's tenants (a list
+        of them, and no single tenant); its rows.
 
-        Two round trips, as `fetch_as`: the setting is the session's, and every other use of
-        this pool sets both `boomerang.tenant` and `boomerang.tenants` before its statement
-        (SET_TENANT_SESSION, SET_TENANT_LOCAL), so a tenant list left on a pooled connection
+        Two round trips: the setting is the session's, and every use of this pool sets both
+        `boomerang.tenant` and `boomerang.tenants` before its statement (SET_TENANT_SESSION,
+        SET_TENANTS_SESSION, SET_TENANT_LOCAL), so a tenant list left on a pooled connection
         is never in force for anything else."""
         query, args = self.args(sql, params)
         with db_span(operation):
             async with self.pool.acquire() as conn:
-                await conn.execute(SET_TENANTS_SESSION, " ".join(tenants))
+                if isinstance(tenant, str):
+                    await conn.execute(SET_TENANT_SESSION, tenant)
+                else:
+                    await conn.execute(SET_TENANTS_SESSION, " ".join(tenant))
                 return await conn.fetch(query, *args)  # type: ignore[no-any-return]
 
     async def fetch_global(self, sql: str, params: Mapping[str, Any], operation: str) -> Sequence[asyncpg.Record]:
