@@ -1,14 +1,15 @@
 """Leader election over one Postgres row: exactly one reaper replica acts at a time.
 
 Every replica tries `ReaperRepository.acquire` (the election's row in `reaper_leader`, the
-reaper's own table; lease state it reads and changes through the registry's RPCs only) in a loop. The holder renews every third of
-the lease and may act until `leadership_valid_until` on its own monotonic clock (counted
-from when it sent the renewal, so a pause or a slow round trip only shortens it). The
-others sleep until the holder's lapse instant (from the row, mapped through the measured
-clock offset) and try then, so when a leader dies without notice another takes over about
-one lease after its last renewal; on SIGTERM the leader releases the row and a standby
-takes over at its next attempt. The term is the fencing token: the registry refuses
-writes from any other term, so a leader that was paused past its lease cannot do harm.
+reaper's own table; lease state it reads and changes through the registry's RPCs only) in a
+loop. The holder renews every third of the lease and may act until `leadership_valid_until`
+on its own monotonic clock (counted from when it sent the renewal, so a pause or a slow
+round trip only shortens it). The others sleep until the holder's lapse instant (from the
+row, mapped through the measured clock offset) and try then, so when a leader dies without
+notice another takes over about one lease after its last renewal; on SIGTERM the leader
+releases the row and a standby takes over at its next attempt. The term is the fencing
+token: the registry refuses writes from any other term, so a leader that was paused past its
+lease cannot do harm.
 """
 
 from __future__ import annotations

@@ -80,7 +80,9 @@ def held_from(leases: Iterable[tpb.Lease], db_now: float) -> list[Held]:
 class Retainer:
     """Runs the retention policy for the leader (one `run` per interval)."""
 
-    def __init__(self, settings: ReaperSettings, registry: ReaperRegistryClient, prefill_seconds_per_token: float):
+    def __init__(
+        self, settings: ReaperSettings, registry: ReaperRegistryClient, prefill_seconds_per_token: float
+    ):
         self.settings = settings
         self.registry = registry
         self.params = Params(
@@ -107,7 +109,8 @@ class Retainer:
         """Re-read the history when older than `retention_evidence_seconds`."""
         if time.monotonic() - self._evidence_at < self.settings.retention_evidence_seconds:
             return
-        records, _, until = await read_history(self.registry, "", self.settings.retention_history_hours)
+        hours = self.settings.retention_history_hours
+        records, _, until = await read_history(self.registry, "", hours)
         settle = max([r.engine_ttl_seconds for r in records] + [480])
         self.evidence = evidence_from(records, until.timestamp(), settle)
         self._evidence_at = time.monotonic()
@@ -143,7 +146,9 @@ class Retainer:
         self._released = [r for r in self._released if r[0] > db_now - 60.0]
         held = {h.lease_id: h for h in held_from(await self._retained(), db_now)}
         engines = await self._memory()
-        chosen = choose_releases(list(held.values()), self.evidence_for, self.policy_for, engines, self.params)
+        chosen = choose_releases(
+            list(held.values()), self.evidence_for, self.policy_for, engines, self.params
+        )
         by_reason: dict[str, list[str]] = defaultdict(list)
         for lease_id, reason in chosen:
             by_reason[reason].append(lease_id)

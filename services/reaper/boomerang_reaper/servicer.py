@@ -141,8 +141,10 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
             safety_seconds=request.safety_seconds if request.HasField("safety_seconds") else None,
         )
         records, since, until = await read_history(self.registry, query.tenant, query.history_hours)
-        advice = advise(records, target=query.target, safety=query.safety_seconds, candidates=query.candidates,
-                        model=query.model, history_end=until.timestamp())
+        advice = advise(
+            records, target=query.target, safety=query.safety_seconds, candidates=query.candidates,
+            model=query.model, history_end=until.timestamp(),
+        )
         return pb.AdviseTTLResponse(
             advice=[advice_to_proto(a) for a in advice],
             history_start_time=ts(since),

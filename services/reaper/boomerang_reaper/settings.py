@@ -115,7 +115,8 @@ class ReaperSettings(RegistryClientSettings):
     @field_validator("retention_tenant_policies", mode="before")
     @classmethod
     def _tenant_policies(cls, value: Any) -> dict[str, str]:
-        """`TENANT=POLICY` entries from a mapping or a comma-separated string, each policy checked."""
+        """`TENANT=POLICY` entries from a mapping or a comma-separated string, each policy
+        checked."""
         items = value.items() if isinstance(value, dict) else (
             item.partition("=")[::2] for item in str(value or "").split(",") if item.strip())
         out: dict[str, str] = {}

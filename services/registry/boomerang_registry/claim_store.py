@@ -18,9 +18,10 @@ A lease that shares only a start with the new prompt (a system prompt, a tool li
 (1) or (2) and is never a candidate: claiming it would take another conversation's next
 turn. Nor is the previous prompt itself, sent again (a regenerated answer, or a client
 without an id asking the same thing): a continuation is strictly longer than what it
-continues, and that lease stays for its own next turn. Of the leases the prompt continues, the one with the longest previous prompt wins;
-the claim then is CLAIM_SQL's, built by the same statements.claim_statement: the verified
-prefix, single use, the CLAIMED event in the same statement. One statement, one index: `ix_leases_live_prompt_key`, probed with every
+continues, and that lease stays for its own next turn. Of the leases the prompt continues,
+the one with the longest previous prompt wins; the claim then is CLAIM_SQL's, built by the
+same statements.claim_statement: the verified prefix, single use, the CLAIMED event in the
+same statement. One statement, one index: `ix_leases_live_prompt_key`, probed with every
 whole-block key of the new prompt (tokenchain.probe_keys).
 """
 
@@ -234,8 +235,8 @@ class ClaimStore:
             sql, params = CLAIM_SQL, _claim_params(q)
         else:
             sql, params = CONTINUE_CLAIM_SQL, continue_params(q)
-        rows = await self.pool.fetch_as(q.tenant, sql, {**params, "actor": self.actor}, "ClaimReuse")
-        return claim_result(q, rows)
+        params = {**params, "actor": self.actor}
+        return claim_result(q, await self.pool.fetch_as(q.tenant, sql, params, "ClaimReuse"))
 
     async def claim_batch(self, queries: Sequence[ClaimQuery]) -> list[ClaimAnswer]:
         """Each claim as `claim` answers it, in order; one statement per round of claims.

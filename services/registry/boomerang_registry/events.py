@@ -67,7 +67,8 @@ def _decode(token: str, n: int) -> tuple[list[datetime], str]:
 
 
 def decode_page_token(token: str) -> tuple[datetime, str]:
-    """The (created_at, lease_id) position a ListLeases page token encodes; ValueError when malformed."""
+    """The (created_at, lease_id) position a ListLeases page token encodes; ValueError when
+    malformed."""
     (created,), lease_id = _decode(token, 2)
     return created, lease_id
 

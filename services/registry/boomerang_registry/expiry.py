@@ -149,7 +149,8 @@ LOCK_TIMEOUT = "500ms"
 # heartbeat takes the release (statements.HEARTBEAT_SQL) and its hook frees the blocks
 # through vLLM's own expiry path. Supersession, expiry, consumption and a claim that ends its
 # lease mark `release_pending` in their own statements.
-RELEASE_REASONS = frozenset({"RETENTION_POLICY", "MEMORY_PRESSURE", "OPERATOR"})  # the event's reason
+# Why the registry released a lease early (the event's reason).
+RELEASE_REASONS = frozenset({"RETENTION_POLICY", "MEMORY_PRESSURE", "OPERATOR"})
 RELEASE_LEASES_SQL = TRANSITION_SQL.format(
     where="lease_id = ANY(CAST(:ids AS uuid[])) AND state = 'RETAINED'", extra_set=", release_pending = true"
 )
