@@ -216,12 +216,6 @@ class DeadlineHub(ListenHub[Subscription]):
             sub.offer(deadline)
 
 
-def parse_notification(payload: str) -> list[int]:
-    """The keys of one new lease from its NOTIFY payload (`tenant␟conversation␟prompt_key`)."""
-    tenant, conversation_id, key = payload.split("\x1f")
-    return leasekeys.lease_keys(tenant, conversation_id, int(key) if key else None)
-
-
 class KeysSubscription(Waiter):
     """One lease-keys stream's keys not yet sent."""
 
@@ -290,8 +284,9 @@ class LeaseKeysHub(ListenHub[KeysSubscription]):
             return cached[1] + since, cached[2]
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        try:
-            keys = parse_notification(payload)
+        try:  # one new lease's keys from its payload, `tenant␟conversation␟prompt_key`
+            tenant, conversation_id, key = payload.split("\x1f")
+            keys = leasekeys.lease_keys(tenant, conversation_id, int(key) if key else None)
         except ValueError:
             log.warning("ignoring malformed lease-keys notification %r", payload)
             return
