@@ -25,7 +25,7 @@ from boomerang.clients.reaper import ReaperClient
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.registry_client import ReaperRegistryClient
 
 from tests.support.databases import execute, fresh_database
 from tests.support.procs import BOOMERANG, ServiceProcess

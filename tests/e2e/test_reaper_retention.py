@@ -19,7 +19,7 @@ import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.registry_client import ReaperRegistryClient
 
 from tests.support.databases import fresh_database
 from tests.support.procs import ServiceProcess

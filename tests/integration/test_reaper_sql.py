@@ -17,18 +17,16 @@ import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
 from boomerang_reaper.advice import TurnRecord, advise
-from boomerang_reaper.domain import ClockOffset
-from boomerang_reaper.leader import LeaderElection
-from boomerang_reaper.repository import ReaperRepository
-from boomerang_registry import requests
-from boomerang_registry.deadline_watch import DeadlineHub, Subscription
+from boomerang_reaper.leader import ClockOffset, LeaderElection, ReaperRepository
+from boomerang_registry import wire
 from boomerang_registry.expiry import ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.watches import DeadlineHub, Subscription
 from boomerang_server.db.engine import make_engine
 
 from tests.support.databases import fresh_database
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 ELECTION = "ttl-reaper"
@@ -75,7 +73,7 @@ async def fence(db: asyncpg.Connection) -> Fence:
 
 async def new_engine(registry: RegistryRepository, ttl: int = 480, generation: int = 1) -> str:
     engine_id = f"d-{uuid.uuid4().hex[:8]}"
-    await registry.engines.register(requests.engine_spec(engine_request(engine_id, generation, ttl), 480), "r")
+    await registry.engines.register(wire.engine_spec(engine_request(engine_id, generation, ttl), 480), "r")
     return engine_id
 
 
@@ -83,7 +81,7 @@ async def new_lease(registry: RegistryRepository, engine_id: str, ago: float = 0
     """A lease whose decode request finished `ago` seconds ago (its deadline is that much earlier)."""
     finish = datetime.now(UTC).timestamp() - ago
     req = blocks_request("acme", uuid.uuid4().hex, engine_id, list(range(48)), generation=generation, finish_time_unix=finish)
-    row, _, _ = await registry.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+    row, _, _ = await register_blocks(registry, wire.retained_blocks(req, 10**6, 10**7))
     return str(row["lease_id"])
 
 
@@ -347,14 +345,14 @@ async def test_registrations_page_a_fixed_window_and_feed_the_advice(registry) -
     tokens = list(range(64))
     for k in range(2):
         req = blocks_request(tenant, conv, eid, tokens[: 32 + 16 * k])
-        await registry.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+        await register_blocks(registry, wire.retained_blocks(req, 10**6, 10**7))
         if k == 0:
-            outcome, *_ = await registry.claims.claim(requests.claim(claim_request(tenant, conv, tokens, min_tokens=16)))
+            outcome, *_ = await registry.claims.claim(wire.claim(claim_request(tenant, conv, tokens, min_tokens=16)))
             assert outcome.value == "CLAIMED"
     first_page, since, until, token = await registry.events.registrations(tenant, 1.0, 1, "")
     assert since < until and len(first_page) == 1 and token
     # A registration after the first page is outside its window: the pages list what it fixed.
-    await registry.registrations.register(requests.retained_blocks(blocks_request(tenant, "later", eid, tokens), 10**6, 10**7))
+    await register_blocks(registry, wire.retained_blocks(blocks_request(tenant, "later", eid, tokens), 10**6, 10**7))
     second_page, since2, until2, last = await registry.events.registrations(tenant, 1.0, 1, token)
     assert (since2, until2, last) == (since, until, "") and len(second_page) == 1
     rows = [*first_page, *second_page]

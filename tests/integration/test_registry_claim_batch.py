@@ -13,16 +13,17 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from boomerang_registry import requests
-from boomerang_registry.domain import ClaimOutcome, ClaimQuery
+from boomerang_registry import wire
 from boomerang_registry.rawsql import SET_TENANTS_LOCAL, TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import CLAIM_BATCH_SQL
+from boomerang_registry.wire import ClaimQuery
 from boomerang_server.db.engine import make_engine
+from boomerang_server.leases import ClaimOutcome
 
 from tests.integration.test_registry_repository import register, register_engine, turn
 from tests.support.registry_data import claim_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_batch
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
 
 
 def query(tenant: str, conv: str, tokens: list[int], **kw) -> ClaimQuery:  # type: ignore[no-untyped-def]
-    return requests.claim(claim_request(tenant, conv, tokens, **kw))
+    return wire.claim(claim_request(tenant, conv, tokens, **kw))
 
 
 async def claimed_events(pg: asyncpg.Connection, lease_id: str) -> int:
@@ -236,7 +237,7 @@ async def test_one_statement_registers_a_batch_and_each_supersedes_its_own_conve
         old, _, _ = await register(repo, f"a-{unique}", "conv", eid, turn(64), finish_time_unix=now - 10)
 
         def blocks(tenant: str, conv: str, n: int, finish: float, **kw):  # type: ignore[no-untyped-def]
-            return requests.retained_blocks(
+            return wire.retained_blocks(
                 blocks_request(f"{tenant}-{unique}", conv, eid, turn(n), finish_time_unix=finish, **kw), 10**6, 10**7
             )
 
@@ -246,8 +247,8 @@ async def test_one_statement_registers_a_batch_and_each_supersedes_its_own_conve
             blocks("a", "conv", 96, now - 1),            # the same conversation again: next round, supersedes the first
             blocks("a", "other", 80, now - 2, generation=7),  # refused: the engine is at generation 1
         ]
-        out = await repo.registrations.register_batch(batch)
-        repeat = await repo.registrations.register_batch([batch[1]])
+        out = await register_batch(repo, batch)
+        repeat = await register_batch(repo, [batch[1]])
     finally:
         await raw.close()
         await engine.dispose()

@@ -18,15 +18,15 @@ import pytest
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_registry import requests
-from boomerang_registry.continuations import CONTINUE_CLAIM_SQL, continue_params
-from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry import wire
+from boomerang_registry.claim_store import CONTINUE_CLAIM_SQL, continue_params
 from boomerang_registry.repository import RegistryRepository
+from boomerang_server.leases import ClaimOutcome
 from sqlalchemy import text
 
 from tests.integration.test_registry_repository import register_engine
 from tests.support.registry_data import BLOCK
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ async def retain(repo: RegistryRepository, tenant: str, eid: str, prompt: list[i
         num_tokens=len(seq), token_chain=chain_msg(seq, salt), prompt_tokens=len(prompt),
         prompt_tail_token_ids=prompt[len(prompt) - tail:] if tail else [],
     )
-    lease, created, superseded = await repo.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+    lease, created, superseded = await register_blocks(repo, wire.retained_blocks(req, 10**6, 10**7))
     assert created and superseded == 0
     return str(lease["lease_id"])
 
@@ -68,7 +68,7 @@ async def retain(repo: RegistryRepository, tenant: str, eid: str, prompt: list[i
 async def claim(repo: RegistryRepository, tenant: str, prompt: list[int], salt: str = "") -> Answer:
     req = rpb.ClaimReuseRequest(tenant=tenant, prompt_chain=chain_msg(prompt, salt), prompt_token_ids=prompt,
                                 min_reusable_tokens=64, min_remaining_seconds=5.0, claim_id=str(uuid.uuid4()))
-    return await repo.claims.claim(requests.claim(req))  # type: ignore[return-value]
+    return await repo.claims.claim(wire.claim(req))  # type: ignore[return-value]
 
 
 def lease_of(answer: Answer) -> str | None:
@@ -168,8 +168,8 @@ async def test_the_longest_previous_prompt_wins_and_a_retry_returns_its_claim(re
     prompt = p2 + o2 + words(9, 5)
     req = rpb.ClaimReuseRequest(tenant=tenant, prompt_chain=chain_msg(prompt, ""), prompt_token_ids=prompt,
                                 min_reusable_tokens=64, claim_id=str(uuid.uuid4()))
-    first = await repo.claims.claim(requests.claim(req))
-    again = await repo.claims.claim(requests.claim(req))
+    first = await repo.claims.claim(wire.claim(req))
+    again = await repo.claims.claim(wire.claim(req))
     assert lease_of(first) == second  # type: ignore[arg-type]
     assert again[0] is ClaimOutcome.CLAIMED and again[1]["lease_id"] == second  # type: ignore[index]
 
@@ -180,12 +180,12 @@ async def test_a_claim_without_its_tokens_is_refused(unique: str) -> None:
     prompt = words(100, 1)
     req = rpb.ClaimReuseRequest(tenant=f"t-{unique}", prompt_chain=chain_msg(prompt, ""), claim_id="c")
     with pytest.raises(BoomerangError, match="prompt_token_ids"):
-        requests.claim(req)
+        wire.claim(req)
 
 
 async def test_the_lookup_is_one_index_scan(repo: RegistryRepository, unique: str) -> None:
     prompt = words(6000, 1)
-    q = requests.claim(rpb.ClaimReuseRequest(tenant=f"t-{unique}", prompt_chain=chain_msg(prompt, ""),
+    q = wire.claim(rpb.ClaimReuseRequest(tenant=f"t-{unique}", prompt_chain=chain_msg(prompt, ""),
                                              prompt_token_ids=prompt, claim_id="c"))
     params = {**continue_params(q), "actor": "test"}
     async with repo.owner.connect() as conn:

@@ -17,15 +17,15 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
-from boomerang_registry import requests
-from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry import wire
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import CLAIM_SQL
-from boomerang_registry.turns import ClaimSettlement, TurnEnd
+from boomerang_registry.wire import ClaimSettlement, TurnEnd
+from boomerang_server.leases import ClaimOutcome
 
 from tests.support.databases import fresh_database
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 TENANT = "t-fence"
@@ -57,14 +57,14 @@ def tokens(n: int, start: int = 1000) -> list[int]:
 
 async def lease_for(repo: RegistryRepository, engine: str, conv: str, finish: float = 0.0) -> str:
     req = blocks_request(TENANT, conv, engine, tokens(320), finish_time_unix=finish)
-    lease, created, _ = await repo.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+    lease, created, _ = await register_blocks(repo, wire.retained_blocks(req, 10**6, 10**7))
     assert created
     return str(lease["lease_id"])
 
 
 async def engine(repo: RegistryRepository) -> str:
     engine_id = f"d-{uuid.uuid4().hex[:8]}"
-    await repo.engines.register(requests.engine_spec(engine_request(engine_id), 480), "req")
+    await repo.engines.register(wire.engine_spec(engine_request(engine_id), 480), "req")
     return engine_id
 
 
@@ -88,7 +88,7 @@ async def test_a_stale_epoch_refuses_the_claim_statement_and_changes_nothing(
     conv = f"c-{uuid.uuid4().hex[:8]}"
     lease = await lease_for(repo, eid, conv)
     await db.execute("UPDATE database_epoch SET timeline = timeline + 1")
-    q = requests.claim(claim_request(TENANT, conv, tokens(400)))
+    q = wire.claim(claim_request(TENANT, conv, tokens(400)))
     params = {"tenant": TENANT, "conversation_id": conv, "claim_id": q.claim_id, "block_size": 16,
               "chain": q.chain.block_hashes, "tail_hash": q.chain.tail_hash, "num_tokens": q.chain.num_tokens,
               "model": "", "min_tokens": 1, "min_remaining": 5.0, "actor": "test"}
@@ -105,7 +105,7 @@ async def test_concurrent_claims_on_a_new_timeline_fence_once_and_claim_nothing(
     eid = await engine(repo)
     convs = [f"c-{uuid.uuid4().hex[:8]}" for _ in range(4)]
     retained = [await lease_for(repo, eid, c) for c in convs]
-    held = await repo.claims.claim(requests.claim(claim_request(TENANT, convs[0], tokens(400))))
+    held = await repo.claims.claim(wire.claim(claim_request(TENANT, convs[0], tokens(400))))
     assert held[0] is ClaimOutcome.CLAIMED
     claimed = retained[0]
     before = await db.fetchrow("SELECT timeline FROM database_epoch")
@@ -114,7 +114,7 @@ async def test_concurrent_claims_on_a_new_timeline_fence_once_and_claim_nothing(
     async with open_repository(fence_db, size=4, ttl_margin_seconds=0.0) as other:
         await db.execute("UPDATE database_epoch SET timeline = timeline + 1")
         answers = await asyncio.gather(*(
-            r.claims.claim(requests.claim(claim_request(TENANT, c, tokens(400))))
+            r.claims.claim(wire.claim(claim_request(TENANT, c, tokens(400))))
             for r in (repo, other) for c in convs for _ in range(3)
         ))
     assert {a[0] for a in answers} == {ClaimOutcome.NO_LEASE}
@@ -131,7 +131,7 @@ async def test_concurrent_claims_on_a_new_timeline_fence_once_and_claim_nothing(
     assert epoch["timeline"] == before["timeline"] and epoch["fenced_at"] is not None
     # The next turn's lease is claimable again, and fencing again finds nothing to do.
     fresh = await lease_for(repo, eid, convs[1])
-    again = await repo.claims.claim(requests.claim(claim_request(TENANT, convs[1], tokens(400))))
+    again = await repo.claims.claim(wire.claim(claim_request(TENANT, convs[1], tokens(400))))
     assert again[0] is ClaimOutcome.CLAIMED and again[1] is not None and str(again[1]["lease_id"]) == fresh
     assert await repo.fence.run() is None
 
@@ -142,14 +142,14 @@ async def test_a_turn_end_on_a_new_epoch_is_fenced_first_and_never_half_applied(
     eid = await engine(repo)
     conv = f"c-{uuid.uuid4().hex[:8]}"
     lease = await lease_for(repo, eid, conv)
-    q = requests.claim(claim_request(TENANT, conv, tokens(400)))
+    q = wire.claim(claim_request(TENANT, conv, tokens(400)))
     assert (await repo.claims.claim(q))[0] is ClaimOutcome.CLAIMED
     finished_before = time.time()
     await db.execute("UPDATE database_epoch SET system_identifier = system_identifier + 1")
 
     # The consume runs first in the turn's transaction and the registration's guard refuses:
     # nothing of it lands, the fence runs, and the turn end is answered on the fenced data.
-    late = requests.retained_blocks(blocks_request(TENANT, conv, eid, tokens(500), finish_time_unix=finished_before),
+    late = wire.retained_blocks(blocks_request(TENANT, conv, eid, tokens(500), finish_time_unix=finished_before),
                                     10**6, 10**7)
     (ended,) = await repo.turns.commit([TurnEnd(ClaimSettlement(TENANT, lease, q.claim_id, read=True), late)])
     assert isinstance(ended.claim, BoomerangError) and ended.claim.reason == "LEASE_INVALIDATED"
@@ -161,7 +161,7 @@ async def test_a_turn_end_on_a_new_epoch_is_fenced_first_and_never_half_applied(
     assert await db.fetchval("SELECT count(*) FROM lease_events WHERE lease_id = $1 AND to_state = 'CONSUMED'",
                              uuid.UUID(lease)) == 0
     # A turn that finished after the fence registers and is claimable.
-    now = requests.retained_blocks(blocks_request(TENANT, conv, eid, tokens(500)), 10**6, 10**7)
+    now = wire.retained_blocks(blocks_request(TENANT, conv, eid, tokens(500)), 10**6, 10**7)
     (after,) = await repo.turns.commit([TurnEnd(None, now)])
     assert not isinstance(after.registration, BoomerangError) and after.registration is not None
     assert after.registration[1]  # created
@@ -174,7 +174,7 @@ async def test_a_claim_batch_on_a_new_timeline_is_fenced_and_claims_nothing(
     convs = [f"c-{uuid.uuid4().hex[:8]}" for _ in range(3)]
     leases = [await lease_for(repo, eid, c) for c in convs]
     await db.execute("UPDATE database_epoch SET timeline = timeline + 1")
-    answers = await repo.claims.claim_batch([requests.claim(claim_request(TENANT, c, tokens(400))) for c in convs])
+    answers = await repo.claims.claim_batch([wire.claim(claim_request(TENANT, c, tokens(400))) for c in convs])
     assert [a[0] for a in answers] == [ClaimOutcome.NO_LEASE] * 3
     for lease in leases:
         assert await state(db, lease) == ("INVALIDATED", True)

@@ -7,8 +7,8 @@ import asyncio
 import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
-from boomerang_registry import requests
-from boomerang_registry.batching import RegistrationBatcher
+from boomerang_registry import wire
+from boomerang_registry.group_commit import RegistrationBatcher
 
 from tests.support.registry_data import blocks_request, engine_request
 from tests.support.registry_repo import open_repository
@@ -22,9 +22,9 @@ async def test_concurrent_registrations_commit_in_batches(database_url: str, pg:
         batcher.start()
         try:
             eid = f"d-{unique}"
-            await repo.engines.register(requests.engine_spec(engine_request(eid, generation=2), 480), "r")
-            good = [requests.retained_blocks(blocks_request("gc", f"{unique}-{i}", eid, list(range(80)), generation=2), 10**6, 10**7) for i in range(200)]
-            stale = requests.retained_blocks(blocks_request("gc", f"{unique}-stale", eid, list(range(80)), generation=1), 10**6, 10**7)
+            await repo.engines.register(wire.engine_spec(engine_request(eid, generation=2), 480), "r")
+            good = [wire.retained_blocks(blocks_request("gc", f"{unique}-{i}", eid, list(range(80)), generation=2), 10**6, 10**7) for i in range(200)]
+            stale = wire.retained_blocks(blocks_request("gc", f"{unique}-stale", eid, list(range(80)), generation=1), 10**6, 10**7)
             results = await asyncio.gather(*(batcher.register(r) for r in [*good[:100], stale, *good[100:]]), return_exceptions=True)
         finally:
             await batcher.stop()

@@ -12,8 +12,8 @@ import pytest
 from boomerang.clients.lease_keys import apply
 from boomerang.leasekeys import LeaseSummary, conversation_key, keys_of_leases, lease_keys
 from boomerang.tokenchain import build_chain
-from boomerang_registry.lease_keys import LeaseKeysHub, snapshot_messages
 from boomerang_registry.repository import RegistryRepository
+from boomerang_registry.watches import LeaseKeysHub, snapshot_messages
 
 from tests.integration.test_registry_continuations import retain
 from tests.integration.test_registry_repository import claim, register, register_engine

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
-from boomerang_registry import requests
-from boomerang_registry.batching import RegistrationBatcher
-from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry import wire
+from boomerang_registry.group_commit import RegistrationBatcher
 from boomerang_registry.rawsql import positional
 from boomerang_registry.repository import RegistryRepository
+from boomerang_server.leases import ClaimOutcome
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
 from tests.support.registry_repo import open_repository
@@ -41,11 +41,11 @@ async def test_group_commit_on_the_raw_pool(repo: RegistryRepository, pg: asyncp
     batcher.start()
     eid = f"raw-{unique}"
     try:
-        await repo.engines.register(requests.engine_spec(engine_request(eid, generation=2), 480), "r")
+        await repo.engines.register(wire.engine_spec(engine_request(eid, generation=2), 480), "r")
         tokens = list(range(80))
-        good = [requests.retained_blocks(blocks_request(f"t{i % 3}-{unique}", f"c{i}", eid, tokens, generation=2),
+        good = [wire.retained_blocks(blocks_request(f"t{i % 3}-{unique}", f"c{i}", eid, tokens, generation=2),
                                          10**6, 10**7) for i in range(60)]
-        stale = requests.retained_blocks(blocks_request(f"t0-{unique}", "stale", eid, tokens, generation=1), 10**6, 10**7)
+        stale = wire.retained_blocks(blocks_request(f"t0-{unique}", "stale", eid, tokens, generation=1), 10**6, 10**7)
         first = await asyncio.gather(*(batcher.register(r) for r in [*good[:30], stale, *good[30:]]),
                                      return_exceptions=True)
         again = await asyncio.gather(*(batcher.register(r) for r in good[:5]))
@@ -68,7 +68,7 @@ async def test_group_commit_on_the_raw_pool(repo: RegistryRepository, pg: asyncp
     # Each lease landed in its own tenant, and a claim as another tenant finds nothing.
     lease_tenant = await pg.fetchval("SELECT tenant FROM leases WHERE lease_id = $1::uuid", created[1][0]["lease_id"])
     assert lease_tenant == f"t1-{unique}"
-    outcome, _, _, _ = await repo.claims.claim(requests.claim(claim_request(f"t2-{unique}", "c1", tokens + [1, 2, 3])))
+    outcome, _, _, _ = await repo.claims.claim(wire.claim(claim_request(f"t2-{unique}", "c1", tokens + [1, 2, 3])))
     assert outcome is ClaimOutcome.NO_LEASE
-    outcome, lease, reusable, _ = await repo.claims.claim(requests.claim(claim_request(f"t1-{unique}", "c1", tokens + [1, 2, 3])))
+    outcome, lease, reusable, _ = await repo.claims.claim(wire.claim(claim_request(f"t1-{unique}", "c1", tokens + [1, 2, 3])))
     assert outcome is ClaimOutcome.CLAIMED and lease is not None and reusable == 80

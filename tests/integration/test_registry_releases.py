@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from boomerang_registry import requests
-from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry import wire
+from boomerang_registry.expiry import ExpiryRepository
 from boomerang_registry.repository import RegistryRepository
+from boomerang_server.leases import ClaimOutcome
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository, settle
+from tests.support.registry_repo import open_repository, register_blocks, settle
 
 pytestmark = pytest.mark.integration
 
@@ -28,18 +29,18 @@ async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
 
 
 async def engine(repo: RegistryRepository, engine_id: str, generation: int = 1) -> None:
-    await repo.engines.register(requests.engine_spec(engine_request(engine_id, generation), 480), "req")
+    await repo.engines.register(wire.engine_spec(engine_request(engine_id, generation), 480), "req")
 
 
 async def register(repo: RegistryRepository, tenant: str, conv: str, engine_id: str, tokens: list[int], rid: str,
                    generation: int = 1):  # type: ignore[no-untyped-def]
     req = blocks_request(tenant, conv, engine_id, tokens, request_id=rid, generation=generation)
-    row, _, superseded = await repo.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+    row, _, superseded = await register_blocks(repo, wire.retained_blocks(req, 10**6, 10**7))
     return row, superseded
 
 
 async def claim(repo: RegistryRepository, tenant: str, conv: str, tokens: list[int]):  # type: ignore[no-untyped-def]
-    return await repo.claims.claim(requests.claim(claim_request(tenant, conv, tokens)))
+    return await repo.claims.claim(wire.claim(claim_request(tenant, conv, tokens)))
 
 
 async def take(repo: RegistryRepository, engine_id: str, generation: int = 1) -> list[tuple[str, str]]:
@@ -83,7 +84,7 @@ async def test_claimed_lease_is_never_released(repo: RegistryRepository, pg: asy
     lease, _ = await register(repo, "t", unique, d, prompt, f"r-{unique}")
     outcome, claimed, _, _ = await claim(repo, "t", unique, prompt + [1, 2, 3])
     assert outcome is ClaimOutcome.CLAIMED and claimed is not None
-    assert await repo.releases.release([lease["lease_id"]], "RETENTION_POLICY", "policy") == []
+    assert await ExpiryRepository(repo.owner).release([lease["lease_id"]], "RETENTION_POLICY", "policy") == []
     assert await pg.fetchval("SELECT state FROM leases WHERE lease_id = $1", uuid.UUID(lease["lease_id"])) == "CLAIMED"
     # Superseding skips it too: its puller may be reading.
     await register(repo, "t", unique, d, prompt + tokens(50, 4), f"r2-{unique}")
@@ -98,7 +99,7 @@ async def test_policy_release_and_its_event(repo: RegistryRepository, pg: asyncp
     await engine(repo, d)
     prompt = tokens(300, 5)
     lease, _ = await register(repo, "t", unique, d, prompt, f"r-{unique}")
-    assert await repo.releases.release([lease["lease_id"]], "RETENTION_POLICY", "policy") == [lease["lease_id"]]
+    assert await ExpiryRepository(repo.owner).release([lease["lease_id"]], "RETENTION_POLICY", "policy") == [lease["lease_id"]]
     events = await pg.fetch("SELECT from_state, to_state, reason FROM lease_events WHERE lease_id = $1 ORDER BY event_id",
                             uuid.UUID(lease["lease_id"]))
     assert [tuple(e) for e in events][-1] == ("RETAINED", "RELEASED", "RETENTION_POLICY")
@@ -107,14 +108,14 @@ async def test_policy_release_and_its_event(repo: RegistryRepository, pg: asyncp
     assert found is not None and found["lease_id"] == lease["lease_id"] and found["state"] == "RELEASED"
     assert await take(repo, d) == [(f"r-{unique}", "RELEASED")]
     with pytest.raises(ValueError):
-        await repo.releases.release([lease["lease_id"]], "BECAUSE", "x")
+        await ExpiryRepository(repo.owner).release([lease["lease_id"]], "BECAUSE", "x")
 
 
 async def test_older_generations_releases_are_dropped(repo: RegistryRepository, unique: str) -> None:
     d = f"d-{unique}"
     await engine(repo, d)
     lease, _ = await register(repo, "t", unique, d, tokens(100, 6), f"r-{unique}")
-    await repo.releases.release([lease["lease_id"]], "OPERATOR", "x")
+    await ExpiryRepository(repo.owner).release([lease["lease_id"]], "OPERATOR", "x")
     await engine(repo, d, generation=2)  # a new process holds none of the old blocks
     assert await take(repo, d, generation=2) == []
 
@@ -129,7 +130,7 @@ async def test_claim_racing_release_has_one_winner(repo: RegistryRepository, pg:
         lease, _ = await register(repo, "t", conv, d, prompt, f"r-{unique}-{n}")
         (outcome, claimed, _, _), released = await asyncio.gather(
             claim(repo, "t", conv, prompt + [9]),
-            repo.releases.release([lease["lease_id"]], "MEMORY_PRESSURE", f"race-{n}"),
+            ExpiryRepository(repo.owner).release([lease["lease_id"]], "MEMORY_PRESSURE", f"race-{n}"),
         )
         state = await pg.fetchval("SELECT state FROM leases WHERE lease_id = $1", uuid.UUID(lease["lease_id"]))
         if outcome is ClaimOutcome.CLAIMED:
@@ -150,10 +151,10 @@ async def test_released_is_the_decline_only_while_nothing_newer(repo: RegistryRe
     await engine(repo, d)
     prompt = tokens(300, 8)
     lease, _ = await register(repo, "t", unique, d, prompt, f"r-{unique}")
-    await repo.releases.release([lease["lease_id"]], "MEMORY_PRESSURE", "pressure")
+    await ExpiryRepository(repo.owner).release([lease["lease_id"]], "MEMORY_PRESSURE", "pressure")
     assert (await claim(repo, "t", f"{unique}-other", prompt + [1]))[0] is ClaimOutcome.NO_LEASE
-    batch = await repo.claims.claim_batch([requests.claim(claim_request("t", unique, prompt + [1])),
-                                           requests.claim(claim_request("t", f"{unique}-x", prompt + [1]))])
+    batch = await repo.claims.claim_batch([wire.claim(claim_request("t", unique, prompt + [1])),
+                                           wire.claim(claim_request("t", f"{unique}-x", prompt + [1]))])
     assert [b[0] for b in batch] == [ClaimOutcome.LEASE_RELEASED, ClaimOutcome.NO_LEASE]
     # The next turn, computed afresh, is retained again: its own lease is claimed, not the release reported.
     longer = prompt + tokens(100, 9)

@@ -11,13 +11,13 @@ import asyncpg
 import pytest
 from boomerang.errors import BoomerangError, Code
 from boomerang.tokenchain import build_chain, common_tokens
-from boomerang_registry import requests
-from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry import wire
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
+from boomerang_server.leases import ClaimOutcome
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository, settle
+from tests.support.registry_repo import open_repository, register_blocks, settle
 
 pytestmark = pytest.mark.integration
 SETTINGS = RegistrySettings()
@@ -30,16 +30,16 @@ async def repo(database_url: str) -> AsyncIterator[RegistryRepository]:
 
 
 async def register_engine(repo: RegistryRepository, engine_id: str, generation: int = 1, ttl: int = 480) -> None:
-    await repo.engines.register(requests.engine_spec(engine_request(engine_id, generation, ttl), 480), "req")
+    await repo.engines.register(wire.engine_spec(engine_request(engine_id, generation, ttl), 480), "req")
 
 
 async def register(repo: RegistryRepository, tenant: str, conv: str, engine_id: str, tokens: list[int], **kw):  # type: ignore[no-untyped-def]
     req = blocks_request(tenant, conv, engine_id, tokens, **kw)
-    return await repo.registrations.register(requests.retained_blocks(req, 10**6, 10**7))
+    return await register_blocks(repo, wire.retained_blocks(req, 10**6, 10**7))
 
 
 async def claim(repo: RegistryRepository, tenant: str, conv: str, tokens: list[int], **kw):  # type: ignore[no-untyped-def]
-    return await repo.claims.claim(requests.claim(claim_request(tenant, conv, tokens, **kw)))
+    return await repo.claims.claim(wire.claim(claim_request(tenant, conv, tokens, **kw)))
 
 
 async def events(pg: asyncpg.Connection, lease_id: str) -> list[tuple[str | None, str, str]]:
@@ -126,7 +126,7 @@ async def test_a_retry_racing_its_own_claim_gets_that_claim(
     await register_engine(repo, eid)
     held = turn(300)
     lease, _, _ = await register(repo, "t", unique, eid, held)
-    query = requests.claim(claim_request("t", unique, held + [1], claim_id=f"c-{unique}"))
+    query = wire.claim(claim_request("t", unique, held + [1], claim_id=f"c-{unique}"))
 
     async def attempt() -> tuple[ClaimOutcome, str]:
         if path == "single":
@@ -224,7 +224,7 @@ async def test_generation_bump_invalidates_and_stale_generation_is_refused(repo:
     await register_engine(repo, eid, generation=1)
     held = turn(300)
     lease, _, _ = await register(repo, "t", unique, eid, held)
-    _, invalidated = await repo.engines.register(requests.engine_spec(engine_request(eid, 2), 480), "bump")
+    _, invalidated = await repo.engines.register(wire.engine_spec(engine_request(eid, 2), 480), "bump")
     assert invalidated == 1
     assert await events(pg, lease["lease_id"]) == [(None, "RETAINED", "REGISTERED"), ("RETAINED", "INVALIDATED", "GENERATION_ADVANCED")]
     assert (await claim(repo, "t", unique, held + [1]))[0] is ClaimOutcome.NO_LEASE
@@ -232,7 +232,7 @@ async def test_generation_bump_invalidates_and_stale_generation_is_refused(repo:
         await register(repo, "t", unique, eid, held, generation=1)
     assert err.value.code is Code.FAILED_PRECONDITION and err.value.reason == "STALE_GENERATION"
     with pytest.raises(BoomerangError) as err:
-        await repo.engines.register(requests.engine_spec(engine_request(eid, 1), 480), "old")
+        await repo.engines.register(wire.engine_spec(engine_request(eid, 1), 480), "old")
     assert err.value.reason == "STALE_GENERATION"
 
 

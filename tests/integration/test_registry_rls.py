@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from boomerang_registry import requests
+from boomerang_registry import wire
 
 from tests.support.registry_data import blocks_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -15,10 +15,10 @@ pytestmark = pytest.mark.integration
 async def test_tenant_role_sees_and_changes_only_its_tenant(database_url: str, unique: str) -> None:
     async with open_repository(database_url, size=2) as repo:
         eid = f"d-{unique}"
-        await repo.engines.register(requests.engine_spec(engine_request(eid), 480), "r")
+        await repo.engines.register(wire.engine_spec(engine_request(eid), 480), "r")
         for tenant in ("alpha", "beta"):
-            await repo.registrations.register(
-                requests.retained_blocks(blocks_request(f"{tenant}-{unique}", "same-conversation", eid, list(range(64))), 10**6, 10**7)
+            await register_blocks(repo,
+                wire.retained_blocks(blocks_request(f"{tenant}-{unique}", "same-conversation", eid, list(range(64))), 10**6, 10**7)
             )
 
     conn = await asyncpg.connect(database_url, server_settings={"role": "boomerang_service"})

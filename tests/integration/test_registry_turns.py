@@ -12,13 +12,12 @@ import asyncpg
 import pytest
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_registry import requests
-from boomerang_registry.batching import RegistrationBatcher
+from boomerang_registry import wire
+from boomerang_registry.group_commit import RegistrationBatcher, TurnEnded
 from boomerang_registry.repository import RegistryRepository
-from boomerang_registry.turns import TurnEnded
 
 from tests.support.registry_data import blocks_request, claim_request, engine_request
-from tests.support.registry_repo import open_repository
+from tests.support.registry_repo import open_repository, register_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -43,10 +42,10 @@ async def events(pg: asyncpg.Connection, lease_id: str) -> list[tuple[str | None
 
 async def claimed_turn(repo: RegistryRepository, tenant: str, conv: str, eid: str, held: list[int], claim_id: str) -> str:
     """Register `held` on `eid` and claim it with a longer prompt; the lease id."""
-    await repo.engines.register(requests.engine_spec(engine_request(eid), 480), "r")
-    lease, _, _ = await repo.registrations.register(requests.retained_blocks(blocks_request(tenant, conv, eid, held), 10**6, 10**7))
+    await repo.engines.register(wire.engine_spec(engine_request(eid), 480), "r")
+    lease, _, _ = await register_blocks(repo, wire.retained_blocks(blocks_request(tenant, conv, eid, held), 10**6, 10**7))
     req = claim_request(tenant, conv, held + [1], claim_id=claim_id)
-    outcome, row, _, _ = await repo.claims.claim(requests.claim(req))
+    outcome, row, _, _ = await repo.claims.claim(wire.claim(req))
     assert row is not None and row["lease_id"] == lease["lease_id"], outcome
     return str(lease["lease_id"])
 
@@ -61,7 +60,7 @@ def complete(tenant: str, lease_id: str, claim_id: str, registration: rpb.Regist
 
 
 async def end(repo: RegistryRepository, req: rpb.CompleteTurnRequest) -> TurnEnded:
-    (ended,) = await repo.turns.commit([requests.turn_end(req, 10**6, 10**7)])
+    (ended,) = await repo.turns.commit([wire.turn_end(req, 10**6, 10**7)])
     return ended
 
 
@@ -128,7 +127,7 @@ async def test_concurrent_turn_ends_share_the_group_commit(repo: RegistryReposit
             held = tokens(200, i)
             old = await claimed_turn(repo, "t", f"{unique}-{i}", eid, held, f"c{i}")
             reg = blocks_request("t", f"{unique}-{i}", eid, held + [i])
-            turns.append(requests.turn_end(complete("t", old, f"c{i}", reg), 10**6, 10**7))
+            turns.append(wire.turn_end(complete("t", old, f"c{i}", reg), 10**6, 10**7))
         before = len(batcher.batch_sizes)
         ended = await asyncio.gather(*(batcher.end_turn(t) for t in turns))
     finally:
@@ -145,11 +144,11 @@ def test_a_turn_end_is_validated_field_by_field() -> None:
         registration=rpb.RegisterRetainedBlocksRequest(tenant="other", engine_id="d"),
     )
     with pytest.raises(BoomerangError) as err:
-        requests.turn_end(bad, 10**6, 10**7)
+        wire.turn_end(bad, 10**6, 10**7)
     fields = {v.field for v in err.value.violations}
     assert err.value.code is Code.INVALID_ARGUMENT
     assert {"claim.lease_id", "claim.claim_id", "claim.use", "registration.tenant", "registration.remote_request_id",
             "registration.block_groups"} <= fields
     with pytest.raises(BoomerangError) as err:
-        requests.turn_end(rpb.CompleteTurnRequest(tenant="t"), 10**6, 10**7)
+        wire.turn_end(rpb.CompleteTurnRequest(tenant="t"), 10**6, 10**7)
     assert [v.field for v in err.value.violations] == ["claim"]

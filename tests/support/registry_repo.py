@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from boomerang.errors import BoomerangError
-from boomerang_registry.rawsql import TenantPool
+from boomerang_registry.group_commit import Registered
+from boomerang_registry.rawsql import Row, TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import WARM_UP
-from boomerang_registry.store import Row
-from boomerang_registry.turns import ClaimSettlement, TurnEnd
+from boomerang_registry.wire import ClaimSettlement, RetainedBlocks, TurnEnd
 from boomerang_server.db.engine import make_engine
 
 
@@ -38,3 +38,18 @@ async def settle(repo: RegistryRepository, tenant: str, lease_id: str, claim_id:
         raise ended.claim
     assert ended.claim is not None
     return ended.claim
+
+
+async def register_batch(repo: RegistryRepository, reqs: list[RetainedBlocks]) -> list[Registered | BoomerangError]:
+    """Registrations as RegisterRetainedBlocks makes them (turn ends without a claim), all in one
+    transaction; each one's (lease, created, superseded), or the error it alone was refused with."""
+    out = [ended.registration for ended in await repo.turns.commit([TurnEnd(registration=r) for r in reqs])]
+    return [o for o in out if o is not None]
+
+
+async def register_blocks(repo: RegistryRepository, req: RetainedBlocks) -> Registered:
+    """One registration, alone in its transaction: (lease, created, superseded), or its error raised."""
+    (outcome,) = await register_batch(repo, [req])
+    if isinstance(outcome, BoomerangError):
+        raise outcome
+    return outcome

@@ -11,11 +11,11 @@ from boomerang_reaper.advice import (
     TurnRecord,
     advise,
     evaluate,
+    make_query,
     observe,
     shortest_ttl,
 )
-from boomerang_reaper.advice_report import render_table, to_json
-from boomerang_reaper.advisor import make_query
+from boomerang_reaper.cli import render_table, to_json
 
 
 def turn(conv: str, finished: float, claimed: float | None = None, state: str = "CONSUMED", blocks: int = 10,
@@ -124,7 +124,7 @@ def test_query_validation_names_each_field() -> None:
 
 
 def test_advice_survives_the_wire() -> None:
-    from boomerang_reaper.convert import advice_from_proto, advice_to_proto
+    from boomerang_reaper.advice import advice_from_proto, advice_to_proto
 
     records = [turn("c", 0.0, claimed=12.0, bpb=1024), turn("c", 20.0, state="RETAINED", bpb=1024)]
     for a in advise(records, target=0.9, safety=3.0, candidates=(10, 60)):

@@ -6,15 +6,10 @@ import random
 
 import numpy as np
 import pytest
-from boomerang_reaper.domain import (
-    ClockOffset,
-    DeadlineTracker,
-    LagSummary,
-    LeaderStats,
-    leadership_valid_until,
-    percentile,
-    stats_from_json,
-)
+from boomerang_reaper.advice import percentile
+from boomerang_reaper.leader import ClockOffset, leadership_valid_until
+from boomerang_reaper.metrics import LagSummary, LeaderStats, stats_from_json
+from boomerang_reaper.worker import DeadlineTracker
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100])

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from boomerang_registry.domain import (
-    Candidate,
-    ClaimOutcome,
-    LeaseState,
-    candidate_failure,
-    explain_no_claim,
-)
+from boomerang_registry.claim_store import Candidate, candidate_failure, explain_no_claim
+from boomerang_server.leases import ClaimOutcome, LeaseState
 
 
 def cand(**kw: object) -> Candidate:

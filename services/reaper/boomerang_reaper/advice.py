@@ -19,7 +19,8 @@ bytes follow when the engine reported its bytes per block; the mean resident fig
 by the observed period (first turn's end to the end of the history).
 
 The recommendation is the shortest whole-second TTL at which at least the target share of
-next turns would have found their blocks alive.
+next turns would have found their blocks alive. The history is the registry's registrations
+(ListRegistrations), read for AdviseTTL and for the retention policy's evidence (retainer.py).
 """
 
 from __future__ import annotations
@@ -27,14 +28,38 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
 
-from boomerang_reaper.domain import percentile
+from boomerang.clients.base import call
+from boomerang.errors import Violations
+from boomerang.v1 import reaper_service_pb2 as pb
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.validation import check_id
+
+from boomerang_reaper.registry_client import ReaperRegistryClient, epoch
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The q-th percentile (0 to 100) of ascending values, interpolating linearly between
+    the two nearest ranks (as numpy's default and Postgres' `percentile_cont` do)."""
+    if not ordered:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be 0 to 100, got {q}")
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
 
 DEFAULT_CANDIDATES = (30, 60, 120, 180, 300, 480, 600, 900, 1800, 3600)
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 100.0)
 DEFAULT_TARGET = 0.95
 DEFAULT_SAFETY_SECONDS = 15.0
+DEFAULT_HISTORY_HOURS = 168.0
+HISTORY_PAGE = 5000  # registrations per ListRegistrations page (about 1 MB)
 
 
 @dataclass(frozen=True)
@@ -221,3 +246,97 @@ def advise(
             groups[(o.record.tenant, o.record.model)].append(o)
     cands = list(candidates)
     return [advise_group(groups[key], target, safety, cands, history_end) for key in sorted(groups)]
+
+
+@dataclass(frozen=True)
+class AdviceQuery:
+    """What to advise on."""
+
+    tenant: str = ""
+    model: str = ""
+    target: float = DEFAULT_TARGET
+    history_hours: float = DEFAULT_HISTORY_HOURS
+    candidates: tuple[int, ...] = DEFAULT_CANDIDATES
+    safety_seconds: float = DEFAULT_SAFETY_SECONDS
+
+
+def make_query(
+    tenant: str = "",
+    model: str = "",
+    target: float = 0.0,
+    history_hours: float = 0.0,
+    candidates: tuple[int, ...] = (),
+    safety_seconds: float | None = None,
+) -> AdviceQuery:
+    """A validated query (zero and empty mean the defaults); INVALID_ARGUMENT naming each
+    bad field otherwise."""
+    v = Violations()
+    check_id(v, "tenant", tenant, required=False)
+    v.require(len(model) <= 512, "model", "must be at most 512 characters")
+    v.require(0 <= target <= 1, "target_reuse", "must be above 0 and at most 1 (0: default 0.95)")
+    v.require(0 <= history_hours <= 8760, "history_hours", "must be 0 (default 168) to 8760 hours")
+    v.require(len(candidates) <= 100, "candidate_ttl_seconds", "must list at most 100 TTLs")
+    for i, ttl in enumerate(candidates):
+        v.require(1 <= ttl <= 86400, f"candidate_ttl_seconds[{i}]", "must be 1 to 86400 seconds")
+    if safety_seconds is not None:
+        v.require(0 <= safety_seconds <= 3600, "safety_seconds", "must be 0 to 3600 seconds")
+    v.raise_if_any()
+    return AdviceQuery(
+        tenant=tenant,
+        model=model,
+        target=target or DEFAULT_TARGET,
+        history_hours=history_hours or DEFAULT_HISTORY_HOURS,
+        candidates=tuple(candidates) or DEFAULT_CANDIDATES,
+        safety_seconds=DEFAULT_SAFETY_SECONDS if safety_seconds is None else safety_seconds,
+    )
+
+
+def turn_record(r: rpb.Registration) -> TurnRecord:
+    """One registration as the advice reads it."""
+    return TurnRecord(
+        tenant=r.tenant, model=r.model, conversation_id=r.conversation_id, lease_id=r.lease_id,
+        finished_at=epoch(r.finish_time), num_blocks=r.num_blocks, bytes_per_block=r.bytes_per_block,
+        engine_ttl_seconds=r.engine_ttl_seconds,
+        claimed_at=epoch(r.first_claim_time) if r.HasField("first_claim_time") else None,
+        state=tpb.LeaseState.Name(r.state).removeprefix("LEASE_STATE_"),
+    )
+
+
+async def read_history(
+    registry: ReaperRegistryClient, tenant: str, hours: float
+) -> tuple[list[TurnRecord], datetime, datetime]:
+    """The turns registered in the last `hours` (one tenant's, or all), every page of
+    ListRegistrations; and the window (start, end) on the database clock."""
+    req = rpb.ListRegistrationsRequest(tenant=tenant, history_hours=hours, page_size=HISTORY_PAGE)
+    records: list[TurnRecord] = []
+    while True:
+        page = await call("ListRegistrations", registry.stub.ListRegistrations, req, registry.timeout)
+        records.extend(turn_record(r) for r in page.registrations)
+        if not page.next_page_token:
+            start, end = page.history_start_time, page.history_end_time
+            return records, start.ToDatetime(tzinfo=UTC), end.ToDatetime(tzinfo=UTC)
+        req.page_token = page.next_page_token
+
+
+# The advice messages carry the dataclasses' fields under the same names; only the
+# nested lists differ in form.
+_SCALARS = [f.name for f in fields(TtlAdvice) if f.name not in ("pause_percentiles", "candidates")]
+_CANDIDATE = [f.name for f in fields(CandidateOutcome)]
+
+
+def advice_to_proto(a: TtlAdvice) -> pb.TtlAdvice:
+    """A TtlAdvice message."""
+    return pb.TtlAdvice(
+        **{name: getattr(a, name) for name in _SCALARS},
+        pause_percentiles=[pb.PausePercentile(percentile=q, seconds=s) for q, s in a.pause_percentiles],
+        candidates=[pb.TtlCandidate(**{name: getattr(c, name) for name in _CANDIDATE}) for c in a.candidates],
+    )
+
+
+def advice_from_proto(m: pb.TtlAdvice) -> TtlAdvice:
+    """A TtlAdvice value from its message (`boomerang advise-ttl --reaper` reads it back to print)."""
+    return TtlAdvice(
+        **{name: getattr(m, name) for name in _SCALARS},
+        pause_percentiles=[(p.percentile, p.seconds) for p in m.pause_percentiles],
+        candidates=[CandidateOutcome(**{name: getattr(c, name) for name in _CANDIDATE}) for c in m.candidates],
+    )

@@ -1,26 +1,162 @@
 """Leader election over one Postgres row: exactly one reaper replica acts at a time.
 
-Every replica tries `ReaperRepository.acquire` in a loop. The holder renews every third of
-the lease and may act until `leadership_valid_until` on its own monotonic clock (counted
-from when it sent the renewal, so a pause or a slow round trip only shortens it). The
-others sleep until the holder's lapse instant (from the row, mapped through the measured
-clock offset) and try then, so when a leader dies without notice another takes over about
-one lease after its last renewal; on SIGTERM the leader releases the row and a standby
-takes over at its next attempt. The term is the fencing token: the registry refuses
-writes from any other term, so a leader that was paused past its lease cannot do harm.
+Every replica tries `ReaperRepository.acquire` (the election's row in `reaper_leader`, the
+reaper's own table; lease state it reads and changes through the registry's RPCs only) in a
+loop. The holder renews every third of the lease and may act until `leadership_valid_until`
+on its own monotonic clock (counted from when it sent the renewal, so a pause or a slow
+round trip only shortens it). The others sleep until the holder's lapse instant (from the
+row, mapped through the measured clock offset) and try then, so when a leader dies without
+notice another takes over about one lease after its last renewal; on SIGTERM the leader
+releases the row and a standby takes over at its next attempt. The term is the fencing
+token: the registry refuses writes from any other term, so a leader that was paused past its
+lease cannot do harm.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from boomerang_reaper.domain import ClockOffset, leadership_valid_until
-from boomerang_reaper.repository import LeaderRow, ReaperRepository
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger(__name__)
+
+# Take the row when it is free, lapsed, or ours; keep the term while we hold it unbroken
+# and start a new one on every change of hands (or when our own lease had lapsed, so any
+# write still in flight from the old term is refused). A concurrent contender waits on the
+# row lock and then sees the winner's unexpired lease: exactly one wins.
+ACQUIRE_SQL = """
+INSERT INTO reaper_leader AS r (election, holder, term, acquired_at, renewed_at, expires_at, stats)
+VALUES (:election, :holder, 1, now(), now(), now() + make_interval(secs => CAST(:lease AS float8)),
+        CAST(:stats AS jsonb))
+ON CONFLICT (election) DO UPDATE SET
+    term = CASE WHEN r.holder = EXCLUDED.holder AND r.expires_at > now() THEN r.term ELSE r.term + 1 END,
+    acquired_at = CASE WHEN r.holder = EXCLUDED.holder AND r.expires_at > now()
+                       THEN r.acquired_at ELSE now() END,
+    holder = EXCLUDED.holder, renewed_at = now(), expires_at = EXCLUDED.expires_at,
+    stats = EXCLUDED.stats
+WHERE r.holder = EXCLUDED.holder OR r.expires_at <= now()
+RETURNING r.holder, r.term, r.expires_at, EXTRACT(EPOCH FROM now())::float8 AS db_now
+"""
+
+CURRENT_SQL = """
+SELECT holder, term, expires_at, stats, EXTRACT(EPOCH FROM now())::float8 AS db_now
+FROM reaper_leader WHERE election = :election
+"""
+
+RELEASE_SQL = """
+UPDATE reaper_leader SET expires_at = now(), renewed_at = now(), stats = CAST(:stats AS jsonb)
+WHERE election = :election AND holder = :holder AND term = :term AND expires_at > now()
+"""
+
+
+@dataclass(frozen=True)
+class LeaderRow:
+    """The election row as one round trip saw it (db_now in epoch seconds)."""
+
+    holder: str
+    term: int
+    expires_at: datetime
+    db_now: float
+    stats: dict[str, Any]
+
+    @property
+    def expires_epoch(self) -> float:
+        """The lapse instant in epoch seconds."""
+        return self.expires_at.timestamp()
+
+    @property
+    def unexpired(self) -> bool:
+        """Whether the holder's lease had not lapsed at `db_now`."""
+        return self.expires_epoch > self.db_now
+
+
+class ReaperRepository:
+    """Postgres access for the reaper."""
+
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+
+    async def acquire(self, election: str, holder: str, lease_seconds: float, stats: dict[str, Any]) -> tuple[bool, LeaderRow | None]:
+        """Take or renew leadership; (whether we hold it, the row as it stands)."""
+        params = {"election": election, "holder": holder, "lease": lease_seconds, "stats": json.dumps(stats)}
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(text(ACQUIRE_SQL), params)).first()
+            if row is not None:
+                return True, LeaderRow(row.holder, row.term, row.expires_at, row.db_now, stats)
+            current = (await conn.execute(text(CURRENT_SQL), {"election": election})).first()
+        return False, _leader_row(current)
+
+    async def current(self, election: str) -> LeaderRow | None:
+        """The election row, if anyone was ever elected."""
+        async with self.engine.connect() as conn:
+            return _leader_row((await conn.execute(text(CURRENT_SQL), {"election": election})).first())
+
+    async def release(self, election: str, holder: str, term: int, stats: dict[str, Any]) -> bool:
+        """Give up leadership at once (on shutdown) so a standby need not wait for the lapse."""
+        params = {"election": election, "holder": holder, "term": term, "stats": json.dumps(stats)}
+        async with self.engine.begin() as conn:
+            return (await conn.execute(text(RELEASE_SQL), params)).rowcount == 1
+
+
+def _leader_row(row: Any) -> LeaderRow | None:
+    if row is None:
+        return None
+    return LeaderRow(row.holder, row.term, row.expires_at, row.db_now, dict(row.stats or {}))
+
+
+# Deadlines are instants on the database clock (epoch seconds). The reaper sleeps on its own
+# monotonic clock, so it maps one onto the other with an offset measured on every round
+# trip to the database or the registry. Waking a little early is harmless (the expiry is
+# decided in SQL against the database's `now()`, so nothing expires before its deadline);
+# waking late is lag, and the offset keeps it to about half a round trip.
+class ClockOffset:
+    """Maps database-clock instants onto this process's monotonic clock.
+
+    Each sample is a database timestamp read during a round trip that started at local
+    `sent` and ended at `received`; the database read it at some local instant between,
+    so the midpoint errs by at most half the round trip. The sample with the smallest round
+    trip among the recent ones wins.
+    """
+
+    def __init__(self, window: int = 8) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)  # (rtt, offset)
+        self.offset: float | None = None
+
+    def observe(self, db_epoch: float, sent: float, received: float) -> None:
+        """Record one round trip's database time."""
+        rtt = max(0.0, received - sent)
+        self._samples.append((rtt, db_epoch - (sent + received) / 2.0))
+        self.offset = min(self._samples)[1]
+
+    def to_local(self, db_epoch: float) -> float:
+        """The local monotonic instant of a database instant (needs one sample first; the
+        election takes one before anyone can lead)."""
+        if self.offset is None:
+            raise RuntimeError("no database clock sample yet")
+        return db_epoch - self.offset
+
+    def db_now(self, local_now: float) -> float | None:
+        """The database clock now, as best known."""
+        return None if self.offset is None else local_now + self.offset
+
+
+def leadership_valid_until(sent_local: float, lease_seconds: float) -> float:
+    """The local instant up to which a just-renewed leader may act.
+
+    The database started the lease no earlier than the request was sent, so counting from
+    `sent_local` is safe; a twentieth of the lease is kept back for clock-rate differences.
+    """
+    return sent_local + lease_seconds * 0.95
+
+
 
 
 class LeaderElection:

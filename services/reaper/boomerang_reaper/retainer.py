@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
@@ -29,8 +29,8 @@ from boomerang_server.retention import (
 )
 
 from boomerang_reaper import metrics
-from boomerang_reaper.advice import TurnRecord, observe
-from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.advice import TurnRecord, observe, read_history
+from boomerang_reaper.registry_client import ReaperRegistryClient, epoch
 from boomerang_reaper.settings import ReaperSettings
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,6 @@ RELEASE_CHUNK = 10_000
 # A release reaches D in its next release heartbeat (0.5 s) and its freed blocks show in the
 # one after: a heartbeat younger than this after a release may not show them yet.
 REPORT_SETTLE_SECONDS = 1.0
-
-
-def _epoch(ts: object) -> float:
-    return float(ts.seconds + ts.nanos / 1e9)  # type: ignore[attr-defined]
 
 
 def evidence_from(records: Iterable[TurnRecord], history_end: float, settle_seconds: float) -> dict[tuple[str, str], Evidence]:
@@ -72,10 +68,10 @@ def held_from(leases: Iterable[tpb.Lease], db_now: float) -> list[Held]:
     for lease in leases:
         if lease.state != tpb.LEASE_STATE_RETAINED:
             continue
-        finished = _epoch(lease.finish_time)
+        finished = epoch(lease.finish_time)
         out.append(Held(
             lease_id=lease.lease_id, tenant=lease.tenant, model=lease.model, engine_id=lease.engine_id,
-            idle_seconds=max(0.0, db_now - finished), cap_seconds=max(0.0, _epoch(lease.expire_time) - finished),
+            idle_seconds=max(0.0, db_now - finished), cap_seconds=max(0.0, epoch(lease.expire_time) - finished),
             num_tokens=lease.num_tokens, num_blocks=sum(len(g.block_ids) for g in lease.block_groups),
         ))
     return out
@@ -84,11 +80,11 @@ def held_from(leases: Iterable[tpb.Lease], db_now: float) -> list[Held]:
 class Retainer:
     """Runs the retention policy for the leader (one `run` per interval)."""
 
-    def __init__(self, settings: ReaperSettings, registry: ReaperRegistryClient, prefill_seconds_per_token: float,
-                 actor: str):
+    def __init__(
+        self, settings: ReaperSettings, registry: ReaperRegistryClient, prefill_seconds_per_token: float
+    ):
         self.settings = settings
         self.registry = registry
-        self.actor = actor
         self.params = Params(
             min_samples=settings.retention_min_samples,
             min_hold_seconds=settings.retention_min_hold_seconds,
@@ -113,7 +109,8 @@ class Retainer:
         """Re-read the history when older than `retention_evidence_seconds`."""
         if time.monotonic() - self._evidence_at < self.settings.retention_evidence_seconds:
             return
-        records, _, until = await self.registry.history("", self.settings.retention_history_hours)
+        hours = self.settings.retention_history_hours
+        records, _, until = await read_history(self.registry, "", hours)
         settle = max([r.engine_ttl_seconds for r in records] + [480])
         self.evidence = evidence_from(records, until.timestamp(), settle)
         self._evidence_at = time.monotonic()
@@ -138,21 +135,20 @@ class Retainer:
         for e in resp.engines:
             if e.status != tpb.ENGINE_STATUS_ACTIVE:
                 continue
-            reported = _epoch(e.heartbeat_time) - REPORT_SETTLE_SECONDS
+            reported = epoch(e.heartbeat_time) - REPORT_SETTLE_SECONDS
             pending = sum(b for at, engine, b in self._released if engine == e.engine_id and at >= reported)
             out[e.engine_id] = EngineMemory(e.free_kv_blocks, e.total_kv_blocks, pending)
         return out
 
-    def decide(self, held: Sequence[Held], engines: dict[str, EngineMemory]) -> list[tuple[str, str]]:
-        """What to release now and why."""
-        return choose_releases(held, self.evidence_for, self.policy_for, engines, self.params)
-
-    async def run(self, fence: rpb.ReaperFence, db_now: float) -> dict[str, int]:
-        """One pass: read, decide, release; leases released per reason."""
+    async def run(self, fence: rpb.ReaperFence, db_now: float, actor: str) -> dict[str, int]:
+        """One pass: read, decide, release (as `actor`); leases released per reason."""
         await self.refresh_evidence()
         self._released = [r for r in self._released if r[0] > db_now - 60.0]
         held = {h.lease_id: h for h in held_from(await self._retained(), db_now)}
-        chosen = self.decide(list(held.values()), await self._memory())
+        engines = await self._memory()
+        chosen = choose_releases(
+            list(held.values()), self.evidence_for, self.policy_for, engines, self.params
+        )
         by_reason: dict[str, list[str]] = defaultdict(list)
         for lease_id, reason in chosen:
             by_reason[reason].append(lease_id)
@@ -161,7 +157,7 @@ class Retainer:
             for i in range(0, len(ids), RELEASE_CHUNK):
                 resp = await self.registry.release_leases(
                     rpb.ReleaseLeasesRequest(fence=fence, lease_ids=ids[i:i + RELEASE_CHUNK], reason=reason,
-                                             actor=self.actor),
+                                             actor=actor),
                     timeout=self.settings.registry_timeout_seconds,
                 )
                 released[reason] = released.get(reason, 0) + len(resp.released_lease_ids)

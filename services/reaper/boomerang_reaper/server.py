@@ -18,10 +18,8 @@ from boomerang_server.metrics import refresh_forever, serve_metrics
 from boomerang_server.rpc.server import ServerOptions, ServiceSpec, serve
 
 from boomerang_reaper import metrics
-from boomerang_reaper.domain import ClockOffset
-from boomerang_reaper.leader import LeaderElection
-from boomerang_reaper.registry_api import ReaperRegistryClient
-from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.leader import ClockOffset, LeaderElection, ReaperRepository
+from boomerang_reaper.registry_client import ReaperRegistryClient
 from boomerang_reaper.retainer import Retainer
 from boomerang_reaper.servicer import TTLReaperServicer
 from boomerang_reaper.settings import ReaperSettings
@@ -35,6 +33,14 @@ def default_replica_id() -> str:
     """host-pid-random: unique per process, readable in the audit trail."""
     host = "".join(ch for ch in socket.gethostname() if ch.isalnum() or ch in "-.")[:64] or "host"
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def refresh_gauges(registry: ReaperRegistryClient, election: LeaderElection) -> None:
+    """Leadership from this replica (read at each scrape); backlog and live leases from the registry."""
+    metrics.LEADER.set_function(lambda: 1.0 if election.leader else 0.0)
+    figures = await registry.count_live_leases()
+    metrics.BACKLOG.set(figures.overdue_leases)
+    metrics.LIVE.set(figures.live_leases)
 
 
 async def run(settings: ReaperSettings) -> None:
@@ -57,14 +63,14 @@ async def run(settings: ReaperSettings) -> None:
     retainer = None
     if settings.release_interval_seconds > 0:
         per_token = load_settings(TelemetrySettings).prefill_ms_per_token / 1000
-        retainer = Retainer(settings, registry, per_token, f"reaper:{replica_id}"[:128])
+        retainer = Retainer(settings, registry, per_token)
     reaper = Reaper(settings, registry, election, clock, replica_id, retainer)
     tasks = [
         asyncio.create_task(election.run(), name="leader-election"),
         asyncio.create_task(reaper.run(), name="reaper"),
     ]
     serve_metrics(settings.metrics_listen)
-    tasks.append(asyncio.create_task(refresh_forever(lambda: metrics.refresh_gauges(registry, election), 5.0), name="metrics"))
+    tasks.append(asyncio.create_task(refresh_forever(lambda: refresh_gauges(registry, election), 5.0), name="metrics"))
     log.info("reaper replica %s, election %r, registry %s", replica_id, settings.election, settings.registry_address)
 
     async def stop() -> None:

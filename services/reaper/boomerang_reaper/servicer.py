@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import re
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -13,18 +13,35 @@ from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.rpc.status import rpc
+from boomerang_server.validation import check_id
+from google.protobuf.timestamp_pb2 import Timestamp
 
-from boomerang_reaper import convert
-from boomerang_reaper.advisor import advise_from_history, make_query
-from boomerang_reaper.domain import LagSummary, stats_from_json
-from boomerang_reaper.leader import LeaderElection
-from boomerang_reaper.registry_api import ReaperRegistryClient
-from boomerang_reaper.repository import ReaperRepository
+from boomerang_reaper.advice import advice_to_proto, advise, make_query, read_history
+from boomerang_reaper.leader import LeaderElection, ReaperRepository
+from boomerang_reaper.metrics import LagSummary, stats_from_json
+from boomerang_reaper.registry_client import ReaperRegistryClient
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_reaper.worker import NotLeader, Reaper
 
 log = logging.getLogger(__name__)
-_PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def ts(value: datetime | float | None) -> Timestamp | None:
+    """A Timestamp from an aware datetime or epoch seconds."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        value = datetime.fromtimestamp(value, tz=UTC)
+    out = Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
+def lag_message(summary: LagSummary) -> pb.LagSummary:
+    """A LagSummary message."""
+    return pb.LagSummary(
+        count=summary.count, p50_seconds=summary.p50, p99_seconds=summary.p99, max_seconds=summary.max
+    )
 
 
 class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
@@ -37,7 +54,7 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
         registry: ReaperRegistryClient,
         election: LeaderElection,
         reaper: Reaper,
-        credentials: CredentialStore | None = None,
+        credentials: CredentialStore,
     ):
         self.settings = settings
         self.repo = repo
@@ -48,8 +65,6 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
 
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Authenticate the caller (run by @rpc first): operators and services, not engines."""
-        if self.credentials is None:
-            return
         principal = await self.credentials.authenticate(context, self.settings.require_auth)
         if principal.kind == "engine":
             raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for operators and services, not engines")
@@ -72,26 +87,22 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
             leader=leading,
             leader_replica_id=row.holder if row is not None and row.unexpired else "",
             term=row.term if row is not None else 0,
-            leader_expire_time=convert.ts(row.expires_at) if row is not None else None,
+            leader_expire_time=ts(row.expires_at) if row is not None else None,
             next_expire_time=figures.next_expire_time if figures.HasField("next_expire_time") else None,
             backlog_leases=figures.overdue_leases,
             live_leases=figures.live_leases,
-            expiry_lag=convert.lag(lag),
+            expiry_lag=lag_message(lag),
             expired_leases=stats.expired if stats else 0,
             invalidated_leases=stats.invalidated if stats else 0,
             dropped_partitions=stats.dropped_partitions if stats else 0,
-            last_expire_time=convert.ts(stats.last_expire_epoch) if stats and stats.last_expire_epoch else None,
+            last_expire_time=ts(stats.last_expire_epoch) if stats and stats.last_expire_epoch else None,
             database_time=figures.database_time,
         )
 
     @rpc
     async def ReapNow(self, request: pb.ReapNowRequest, context: grpc.aio.ServicerContext) -> pb.ReapNowResponse:
         v = Violations()
-        v.require(
-            not request.request_id or bool(_PRINTABLE.match(request.request_id)),
-            "request_id",
-            "must be printable ASCII without spaces, at most 128 characters",
-        )
+        check_id(v, "request_id", request.request_id, required=False)
         v.raise_if_any()
         try:
             result = await self.reaper.reap_now(request.sweep_engines, request.enforce_retention, request.request_id)
@@ -113,7 +124,7 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
         return pb.ReapNowResponse(
             term=result.term,
             expired_leases=len(result.lags),
-            expiry_lag=convert.lag(LagSummary.of(result.lags)),
+            expiry_lag=lag_message(LagSummary.of(result.lags)),
             invalidated_leases=result.invalidated,
             dead_engine_ids=result.dead_engine_ids,
             dropped_partitions=result.dropped_partitions,
@@ -129,11 +140,15 @@ class TTLReaperServicer(pbgrpc.TTLReaperServiceServicer):
             candidates=tuple(request.candidate_ttl_seconds),
             safety_seconds=request.safety_seconds if request.HasField("safety_seconds") else None,
         )
-        report = await advise_from_history(self.registry, query)
+        records, since, until = await read_history(self.registry, query.tenant, query.history_hours)
+        advice = advise(
+            records, target=query.target, safety=query.safety_seconds, candidates=query.candidates,
+            model=query.model, history_end=until.timestamp(),
+        )
         return pb.AdviseTTLResponse(
-            advice=[convert.advice_to_proto(a) for a in report.advice],
-            history_start_time=convert.ts(report.history_start),
-            history_end_time=convert.ts(report.history_end),
+            advice=[advice_to_proto(a) for a in advice],
+            history_start_time=ts(since),
+            history_end_time=ts(until),
             target_reuse=query.target,
             safety_seconds=query.safety_seconds,
         )

@@ -11,19 +11,6 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 
-def _tenant_policies(value: Any) -> dict[str, str]:
-    """`TENANT=POLICY` entries from a mapping or a comma-separated string, each policy checked."""
-    items = value.items() if isinstance(value, dict) else (
-        item.partition("=")[::2] for item in str(value or "").split(",") if item.strip())
-    out: dict[str, str] = {}
-    for tenant, policy in items:
-        tenant, policy = str(tenant).strip(), str(policy).strip()
-        if not tenant or not policy:
-            raise ValueError(f"{tenant}={policy} must be TENANT=POLICY (POLICY: off, ttl or pNN)")
-        out[tenant] = str(Policy.parse(policy))
-    return out
-
-
 class ReaperSettings(RegistryClientSettings):
     """Settings of the TTL-reaper service (`boomerang reaper`)."""
 
@@ -128,4 +115,14 @@ class ReaperSettings(RegistryClientSettings):
     @field_validator("retention_tenant_policies", mode="before")
     @classmethod
     def _tenant_policies(cls, value: Any) -> dict[str, str]:
-        return _tenant_policies(value)
+        """`TENANT=POLICY` entries from a mapping or a comma-separated string, each policy
+        checked."""
+        items = value.items() if isinstance(value, dict) else (
+            item.partition("=")[::2] for item in str(value or "").split(",") if item.strip())
+        out: dict[str, str] = {}
+        for tenant, policy in items:
+            tenant, policy = str(tenant).strip(), str(policy).strip()
+            if not tenant or not policy:
+                raise ValueError(f"{tenant}={policy} must be TENANT=POLICY (POLICY: off, ttl or pNN)")
+            out[tenant] = str(Policy.parse(policy))
+        return out

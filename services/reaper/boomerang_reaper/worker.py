@@ -13,18 +13,19 @@ ever be lost. A FENCED answer means another replica leads now: stop at once.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.v1 import registry_service_pb2 as rpb
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from boomerang_reaper import metrics
-from boomerang_reaper.domain import ClockOffset, DeadlineTracker, LeaderStats
-from boomerang_reaper.leader import LeaderElection
-from boomerang_reaper.registry_api import ReaperRegistryClient
+from boomerang_reaper.leader import ClockOffset, LeaderElection
+from boomerang_reaper.metrics import LeaderStats
+from boomerang_reaper.registry_client import ReaperRegistryClient, epoch
 from boomerang_reaper.retainer import Retainer
 from boomerang_reaper.settings import ReaperSettings
 
@@ -38,9 +39,51 @@ ERROR_RETRY_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
 RELEASE_PAUSE_FACTOR = 19.0
 
 
-def epoch(ts: Timestamp) -> float:
-    """Epoch seconds of a protobuf Timestamp."""
-    return float(ts.seconds + ts.nanos / 1e9)
+class DeadlineTracker:
+    """A min-heap of the deadlines the leader knows of; its top is when to call ExpireLeases.
+
+    Hints come from the registry's deadline watch in any order (a 2 s lease registered after
+    a 480 s one goes to the top; nothing assumes arrival in deadline order). Each
+    ExpireLeases call answers with the exact earliest deadline still live, computed after
+    it expired what was due, which covers every lease committed before the call began. So
+    when a call completes, every hint received before it began is replaced by that one
+    answer; hints received while the call was in flight are kept, since their leases may
+    have committed after the call looked. The heap therefore never holds more than one
+    entry per hint since the last call, and a lease that ended early costs at most one
+    wake-up that expires nothing.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int]] = []
+        self._seq = itertools.count()
+        self._last_seq = -1
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def hint(self, deadline: float) -> bool:
+        """Add a deadline; True when it became the earliest (the sleeper should re-plan)."""
+        seq = next(self._seq)
+        self._last_seq = seq
+        earliest = self.earliest()
+        heapq.heappush(self._heap, (deadline, seq))
+        return earliest is None or deadline < earliest
+
+    def earliest(self) -> float | None:
+        """The earliest known deadline, or None when nothing is known to be live."""
+        return self._heap[0][0] if self._heap else None
+
+    def begin_call(self) -> int:
+        """Mark the start of an ExpireLeases call; pass the token to `complete_call`."""
+        return self._last_seq + 1
+
+    def complete_call(self, token: int, next_deadline: float | None) -> None:
+        """Replace every hint older than `token` by the call's `next_deadline`."""
+        kept = [entry for entry in self._heap if entry[1] >= token]
+        if next_deadline is not None:
+            kept.append((next_deadline, token - 1))
+        heapq.heapify(kept)
+        self._heap = kept
 
 
 class NotLeader(Exception):
@@ -270,7 +313,7 @@ class Reaper:
             )
         n = resp.heartbeat_timeout_leases + resp.dead_engine_leases + resp.stale_generation_leases
         self.stats.invalidated += n
-        metrics.observe_invalidated(n)
+        metrics.INVALIDATED.inc(n)
         if n or resp.dead_engine_ids:
             log.info(
                 "term %d: engines %s silent, marked dead; invalidated %d lease(s) (%d heartbeat, "
@@ -309,7 +352,7 @@ class Reaper:
             return {}
         # Not under `_work`: the pass reads for seconds at scale, and expiries must not wait for
         # it; its releases are fenced by the term and change only RETAINED leases.
-        released = await self.retainer.run(self.fence(term), db_now)
+        released = await self.retainer.run(self.fence(term), db_now, self.actor)
         if released:
             log.info("term %d: released %s", term, ", ".join(f"{n} for {r}" for r, n in sorted(released.items())))
         return released

@@ -3,27 +3,41 @@
 All on the hot-path pool as the claim's tenant. A claim is one statement on the
 `(tenant, conversation_id)` live-lease index, the prefix comparison inside it
 (`boomerang_common_tokens`); without a conversation id, one statement on the
-`(tenant, prompt_key)` index instead (continuations.py); a consume is one statement; a release is one short
+`(tenant, prompt_key)` index instead (below); a consume is one statement; a release is one short
 transaction. Every state change appends its `lease_events` row in the same statement.
+
+Without a conversation id, a claim takes the lease whose previous prompt the new one
+continues. A lease's previous prompt of `p` tokens is wholly a prefix of the new prompt when
+(1) the new prompt's chain equals the lease's through block `p // block_size` (its key, the
+    hash of that last whole block, is among the new prompt's; the chain comparison then
+    proves it, so an 8-byte key collision claims nothing), and
+(2) the prompt's partial last block, `p % block_size` tokens, recurs in the new prompt right
+    after those blocks (the lease's `prompt_tail` digest, recomputed from the new prompt's
+    token ids).
+A lease that shares only a start with the new prompt (a system prompt, a tool list) fails
+(1) or (2) and is never a candidate: claiming it would take another conversation's next
+turn. Nor is the previous prompt itself, sent again (a regenerated answer, or a client
+without an id asking the same thing): a continuation is strictly longer than what it
+continues, and that lease stays for its own next turn. Of the leases the prompt continues,
+the one with the longest previous prompt wins; the claim then is CLAIM_SQL's, built by the
+same statements.claim_statement: the verified prefix, single use, the CLAIMED event in the
+same statement. One statement, one index: `ix_leases_live_prompt_key`, probed with every
+whole-block key of the new prompt (tokenchain.probe_keys).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from boomerang.errors import failed_precondition, not_found
+from boomerang.tokenchain import probe_keys
+from boomerang_server.leases import ClaimOutcome, LeaseState
 
-from boomerang_registry.continuations import CONTINUE_CLAIM_SQL, continue_params
-from boomerang_registry.domain import (
-    Candidate,
-    ClaimOutcome,
-    ClaimQuery,
-    LeaseState,
-    explain_no_claim,
-)
-from boomerang_registry.rawsql import Transaction
+from boomerang_registry.fence import EpochFence
+from boomerang_registry.rawsql import Row, TenantPool, Transaction, rounds
 from boomerang_registry.statements import (
     CLAIM_BATCH_SQL,
     CLAIM_SQL,
@@ -33,8 +47,9 @@ from boomerang_registry.statements import (
     RELEASE_ENDED_SQL,
     RELEASE_SQL,
     RELEASE_TARGET_SQL,
+    claim_statement,
 )
-from boomerang_registry.store import Row, Store, rounds
+from boomerang_registry.wire import ClaimQuery
 
 ClaimAnswer = tuple[ClaimOutcome, Row | None, int, float]  # (outcome, lease, reusable tokens, remaining seconds)
 
@@ -59,6 +74,98 @@ def _claim_params(q: ClaimQuery) -> dict[str, Any]:
         "min_tokens": q.min_reusable_tokens,
         "min_remaining": q.min_remaining_seconds,
     }
+
+
+# `:keys[k]` is the key of the new prompt's first k whole blocks; a lease qualifies only at
+# its own position (its prompt's whole blocks), so a key seen elsewhere in the prompt does
+# not. `prompt_tail` is SHA-256(hash of the prompt's last whole block ‖ its tail tokens).
+# The longest previous prompt wins; the rest of the claim is every claim's (claim_statement).
+CONTINUE_CLAIM_SQL = claim_statement(
+    lease_key="l.tenant = :tenant",
+    candidates="""hits AS (
+    SELECT l.lease_id, l.state, l.expires_at, l.engine_id, l.engine_generation, l.prompt_tokens,
+           CASE WHEN l.block_size = :block_size THEN
+               boomerang_common_tokens(l.chain, l.tail_hash, l.num_tokens,
+                                       :chain, :tail_hash, :num_tokens, l.block_size)
+           ELSE 0 END AS common_tokens,
+           (l.prompt_tokens / l.block_size)::int AS prompt_blocks, l.prompt_tail, l.chain, l.block_size
+    FROM leases l
+    WHERE l.tenant = :tenant AND l.prompt_key = ANY(CAST(:keys AS bigint[]))
+      AND l.state IN ('RETAINED', 'CLAIMED') AND l.prompt_key IS NOT NULL
+      AND l.block_size = :block_size AND l.prompt_tokens < :num_tokens
+      AND (CAST(:keys AS bigint[]))[(l.prompt_tokens / l.block_size)::int] = l.prompt_key
+      AND (:model = '' OR l.model = :model)
+), cands AS (
+    SELECT h.lease_id, h.state, h.expires_at, h.prompt_tokens, h.common_tokens,
+           (e.status = 'ACTIVE' AND e.generation = h.engine_generation) AS engine_ok,
+           TRUE AS block_size_ok,
+           EXTRACT(EPOCH FROM h.expires_at - now())::float8 AS remaining_seconds
+    FROM hits h JOIN engines e ON e.engine_id = h.engine_id
+    WHERE h.common_tokens >= h.prompt_blocks * h.block_size
+      AND (length(h.prompt_tail) = 0 OR h.prompt_tail = sha256(
+              substring(h.chain FROM (h.prompt_blocks - 1) * 16 + 1 FOR 16)
+              || substring(CAST(:tokens AS bytea) FROM h.prompt_blocks * h.block_size * 4 + 1
+                           FOR (h.prompt_tokens - h.prompt_blocks * h.block_size)::int * 4)))
+)""",
+    order="prompt_tokens DESC, common_tokens DESC, expires_at DESC",
+    found_by="prompt",
+)
+
+
+def continue_params(q: ClaimQuery) -> dict[str, Any]:
+    """CONTINUE_CLAIM_SQL's parameters for a claim without a conversation id, but `actor`: a
+    claim's, and the new prompt's keys and token ids."""
+    return {**_claim_params(q), "keys": probe_keys(q.chain), "tokens": q.prompt_packed}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A live lease of the conversation as the claim statement saw it."""
+
+    lease_id: str
+    state: LeaseState
+    engine_ok: bool
+    block_size_ok: bool
+    common_tokens: int
+    remaining_seconds: float
+
+
+# The order in which a failed claim's reasons are reported: the one closest to success
+# wins, so an operator sees what would have had to change for reuse to happen.
+_FAILURE_RANK = {
+    ClaimOutcome.ALREADY_CLAIMED: 6,
+    ClaimOutcome.EXPIRING: 5,
+    ClaimOutcome.BELOW_THRESHOLD: 4,
+    ClaimOutcome.ENGINE_INVALID: 3,
+    ClaimOutcome.PREFIX_MISMATCH: 2,
+    ClaimOutcome.BLOCK_SIZE_MISMATCH: 1,
+}
+
+
+def candidate_failure(c: Candidate, min_tokens: int, min_remaining: float) -> ClaimOutcome:
+    """Why this candidate cannot be (or was not) claimed."""
+    if not c.block_size_ok:
+        return ClaimOutcome.BLOCK_SIZE_MISMATCH
+    if c.common_tokens == 0:
+        return ClaimOutcome.PREFIX_MISMATCH
+    if not c.engine_ok:
+        return ClaimOutcome.ENGINE_INVALID
+    if c.common_tokens < min_tokens:
+        return ClaimOutcome.BELOW_THRESHOLD
+    if c.remaining_seconds <= min_remaining:
+        return ClaimOutcome.EXPIRING
+    return ClaimOutcome.ALREADY_CLAIMED
+
+
+def explain_no_claim(
+    candidates: list[Candidate], min_tokens: int, min_remaining: float
+) -> tuple[ClaimOutcome, Candidate | None]:
+    """The outcome to report when nothing was claimed, and the candidate it is about."""
+    if not candidates:
+        return ClaimOutcome.NO_LEASE, None
+    scored = [(candidate_failure(c, min_tokens, min_remaining), c) for c in candidates]
+    outcome, best = max(scored, key=lambda oc: (_FAILURE_RANK[oc[0]], oc[1].common_tokens))
+    return outcome, best
 
 
 def claim_result(q: ClaimQuery, rows: Sequence[Row]) -> ClaimAnswer:
@@ -105,8 +212,10 @@ def lost_the_row_lock(result: ClaimAnswer) -> bool:
 class ClaimStore:
     """ClaimReuse, ClaimReuseBatch, and the consume or release of CompleteTurn."""
 
-    def __init__(self, store: Store):
-        self.store = store
+    def __init__(self, pool: TenantPool, fence: EpochFence, actor: str):
+        self.pool = pool
+        self.fence = fence
+        self.actor = actor
 
     async def claim(self, q: ClaimQuery) -> ClaimAnswer:
         """Claim the best live lease in one statement; returns (outcome, lease, tokens, remaining).
@@ -119,15 +228,15 @@ class ClaimStore:
             result = await self._claim(q)
             return await self._claim(q) if lost_the_row_lock(result) else result
 
-        return await self.store.fence.fenced(claim)
+        return await self.fence.fenced(claim)
 
     async def _claim(self, q: ClaimQuery) -> ClaimAnswer:
-        if not q.conversation_id:
-            params = {**continue_params(q), "actor": self.store.actor}
-            rows = await self.store.pool.fetch_as(q.tenant, CONTINUE_CLAIM_SQL, params, "ClaimReuse")
-            return claim_result(q, rows)
-        params = {**_claim_params(q), "actor": self.store.actor}
-        return claim_result(q, await self.store.pool.fetch_as(q.tenant, CLAIM_SQL, params, "ClaimReuse"))
+        if q.conversation_id:
+            sql, params = CLAIM_SQL, _claim_params(q)
+        else:
+            sql, params = CONTINUE_CLAIM_SQL, continue_params(q)
+        params = {**params, "actor": self.actor}
+        return claim_result(q, await self.pool.fetch_as(q.tenant, sql, params, "ClaimReuse"))
 
     async def claim_batch(self, queries: Sequence[ClaimQuery]) -> list[ClaimAnswer]:
         """Each claim as `claim` answers it, in order; one statement per round of claims.
@@ -147,7 +256,7 @@ class ClaimStore:
                     results[n] = result
             return results
 
-        return await self.store.fence.fenced(claim_batch)
+        return await self.fence.fenced(claim_batch)
 
     async def _claim_batch(self, queries: Sequence[ClaimQuery]) -> list[ClaimAnswer]:
         results: list[ClaimAnswer | None] = [None] * len(queries)
@@ -162,9 +271,9 @@ class ClaimStore:
             batch = [queries[n] for n in members]
             each = [_claim_params(q) for q in batch]
             params: dict[str, Any] = {k: [p[k] for p in each] for k in each[0]}  # a round is never empty
-            params.update(i=list(range(len(batch))), actor=self.store.actor)
+            params.update(i=list(range(len(batch))), actor=self.actor)
             tenants = sorted({q.tenant for q in batch})
-            rows = await self.store.pool.fetch_for_tenants(tenants, CLAIM_BATCH_SQL, params, "ClaimReuseBatch")
+            rows = await self.pool.fetch_as(tenants, CLAIM_BATCH_SQL, params, "ClaimReuseBatch")
             per_claim: list[list[Row]] = [[] for _ in batch]
             for row in rows:
                 per_claim[row["i"]].append(row)
@@ -175,7 +284,7 @@ class ClaimStore:
     async def consume_in(self, tx: Transaction, tenant: str, lease_id: str, claim_id: str) -> Row:
         """CLAIMED → CONSUMED for the claim that read it (repeats are no-ops): one statement in
         the caller's transaction (CompleteTurn's), scoped to `tenant` by it."""
-        params = {"tenant": tenant, "id": lease_id, "claim_id": claim_id, "actor": self.store.actor}
+        params = {"tenant": tenant, "id": lease_id, "claim_id": claim_id, "actor": self.actor}
         return _consumed(await tx.fetch(CONSUME_SQL, params), lease_id, claim_id)
 
     async def release_in(self, tx: Transaction, tenant: str, lease_id: str, claim_id: str, reason: str) -> Row:
@@ -198,7 +307,7 @@ class ClaimStore:
             RELEASE_SQL if released else RELEASE_ENDED_SQL,
             {"id": lease_id, "tenant": tenant, "to_state": target.value,
              "reason": reason if released else f"{reason}:{target.value}",
-             "actor": self.store.actor, "request_id": claim_id, "event_claim_id": claim_id},
+             "actor": self.actor, "request_id": claim_id, "event_claim_id": claim_id},
         )
         row: Row | None = await tx.fetchrow(LEASE_SQL, {"id": lease_id})
         assert row is not None

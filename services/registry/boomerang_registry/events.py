@@ -17,9 +17,10 @@ from typing import Any
 
 from boomerang.errors import not_found
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from boomerang_registry.rawsql import Row, TenantPool
 from boomerang_registry.statements import LEASE_COLUMNS
-from boomerang_registry.store import Row, Store
 
 _CONVERSATION_LEASES_SQL = (
     f"SELECT {LEASE_COLUMNS} FROM leases l WHERE l.tenant = :t AND l.conversation_id = :c "
@@ -54,37 +55,28 @@ def _encode(*parts: str) -> str:
     return base64.urlsafe_b64encode(json.dumps(list(parts)).encode()).decode()
 
 
-def _decode(token: str, n: int) -> list[str]:
+def _decode(token: str, n: int) -> tuple[list[datetime], str]:
+    """The n - 1 instants and the lease id a page token encodes; ValueError when malformed."""
     try:
         parts = json.loads(base64.urlsafe_b64decode(token.encode()))
         if not isinstance(parts, list) or len(parts) != n:
             raise ValueError(token)
-        return [str(p) for p in parts]
+        return [datetime.fromisoformat(str(p)) for p in parts[:-1]], str(uuid.UUID(str(parts[-1])))
     except Exception as exc:
         raise ValueError("page_token is not one this service issued") from exc
 
 
-def _encode_page_token(created_at: datetime, lease_id: str) -> str:
-    return _encode(created_at.isoformat(), lease_id)
-
-
 def decode_page_token(token: str) -> tuple[datetime, str]:
-    """The (created_at, lease_id) position a page token encodes; ValueError when malformed."""
-    created, lease_id = _decode(token, 2)
-    try:
-        return datetime.fromisoformat(created), str(uuid.UUID(lease_id))
-    except ValueError as exc:
-        raise ValueError("page_token is not one this service issued") from exc
+    """The (created_at, lease_id) position a ListLeases page token encodes; ValueError when
+    malformed."""
+    (created,), lease_id = _decode(token, 2)
+    return created, lease_id
 
 
 def decode_history_token(token: str) -> tuple[datetime, datetime, datetime, str]:
     """The window (since, until) and the position a ListRegistrations page token encodes."""
-    since, until, created, lease_id = _decode(token, 4)
-    try:
-        return (datetime.fromisoformat(since), datetime.fromisoformat(until), datetime.fromisoformat(created),
-                str(uuid.UUID(lease_id)))
-    except ValueError as exc:
-        raise ValueError("page_token is not one this service issued") from exc
+    (since, until, created), lease_id = _decode(token, 4)
+    return since, until, created, lease_id
 
 
 def _list_leases_sql(
@@ -115,13 +107,14 @@ def _list_leases_sql(
 class EventStore:
     """GetConversation, ListLeases and ListRegistrations."""
 
-    def __init__(self, store: Store):
-        self.store = store
+    def __init__(self, owner: AsyncEngine, pool: TenantPool):
+        self.owner = owner
+        self.pool = pool
 
     async def conversation(self, tenant: str, conversation_id: str, include_events: bool) -> tuple[list[Row], list[Row]]:
         """A conversation's newest 100 leases and, if asked, their events."""
         params = {"t": tenant, "c": conversation_id}
-        async with self.store.pool.transaction(tenant) as tx:
+        async with self.pool.transaction(tenant) as tx:
             leases: list[Row] = list(await tx.fetch(_CONVERSATION_LEASES_SQL, params))
             if not leases:
                 raise not_found(
@@ -137,15 +130,15 @@ class EventStore:
         sql, params = _list_leases_sql(tenant, engine_id, states, page_size, page_token)
         rows: list[Row]
         if tenant:
-            async with self.store.pool.transaction(tenant) as tx:
+            async with self.pool.transaction(tenant) as tx:
                 rows = list(await tx.fetch(sql, params))
         else:  # an operator's listing across tenants
-            async with self.store.owner.connect() as conn:
+            async with self.owner.connect() as conn:
                 rows = [r._mapping for r in await conn.execute(text(sql), params)]
         next_token = ""
         if len(rows) > page_size:
             rows = rows[:page_size]
-            next_token = _encode_page_token(rows[-1]["created_at"], rows[-1]["lease_id"])
+            next_token = _encode(rows[-1]["created_at"].isoformat(), rows[-1]["lease_id"])
         return rows, next_token
 
     async def registrations(
@@ -153,7 +146,7 @@ class EventStore:
     ) -> tuple[list[Row], datetime, datetime, str]:
         """A page of the leases registered in the last `hours` (all tenants' when `tenant` is
         empty), newest first; the window (since, until); the next page's token."""
-        async with self.store.owner.connect() as conn:
+        async with self.owner.connect() as conn:
             if page_token:
                 since, until, after_created, after_id = decode_history_token(page_token)
             else:

@@ -1,4 +1,4 @@
-"""The registry's SQL for the TTL reaper: expiry, engine liveness, audit retention.
+"""The registry's SQL for the TTL reaper: expiry, engine liveness, audit retention, releases.
 
 Only the registry writes lease state; the reaper asks for these through fenced RPCs. Each
 fenced method first locks the election's `reaper_leader` row FOR SHARE in its own
@@ -13,7 +13,7 @@ requires the lease to be live.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,13 +21,14 @@ from typing import Any
 import asyncpg
 import sqlalchemy.exc
 from boomerang.errors import failed_precondition
-from boomerang_server.leases import LIVE_SQL
+from boomerang_server.leases import LIVE_SQL, LeaseState
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from boomerang_registry.statements import TRANSITION_SQL
+
 Row = Mapping[Any, Any]  # a result row by column name (SQLAlchemy's RowMapping keys by str or Column)
 DEFAULT_ELECTION = "ttl-reaper"
-LIVE = LIVE_SQL
 # Day-partitioned tables under the audit retention, with the function that makes their
 # partitions ahead: the lease audit trail, and the router's plan records.
 RETAINED_TABLES = (
@@ -43,7 +44,7 @@ FROM reaper_leader WHERE election = :election FOR SHARE
 EXPIRE_SQL = f"""
 WITH due AS (
     SELECT lease_id, tenant, conversation_id, state FROM leases
-    WHERE state IN {LIVE} AND expires_at <= now()
+    WHERE state IN {LIVE_SQL} AND expires_at <= now()
     ORDER BY expires_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -72,14 +73,14 @@ FROM moved ORDER BY expires_at
 
 # Runs after EXPIRE_SQL in the same transaction, so it sees what that statement ended.
 NEXT_DEADLINE_SQL = f"""
-SELECT min(expires_at) AS next_deadline, now() AS db_now FROM leases WHERE state IN {LIVE}
+SELECT min(expires_at) AS next_deadline, now() AS db_now FROM leases WHERE state IN {LIVE_SQL}
 """
 
 # Live leases, those past their deadline and the next deadline, from the live-lease deadline index.
 LIVE_FIGURES_SQL = f"""
 SELECT min(expires_at) AS next_deadline, count(*) AS live,
        count(*) FILTER (WHERE expires_at <= now()) AS overdue, now() AS db_now
-FROM leases WHERE state IN {LIVE}
+FROM leases WHERE state IN {LIVE_SQL}
 """
 
 MARK_SILENT_SQL = """
@@ -95,16 +96,16 @@ WITH cand_ids AS (
     SELECT l.lease_id,
            CASE WHEN e.engine_id = ANY(CAST(:silent AS text[])) THEN 'HEARTBEAT_TIMEOUT'
                 ELSE 'ENGINE_DEAD' END AS reason
-    FROM engines e JOIN leases l ON l.engine_id = e.engine_id AND l.state IN {LIVE}
+    FROM engines e JOIN leases l ON l.engine_id = e.engine_id AND l.state IN {LIVE_SQL}
     WHERE e.status = 'DEAD'
     UNION ALL
     SELECT l.lease_id, 'GENERATION_ADVANCED'
     FROM engines e JOIN leases l ON l.engine_id = e.engine_id
-        AND l.engine_generation < e.generation AND l.state IN {LIVE}
+        AND l.engine_generation < e.generation AND l.state IN {LIVE_SQL}
     WHERE e.status = 'ACTIVE'
 ), cand AS (
     SELECT l.lease_id, l.state, c.reason FROM leases l JOIN cand_ids c ON c.lease_id = l.lease_id
-    WHERE l.state IN {LIVE}
+    WHERE l.state IN {LIVE_SQL}
     FOR UPDATE OF l SKIP LOCKED
 ), moved AS (
     UPDATE leases l SET state = 'INVALIDATED', version = l.version + 1, updated_at = now()
@@ -137,6 +138,22 @@ CUTOFF_SQL = "SELECT now() - make_interval(days => :days)"
 # Creating and dropping partitions lock `lease_events` briefly; never queue the hot path
 # (every registration appends events) behind a long wait for such a lock.
 LOCK_TIMEOUT = "500ms"
+
+
+# Releases: ending leases nobody will pull, so their decode engine frees the blocks early.
+# A lease the retention policy or memory pressure gives up on moves `RETAINED → RELEASED` in
+# one statement (the lease locked, re-checked `RETAINED` after the lock, moved, its event
+# appended) and is marked `release_pending`. A claim racing it locks the same row: whichever
+# commits first wins, and the other finds the lease no longer `RETAINED` (a claimed lease is
+# never released under its puller; a released one is never claimed). The engine's next
+# heartbeat takes the release (statements.HEARTBEAT_SQL) and its hook frees the blocks
+# through vLLM's own expiry path. Supersession, expiry, consumption and a claim that ends its
+# lease mark `release_pending` in their own statements.
+# Why the registry released a lease early (the event's reason).
+RELEASE_REASONS = frozenset({"RETENTION_POLICY", "MEMORY_PRESSURE", "OPERATOR"})
+RELEASE_LEASES_SQL = TRANSITION_SQL.format(
+    where="lease_id = ANY(CAST(:ids AS uuid[])) AND state = 'RETAINED'", extra_set=", release_pending = true"
+)
 
 
 @dataclass(frozen=True)
@@ -321,3 +338,26 @@ class ExpiryRepository:
             if done < PURGE_BATCH:
                 break
         return purged
+
+    async def release(
+        self, lease_ids: Sequence[str], reason: str, request_id: str, actor: str = "registry",
+        fence: Fence | None = None,
+    ) -> list[str]:
+        """Move those of `lease_ids` still RETAINED to RELEASED; the ids moved.
+
+        With `fence` (ReleaseLeases), the caller's term is checked first in the same
+        transaction, so a deposed leader's decision never lands. Leases belong to every
+        tenant, so this runs as the owner."""
+        if reason not in RELEASE_REASONS:
+            raise ValueError(f"release reason {reason!r} is not one of {sorted(RELEASE_REASONS)}")
+        if not lease_ids:
+            return []
+        async with self.engine.begin() as conn:
+            if fence is not None:
+                await self.check_fence(conn, fence)
+            rows = await conn.execute(
+                text(RELEASE_LEASES_SQL),
+                {"ids": list(lease_ids), "to_state": LeaseState.RELEASED.value, "reason": reason,
+                 "actor": actor, "request_id": request_id, "event_claim_id": ""},
+            )
+            return [r.lease_id for r in rows]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from boomerang_server.leases import ALL_STATES
 from boomerang_server.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from boomerang_registry.totals import RetainedTotals
 
 CLAIMS = Counter("boomerang_registry_claims_total", "ClaimReuse calls by outcome.", ["outcome"])
 CLAIM_SECONDS = Histogram(
@@ -62,8 +61,6 @@ RETAINED_BLOCK_SECONDS = Counter(
     ["engine_id"],
 )
 
-_STATES = ALL_STATES
-
 
 class BlockSecondsMeter:
     """Integrates each engine's retained blocks over time (the trapezoid between two refreshes).
@@ -92,13 +89,13 @@ class BlockSecondsMeter:
 _METER = BlockSecondsMeter()
 
 
-async def refresh_gauges(engine: AsyncEngine, totals: RetainedTotals) -> None:
+async def refresh_gauges(engine: AsyncEngine, retained: Callable[[], Awaitable[dict[str, int]]]) -> None:
     """Read lease counts and retained memory from Postgres into the gauges.
 
-    Per-engine blocks come from the registry's shared `RetainedTotals` (one scan of live
-    leases serves ListEngines, Heartbeat and these gauges).
+    Per-engine blocks come from `retained`, the registry's shared `RetainedTotals.get` (one
+    scan of live leases serves ListEngines, Heartbeat and these gauges).
     """
-    blocks = await totals.get(engine)
+    blocks = await retained()
     async with engine.connect() as conn:
         counts: dict[str, int] = dict(
             (
@@ -113,7 +110,7 @@ async def refresh_gauges(engine: AsyncEngine, totals: RetainedTotals) -> None:
         decode_engines = (
             await conn.execute(text("SELECT engine_id, bytes_per_block FROM engines WHERE role = 'DECODE'"))
         ).all()
-    for state in _STATES:
+    for state in ALL_STATES:
         LIVE_LEASES.labels(state).set(counts.get(state, 0))
     for engine_id, seconds in _METER.advance(blocks, time.monotonic()).items():
         RETAINED_BLOCK_SECONDS.labels(engine_id).inc(seconds)

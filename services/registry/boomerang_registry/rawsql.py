@@ -30,6 +30,8 @@ from boomerang_server.config.settings import asyncpg_dsn
 
 from boomerang_registry.fence import epoch_changed
 
+Row = Mapping[Any, Any]  # a result row by column name (an asyncpg Record, or SQLAlchemy's RowMapping)
+
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 # Each sets both settings, so a batch's tenant list never outlives the use that set it.
 SET_TENANT_SESSION = "SELECT set_config('boomerang.tenant', $1, false), set_config('boomerang.tenants', '', false)"
@@ -54,6 +56,25 @@ def positional(sql: str) -> tuple[str, list[str]]:
         return f"${names.index(name) + 1}"
 
     return _NAMED.sub(number, sql), names
+
+
+def rounds(keys: Sequence[tuple[str, str]]) -> list[list[int]]:
+    """Positions of `keys` in rounds holding each (tenant, conversation) at most once, in order.
+
+    A batched statement takes at most one item per conversation (two claims could pick the
+    same lease; a second registration must see the first's lease to supersede it); later
+    items on the same conversation go in later rounds, which see the earlier ones' effects.
+    """
+    out: list[list[int]] = []
+    seen: list[set[tuple[str, str]]] = []
+    for n, key in enumerate(keys):
+        k = next((k for k, used in enumerate(seen) if key not in used), len(out))
+        if k == len(out):
+            out.append([])
+            seen.append(set())
+        out[k].append(n)
+        seen[k].add(key)
+    return out
 
 
 @contextmanager
@@ -152,27 +173,23 @@ class TenantPool:
         query, names = self.compile(sql)
         return query, [params[n] for n in names]
 
-    async def fetch_as(self, tenant: str, sql: str, params: Mapping[str, Any], operation: str) -> Sequence[asyncpg.Record]:
-        """Run one statement (its own transaction) as `tenant`; its rows."""
-        query, args = self.args(sql, params)
-        with db_span(operation):
-            async with self.pool.acquire() as conn:
-                await conn.execute(SET_TENANT_SESSION, tenant)
-                return await conn.fetch(query, *args)  # type: ignore[no-any-return]
-
-    async def fetch_for_tenants(
-        self, tenants: Sequence[str], sql: str, params: Mapping[str, Any], operation: str
+    async def fetch_as(
+        self, tenant: str | Sequence[str], sql: str, params: Mapping[str, Any], operation: str
     ) -> Sequence[asyncpg.Record]:
-        """Run one statement (its own transaction) as the batch of `tenants`; its rows.
+        """Run one statement (its own transaction) as `tenant`, or as a batch's tenants (a list
+        of them, and no single tenant); its rows.
 
-        Two round trips, as `fetch_as`: the setting is the session's, and every other use of
-        this pool sets both `boomerang.tenant` and `boomerang.tenants` before its statement
-        (SET_TENANT_SESSION, SET_TENANT_LOCAL), so a tenant list left on a pooled connection
+        Two round trips: the setting is the session's, and every use of this pool sets both
+        `boomerang.tenant` and `boomerang.tenants` before its statement (SET_TENANT_SESSION,
+        SET_TENANTS_SESSION, SET_TENANT_LOCAL), so a tenant list left on a pooled connection
         is never in force for anything else."""
         query, args = self.args(sql, params)
         with db_span(operation):
             async with self.pool.acquire() as conn:
-                await conn.execute(SET_TENANTS_SESSION, " ".join(tenants))
+                if isinstance(tenant, str):
+                    await conn.execute(SET_TENANT_SESSION, tenant)
+                else:
+                    await conn.execute(SET_TENANTS_SESSION, " ".join(tenant))
                 return await conn.fetch(query, *args)  # type: ignore[no-any-return]
 
     async def fetch_global(self, sql: str, params: Mapping[str, Any], operation: str) -> Sequence[asyncpg.Record]:

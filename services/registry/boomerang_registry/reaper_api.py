@@ -1,29 +1,23 @@
-"""The registry RPCs that serve the TTL reaper: deadline watch, fenced expiry, engine sweep,
-audit retention, releases, and the reads of its status and advice (CountLiveLeases,
+"""The registry RPCs that serve the TTL reaper: fenced expiry, engine sweep, audit retention,
+releases, and the reads of its status and advice (CountLiveLeases,
 ListRegistrations). A mixin of BlockRegistryServicer: validate, delegate, translate.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 from boomerang.errors import Violations
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_server.config.settings import asyncpg_dsn
-from boomerang_server.rpc.status import error_for_exception, rpc, to_status
+from boomerang_server.rpc.status import rpc
+from boomerang_server.validation import check_id
 
-from boomerang_registry import convert, metrics, requests
-from boomerang_registry.deadline_watch import DeadlineHub
+from boomerang_registry import metrics, wire
 from boomerang_registry.events import decode_history_token
-from boomerang_registry.expiry import DEFAULT_ELECTION, ExpiryRepository, Fence
-from boomerang_registry.release_store import RELEASE_REASONS
+from boomerang_registry.expiry import DEFAULT_ELECTION, RELEASE_REASONS, ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
-from boomerang_registry.settings import RegistrySettings
 
 log = logging.getLogger(__name__)
 MAX_EXPIRE_BATCH = 10_000
@@ -38,77 +32,20 @@ def _fenced(v: Violations, request: Any) -> Fence:
     if not request.HasField("fence"):
         v.add("fence", "is required")
     else:
-        requests.check_id(v, "fence.election", msg.election, required=False)
+        check_id(v, "fence.election", msg.election, required=False)
         v.require(msg.term >= 1, "fence.term", "must be a leadership term (at least 1)")
     if "actor" in request.DESCRIPTOR.fields_by_name:
-        requests.check_id(v, "actor", request.actor, required=False)
-    requests.check_id(v, "request_id", request.request_id, required=False)
+        check_id(v, "actor", request.actor, required=False)
+    check_id(v, "request_id", request.request_id, required=False)
     return Fence(msg.election or DEFAULT_ELECTION, msg.term)
 
 
-def _ts_from_epoch(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=UTC)
-
-
 class ReaperFacingServicer:
-    """WatchLeaseDeadlines, ExpireLeases, SweepEngines, EnforceEventRetention, ReleaseLeases,
-    CountLiveLeases, ListRegistrations."""
+    """ExpireLeases, SweepEngines, EnforceEventRetention, ReleaseLeases, CountLiveLeases,
+    ListRegistrations (the reaper's deadline watch is in watches.py)."""
 
     repo: RegistryRepository
-    settings: RegistrySettings
-    _expiry_repo: ExpiryRepository | None = None
-    _deadline_hub: DeadlineHub | None = None
-
-    @property
-    def expiry(self) -> ExpiryRepository:
-        """The SQL edge for these RPCs (shares the registry's engine)."""
-        if self._expiry_repo is None:
-            self._expiry_repo = ExpiryRepository(self.repo.owner)
-        return self._expiry_repo
-
-    @property
-    def deadline_hub(self) -> DeadlineHub:
-        """The process's LISTEN hub, created on first use."""
-        if self._deadline_hub is None:
-            self._deadline_hub = DeadlineHub(asyncpg_dsn(self.settings.require_database()))
-        return self._deadline_hub
-
-    async def close_deadline_watch(self) -> None:
-        """End every watch stream (the registry drains; watchers reconnect elsewhere)."""
-        await self.deadline_hub.close()
-
-    async def WatchLeaseDeadlines(
-        self, request: rpb.WatchLeaseDeadlinesRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rpb.WatchLeaseDeadlinesResponse]:
-        # An async generator, not a coroutine writing to `context`: the OpenTelemetry server
-        # interceptor iterates a streaming handler's result, so with tracing on a coroutine
-        # handler failed every watch and the reaper fell back to polling.
-        v = Violations()
-        requests.check_id(v, "watcher", request.watcher, required=False)
-        sub = None
-        try:
-            authorize = getattr(self, "authorize", None)
-            if authorize is not None:
-                await authorize("WatchLeaseDeadlines", request, context)
-            v.raise_if_any()
-            # Listen before the snapshot, so no lease committed in between goes unseen.
-            sub = await self.deadline_hub.subscribe()
-            log.info("deadline watch opened by %r", request.watcher or context.peer())
-            now = await self.expiry.live_figures()
-            yield rpb.WatchLeaseDeadlinesResponse(
-                snapshot=True,
-                earliest_expire_time=convert.ts(now.next_deadline),
-                live_leases=now.live,
-                database_time=convert.ts(now.db_now),
-            )
-            while True:
-                deadline = await sub.next()
-                yield rpb.WatchLeaseDeadlinesResponse(earliest_expire_time=convert.ts(_ts_from_epoch(deadline)))
-        except Exception as exc:  # noqa: BLE001 - the stream's translation boundary (like @rpc)
-            await context.abort_with_status(to_status(error_for_exception(exc)))
-        finally:
-            if sub is not None:
-                self.deadline_hub.unsubscribe(sub)
+    expiry: ExpiryRepository
 
     @rpc
     async def ExpireLeases(
@@ -127,15 +64,15 @@ class ReaperFacingServicer:
                     lease_id=r["lease_id"],
                     tenant=r["tenant"],
                     conversation_id=r["conversation_id"],
-                    from_state=convert.LEASE_STATE[r["from_state"]],
-                    expire_time=convert.ts(r["expires_at"]),
+                    from_state=wire.LEASE_STATE[r["from_state"]],
+                    expire_time=wire.ts(r["expires_at"]),
                     lag_seconds=max(0.0, float(r["lag_seconds"])),
                 )
                 for r in out.expired
             ],
             more_due=out.more_due,
-            next_expire_time=convert.ts(out.next_deadline),
-            database_time=convert.ts(out.db_now),
+            next_expire_time=wire.ts(out.next_deadline),
+            database_time=wire.ts(out.db_now),
         )
 
     @rpc
@@ -156,7 +93,7 @@ class ReaperFacingServicer:
             heartbeat_timeout_leases=out.leases_by_reason.get("HEARTBEAT_TIMEOUT", 0),
             dead_engine_leases=out.leases_by_reason.get("ENGINE_DEAD", 0),
             stale_generation_leases=out.leases_by_reason.get("GENERATION_ADVANCED", 0),
-            database_time=convert.ts(out.db_now),
+            database_time=wire.ts(out.db_now),
         )
 
     @rpc
@@ -177,7 +114,7 @@ class ReaperFacingServicer:
             dropped_partitions=out.dropped,
             busy_partitions=out.busy,
             created_partitions=out.created,
-            cutoff_time=convert.ts(out.cutoff),
+            cutoff_time=wire.ts(out.cutoff),
         )
 
     @rpc
@@ -189,18 +126,12 @@ class ReaperFacingServicer:
         n = len(request.lease_ids)
         v.require(1 <= n <= MAX_RELEASE_BATCH, "lease_ids", f"must list 1 to {MAX_RELEASE_BATCH} lease ids")
         for i, lease_id in enumerate(request.lease_ids[:MAX_RELEASE_BATCH]):
-            try:
-                uuid.UUID(lease_id)
-            except ValueError:
-                v.add(f"lease_ids[{i}]", "must be a lease id (a UUID) returned by this registry")
+            wire.check_lease_id(v, f"lease_ids[{i}]", lease_id)
         v.require(request.reason in RELEASE_REASONS, "reason", f"must be one of {', '.join(sorted(RELEASE_REASONS))}")
         v.raise_if_any()
 
-        async def fenced(conn: Any) -> None:
-            await self.expiry.check_fence(conn, fence)
-
-        released = await self.repo.releases.release(
-            list(request.lease_ids), request.reason, request.request_id, request.actor or "reaper", fenced
+        released = await self.expiry.release(
+            list(request.lease_ids), request.reason, request.request_id, request.actor or "reaper", fence
         )
         if released:
             metrics.TRANSITIONS.labels("RELEASED").inc(len(released))
@@ -213,7 +144,7 @@ class ReaperFacingServicer:
         now = await self.expiry.live_figures()
         return rpb.CountLiveLeasesResponse(
             live_leases=now.live, overdue_leases=now.overdue,
-            next_expire_time=convert.ts(now.next_deadline), database_time=convert.ts(now.db_now),
+            next_expire_time=wire.ts(now.next_deadline), database_time=wire.ts(now.db_now),
         )
 
     @rpc
@@ -221,7 +152,7 @@ class ReaperFacingServicer:
         self, request: rpb.ListRegistrationsRequest, context: grpc.aio.ServicerContext
     ) -> rpb.ListRegistrationsResponse:
         v = Violations()
-        requests.check_id(v, "tenant", request.tenant, required=False)
+        check_id(v, "tenant", request.tenant, required=False)
         v.require(0 < request.history_hours <= 8760, "history_hours", "must be above 0 and at most 8760 hours")
         v.require(0 <= request.page_size <= MAX_REGISTRATIONS_PAGE, "page_size",
                   f"must be 0 (default 1000) to {MAX_REGISTRATIONS_PAGE}")
@@ -238,13 +169,13 @@ class ReaperFacingServicer:
             registrations=[
                 rpb.Registration(
                     lease_id=r["lease_id"], tenant=r["tenant"], model=r["model"], conversation_id=r["conversation_id"],
-                    num_blocks=r["num_blocks"], state=convert.LEASE_STATE[r["state"]],
-                    finish_time=convert.ts(r["finished_at"]), first_claim_time=convert.ts(r["claimed_at"]),
+                    num_blocks=r["num_blocks"], state=wire.LEASE_STATE[r["state"]],
+                    finish_time=wire.ts(r["finished_at"]), first_claim_time=wire.ts(r["claimed_at"]),
                     bytes_per_block=r["bytes_per_block"], engine_ttl_seconds=r["engine_ttl_seconds"],
                 )
                 for r in rows
             ],
-            history_start_time=convert.ts(since),
-            history_end_time=convert.ts(until),
+            history_start_time=wire.ts(since),
+            history_end_time=wire.ts(until),
             next_page_token=token,
         )

@@ -1,17 +1,28 @@
-"""The registry's data layer: one store per concern over the two connections of store.py.
+"""The registry's data layer: its two connections to Postgres, and one store per concern.
+
+Two paths, each chosen by who may see the rows, not by how hot a statement is:
+
+- `pool` (rawsql.py, plain asyncpg as the row-level-security role): every statement about
+  one tenant's leases and events (claims, consume, release, registrations, a conversation's
+  trail) and the heartbeat. The hot statements (statements.py) run here and nowhere else,
+  in tests as in production.
+- `owner` (SQLAlchemy, the table owner, which row-level security does not restrict): the
+  rare work across tenants by design (engine registration and invalidation, which end
+  leases of every tenant; explaining a refused registration, whose key is global; an
+  operator's listing across tenants; the retained-block totals; the reaper's work, expiry.py).
+
+The stores:
 
 - `engines` (engine_store.py): RegisterEngine, Heartbeat, InvalidateEngine, ListEngines.
-- `registrations` (registrations.py): RegisterRetainedBlocks, alone or group-committed.
 - `claims` (claim_store.py): ClaimReuse (one or a batch), and CompleteTurn's consume or release.
-- `turns` (turns.py): CompleteTurn, a claim settled and a registration in one transaction.
-- `events` (events.py): GetConversation, ListLeases.
-- `releases` (release_store.py): early releases of retained leases (retention policy, memory).
+- `turns` (group_commit.py): RegisterRetainedBlocks and CompleteTurn, a claim settled and a
+  registration in one transaction.
+- `events` (events.py): GetConversation, ListLeases, ListRegistrations.
 - `fence` (fence.py): the failover fence every claim and registration goes through.
 
 Each public method is one transaction, and every lease state change in it appends its
 `lease_events` row in the same statement. Expiry is always decided against the database's
-`now()`. The hot statements (statements.py) run on the asyncpg pool only, in tests as in
-production.
+`now()`.
 """
 
 from __future__ import annotations
@@ -19,29 +30,22 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from boomerang_registry.claim_store import ClaimStore
-from boomerang_registry.engine_store import EngineStore
+from boomerang_registry.engine_store import EngineStore, RetainedTotals
 from boomerang_registry.events import EventStore
 from boomerang_registry.fence import EpochFence
+from boomerang_registry.group_commit import TurnStore
 from boomerang_registry.rawsql import TenantPool
-from boomerang_registry.registrations import RegistrationStore
-from boomerang_registry.release_store import ReleaseStore
-from boomerang_registry.store import Store
-from boomerang_registry.totals import RetainedTotals
-from boomerang_registry.turns import TurnStore
 
 
 class RegistryRepository:
     """Postgres access for the registry, by concern."""
 
     def __init__(self, owner: AsyncEngine, pool: TenantPool, ttl_margin_seconds: float, actor: str = "registry"):
-        store = Store(owner, pool, ttl_margin_seconds, actor)
-        self.owner: AsyncEngine = owner
-        self.pool: TenantPool = pool
-        self.retained: RetainedTotals = store.retained
-        self.fence: EpochFence = store.fence
-        self.engines = EngineStore(store)
-        self.registrations = RegistrationStore(store)
-        self.claims = ClaimStore(store)
-        self.turns = TurnStore(store, self.claims, self.registrations)
-        self.events = EventStore(store)
-        self.releases = ReleaseStore(store)
+        self.owner = owner
+        self.pool = pool
+        self.retained = RetainedTotals(owner)  # per-engine retained blocks, shared with the gauges
+        self.fence = EpochFence(owner, actor)
+        self.engines = EngineStore(owner, pool, self.retained, actor)
+        self.claims = ClaimStore(pool, self.fence, actor)
+        self.turns = TurnStore(owner, pool, self.fence, self.claims, ttl_margin_seconds, actor)
+        self.events = EventStore(owner, pool)

@@ -16,8 +16,8 @@ from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang_registry.batching import RegistrationBatcher
 from boomerang_registry.fence import EpochFence
+from boomerang_registry.group_commit import RegistrationBatcher
 from boomerang_registry.metrics import refresh_gauges
 from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
@@ -74,7 +74,7 @@ async def start(settings: RegistrySettings) -> Hosted:
     batcher.start()
     servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore.for_listener(engine, "registry", settings.listen, settings))
     serve_metrics(settings.metrics_listen)
-    gauges = asyncio.create_task(refresh_forever(lambda: refresh_gauges(engine, repo.retained), 5.0))
+    gauges = asyncio.create_task(refresh_forever(lambda: refresh_gauges(engine, repo.retained.get), 5.0))
 
     async def stop() -> None:
         gauges.cancel()

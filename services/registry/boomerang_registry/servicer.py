@@ -12,19 +12,21 @@ from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
+from boomerang_server.config.settings import asyncpg_dsn
 from boomerang_server.credentials import CredentialStore
+from boomerang_server.leases import ClaimOutcome
 from boomerang_server.rpc.status import rpc, write_item_error
+from boomerang_server.validation import check_conversation, check_id, check_text
 
-from boomerang_registry import convert, metrics, requests
-from boomerang_registry.batching import RegistrationBatcher
-from boomerang_registry.domain import ClaimOutcome
+from boomerang_registry import metrics, wire
 from boomerang_registry.events import decode_page_token
-from boomerang_registry.lease_keys import LeaseKeysHub, LeaseKeysServicer
+from boomerang_registry.expiry import ExpiryRepository
+from boomerang_registry.group_commit import Registered, RegistrationBatcher
+from boomerang_registry.rawsql import Row
 from boomerang_registry.reaper_api import ReaperFacingServicer
-from boomerang_registry.registrations import Registered
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
-from boomerang_registry.store import Row
+from boomerang_registry.watches import DeadlineHub, LeaseKeysHub, WatchServicer
 
 _OUTCOME = {
     ClaimOutcome.CLAIMED: rpb.CLAIM_OUTCOME_CLAIMED,
@@ -37,17 +39,17 @@ _OUTCOME = {
     ClaimOutcome.BLOCK_SIZE_MISMATCH: rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH,
     ClaimOutcome.LEASE_RELEASED: rpb.CLAIM_OUTCOME_LEASE_RELEASED,
 }
-_ROLE_NAME = {tpb.ENGINE_ROLE_PREFILL: "PREFILL", tpb.ENGINE_ROLE_DECODE: "DECODE"}
 
 # The RPCs an engine may call, each only for itself (the engine id the request names).
 # Every other RPC is for services (gateway, router, reaper, operators) only.
 # Engines may call these as well as the engine-scoped ones: a prefill hook watches the lease
 # keys (hashes of its tenants' conversations and prompts, never ids or tokens).
 _ENGINE_OPEN = frozenset({"WatchLeaseKeys"})
-_ENGINE_SCOPED: dict[str, Callable[[Any], str]] = {
-    "RegisterEngine": lambda r: r.engine.engine_id,
-    "Heartbeat": lambda r: r.engine_id,
-    "RegisterRetainedBlocks": lambda r: r.engine_id,
+_ENGINE_SCOPED: dict[str, Callable[[Any], list[str]]] = {
+    "RegisterEngine": lambda r: [r.engine.engine_id],
+    "Heartbeat": lambda r: [r.engine_id],
+    "RegisterRetainedBlocks": lambda r: [r.engine_id],
+    "RegisterRetainedBlocksBatch": lambda r: [item.engine_id for item in r.registrations],
 }
 
 
@@ -58,7 +60,7 @@ def _registered(registered: Registered, answer: rpb.RegisterRetainedBlocksRespon
     metrics.REGISTRATIONS.labels("created" if created else "repeated").inc()
     if superseded:
         metrics.TRANSITIONS.labels("SUPERSEDED").inc(superseded)
-    answer.lease.CopyFrom(convert.lease(row))
+    answer.lease.CopyFrom(wire.lease(row))
     answer.created, answer.superseded_leases = created, superseded
 
 
@@ -69,13 +71,13 @@ def _claim_response(outcome: ClaimOutcome, row: Row | None, tokens: int, remaini
         metrics.CLAIMED_TOKENS.inc(tokens)
     return rpb.ClaimReuseResponse(
         outcome=_OUTCOME[outcome],
-        lease=convert.lease(row) if row is not None else None,
+        lease=wire.lease(row) if row is not None else None,
         reusable_tokens=tokens,
         remaining_seconds=remaining,
     )
 
 
-class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.BlockRegistryServiceServicer):
+class BlockRegistryServicer(ReaperFacingServicer, WatchServicer, rgrpc.BlockRegistryServiceServicer):
     """BlockRegistryService over a RegistryRepository."""
 
     def __init__(
@@ -89,45 +91,41 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
         self.settings = settings
         self.batcher = batcher
         self.credentials = credentials
-        dsn = settings.require_database().replace("postgresql+asyncpg://", "postgresql://", 1)
+        self.expiry = ExpiryRepository(repo.owner)  # the reaper's RPCs (reaper_api.py)
+        dsn = asyncpg_dsn(settings.require_database())
         self.lease_keys_hub = LeaseKeysHub(dsn, repo.owner, settings.lease_keys_refresh_seconds)
+        self.deadline_hub = DeadlineHub(dsn)
 
     async def close_watches(self) -> None:
         """End every watch stream (the registry drains; watchers reconnect elsewhere)."""
-        await self.close_deadline_watch()
+        await self.deadline_hub.close()
         await self.lease_keys_hub.close()
 
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Authenticate the caller from its channel and check it may call `method` (run by @rpc)."""
         principal = await self.credentials.authenticate(context, self.settings.require_auth)
-        engine_of = _ENGINE_SCOPED.get(method)
-        if engine_of is not None:
-            if not principal.may_act_for_engine(engine_of(request)):
+        engines_of = _ENGINE_SCOPED.get(method)
+        if engines_of is None:
+            if principal.kind == "engine" and method not in _ENGINE_OPEN:
+                raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for Boomerang services, not engines")
+            return
+        for engine_id in engines_of(request):
+            if not principal.may_act_for_engine(engine_id):
                 raise BoomerangError(
                     Code.PERMISSION_DENIED,
                     "ENGINE_MISMATCH",
-                    f"{principal} may only {method} as itself, not as engine {engine_of(request)!r}",
+                    f"{principal} may only {method} as itself, not as engine {engine_id!r}",
                 )
-        elif method == "RegisterRetainedBlocksBatch":
-            for item in request.registrations:
-                if not principal.may_act_for_engine(item.engine_id):
-                    raise BoomerangError(
-                        Code.PERMISSION_DENIED,
-                        "ENGINE_MISMATCH",
-                        f"{principal} may only {method} as itself, not as engine {item.engine_id!r}",
-                    )
-        elif principal.kind == "engine" and method not in _ENGINE_OPEN:
-            raise BoomerangError(Code.PERMISSION_DENIED, "SERVICE_ONLY", f"{method} is for Boomerang services, not engines")
 
     @rpc
     async def RegisterEngine(self, request: rpb.RegisterEngineRequest, context: grpc.aio.ServicerContext) -> rpb.RegisterEngineResponse:
-        spec = requests.engine_spec(request, self.settings.default_kv_ttl_seconds)
+        spec = wire.engine_spec(request, self.settings.default_kv_ttl_seconds)
         row, invalidated = await self.repo.engines.register(spec, request.request_id)
-        return rpb.RegisterEngineResponse(engine=convert.engine(row), invalidated_leases=invalidated)
+        return rpb.RegisterEngineResponse(engine=wire.engine(row), invalidated_leases=invalidated)
 
     @rpc
     async def Heartbeat(self, request: rpb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> rpb.HeartbeatResponse:
-        requests.heartbeat(request)
+        wire.heartbeat(request)
         row, released = await self.repo.engines.heartbeat(
             request.engine_id, request.registration_generation, request.in_flight_requests,
             request.queued_prompt_tokens, request.free_kv_blocks, request.total_kv_blocks, request.take_releases,
@@ -135,9 +133,9 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
         for r in released:
             metrics.RELEASES.labels(r.state).inc()
         return rpb.HeartbeatResponse(
-            engine=convert.engine(row),
+            engine=wire.engine(row),
             released=[
-                rpb.ReleasedTurn(remote_request_id=r.remote_request_id, state=convert.LEASE_STATE[r.state], lease_id=r.lease_id)
+                rpb.ReleasedTurn(remote_request_id=r.remote_request_id, state=wire.LEASE_STATE[r.state], lease_id=r.lease_id)
                 for r in released
             ],
         )
@@ -146,7 +144,7 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
     async def RegisterRetainedBlocks(
         self, request: rpb.RegisterRetainedBlocksRequest, context: grpc.aio.ServicerContext
     ) -> rpb.RegisterRetainedBlocksResponse:
-        blocks = requests.retained_blocks(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
+        blocks = wire.retained_blocks(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
         try:
             registered = await self.batcher.register(blocks)
         except Exception:
@@ -160,13 +158,13 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
     async def RegisterRetainedBlocksBatch(
         self, request: rpb.RegisterRetainedBlocksBatchRequest, context: grpc.aio.ServicerContext
     ) -> rpb.RegisterRetainedBlocksBatchResponse:
-        requests.registration_batch_size(request)
+        wire.batch_size("registrations", len(request.registrations))
         results = [rpb.RegisterRetainedBlocksBatchResult() for _ in request.registrations]
 
         valid = []
         for n, item in enumerate(request.registrations):
             try:
-                valid.append((n, requests.retained_blocks(
+                valid.append((n, wire.retained_blocks(
                     item, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease
                 )))
             except BoomerangError as err:
@@ -184,7 +182,7 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
 
     @rpc
     async def ClaimReuse(self, request: rpb.ClaimReuseRequest, context: grpc.aio.ServicerContext) -> rpb.ClaimReuseResponse:
-        query = requests.claim(request)
+        query = wire.claim(request)
         started = time.perf_counter()
         outcome, row, tokens, remaining = await self.repo.claims.claim(query)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
@@ -194,13 +192,13 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
     async def ClaimReuseBatch(
         self, request: rpb.ClaimReuseBatchRequest, context: grpc.aio.ServicerContext
     ) -> rpb.ClaimReuseBatchResponse:
-        requests.claim_batch_size(request)
+        wire.batch_size("claims", len(request.claims))
         results = [rpb.ClaimReuseBatchResult() for _ in request.claims]
         valid: list[int] = []
         queries = []
         for n, item in enumerate(request.claims):
             try:
-                queries.append(requests.claim(item))
+                queries.append(wire.claim(item))
                 valid.append(n)
             except BoomerangError as err:
                 write_item_error(results[n], err)
@@ -214,14 +212,14 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
 
     @rpc
     async def CompleteTurn(self, request: rpb.CompleteTurnRequest, context: grpc.aio.ServicerContext) -> rpb.CompleteTurnResponse:
-        turn = requests.turn_end(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
+        turn = wire.turn_end(request, self.settings.max_blocks_per_lease, self.settings.max_tokens_per_lease)
         ended = await self.batcher.end_turn(turn)
         resp = rpb.CompleteTurnResponse()
         if turn.claim is not None:
             if isinstance(ended.claim, BoomerangError):
                 write_item_error(resp.claim, ended.claim)
             elif ended.claim is not None:
-                resp.claim.lease.CopyFrom(convert.lease(ended.claim))
+                resp.claim.lease.CopyFrom(wire.lease(ended.claim))
         if turn.registration is not None:
             if isinstance(ended.registration, BoomerangError) or ended.registration is None:
                 metrics.REGISTRATIONS.labels("rejected").inc()
@@ -236,10 +234,10 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
         self, request: rpb.InvalidateEngineRequest, context: grpc.aio.ServicerContext
     ) -> rpb.InvalidateEngineResponse:
         v = Violations()
-        requests.check_id(v, "engine_id", request.engine_id)
+        check_id(v, "engine_id", request.engine_id)
         v.require(request.below_generation >= 0, "below_generation", "must be non-negative")
-        requests.check_id(v, "reason", request.reason)
-        requests.check_id(v, "request_id", request.request_id, required=False)
+        check_id(v, "reason", request.reason)
+        check_id(v, "request_id", request.request_id, required=False)
         v.raise_if_any()
         count = await self.repo.engines.invalidate(
             request.engine_id, request.below_generation, request.reason, request.request_id
@@ -251,23 +249,23 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
         self, request: rpb.GetConversationRequest, context: grpc.aio.ServicerContext
     ) -> rpb.GetConversationResponse:
         v = Violations()
-        requests.check_id(v, "tenant", request.tenant)
-        requests.check_conversation(v, "conversation_id", request.conversation_id)
+        check_id(v, "tenant", request.tenant)
+        check_conversation(v, "conversation_id", request.conversation_id)
         v.raise_if_any()
         leases, events = await self.repo.events.conversation(request.tenant, request.conversation_id, request.include_events)
         return rpb.GetConversationResponse(
-            leases=[convert.lease(r) for r in leases], events=[convert.event(r) for r in events]
+            leases=[wire.lease(r) for r in leases], events=[wire.event(r) for r in events]
         )
 
     @rpc
     async def ListLeases(self, request: rpb.ListLeasesRequest, context: grpc.aio.ServicerContext) -> rpb.ListLeasesResponse:
         v = Violations()
-        requests.check_id(v, "tenant", request.tenant, required=False)
-        requests.check_id(v, "engine_id", request.engine_id, required=False)
+        check_id(v, "tenant", request.tenant, required=False)
+        check_id(v, "engine_id", request.engine_id, required=False)
         v.require(0 <= request.page_size <= 1000, "page_size", "must be 0 (default 100) to 1000")
         states = []
         for i, state in enumerate(request.states):
-            name = convert.LEASE_STATE_NAME.get(state)
+            name = wire.LEASE_STATE_NAME.get(state)
             if name is None:
                 v.add(f"states[{i}]", "must be a LeaseState other than LEASE_STATE_UNSPECIFIED")
             else:
@@ -281,13 +279,13 @@ class BlockRegistryServicer(ReaperFacingServicer, LeaseKeysServicer, rgrpc.Block
         rows, token = await self.repo.events.list_leases(
             request.tenant, request.engine_id, states, request.page_size or 100, request.page_token
         )
-        return rpb.ListLeasesResponse(leases=[convert.lease(r) for r in rows], next_page_token=token)
+        return rpb.ListLeasesResponse(leases=[wire.lease(r) for r in rows], next_page_token=token)
 
     @rpc
     async def ListEngines(self, request: rpb.ListEnginesRequest, context: grpc.aio.ServicerContext) -> rpb.ListEnginesResponse:
         v = Violations()
-        requests.check_text(v, "model", request.model)
+        check_text(v, "model", request.model)
         v.require(request.role in (0, tpb.ENGINE_ROLE_PREFILL, tpb.ENGINE_ROLE_DECODE), "role", "is not an EngineRole")
         v.raise_if_any()
-        rows = await self.repo.engines.listing(request.model, _ROLE_NAME.get(request.role, ""))
-        return rpb.ListEnginesResponse(engines=[convert.engine(r) for r in rows])
+        rows = await self.repo.engines.listing(request.model, wire.ROLE_NAME.get(request.role, ""))
+        return rpb.ListEnginesResponse(engines=[wire.engine(r) for r in rows])

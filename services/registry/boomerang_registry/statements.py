@@ -1,5 +1,12 @@
 """The registry's hot statements, each the one production runs (on rawsql.py's pool).
 
+A lease is one retained turn. `RETAINED → CLAIMED → CONSUMED`, or
+`RETAINED → EXPIRED | SUPERSEDED | INVALIDATED | RELEASED`, and `CLAIMED → RETAINED` only when the
+prefill node reports it never read. A claimed lease can still expire or be invalidated
+(the decode node frees its blocks at its own deadline whoever holds the claim), never be
+released. Each transition is one guarded SQL statement (here, expiry.py, fence.py): the
+state a statement requires is in its WHERE clause.
+
 Every lease state change appends its `lease_events` row in the same statement; the claim
 is one statement on the `(tenant, conversation_id)` live-lease index. Tests run these same
 constants; nothing else holds a second copy of them.
@@ -107,7 +114,7 @@ def claim_statement(lease_key: str, candidates: str, order: str, found_by: str =
     concurrent claimer re-checks `state = 'RETAINED'` after the lock and finds nothing;
     claim_store.py then asks once more, since the winner may be its own claim id), its CLAIMED
     event (noting `found_by` when given) appended in the same statement. Rows: the claimed
-    lease, or the prior one, or every candidate, for claims.claim_result to explain. On a
+    lease, or the prior one, or every candidate, for claim_store.claim_result to explain. On a
     server whose epoch is not the one fenced on, EPOCH_GUARD refuses the whole statement.
     """
     details = "'reusable_tokens', common_tokens" + (f", 'found_by', '{found_by}'" if found_by else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from boomerang_registry.convert import ts
+from boomerang_registry.wire import ts
 from google.protobuf.timestamp_pb2 import Timestamp
 
 
