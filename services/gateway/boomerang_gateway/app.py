@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from boomerang.telemetry import annotate
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -19,12 +20,10 @@ from starlette.routing import Route
 
 from boomerang_gateway import chunks, protocol
 from boomerang_gateway.engine_routing import EngineRouting
-from boomerang_gateway.errors import ApiError
 from boomerang_gateway.metrics import GatewayMetrics
-from boomerang_gateway.protocol import ClientRequest, Kind
+from boomerang_gateway.protocol import ApiError, ClientRequest, Kind
 from boomerang_gateway.ratelimit import TenantRateLimiter, retry_after_header
 from boomerang_gateway.tenants import AuthUnavailable, TenantAuth
-from boomerang_gateway.tracing import annotate_turn
 from boomerang_gateway.turn import Turn, TurnRunner, UpstreamBroken
 
 log = logging.getLogger(__name__)
@@ -166,6 +165,25 @@ class Handlers:
         """GET /metrics: Prometheus text exposition."""
         body, content_type = self.s.metrics.exposition()
         return Response(body, media_type=content_type)
+
+
+def annotate_turn(turn: Turn) -> None:
+    """Put the turn's plan on the current (HTTP server) span as `boomerang.*` attributes (a no-op
+    when tracing is off), so a trace viewer shows a turn's decision, reason and tokens without
+    opening the router's spans."""
+    plan = turn.plan
+    prompt = len(turn.prompt_token_ids) if turn.prompt_token_ids is not None else None
+    annotate(
+        tenant=turn.tenant,
+        conversation=turn.req.conversation_id or None,
+        decision=plan.decision,
+        reason=plan.reason,
+        plan_id=plan.plan_id or None,
+        prompt_tokens=prompt,
+        reused_tokens=plan.reused_tokens,
+        recomputed_tokens=None if prompt is None else prompt - plan.reused_tokens,
+        request_id=turn.request_id,
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

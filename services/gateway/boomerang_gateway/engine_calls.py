@@ -18,9 +18,8 @@ import httpx2 as httpx
 from boomerang_gateway import protocol
 from boomerang_gateway.control import Plan, first_turn_params
 from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef, EngineRouting
-from boomerang_gateway.errors import ApiError, from_engine
 from boomerang_gateway.metrics import GatewayMetrics
-from boomerang_gateway.protocol import ClientRequest
+from boomerang_gateway.protocol import ApiError, ClientRequest, from_engine
 
 log = logging.getLogger(__name__)
 # Engines tried for one request when they refuse connections.

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx2 as httpx
 import uvicorn
+from boomerang.clients.lease_keys import RETRY_SECONDS, apply
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.leasekeys import LeaseSummary
@@ -29,7 +30,6 @@ from boomerang_server.sockets import listen_socket
 from boomerang_gateway.app import GatewayState, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engine_routing import EngineRouting
-from boomerang_gateway.lease_summary import watch_forever
 from boomerang_gateway.liveness import Voucher
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
@@ -93,6 +93,23 @@ def network_peers(settings: GatewaySettings) -> Peers:
     )
 
 
+async def watch_lease_keys(client: RegistryClient, summary: LeaseSummary, watcher: str) -> None:
+    """Keep the gateway's copy of the registry's live-lease summary current from WatchLeaseKeys
+    until cancelled, reconnecting after a pause; unknown (every prompt a "maybe") while the
+    stream is down."""
+    while True:
+        try:
+            async for message in client.watch_lease_keys(watcher):
+                apply(summary, message)
+        except asyncio.CancelledError:
+            summary.lost()
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure: the summary is unknown until the next snapshot
+            log.info("lease-keys watch ended (%s); retrying in %.1f s", exc, RETRY_SECONDS)
+        summary.lost()
+        await asyncio.sleep(RETRY_SECONDS)
+
+
 async def run(settings: GatewaySettings) -> None:
     """Serve alone until SIGTERM/SIGINT, then drain."""
     setup_tracing("boomerang-gateway")
@@ -141,7 +158,7 @@ async def serve(settings: GatewaySettings, peers: Peers) -> None:
     summary, keys_client, watching = None, None, None
     if router is not None and settings.registry_address and settings.lease_summary:
         summary, keys_client = LeaseSummary(), peers.registry()
-        watching = asyncio.ensure_future(watch_forever(keys_client, summary, f"gateway:{settings.listen}"))
+        watching = asyncio.ensure_future(watch_lease_keys(keys_client, summary, f"gateway:{settings.listen}"))
     runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host,
                                                                 settings.engine_hook, settings.sticky_prefill), local,
                         summary)

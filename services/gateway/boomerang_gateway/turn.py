@@ -45,10 +45,9 @@ from boomerang_gateway.chunks import DONE, Capture, lift_prompt_ids, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
 from boomerang_gateway.engine_calls import EngineCalls
 from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef, EngineRouting
-from boomerang_gateway.errors import ApiError
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
-from boomerang_gateway.protocol import ClientRequest, is_first_turn
+from boomerang_gateway.protocol import ApiError, ClientRequest, is_first_turn
 from boomerang_gateway.reuse import ReuseOutcome
 
 log = logging.getLogger(__name__)
