@@ -22,8 +22,12 @@ from boomerang_gateway import chunks, protocol
 from boomerang_gateway.engine_routing import EngineRouting
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ApiError, ClientRequest, Kind
-from boomerang_gateway.ratelimit import TenantRateLimiter, retry_after_header
-from boomerang_gateway.tenants import AuthUnavailable, TenantAuth
+from boomerang_gateway.tenants import (
+    AuthUnavailable,
+    TenantAuth,
+    TenantRateLimiter,
+    retry_after_header,
+)
 from boomerang_gateway.turn import Turn, TurnRunner, UpstreamBroken
 
 log = logging.getLogger(__name__)

@@ -33,9 +33,8 @@ from boomerang_gateway.engine_routing import EngineRouting
 from boomerang_gateway.liveness import Voucher
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
-from boomerang_gateway.ratelimit import TenantRateLimiter
 from boomerang_gateway.settings import GatewaySettings
-from boomerang_gateway.tenants import TenantAuth, TenantStore
+from boomerang_gateway.tenants import TenantAuth, TenantRateLimiter, TenantStore
 from boomerang_gateway.turn import TurnConfig, TurnRunner
 
 log = logging.getLogger(__name__)
