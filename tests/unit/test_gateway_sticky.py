@@ -41,7 +41,7 @@ async def test_an_engine_going_down_moves_only_its_own_conversations() -> None:
     moved = {i for i in before if before[i] != after[i]}
     assert moved and all(before[i] == URLS[1] for i in moved)
     assert URLS[1] not in after.values()
-    pool.down_until.clear()
+    pool.table.down_until.clear()
     assert {i: pool.choose(PREFILL, "m", key=f"c{i}").url for i in range(200)} == before  # type: ignore[union-attr]
 
 

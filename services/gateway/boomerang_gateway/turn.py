@@ -1,8 +1,8 @@
 """One turn, exactly as docs/vllm-contract.md describes it, from the client's request to ReportTurn.
 
 The client's key, rate, body and model are checked first (`app.py`); then
-`TurnRunner.start_turn` runs steps 1 to 4 (the engine calls in `engine_calls.py`, the
-router's in `control.py`) and `Turn` steps 5 and 6.
+`TurnRunner.start_turn` runs steps 1 to 4 (the engine calls in `engine_routing.py`,
+the router's in `control.py`) and `Turn` steps 5 and 6.
 
 1. Tokenize the prompt: in-process for models with local tokenizer files (`localtokens`,
    checked against D's prompt ids at the end of the turn), else on a prefill engine
@@ -43,8 +43,7 @@ from boomerang.leasekeys import LeaseSummary, conversation_key
 from boomerang_gateway import protocol, reuse
 from boomerang_gateway.chunks import DONE, Capture, lift_prompt_ids, sse_data
 from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
-from boomerang_gateway.engine_calls import EngineCalls
-from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef, EngineRouting
+from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineCalls, EngineRef, EngineRouting
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ApiError, ClientRequest, is_first_turn
