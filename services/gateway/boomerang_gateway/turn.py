@@ -40,14 +40,23 @@ from typing import Any
 import httpx2 as httpx
 from boomerang.leasekeys import LeaseSummary, conversation_key
 
-from boomerang_gateway import protocol, reuse
+from boomerang_gateway import protocol
 from boomerang_gateway.chunks import DONE, Capture, lift_prompt_ids, sse_data
-from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
+from boomerang_gateway.control import (
+    ControlPlane,
+    Plan,
+    Report,
+    ReuseOutcome,
+    delivered_by_prefill,
+    engine_plan,
+    fallback,
+    prompt_tokens_of,
+    reuse_outcome,
+)
 from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineCalls, EngineRef, EngineRouting
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ApiError, ClientRequest, is_first_turn
-from boomerang_gateway.reuse import ReuseOutcome
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +196,7 @@ class Turn:
         on_decode = self.plan.decision == "PREFILL_ON_DECODE"
         delivered = self.reuse.delivered if self.reuse is not None else None
         if on_decode:  # D's own count of what its prefix cache served, from the stream's usage
-            delivered = reuse.delivered_by_prefill({"usage": self.capture.usage})
+            delivered = delivered_by_prefill({"usage": self.capture.usage})
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
         if self.plan.planned_after and not (params and prompt):
@@ -272,7 +281,7 @@ class TurnRunner:
             sent = time.monotonic()
             response, decode = await self._open_decode(req, tenant, plan, None, "NOT_READ", request_id)
             self.metrics.in_flight.inc()
-            planned = reuse.outcome(plan.decision, plan.reason, len(tokens or ()), plan.reused_tokens, None)
+            planned = reuse_outcome(plan.decision, plan.reason, len(tokens or ()), plan.reused_tokens, None)
             return Turn(req, tenant, plan, "NOT_READ", decode, decode, response, started, timings, request_id, tokens,
                         self, reuse=planned, tokenized_locally=local, decode_sent=sent)
         p_params, prefill, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id, timings)
@@ -407,8 +416,8 @@ class TurnRunner:
             self._report_unfinished(req, tenant, plan, getattr(exc, "handle_use", "UNKNOWN"))
             raise
         timings["prefill"] = time.monotonic() - t
-        prompt = len(tokens) if tokens else reuse.prompt_tokens_of(body)
-        outcome = reuse.outcome(plan.decision, plan.reason, prompt, planned, reuse.delivered_by_prefill(body))
+        prompt = len(tokens) if tokens else prompt_tokens_of(body)
+        outcome = reuse_outcome(plan.decision, plan.reason, prompt, planned, delivered_by_prefill(body))
         self.metrics.observe_reuse(outcome)
         self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
         if self.config.rewrite_remote_host:
