@@ -27,15 +27,15 @@ from boomerang_server.db.engine import make_engine
 from boomerang_server.db.migrate import upgrade
 from boomerang_server.sockets import listen_socket
 
-from boomerang_gateway.app import GatewayState, create_app
+from boomerang_gateway.app import Handlers, create_app
 from boomerang_gateway.control import ControlPlane
-from boomerang_gateway.engine_routing import EngineRouting
+from boomerang_gateway.engine_routing import EngineCalls, EngineRouting
 from boomerang_gateway.liveness import Voucher
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_gateway.tenants import TenantAuth, TenantRateLimiter, TenantStore
-from boomerang_gateway.turn import TurnConfig, TurnRunner
+from boomerang_gateway.turn import TurnRunner
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,9 @@ log = logging.getLogger(__name__)
 class _Server(uvicorn.Server):
     """uvicorn with a drain delay: the first signal marks the gateway draining, exits later."""
 
-    def __init__(self, config: uvicorn.Config, state: GatewayState, drain_delay: float):
+    def __init__(self, config: uvicorn.Config, handlers: Handlers, drain_delay: float):
         super().__init__(config)
-        self.state = state
+        self.handlers = handlers
         self.drain_delay = drain_delay
         self.exit_at: float | None = None
 
@@ -53,7 +53,7 @@ class _Server(uvicorn.Server):
         if self.exit_at is not None:  # a second signal: stop now
             super().handle_exit(sig, frame)
             return
-        self.state.draining = True
+        self.handlers.draining = True
         self.exit_at = time.monotonic() + self.drain_delay
 
     async def on_tick(self, counter: int) -> bool:
@@ -158,19 +158,18 @@ async def serve(settings: GatewaySettings, peers: Peers) -> None:
     if router is not None and settings.registry_address and settings.lease_summary:
         summary, keys_client = LeaseSummary(), peers.registry()
         watching = asyncio.ensure_future(watch_lease_keys(keys_client, summary, f"gateway:{settings.listen}"))
-    runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host,
-                                                                settings.engine_hook, settings.sticky_prefill), local,
-                        summary)
+    engines = EngineCalls(http, pool, metrics, settings.sticky_prefill)
+    runner = TurnRunner(engines, control, metrics, settings, local, summary)
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
     limiter = TenantRateLimiter(settings.tenant_requests_per_second, settings.tenant_burst)
-    state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes, limiter)
+    handlers = Handlers(auth, pool, runner, metrics, settings.max_body_bytes, limiter)
     with contextlib.suppress(Exception):
         await asyncio.wait_for(pool.refresh(), timeout=3.0)
     pool.start()
     sock = listen_socket(settings.listen, "gateway")
     server = _Server(
         uvicorn.Config(
-            asgi_app(create_app(state)),  # HTTP server spans when tracing is on
+            asgi_app(create_app(handlers)),  # HTTP server spans when tracing is on
             lifespan="off",
             log_level="warning",
             access_log=False,
@@ -179,7 +178,7 @@ async def serve(settings: GatewaySettings, peers: Peers) -> None:
             timeout_keep_alive=30,
             backlog=2048,
         ),
-        state,
+        handlers,
         min(settings.drain_delay_seconds, settings.grace_seconds),
     )
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -53,26 +53,17 @@ from boomerang_gateway.control import (
     prompt_tokens_of,
     reuse_outcome,
 )
-from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineCalls, EngineRef, EngineRouting
+from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineCalls, EngineRef
 from boomerang_gateway.localtokens import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ApiError, ClientRequest, is_first_turn
+from boomerang_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
 
 class UpstreamBroken(Exception):
     """The decode engine's stream ended abnormally after the response had started."""
-
-
-@dataclass
-class TurnConfig:
-    """The knobs a turn needs."""
-
-    tokenize_timeout: float
-    rewrite_remote_host: bool = True
-    engine_hook: bool = False  # the engines plan and register themselves (BOOMERANG_ENGINE_HOOK)
-    sticky_prefill: bool = False  # the gateway's own prefill choice hashes the conversation (BOOMERANG_STICKY_PREFILL)
 
 
 @dataclass
@@ -83,7 +74,6 @@ class Turn:
     tenant: str
     plan: Plan
     handle_use: str
-    prefill: EngineRef
     decode: EngineRef
     response: httpx.Response
     started: float
@@ -253,20 +243,19 @@ class TurnRunner:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
-        pool: EngineRouting,
+        engines: EngineCalls,
         control: ControlPlane,
         metrics: GatewayMetrics,
-        config: TurnConfig,
+        settings: GatewaySettings,
         local: InProcessTokenizers | None = None,
         summary: LeaseSummary | None = None,
     ):
-        self.local = local
-        self.summary = summary
+        self.engines = engines
         self.control = control
         self.metrics = metrics
-        self.config = config
-        self.engines = EngineCalls(http, pool, metrics, config.sticky_prefill)
+        self.settings = settings
+        self.local = local
+        self.summary = summary
 
     async def start_turn(self, req: ClientRequest, tenant: str) -> Turn:
         """Tokenize → plan → prefill → open the decode stream; ApiError for the client otherwise.
@@ -278,17 +267,14 @@ class TurnRunner:
         self._count_plan(plan, tokens)
         if plan.decision == "PREFILL_ON_DECODE":
             # D holds the history: it prefills the new tokens itself, no prefill engine, no params.
-            sent = time.monotonic()
-            response, decode = await self._open_decode(req, tenant, plan, None, "NOT_READ", request_id)
-            self.metrics.in_flight.inc()
-            planned = reuse_outcome(plan.decision, plan.reason, len(tokens or ()), plan.reused_tokens, None)
-            return Turn(req, tenant, plan, "NOT_READ", decode, decode, response, started, timings, request_id, tokens,
-                        self, reuse=planned, tokenized_locally=local, decode_sent=sent)
-        p_params, prefill, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id, timings)
+            params, handle_use = None, "NOT_READ"
+            reused = reuse_outcome(plan.decision, plan.reason, len(tokens or ()), plan.reused_tokens, None)
+        else:
+            params, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id, timings)
         sent = time.monotonic()
-        response, decode = await self._open_decode(req, tenant, plan, p_params, handle_use, request_id)
+        response, decode = await self._open_decode(req, tenant, plan, params, handle_use, request_id)
         self.metrics.in_flight.inc()
-        return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self,
+        return Turn(req, tenant, plan, handle_use, decode, response, started, timings, request_id, tokens, self,
                     reuse=reused, tokenized_locally=local, decode_sent=sent)
 
     # -- tokenize and plan: Boomerang's, never fatal -------------------------------------------
@@ -317,7 +303,7 @@ class TurnRunner:
         router configured, or backing off after its failures; None: ask it."""
         if not req.reuse:
             return fallback("", "REUSE_OFF")
-        if self.config.engine_hook:
+        if self.settings.engine_hook:
             return engine_plan(req.conversation_id, tenant)
         if self.control.router is None:
             return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED")
@@ -376,7 +362,7 @@ class TurnRunner:
             tokens = await self.local.ids(req)
         local = tokens is not None
         if tokens is None:
-            tokens = await self.engines.tokenize_on_engine(req, self.config.tokenize_timeout)
+            tokens = await self.engines.tokenize_on_engine(req, self.settings.tokenize_timeout_seconds)
         timings["tokenize"] = time.monotonic() - t
         self.metrics.stage_seconds.labels("tokenize").observe(timings["tokenize"])
         return tokens, local
@@ -404,9 +390,9 @@ class TurnRunner:
     async def _prefill(
         self, req: ClientRequest, tenant: str, plan: Plan, tokens: list[int] | None, request_id: str,
         timings: dict[str, float],
-    ) -> tuple[dict[str, Any] | None, EngineRef, str, ReuseOutcome]:
-        """P's params for D (their `remote_host` the host P was reached at), the engine used,
-        what became of the handle, and the reuse P delivered; a failed prefill still reports."""
+    ) -> tuple[dict[str, Any] | None, str, ReuseOutcome]:
+        """P's params for D (their `remote_host` the host P was reached at), what became of the
+        handle, and the reuse P delivered; a failed prefill still reports."""
         planned = plan.reused_tokens  # before a retry on another engine may take the reuse away
         engine = self.engines.engine_for(PREFILL, plan.prefill_url, req)
         t = time.monotonic()
@@ -420,9 +406,9 @@ class TurnRunner:
         outcome = reuse_outcome(plan.decision, plan.reason, prompt, planned, delivered_by_prefill(body))
         self.metrics.observe_reuse(outcome)
         self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
-        if self.config.rewrite_remote_host:
+        if self.settings.rewrite_remote_host:
             params = protocol.rewrite_remote_host(params, engine.url)
-        return params, engine, handle_use, outcome
+        return params, handle_use, outcome
 
     async def _open_decode(
         self, req: ClientRequest, tenant: str, plan: Plan, params: dict[str, Any] | None, handle_use: str,
