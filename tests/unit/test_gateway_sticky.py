@@ -12,7 +12,7 @@ URLS = [f"http://p{i}:8000" for i in range(4)]
 
 async def _pool(urls: list[str] = URLS) -> EngineRouting:
     pool = EngineRouting(httpx.AsyncClient(), urls, [], None, refresh_seconds=60)
-    for engine in pool.view.engines:
+    for engine in pool.engines:
         engine.models = ("m",)
     return pool
 

@@ -31,7 +31,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2 as httpx
@@ -77,14 +77,6 @@ class EngineRef:
     in_flight: int = 0
 
 
-@dataclass
-class PoolView:
-    """A snapshot: engines by role, and the model cards served."""
-
-    engines: list[EngineRef] = field(default_factory=list)
-    cards: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
 class EngineRouting:
     """Engines and models, refreshed in the background."""
 
@@ -114,7 +106,8 @@ class EngineRouting:
         # (role, URL) → its ref: the same object across refreshes, so a turn that started
         # before a refresh counts itself off the ref the next choice reads.
         self._refs: dict[tuple[str, str], EngineRef] = {}
-        self.view = PoolView()
+        self.engines: list[EngineRef] = []  # every role's
+        self.cards: dict[str, dict[str, Any]] = {}  # model → its card, for models with a prefill engine
         self._sync({})
         self._rr = itertools.count()
         self._task: asyncio.Task[None] | None = None
@@ -173,7 +166,7 @@ class EngineRouting:
     async def _refresh_static(self) -> None:
         entries = list(self.table.static.values())
         results = await asyncio.gather(*(self._probe(e) for e in entries))
-        cards = dict(self.view.cards)
+        cards = dict(self.cards)
         for entry, found in zip(entries, results):
             if found is None:
                 entry.set_health(False)
@@ -185,7 +178,7 @@ class EngineRouting:
         self._sync(cards)
         self.refreshed = self.refreshed or any(results)
         if self.voucher is not None:
-            self.voucher.after_probe(self.view.engines)
+            self.voucher.after_probe(self.engines)
 
     def _usable(self) -> list[PoolEntry]:
         """The static engines, else per (model, role) the registry's available ones, else its stale ones."""
@@ -200,7 +193,7 @@ class EngineRouting:
         return usable
 
     def _sync(self, cards: dict[str, dict[str, Any]] | None = None) -> None:
-        """Rebuild the view from the table, keeping each (role, URL)'s ref and its in-flight count.
+        """Rebuild the engines and cards from the table, keeping each (role, URL)'s ref and its in-flight count.
 
         `cards`: the static engines' model cards; registry engines get one built per model.
         """
@@ -218,20 +211,20 @@ class EngineRouting:
         if cards is None:
             models = {m for ref in refs.values() if ref.role == PREFILL for m in ref.models}
             cards = {m: {"id": m, "object": "model", "created": 0, "owned_by": "boomerang", "root": m} for m in models}
-        self.view = PoolView(engines=list(refs.values()), cards=cards)
+        self.engines, self.cards = list(refs.values()), cards
 
     def models(self) -> list[dict[str, Any]]:
         """The model cards of models with at least one prefill engine."""
-        return [self.view.cards[k] for k in sorted(self.view.cards)]
+        return [self.cards[k] for k in sorted(self.cards)]
 
     def servable(self) -> int:
         """How many models have both a prefill and a decode engine: what a turn needs."""
-        decoded = {m for e in self.view.engines if e.role == DECODE for m in e.models}
-        return len(decoded & self.view.cards.keys())
+        decoded = {m for e in self.engines if e.role == DECODE for m in e.models}
+        return len(decoded & self.cards.keys())
 
     def serves(self, model: str) -> bool:
         """Whether some prefill engine serves `model`."""
-        return model in self.view.cards
+        return model in self.cards
 
     def mark_down(self, url: str, seconds: float = DOWN_SECONDS) -> None:
         """Skip `url` for a while: a connection to it was refused."""
@@ -245,7 +238,7 @@ class EngineRouting:
         prefix cache; an engine joining or leaving moves only the conversations it wins or
         held. With `avoid` (engines already tried), only the others, or None when there are none.
         """
-        candidates = [e for e in self.view.engines if e.role == role and model in e.models]
+        candidates = [e for e in self.engines if e.role == role and model in e.models]
         if avoid:
             candidates = [e for e in candidates if e.url not in avoid]
         if not candidates:
@@ -260,7 +253,7 @@ class EngineRouting:
     def find(self, role: str, url: str) -> EngineRef:
         """The pool's entry for a URL the router chose (a detached one if unknown)."""
         url = url.rstrip("/")
-        for e in self.view.engines:
+        for e in self.engines:
             if e.role == role and e.url == url:
                 return e
         return EngineRef(url, role)

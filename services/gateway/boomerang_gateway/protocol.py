@@ -325,11 +325,6 @@ def decode_body(req: ClientRequest, kv_transfer_params: dict[str, Any] | None) -
     return body
 
 
-def host_of(url: str) -> str:
-    """The host part of an engine base URL (brackets of an IPv6 literal removed)."""
-    return urlsplit(url).hostname or ""
-
-
 def rewrite_remote_host(params: dict[str, Any] | None, engine_url: str) -> dict[str, Any] | None:
     """`params` with `remote_host` set to the host the gateway reached the engine at.
 
@@ -339,7 +334,7 @@ def rewrite_remote_host(params: dict[str, Any] | None, engine_url: str) -> dict[
     """
     if not params or not params.get("remote_host"):
         return params
-    host = host_of(engine_url)
+    host = urlsplit(engine_url).hostname  # an IPv6 literal without its brackets
     if not host:
         return params
     out = dict(params)

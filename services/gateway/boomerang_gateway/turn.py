@@ -202,6 +202,7 @@ class Turn:
             # This turn's lease is about to be registered: its next turn may pull, whatever the
             # registry's stream has said yet.
             summary.add([conversation_key(self.tenant, self.req.conversation_id)])
+        d_first_token = self._decode_first_token_seconds()
         self.report_task = self.runner.control.send_report_later(
             Report(
                 tenant=self.tenant,
@@ -214,16 +215,13 @@ class Turn:
                 finish_time_unix=self.capture.finished_at or time.time(),
                 delivered_tokens=delivered,
                 cache_salt=self.req.cache_salt,
-                prefill_seconds=self._prefill_seconds(on_decode),
+                # The prefill's time: D's time to first token when it prefilled, else P's request.
+                prefill_seconds=d_first_token if on_decode else self.timings.get("prefill"),
                 inter_token_seconds=self._inter_token_seconds(),
-                decode_first_token_seconds=None if on_decode else self._decode_first_token_seconds(),
+                decode_first_token_seconds=None if on_decode else d_first_token,
                 background_plan=self.plan_after,
             )
         )
-
-    def _prefill_seconds(self, on_decode: bool) -> float | None:
-        """The prefill's time: D's time to first token when it prefilled, else P's request."""
-        return self._decode_first_token_seconds() if on_decode else self.timings.get("prefill")
 
     def _decode_first_token_seconds(self) -> float | None:
         """D's time to first token, from the decode request sent."""
