@@ -84,14 +84,6 @@ class Peers:
     registry: Callable[[], RegistryClient]
 
 
-def network_peers(settings: GatewaySettings) -> Peers:
-    """The router and the registry at their configured addresses."""
-    return Peers(
-        lambda: RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds),
-        lambda: RegistryClient(settings.registry_address),
-    )
-
-
 async def watch_lease_keys(client: RegistryClient, summary: LeaseSummary, watcher: str) -> None:
     """Keep the gateway's copy of the registry's live-lease summary current from WatchLeaseKeys
     until cancelled, reconnecting after a pause; unknown (every prompt a "maybe") while the
@@ -113,7 +105,11 @@ async def run(settings: GatewaySettings) -> None:
     """Serve alone until SIGTERM/SIGINT, then drain."""
     setup_tracing("boomerang-gateway")
     try:
-        await serve(settings, network_peers(settings))
+        await serve(settings, Peers(  # the router and the registry at their configured addresses
+            lambda: RouterClient(settings.router_address, settings.report_turn_timeout_seconds,
+                                 settings.plan_timeout_seconds),
+            lambda: RegistryClient(settings.registry_address),
+        ))
     finally:
         shutdown_tracing()
 

@@ -202,7 +202,8 @@ class Turn:
             # This turn's lease is about to be registered: its next turn may pull, whatever the
             # registry's stream has said yet.
             summary.add([conversation_key(self.tenant, self.req.conversation_id)])
-        d_first_token = self._decode_first_token_seconds()
+        first = self.capture.first_token_at  # D's time to first token, from the decode request sent
+        d_first_token = first - self.decode_sent if first is not None else None
         self.report_task = self.runner.control.send_report_later(
             Report(
                 tenant=self.tenant,
@@ -222,11 +223,6 @@ class Turn:
                 background_plan=self.plan_after,
             )
         )
-
-    def _decode_first_token_seconds(self) -> float | None:
-        """D's time to first token, from the decode request sent."""
-        first = self.capture.first_token_at
-        return first - self.decode_sent if first is not None and self.decode_sent else None
 
     def _inter_token_seconds(self) -> float | None:
         """D's mean gap between output tokens in this turn (None under two tokens)."""
