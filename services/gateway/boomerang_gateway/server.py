@@ -31,7 +31,7 @@ from boomerang_gateway.app import Handlers, create_app
 from boomerang_gateway.control import ControlPlane
 from boomerang_gateway.engine_routing import EngineCalls, EngineRouting
 from boomerang_gateway.liveness import Voucher
-from boomerang_gateway.localtokens import InProcessTokenizers
+from boomerang_gateway.local_tokenize import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_gateway.tenants import TenantAuth, TenantRateLimiter, TenantStore

@@ -4,7 +4,7 @@ The client's key, rate, body and model are checked first (`app.py`); then
 `TurnRunner.start_turn` runs steps 1 to 4 (the engine calls in `engine_routing.py`,
 the router's in `control.py`) and `Turn` steps 5 and 6.
 
-1. Tokenize the prompt: in-process for models with local tokenizer files (`localtokens`,
+1. Tokenize the prompt: in-process for models with local tokenizer files (`local_tokenize`,
    checked against D's prompt ids at the end of the turn), else on a prefill engine
    (`/tokenize`, the engine's own chat template).
 2. PlanTurn (short deadline): the engines, PULL/RECOMPUTE/COLD, the `kv_transfer_params`.
@@ -54,7 +54,7 @@ from boomerang_gateway.control import (
     reuse_outcome,
 )
 from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineCalls, EngineRef
-from boomerang_gateway.localtokens import InProcessTokenizers
+from boomerang_gateway.local_tokenize import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ApiError, ClientRequest, is_first_turn
 from boomerang_gateway.settings import GatewaySettings
