@@ -39,9 +39,10 @@ async def test_anonymous_only_when_allowed_and_never_for_a_wrong_boomerang_key()
     strict = TenantAuth(None, allow_anonymous=False, cache_seconds=30)
     assert await strict.tenant_for(None) is None
     assert await strict.tenant_for("Bearer EMPTY") is None
-    assert await strict.tenant_for("Bearer " + tenants.new_key().key) is None  # no store: cannot verify
+    made = tenants.new_key().key
+    assert await strict.tenant_for("Bearer " + made) is None  # no store: cannot verify
     open_ = TenantAuth(None, allow_anonymous=True, cache_seconds=30)
     assert await open_.tenant_for(None) == "anonymous"
     assert await open_.tenant_for("Bearer EMPTY") == "anonymous"  # vLLM clients' placeholder
     assert await open_.tenant_for("Basic abc") == "anonymous"
-    assert await open_.tenant_for("Bearer " + tenants.new_key().key) is None  # claims a key: must verify
+    assert await open_.tenant_for("Bearer " + made) is None  # claims a key: must verify

@@ -107,7 +107,8 @@ class EngineRouting:
         # before a refresh counts itself off the ref the next choice reads.
         self._refs: dict[tuple[str, str], EngineRef] = {}
         self.engines: list[EngineRef] = []  # every role's
-        self.cards: dict[str, dict[str, Any]] = {}  # model → its card, for models with a prefill engine
+        # model → its card, for the models with a prefill engine
+        self.cards: dict[str, dict[str, Any]] = {}
         self._sync({})
         self._rr = itertools.count()
         self._task: asyncio.Task[None] | None = None
@@ -193,7 +194,8 @@ class EngineRouting:
         return usable
 
     def _sync(self, cards: dict[str, dict[str, Any]] | None = None) -> None:
-        """Rebuild the engines and cards from the table, keeping each (role, URL)'s ref and its in-flight count.
+        """Rebuild the engines and cards from the table, keeping each (role, URL)'s ref and its
+        in-flight count.
 
         `cards`: the static engines' model cards; registry engines get one built per model.
         """
@@ -243,7 +245,8 @@ class EngineRouting:
             candidates = [e for e in candidates if e.url not in avoid]
         if not candidates:
             return None
-        healthy = [e for e in candidates if e.healthy and not self.table.is_down(e.url)] or candidates
+        up = [e for e in candidates if e.healthy and not self.table.is_down(e.url)]
+        healthy = up or candidates
         if key:
             return max(healthy, key=lambda e: xxhash.xxh3_64_intdigest(f"{key}\0{e.url}".encode()))
         least = min(e.in_flight for e in healthy)

@@ -262,14 +262,17 @@ class TurnRunner:
         if plan.decision == "PREFILL_ON_DECODE":
             # D holds the history: it prefills the new tokens itself, no prefill engine, no params.
             params, handle_use = None, "NOT_READ"
-            reused = reuse_outcome(plan.decision, plan.reason, len(tokens or ()), plan.reused_tokens, None)
+            reused = reuse_outcome(plan.decision, plan.reason, len(tokens or ()),
+                                   plan.reused_tokens, None)
         else:
-            params, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id, timings)
+            params, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id,
+                                                             timings)
         sent = time.monotonic()
-        response, decode = await self._open_decode(req, tenant, plan, params, handle_use, request_id)
+        response, decode = await self._open_decode(req, tenant, plan, params, handle_use,
+                                                   request_id)
         self.metrics.in_flight.inc()
-        return Turn(req, tenant, plan, handle_use, decode, response, started, timings, request_id, tokens, self,
-                    reuse=reused, tokenized_locally=local, decode_sent=sent)
+        return Turn(req, tenant, plan, handle_use, decode, response, started, timings, request_id,
+                    tokens, self, reuse=reused, tokenized_locally=local, decode_sent=sent)
 
     # -- tokenize and plan: Boomerang's, never fatal -------------------------------------------
 
@@ -356,7 +359,8 @@ class TurnRunner:
             tokens = await self.local.ids(req)
         local = tokens is not None
         if tokens is None:
-            tokens = await self.engines.tokenize_on_engine(req, self.settings.tokenize_timeout_seconds)
+            timeout = self.settings.tokenize_timeout_seconds
+            tokens = await self.engines.tokenize_on_engine(req, timeout)
         timings["tokenize"] = time.monotonic() - t
         self.metrics.stage_seconds.labels("tokenize").observe(timings["tokenize"])
         return tokens, local
@@ -397,7 +401,8 @@ class TurnRunner:
             raise
         timings["prefill"] = time.monotonic() - t
         prompt = len(tokens) if tokens else prompt_tokens_of(body)
-        outcome = reuse_outcome(plan.decision, plan.reason, prompt, planned, delivered_by_prefill(body))
+        delivered = delivered_by_prefill(body)
+        outcome = reuse_outcome(plan.decision, plan.reason, prompt, planned, delivered)
         self.metrics.observe_reuse(outcome)
         self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
         if self.settings.rewrite_remote_host:
