@@ -169,7 +169,7 @@ async def test_the_gateway_keeps_stale_engines_only_where_a_model_has_no_fresh_o
     ]
     await pool.refresh()
     assert pool.refreshed and pool.source == "registry"
-    assert sorted(e.engine_id for e in pool.view.engines) == ["p-fresh", "p-stale-n"]
+    assert sorted(e.engine_id for e in pool.engines) == ["p-fresh", "p-stale-n"]
     assert [c["id"] for c in pool.models()] == ["m", "n"] and pool.choose(DECODE, "m") is None
     assert pool.servable() == 0  # listed, but no decode engine: /health says it serves nothing yet
     registry.engines.append(proto("d-fresh", tpb.ENGINE_ROLE_DECODE, clock))

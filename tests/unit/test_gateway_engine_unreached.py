@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import httpx2 as httpx
-from boomerang_gateway.engine_calls import EngineCalls
-from boomerang_gateway.engine_routing import EngineRef
+from boomerang_gateway.engine_routing import EngineCalls, EngineRef
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import Kind, parse
 

@@ -8,8 +8,7 @@ import json
 import pytest
 from boomerang_gateway import protocol
 from boomerang_gateway.control import FIRST_TURN, fallback
-from boomerang_gateway.errors import ApiError, engine_status, from_engine
-from boomerang_gateway.protocol import Kind
+from boomerang_gateway.protocol import ApiError, Kind, engine_status, from_engine
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from boomerang_gateway.ratelimit import TenantRateLimiter, retry_after_header
+from boomerang_gateway.tenants import TenantRateLimiter, retry_after_header
 
 
 class Clock:

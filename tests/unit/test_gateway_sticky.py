@@ -12,7 +12,7 @@ URLS = [f"http://p{i}:8000" for i in range(4)]
 
 async def _pool(urls: list[str] = URLS) -> EngineRouting:
     pool = EngineRouting(httpx.AsyncClient(), urls, [], None, refresh_seconds=60)
-    for engine in pool.view.engines:
+    for engine in pool.engines:
         engine.models = ("m",)
     return pool
 
@@ -41,7 +41,7 @@ async def test_an_engine_going_down_moves_only_its_own_conversations() -> None:
     moved = {i for i in before if before[i] != after[i]}
     assert moved and all(before[i] == URLS[1] for i in moved)
     assert URLS[1] not in after.values()
-    pool.down_until.clear()
+    pool.table.down_until.clear()
     assert {i: pool.choose(PREFILL, "m", key=f"c{i}").url for i in range(200)} == before  # type: ignore[union-attr]
 
 

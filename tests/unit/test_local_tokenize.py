@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from boomerang_gateway.localtokens import InProcessTokenizers
+from boomerang_gateway.local_tokenize import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import Kind, parse
 from boomerang_gateway.settings import GatewaySettings

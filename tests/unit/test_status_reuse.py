@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from boomerang_cli.status_reuse import outcomes_from_metrics
-from boomerang_gateway import reuse
+from boomerang_gateway import control
 from boomerang_gateway.metrics import GatewayMetrics
 
 
 def test_outcomes_from_a_gateways_counters() -> None:
     m = GatewayMetrics()
-    m.observe_reuse(reuse.outcome("COLD", "NO_LEASE", 300, 0, 0))
-    m.observe_reuse(reuse.outcome("PULL", "VERIFIED_PREFIX", 500, 352, 352))
-    m.observe_reuse(reuse.outcome("PULL", "VERIFIED_PREFIX", 700, 480, 100))
-    m.observe_reuse(reuse.outcome("RECOMPUTE", "TOKENIZE_FAILED", 0, 0, None))
+    m.observe_reuse(control.reuse_outcome("COLD", "NO_LEASE", 300, 0, 0))
+    m.observe_reuse(control.reuse_outcome("PULL", "VERIFIED_PREFIX", 500, 352, 352))
+    m.observe_reuse(control.reuse_outcome("PULL", "VERIFIED_PREFIX", 700, 480, 100))
+    m.observe_reuse(control.reuse_outcome("RECOMPUTE", "TOKENIZE_FAILED", 0, 0, None))
     text = m.exposition()[0].decode()
     assert 'boomerang_gateway_reuse_declined_turns_total{reason="PREFILL_SHORTFALL"} 1.0' in text
     o = outcomes_from_metrics(text)
@@ -27,7 +27,7 @@ def test_outcomes_from_a_gateways_counters() -> None:
 
 def test_counters_of_a_gateway_where_every_turn_reported() -> None:
     m = GatewayMetrics()
-    m.observe_reuse(reuse.outcome("PULL", "VERIFIED_PREFIX", 500, 400, 400))
-    m.observe_reuse(reuse.outcome("PULL", "VERIFIED_PREFIX", 500, 400, 200))
+    m.observe_reuse(control.reuse_outcome("PULL", "VERIFIED_PREFIX", 500, 400, 400))
+    m.observe_reuse(control.reuse_outcome("PULL", "VERIFIED_PREFIX", 500, 400, 200))
     o = outcomes_from_metrics(m.exposition()[0].decode())
     assert o["delivery_rate"] == 0.75 and o["reuse_rate"] == 0.5

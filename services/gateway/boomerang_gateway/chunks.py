@@ -143,8 +143,8 @@ def with_cached_tokens(usage: dict[str, Any], cached_tokens: int | None) -> dict
 
     The decode engine's figure is not the client's: D computed nothing of the prompt either
     way, and vLLM reports `prompt_tokens_details` only with `--enable-prompt-tokens-details`.
-    The gateway knows what the prefill engine did not compute (`reuse.py`), so it says so,
-    as OpenAI does, on every usage object.
+    The gateway knows what the prefill engine did not compute (`control.ReuseOutcome`), so it
+    says so, as OpenAI does, on every usage object.
     """
     if cached_tokens is None:
         return usage

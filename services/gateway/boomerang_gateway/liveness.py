@@ -87,7 +87,6 @@ class Voucher:
         self.registry: RegistryClient | None = None
         self.heartbeat_timeout = heartbeat_timeout
         self.timeout = timeout
-        self.sent = 0
         # engine id → its last heartbeat listed, and since when (monotonic) it was seen
         self._progress: dict[str, Progress] = {}
         self._task: asyncio.Task[None] | None = None
@@ -148,7 +147,6 @@ class Voucher:
                 ),
                 timeout=self.timeout,
             )
-            self.sent += 1
         except BoomerangClientError as err:
             if err.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
                 raise

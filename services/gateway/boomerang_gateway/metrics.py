@@ -8,7 +8,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from boomerang_gateway.reuse import ReuseOutcome
+from boomerang_gateway.control import ReuseOutcome
 
 # Seconds: 100 µs … 60 s (a plan takes about a millisecond, a long prefill seconds).
 BUCKETS = (

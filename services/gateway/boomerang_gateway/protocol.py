@@ -3,7 +3,8 @@
 Pure functions, no I/O. A client body is validated just enough to route it (the engines
 judge the rest); Boomerang's own fields (`conversation_id`) are taken out and never reach an
 engine, and a client's `kv_transfer_params` is always dropped — otherwise a client would
-choose the host a prefill engine connects to.
+choose the host a prefill engine connects to. Errors, the client's or an engine's, are
+OpenAI-style: `{"error": {"message", "type", "param", "code"}}` with an HTTP status (`ApiError`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
-from boomerang_gateway.errors import ApiError
+from starlette.responses import JSONResponse
 
 # Body fields that belong to Boomerang or to the P/D handshake, never forwarded as sent.
 # (`prompt_cache_key` is OpenAI's and is forwarded: vLLM 0.33.0's request models allow
@@ -43,6 +44,80 @@ _TEMPLATE_FIELDS = (
     "add_special_tokens",
     "documents",
 )
+
+# The `type` OpenAI uses for each status.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class ApiError(Exception):
+    """An error to return to the client as OpenAI-style JSON."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        """The HTTP response."""
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def engine_status(status: int) -> int:
+    """The status to give the client for an engine's error status.
+
+    Client errors pass through (the engine judged the request: too long, bad sampling
+    parameters); an engine's own failure is the gateway's upstream failure, 502.
+    """
+    if 400 <= status < 500 and status not in (401, 403, 407, 408):
+        return status
+    if status in (503, 504):
+        return status
+    return 502
+
+
+def from_engine(role: str, status: int, raw: bytes) -> ApiError:
+    """An engine's error response, normalized to the OpenAI shape with the right status."""
+    message, param, code, type_ = "", None, None, None
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict):
+        err: dict[str, Any] = data["error"] if isinstance(data.get("error"), dict) else data
+        message = str(err.get("message") or "")
+        param = err.get("param") if isinstance(err.get("param"), str) else None
+        code = str(err["code"]) if err.get("code") is not None else None
+        type_ = err.get("type") if isinstance(err.get("type"), str) else None
+    if not message:
+        message = raw[:500].decode("utf-8", "replace").strip() or f"HTTP {status}"
+    out = engine_status(status)
+    if out != status:
+        message = f"{role} engine failed (HTTP {status}): {message}"
+        type_, code = "upstream_error", code or str(status)
+    return ApiError(out, message, param=param, code=code, type_=type_)
 
 
 class Kind(str, Enum):
@@ -250,11 +325,6 @@ def decode_body(req: ClientRequest, kv_transfer_params: dict[str, Any] | None) -
     return body
 
 
-def host_of(url: str) -> str:
-    """The host part of an engine base URL (brackets of an IPv6 literal removed)."""
-    return urlsplit(url).hostname or ""
-
-
 def rewrite_remote_host(params: dict[str, Any] | None, engine_url: str) -> dict[str, Any] | None:
     """`params` with `remote_host` set to the host the gateway reached the engine at.
 
@@ -264,7 +334,7 @@ def rewrite_remote_host(params: dict[str, Any] | None, engine_url: str) -> dict[
     """
     if not params or not params.get("remote_host"):
         return params
-    host = host_of(engine_url)
+    host = urlsplit(engine_url).hostname  # an IPv6 literal without its brackets
     if not host:
         return params
     out = dict(params)

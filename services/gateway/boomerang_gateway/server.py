@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx2 as httpx
 import uvicorn
+from boomerang.clients.lease_keys import RETRY_SECONDS, apply
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.leasekeys import LeaseSummary
@@ -26,17 +27,15 @@ from boomerang_server.db.engine import make_engine
 from boomerang_server.db.migrate import upgrade
 from boomerang_server.sockets import listen_socket
 
-from boomerang_gateway.app import GatewayState, create_app
+from boomerang_gateway.app import Handlers, create_app
 from boomerang_gateway.control import ControlPlane
-from boomerang_gateway.engine_routing import EngineRouting
-from boomerang_gateway.lease_summary import watch_forever
+from boomerang_gateway.engine_routing import EngineCalls, EngineRouting
 from boomerang_gateway.liveness import Voucher
-from boomerang_gateway.localtokens import InProcessTokenizers
+from boomerang_gateway.local_tokenize import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
-from boomerang_gateway.ratelimit import TenantRateLimiter
 from boomerang_gateway.settings import GatewaySettings
-from boomerang_gateway.tenants import TenantAuth, TenantStore
-from boomerang_gateway.turn import TurnConfig, TurnRunner
+from boomerang_gateway.tenants import TenantAuth, TenantRateLimiter, TenantStore
+from boomerang_gateway.turn import TurnRunner
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +43,9 @@ log = logging.getLogger(__name__)
 class _Server(uvicorn.Server):
     """uvicorn with a drain delay: the first signal marks the gateway draining, exits later."""
 
-    def __init__(self, config: uvicorn.Config, state: GatewayState, drain_delay: float):
+    def __init__(self, config: uvicorn.Config, handlers: Handlers, drain_delay: float):
         super().__init__(config)
-        self.state = state
+        self.handlers = handlers
         self.drain_delay = drain_delay
         self.exit_at: float | None = None
 
@@ -54,7 +53,7 @@ class _Server(uvicorn.Server):
         if self.exit_at is not None:  # a second signal: stop now
             super().handle_exit(sig, frame)
             return
-        self.state.draining = True
+        self.handlers.draining = True
         self.exit_at = time.monotonic() + self.drain_delay
 
     async def on_tick(self, counter: int) -> bool:
@@ -85,19 +84,32 @@ class Peers:
     registry: Callable[[], RegistryClient]
 
 
-def network_peers(settings: GatewaySettings) -> Peers:
-    """The router and the registry at their configured addresses."""
-    return Peers(
-        lambda: RouterClient(settings.router_address, settings.report_turn_timeout_seconds, settings.plan_timeout_seconds),
-        lambda: RegistryClient(settings.registry_address),
-    )
+async def watch_lease_keys(client: RegistryClient, summary: LeaseSummary, watcher: str) -> None:
+    """Keep the gateway's copy of the registry's live-lease summary current from WatchLeaseKeys
+    until cancelled, reconnecting after a pause; unknown (every prompt a "maybe") while the
+    stream is down."""
+    while True:
+        try:
+            async for message in client.watch_lease_keys(watcher):
+                apply(summary, message)
+        except asyncio.CancelledError:
+            summary.lost()
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure: the summary is unknown until the next snapshot
+            log.info("lease-keys watch ended (%s); retrying in %.1f s", exc, RETRY_SECONDS)
+        summary.lost()
+        await asyncio.sleep(RETRY_SECONDS)
 
 
 async def run(settings: GatewaySettings) -> None:
     """Serve alone until SIGTERM/SIGINT, then drain."""
     setup_tracing("boomerang-gateway")
     try:
-        await serve(settings, network_peers(settings))
+        await serve(settings, Peers(  # the router and the registry at their configured addresses
+            lambda: RouterClient(settings.router_address, settings.report_turn_timeout_seconds,
+                                 settings.plan_timeout_seconds),
+            lambda: RegistryClient(settings.registry_address),
+        ))
     finally:
         shutdown_tracing()
 
@@ -141,20 +153,19 @@ async def serve(settings: GatewaySettings, peers: Peers) -> None:
     summary, keys_client, watching = None, None, None
     if router is not None and settings.registry_address and settings.lease_summary:
         summary, keys_client = LeaseSummary(), peers.registry()
-        watching = asyncio.ensure_future(watch_forever(keys_client, summary, f"gateway:{settings.listen}"))
-    runner = TurnRunner(http, pool, control, metrics, TurnConfig(settings.tokenize_timeout_seconds, settings.rewrite_remote_host,
-                                                                settings.engine_hook, settings.sticky_prefill), local,
-                        summary)
+        watching = asyncio.ensure_future(watch_lease_keys(keys_client, summary, f"gateway:{settings.listen}"))
+    engines = EngineCalls(http, pool, metrics, settings.sticky_prefill)
+    runner = TurnRunner(engines, control, metrics, settings, local, summary)
     auth = TenantAuth(TenantStore(db) if db is not None else None, settings.allow_anonymous, settings.key_cache_seconds)
     limiter = TenantRateLimiter(settings.tenant_requests_per_second, settings.tenant_burst)
-    state = GatewayState(auth, pool, runner, metrics, settings.max_body_bytes, limiter)
+    handlers = Handlers(auth, pool, runner, metrics, settings.max_body_bytes, limiter)
     with contextlib.suppress(Exception):
         await asyncio.wait_for(pool.refresh(), timeout=3.0)
     pool.start()
     sock = listen_socket(settings.listen, "gateway")
     server = _Server(
         uvicorn.Config(
-            asgi_app(create_app(state)),  # HTTP server spans when tracing is on
+            asgi_app(create_app(handlers)),  # HTTP server spans when tracing is on
             lifespan="off",
             log_level="warning",
             access_log=False,
@@ -163,7 +174,7 @@ async def serve(settings: GatewaySettings, peers: Peers) -> None:
             timeout_keep_alive=30,
             backlog=2048,
         ),
-        state,
+        handlers,
         min(settings.drain_delay_seconds, settings.grace_seconds),
     )
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -1,10 +1,10 @@
 """One turn, exactly as docs/vllm-contract.md describes it, from the client's request to ReportTurn.
 
 The client's key, rate, body and model are checked first (`app.py`); then
-`TurnRunner.start_turn` runs steps 1 to 4 (the engine calls in `engine_calls.py`, the
-router's in `control.py`) and `Turn` steps 5 and 6.
+`TurnRunner.start_turn` runs steps 1 to 4 (the engine calls in `engine_routing.py`,
+the router's in `control.py`) and `Turn` steps 5 and 6.
 
-1. Tokenize the prompt: in-process for models with local tokenizer files (`localtokens`,
+1. Tokenize the prompt: in-process for models with local tokenizer files (`local_tokenize`,
    checked against D's prompt ids at the end of the turn), else on a prefill engine
    (`/tokenize`, the engine's own chat template).
 2. PlanTurn (short deadline): the engines, PULL/RECOMPUTE/COLD, the `kv_transfer_params`.
@@ -40,32 +40,30 @@ from typing import Any
 import httpx2 as httpx
 from boomerang.leasekeys import LeaseSummary, conversation_key
 
-from boomerang_gateway import protocol, reuse
+from boomerang_gateway import protocol
 from boomerang_gateway.chunks import DONE, Capture, lift_prompt_ids, sse_data
-from boomerang_gateway.control import ControlPlane, Plan, Report, engine_plan, fallback
-from boomerang_gateway.engine_calls import EngineCalls
-from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRef, EngineRouting
-from boomerang_gateway.errors import ApiError
-from boomerang_gateway.localtokens import InProcessTokenizers
+from boomerang_gateway.control import (
+    ControlPlane,
+    Plan,
+    Report,
+    ReuseOutcome,
+    delivered_by_prefill,
+    engine_plan,
+    fallback,
+    prompt_tokens_of,
+    reuse_outcome,
+)
+from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineCalls, EngineRef
+from boomerang_gateway.local_tokenize import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
-from boomerang_gateway.protocol import ClientRequest, is_first_turn
-from boomerang_gateway.reuse import ReuseOutcome
+from boomerang_gateway.protocol import ApiError, ClientRequest, is_first_turn
+from boomerang_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
 
 class UpstreamBroken(Exception):
     """The decode engine's stream ended abnormally after the response had started."""
-
-
-@dataclass
-class TurnConfig:
-    """The knobs a turn needs."""
-
-    tokenize_timeout: float
-    rewrite_remote_host: bool = True
-    engine_hook: bool = False  # the engines plan and register themselves (BOOMERANG_ENGINE_HOOK)
-    sticky_prefill: bool = False  # the gateway's own prefill choice hashes the conversation (BOOMERANG_STICKY_PREFILL)
 
 
 @dataclass
@@ -76,7 +74,6 @@ class Turn:
     tenant: str
     plan: Plan
     handle_use: str
-    prefill: EngineRef
     decode: EngineRef
     response: httpx.Response
     started: float
@@ -189,7 +186,7 @@ class Turn:
         on_decode = self.plan.decision == "PREFILL_ON_DECODE"
         delivered = self.reuse.delivered if self.reuse is not None else None
         if on_decode:  # D's own count of what its prefix cache served, from the stream's usage
-            delivered = reuse.delivered_by_prefill({"usage": self.capture.usage})
+            delivered = delivered_by_prefill({"usage": self.capture.usage})
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
         if self.plan.planned_after and not (params and prompt):
@@ -205,6 +202,8 @@ class Turn:
             # This turn's lease is about to be registered: its next turn may pull, whatever the
             # registry's stream has said yet.
             summary.add([conversation_key(self.tenant, self.req.conversation_id)])
+        first = self.capture.first_token_at  # D's time to first token, from the decode request sent
+        d_first_token = first - self.decode_sent if first is not None else None
         self.report_task = self.runner.control.send_report_later(
             Report(
                 tenant=self.tenant,
@@ -217,21 +216,13 @@ class Turn:
                 finish_time_unix=self.capture.finished_at or time.time(),
                 delivered_tokens=delivered,
                 cache_salt=self.req.cache_salt,
-                prefill_seconds=self._prefill_seconds(on_decode),
+                # The prefill's time: D's time to first token when it prefilled, else P's request.
+                prefill_seconds=d_first_token if on_decode else self.timings.get("prefill"),
                 inter_token_seconds=self._inter_token_seconds(),
-                decode_first_token_seconds=None if on_decode else self._decode_first_token_seconds(),
+                decode_first_token_seconds=None if on_decode else d_first_token,
                 background_plan=self.plan_after,
             )
         )
-
-    def _prefill_seconds(self, on_decode: bool) -> float | None:
-        """The prefill's time: D's time to first token when it prefilled, else P's request."""
-        return self._decode_first_token_seconds() if on_decode else self.timings.get("prefill")
-
-    def _decode_first_token_seconds(self) -> float | None:
-        """D's time to first token, from the decode request sent."""
-        first = self.capture.first_token_at
-        return first - self.decode_sent if first is not None and self.decode_sent else None
 
     def _inter_token_seconds(self) -> float | None:
         """D's mean gap between output tokens in this turn (None under two tokens)."""
@@ -246,20 +237,19 @@ class TurnRunner:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
-        pool: EngineRouting,
+        engines: EngineCalls,
         control: ControlPlane,
         metrics: GatewayMetrics,
-        config: TurnConfig,
+        settings: GatewaySettings,
         local: InProcessTokenizers | None = None,
         summary: LeaseSummary | None = None,
     ):
-        self.local = local
-        self.summary = summary
+        self.engines = engines
         self.control = control
         self.metrics = metrics
-        self.config = config
-        self.engines = EngineCalls(http, pool, metrics, config.sticky_prefill)
+        self.settings = settings
+        self.local = local
+        self.summary = summary
 
     async def start_turn(self, req: ClientRequest, tenant: str) -> Turn:
         """Tokenize → plan → prefill → open the decode stream; ApiError for the client otherwise.
@@ -271,18 +261,18 @@ class TurnRunner:
         self._count_plan(plan, tokens)
         if plan.decision == "PREFILL_ON_DECODE":
             # D holds the history: it prefills the new tokens itself, no prefill engine, no params.
-            sent = time.monotonic()
-            response, decode = await self._open_decode(req, tenant, plan, None, "NOT_READ", request_id)
-            self.metrics.in_flight.inc()
-            planned = reuse.outcome(plan.decision, plan.reason, len(tokens or ()), plan.reused_tokens, None)
-            return Turn(req, tenant, plan, "NOT_READ", decode, decode, response, started, timings, request_id, tokens,
-                        self, reuse=planned, tokenized_locally=local, decode_sent=sent)
-        p_params, prefill, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id, timings)
+            params, handle_use = None, "NOT_READ"
+            reused = reuse_outcome(plan.decision, plan.reason, len(tokens or ()),
+                                   plan.reused_tokens, None)
+        else:
+            params, handle_use, reused = await self._prefill(req, tenant, plan, tokens, request_id,
+                                                             timings)
         sent = time.monotonic()
-        response, decode = await self._open_decode(req, tenant, plan, p_params, handle_use, request_id)
+        response, decode = await self._open_decode(req, tenant, plan, params, handle_use,
+                                                   request_id)
         self.metrics.in_flight.inc()
-        return Turn(req, tenant, plan, handle_use, prefill, decode, response, started, timings, request_id, tokens, self,
-                    reuse=reused, tokenized_locally=local, decode_sent=sent)
+        return Turn(req, tenant, plan, handle_use, decode, response, started, timings, request_id,
+                    tokens, self, reuse=reused, tokenized_locally=local, decode_sent=sent)
 
     # -- tokenize and plan: Boomerang's, never fatal -------------------------------------------
 
@@ -310,7 +300,7 @@ class TurnRunner:
         router configured, or backing off after its failures; None: ask it."""
         if not req.reuse:
             return fallback("", "REUSE_OFF")
-        if self.config.engine_hook:
+        if self.settings.engine_hook:
             return engine_plan(req.conversation_id, tenant)
         if self.control.router is None:
             return fallback(req.conversation_id, "ROUTER_NOT_CONFIGURED")
@@ -369,7 +359,8 @@ class TurnRunner:
             tokens = await self.local.ids(req)
         local = tokens is not None
         if tokens is None:
-            tokens = await self.engines.tokenize_on_engine(req, self.config.tokenize_timeout)
+            timeout = self.settings.tokenize_timeout_seconds
+            tokens = await self.engines.tokenize_on_engine(req, timeout)
         timings["tokenize"] = time.monotonic() - t
         self.metrics.stage_seconds.labels("tokenize").observe(timings["tokenize"])
         return tokens, local
@@ -397,9 +388,9 @@ class TurnRunner:
     async def _prefill(
         self, req: ClientRequest, tenant: str, plan: Plan, tokens: list[int] | None, request_id: str,
         timings: dict[str, float],
-    ) -> tuple[dict[str, Any] | None, EngineRef, str, ReuseOutcome]:
-        """P's params for D (their `remote_host` the host P was reached at), the engine used,
-        what became of the handle, and the reuse P delivered; a failed prefill still reports."""
+    ) -> tuple[dict[str, Any] | None, str, ReuseOutcome]:
+        """P's params for D (their `remote_host` the host P was reached at), what became of the
+        handle, and the reuse P delivered; a failed prefill still reports."""
         planned = plan.reused_tokens  # before a retry on another engine may take the reuse away
         engine = self.engines.engine_for(PREFILL, plan.prefill_url, req)
         t = time.monotonic()
@@ -409,13 +400,14 @@ class TurnRunner:
             self._report_unfinished(req, tenant, plan, getattr(exc, "handle_use", "UNKNOWN"))
             raise
         timings["prefill"] = time.monotonic() - t
-        prompt = len(tokens) if tokens else reuse.prompt_tokens_of(body)
-        outcome = reuse.outcome(plan.decision, plan.reason, prompt, planned, reuse.delivered_by_prefill(body))
+        prompt = len(tokens) if tokens else prompt_tokens_of(body)
+        delivered = delivered_by_prefill(body)
+        outcome = reuse_outcome(plan.decision, plan.reason, prompt, planned, delivered)
         self.metrics.observe_reuse(outcome)
         self.metrics.stage_seconds.labels("prefill").observe(timings["prefill"])
-        if self.config.rewrite_remote_host:
+        if self.settings.rewrite_remote_host:
             params = protocol.rewrite_remote_host(params, engine.url)
-        return params, engine, handle_use, outcome
+        return params, handle_use, outcome
 
     async def _open_decode(
         self, req: ClientRequest, tenant: str, plan: Plan, params: dict[str, Any] | None, handle_use: str,
