@@ -8,7 +8,6 @@ import os
 import random
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from typing import Any
 
 from boomerang_tools.bench.context import Bench
@@ -17,12 +16,12 @@ from boomerang_tools.bench.database import (
     BENCH_EXPIRY_LAGS_SQL,
     BENCH_LIVE_BY_TENANT_SQL,
     BENCH_VACUUM_SQL,
+    copy_leases,
     rearm_claims,
     sizes,
 )
-from boomerang_tools.bench.preload import copy_leases
-from boomerang_tools.bench.stats import floats, summarize
-from boomerang_tools.bench.workload import Conversation, conversation, planned_indices
+from boomerang_tools.bench.report import floats, summarize
+from boomerang_tools.bench.workload import conversation, planned_indices
 
 DEGRADED = "CONTROL_PLANE_DEGRADED"
 EXPIRY_TENANT = "bench-expiry"
@@ -36,8 +35,8 @@ async def preload_to(b: Bench, target: int) -> dict[str, Any]:
     cfg = b.cfg
     convs = [conversation(k, cfg.tenants, cfg.decode_engines) for k in range(have, target)]
     task = b.progress.add_task(f"preload {have:,} → {target:,} leases", total=len(convs))
-    seconds = await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
-                                progress=lambda n: b.progress.advance(task, n))
+    seconds = await copy_leases(b.pg, convs, b.engines.decode, b.margin_seconds,
+                                lambda n: b.progress.advance(task, n))
     await b.pg.execute(BENCH_VACUUM_SQL)
     b.progress.remove_task(task)
     b.preloaded = target
@@ -257,19 +256,6 @@ async def _registrations(b: Bench, concurrency: int, batch: int) -> dict[str, An
             "cpu_ms_per_registration": per}
 
 
-@dataclasses.dataclass(frozen=True)
-class SpreadDeadline:
-    """Deadlines spread evenly over [start, start + window) (picklable for the preload helper)."""
-
-    start: float
-    window: float
-    count: int
-
-    def __call__(self, c: Conversation, now: datetime) -> datetime:
-        slot = (c.index * 7919) % self.count
-        return datetime.fromtimestamp(self.start + self.window * slot / self.count, UTC)
-
-
 async def expiry(b: Bench) -> dict[str, Any]:
     """Lag from deadline to recorded expiry, `expiry_leases` leases due within the window."""
     cfg = b.cfg
@@ -280,9 +266,8 @@ async def expiry(b: Bench) -> dict[str, Any]:
     lead = 2.0 + 1.5 * n / max(b.copy_rows_per_second, 1000.0)
     start = time.time() + lead
     task = b.progress.add_task(f"expiry: preload {n:,} leases due over {cfg.expiry_window_seconds:g}s", total=n)
-    await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
-                      deadline=SpreadDeadline(start, cfg.expiry_window_seconds, n),
-                      progress=lambda k: b.progress.advance(task, k))
+    await copy_leases(b.pg, convs, b.engines.decode, b.margin_seconds,
+                      lambda k: b.progress.advance(task, k), (start, cfg.expiry_window_seconds, n))
     loaded_at = time.time()
     b.progress.remove_task(task)
     end = start + cfg.expiry_window_seconds

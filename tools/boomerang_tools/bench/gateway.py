@@ -1,26 +1,64 @@
-"""Gateway overhead: the gateway and the naive proxy side by side over the same engines, and
-hook mode beside them: a gateway with `--engine-hook` in front of engines that run the vLLM
-hook (`sim --hook`), which plan with the router and register with the registry themselves."""
+"""The `gateway` phase: turns through the gateway and through vLLM's example proxy rebuilt
+(naive_proxy.py) side by side over the same engines, and hook mode beside them: a gateway with
+`--engine-hook` in front of engines that run the vLLM hook (`sim --hook`), which plan with the
+router and register with the registry themselves. Then the whole control plane's CPU per turn,
+a pulled turn stage by stage, and a first turn with nothing to pull.
+
+A pulled turn, stage by stage: Boomerang's own time and CPU on a turn that pulls 2k and 24k
+tokens of history, through the gateway and with the engine hook. On an H200 a pulled turn of
+Qwen3-32B takes 76 ms at 2k tokens and 187 ms at 24k (docs/performance.md), so Boomerang's
+milliseconds are measured where they are spent:
+
+* the gateway's stages before the prefill, from each turn's `Server-Timing` (tokenize, plan;
+  a streamed turn's headers leave before its end, so the end-of-turn wait is the gateway
+  phase's own figure), and the hook's own PlanTurn wait inside the engine;
+* inside the router, the plan (`boomerang_router_plan_seconds`: chain, claim, decision and
+  the audit row's commit), and inside the registry, the claim
+  (`boomerang_registry_claim_seconds`), as the mean over the run from their histograms;
+* the token chain of the prompt, built here with the same function the router runs;
+* the CPU of every control-plane process per turn (`sequential_cpu`: idle use taken out),
+  Postgres backends included, and the hooked engines' apart.
+
+Each context runs sequential conversations (one at a time) that start at that many tokens
+of history and add about 125 a turn, on the engines `gateway_overhead` started
+(`--time-scale 0`: no simulated compute, every millisecond is software).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from typing import Any
 
 import httpx
-from boomerang.clients.router import RouterClient
-from boomerang.v1 import router_service_pb2 as rtpb
+from boomerang.tokenchain import build_chain
 from prometheus_client.parser import text_string_to_metric_families
 
-from boomerang_tools.bench.context import GATEWAY_ENV, SIM_MODEL, Bench
-from boomerang_tools.bench.stats import floats, summarize
-from boomerang_tools.bench.turns import PATHS
+from boomerang_tools.bench.context import GATEWAY_ENV, SIM_MODEL, Bench, wait_engines
+from boomerang_tools.bench.loadgen import PATHS, user_message
+from boomerang_tools.bench.report import floats, summarize
+from boomerang_tools.demo.client import stream_chat
 
 # The hooked engines serve the same profile under a name of their own, so each gateway's
 # turns reach only its own pair of engines.
 HOOK_MODEL = "bench-hook/Qwen3-32B"
+
+
+# The `turns` job (loadgen.py) each step sends, less its paths and their URLs.
+TURNS_JOB = {"kind": "turns", "model": SIM_MODEL, "hook_model": HOOK_MODEL, "turns_per_conversation": 6,
+             "words": 40, "max_tokens": 16, "think_seconds": 0.02}
+
+
+def _url(b: Bench, name: str) -> str:
+    return f"http://{b.services.children[name].address}"
+
+
+async def _engine_stats(http: httpx.AsyncClient, b: Bench) -> dict[str, Any]:
+    """The hooked prefill engine's /sim/stats: what its hook planned, the whole phase."""
+    stats: dict[str, Any] = (await http.get(_url(b, "sim-prefill-hook") + "/sim/stats")).json()
+    return stats
 
 
 # Why turns of the agents phase went without reuse, from the services' own counters.
@@ -30,33 +68,21 @@ DEGRADE_COUNTERS = {
 }
 
 
+async def _samples(http: httpx.AsyncClient, url: str, name: str) -> list[Any]:
+    """The samples of the metric family `name` on the /metrics page at `url`."""
+    families = text_string_to_metric_families((await http.get(url)).text)
+    return [sample for family in families if family.name == name for sample in family.samples]
+
+
 async def _counters(http: httpx.AsyncClient, urls: dict[str, str]) -> dict[str, float]:
     """DEGRADE_COUNTERS as `service:label` → value, read from each service's /metrics."""
     out: dict[str, float] = {}
     for service, url in urls.items():
         name, label = DEGRADE_COUNTERS[service]
-        for family in text_string_to_metric_families((await http.get(url)).text):
-            if family.name == name:
-                for sample in family.samples:
-                    if sample.name.endswith("_total"):
-                        out[f"{service}:{sample.labels[label]}"] = sample.value
+        for sample in await _samples(http, url, name):
+            if sample.name.endswith("_total"):
+                out[f"{service}:{sample.labels[label]}"] = sample.value
     return out
-
-
-async def _wait_engines(gateway: str, router: str, timeout: float = 30.0, model: str = SIM_MODEL) -> None:
-    """Until the router's pool and the gateway both see the simulated engines."""
-    deadline = time.monotonic() + timeout
-    async with RouterClient(router, timeout=2.0) as client, httpx.AsyncClient(timeout=2.0) as http:
-        while time.monotonic() < deadline:
-            try:
-                listed = await client.list_engines(rtpb.RouterServiceListEnginesRequest(model=model))
-                health = (await http.get(gateway + "/health")).json()
-                if sum(1 for e in listed.engines if e.available) >= 2 and int(health.get("models", 0)) >= 1:
-                    return
-            except Exception:  # noqa: BLE001 - not yet
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError("the router and gateway did not see the simulated engines in time")
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -88,7 +114,7 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     s.start("sim-prefill", ["sim", "--role", "prefill", "--engine-id", f"bench-sim-p-{run}", *common])
     s.start("sim-decode", ["sim", "--role", "decode", "--engine-id", f"bench-sim-d-{run}", *common])
     prefill, decode = (f"http://{a}" for a in await s.ready("sim-prefill", "sim-decode"))
-    if not cfg.control_plane:  # else the gateway runs in the control plane's process (context.py)
+    if not cfg.control_plane:  # else the gateway runs in the control plane's process (runner.py)
         s.start("gateway", ["gateway", "--listen", "127.0.0.1:0", "--router", b.router_address, "--registry",
                             b.registry_address], GATEWAY_ENV)
     s.start("naive-proxy", ["bench", "--serve-naive-proxy", "127.0.0.1:0", "--prefill", prefill, "--decode", decode])
@@ -111,15 +137,12 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
                                  "--decode", decode_hook])
     naive, hook, naive_hook = (f"http://{a}" for a in await s.ready("naive-proxy", "gateway-hook", "naive-proxy-hook"))
     gateway = b.gateway_url = f"http://{await asyncio.to_thread(s.children['gateway'].wait_ready, 60.0, 'gateway')}"
-    await _wait_engines(gateway, b.router_address)
-    await _wait_engines(hook, b.router_address, model=HOOK_MODEL)
+    await wait_engines(b.router_address, SIM_MODEL, 2, gateway)
+    await wait_engines(b.router_address, HOOK_MODEL, 2, hook)
     b.progress.update(task, description=f"gateway overhead: turns on 6 paths for {cfg.gateway_seconds:g}s")
-    job = {"kind": "turns", "gateway": gateway, "naive": naive, "prefill": prefill, "decode": decode,
-           "hook": hook, "hook_model": HOOK_MODEL, "naive_hook": naive_hook, "prefill_hook": prefill_hook,
-           "decode_hook": decode_hook,
-           "model": SIM_MODEL, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5,
-           "slots": cfg.gateway_slots, "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
-           "think_seconds": 0.02}
+    job = {**TURNS_JOB, "gateway": gateway, "naive": naive, "prefill": prefill, "decode": decode,
+           "hook": hook, "naive_hook": naive_hook, "prefill_hook": prefill_hook, "decode_hook": decode_hook,
+           "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": cfg.gateway_slots}
     # Each engine pair's three paths from a load-generator process of its own, as many
     # conversations per process as before hook mode was measured: the direct path does
     # the P→D hand-off in the client, so a client process short of CPU slows it most.
@@ -134,33 +157,25 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     b.sample_memory()
     paths = {p: summarize(floats(result["times_ms"][p])) for p in PATHS}
     stages = {k: summarize(floats(v)) for k, v in result["stages_ms"].items()}
-    direct = paths["direct"]
-    add = {p: {q: round(paths[p][f"{q}_ms"] - direct[f"{q}_ms"], 3) for q in ("p50", "p99")} for p in ("naive", "boomerang")}
-    # Hook mode against its own pair of engines' direct path and naive proxy.
-    add |= {p: {q: round(paths[p][f"{q}_ms"] - paths["direct-hook"][f"{q}_ms"], 3) for q in ("p50", "p99")}
-            for p in ("naive-hook", "hook")}
     # A turn's end: finishing chunk to the end of the stream. The gateway holds `[DONE]`
     # until ReportTurn is answered; what that adds is its end less the direct path's.
     ends = {p: summarize(floats(result.get("ends_ms", {}).get(p, b""))) for p in PATHS}
     end_added = {q: round(ends["boomerang"][f"{q}_ms"] - ends["direct"][f"{q}_ms"], 3)
                  if ends["boomerang"]["count"] and ends["direct"]["count"] else None for q in ("p50", "p99")}
-    return {
-        "boomerang_p50_ms": add["boomerang"]["p50"],
-        "naive_p50_ms": add["naive"]["p50"],
-        "ratio": _ratio(add["boomerang"]["p50"], add["naive"]["p50"]),
-        "boomerang_p99_ms": add["boomerang"]["p99"],
-        "naive_p99_ms": add["naive"]["p99"],
-        "ratio_p99": _ratio(add["boomerang"]["p99"], add["naive"]["p99"]),
-        # Hook mode: the hook gateway's turns less the direct path's over the same hooked
-        # engines (no conversation id there: the hook does nothing): all that Boomerang adds,
-        # the engines' own PlanTurn and registration included; against the naive proxy's over
-        # those engines.
-        "hook_p50_ms": add["hook"]["p50"],
-        "naive_hook_p50_ms": add["naive-hook"]["p50"],
-        "hook_ratio": _ratio(add["hook"]["p50"], add["naive-hook"]["p50"]),
-        "hook_p99_ms": add["hook"]["p99"],
-        "naive_hook_p99_ms": add["naive-hook"]["p99"],
-        "hook_ratio_p99": _ratio(add["hook"]["p99"], add["naive-hook"]["p99"]),
+    # What a path adds: its turn time less the direct path's over the same engines; ratio:
+    # Boomerang's added time over the naive proxy's (`boomerang_p50_ms`, `naive_p50_ms`,
+    # `ratio`, …). Hook mode against its own pair of engines' direct path and naive proxy (no
+    # conversation id there: the hook does nothing): all that Boomerang adds, the engines' own
+    # PlanTurn and registration included (`hook_p50_ms`, `naive_hook_p50_ms`, `hook_ratio`, …).
+    out: dict[str, Any] = {}
+    for path, pre, pair in (("boomerang", "", ""), ("hook", "hook_", "-hook")):
+        for q, suffix in (("p50", ""), ("p99", "_p99")):
+            direct = paths["direct" + pair][f"{q}_ms"]
+            mine = round(paths[path][f"{q}_ms"] - direct, 3)
+            theirs = round(paths["naive" + pair][f"{q}_ms"] - direct, 3)
+            out |= {f"{path}_{q}_ms": mine, f"naive_{pre}{q}_ms": theirs,
+                    f"{pre}ratio{suffix}": _ratio(mine, theirs)}
+    return out | {
         "hook_plans": result.get("hook_plans", {}),
         "turn_ms": paths,
         "end_of_turn_ms": ends,
@@ -210,19 +225,15 @@ async def control_plane_hook(b: Bench) -> dict[str, Any]:
     vLLM) is reported beside it, not in the total."""
     task = b.progress.add_task(f"control plane, hook mode: CPU per turn, sequential, {b.cfg.gateway_seconds:g}s",
                                total=None)
-    hook = f"http://{b.services.children['gateway-hook'].address}"
-    base = {"kind": "turns", "gateway": "", "naive": "", "prefill": "", "decode": "", "model": SIM_MODEL,
-            "hook": hook, "hook_model": HOOK_MODEL, "paths": ["hook"], "turns_per_conversation": 6, "words": 40,
-            "max_tokens": 16, "think_seconds": 0.02}
+    base = {**TURNS_JOB, "hook": _url(b, "gateway-hook"), "paths": ["hook"]}
     per_turn, idle, turns, sequential = await sequential_cpu(b, CONTROL_PLANE_HOOK, base, "hook", HOOKED_ENGINES)
     # For scale: the naive proxy's CPU per turn over the same engines (what routing a turn's
     # two requests in Python costs with no control plane at all).
-    naive_base = {**base, "naive_hook": f"http://{b.services.children['naive-proxy-hook'].address}",
-                  "prefill_hook": "", "decode_hook": "", "paths": ["naive-hook"]}
+    naive_base = {**TURNS_JOB, "naive_hook": _url(b, "naive-proxy-hook"), "paths": ["naive-hook"]}
     naive_cpu, _, _, _ = await sequential_cpu(b, ("naive-proxy-hook",), naive_base, "naive-hook")
     b.progress.remove_task(task)
-    async with httpx.AsyncClient(timeout=5.0) as http:  # what the prefill engine's hook planned, the whole phase
-        stats = (await http.get(f"http://{b.services.children['sim-prefill-hook'].address}/sim/stats")).json()
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        stats = await _engine_stats(http, b)
     hook_stats = stats.get("hook", {})
     engines = {k: per_turn.pop(k) for k in HOOKED_ENGINES if k in per_turn}
     return {
@@ -255,9 +266,7 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
     cfg = b.cfg
     task = b.progress.add_task(f"control plane: CPU per turn, sequential, {cfg.gateway_seconds:g}s", total=None)
     gateway = b.gateway_url
-    base = {"kind": "turns", "gateway": gateway, "naive": "", "prefill": "", "decode": "", "model": SIM_MODEL,
-            "paths": ["boomerang"], "turns_per_conversation": 6, "words": 40, "max_tokens": 16,
-            "think_seconds": 0.02}
+    base = {**TURNS_JOB, "gateway": gateway, "paths": ["boomerang"]}
     per_turn, idle, turns, sequential = await sequential_cpu(b, CONTROL_PLANE, base, "boomerang")
     b.progress.update(task, description=f"control plane: {agents} agents at once, {cfg.gateway_seconds:g}s")
     job = {**base, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": agents}
@@ -292,3 +301,124 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
         "agents_turns_per_s": round(int(crowd["turns"].get("boomerang", 0)) / max(cfg.gateway_seconds, 1e-3), 1),
         "mode": "gateway-only (the engines have no hook; the gateway plans and reports each turn)",
     }
+
+
+CONTEXTS = (2_000, 24_000)
+# The simulator's tokenizer makes about 1.96 tokens of a bench word (24,000 words: 46,986 tokens).
+TOKENS_PER_WORD = 1.96
+TURN_WORDS = 64  # about 125 tokens a turn
+HISTOGRAMS = {"router_plan": ("router", "boomerang_router_plan_seconds"),
+              "registry_claim": ("registry", "boomerang_registry_claim_seconds")}
+
+
+async def _histograms(http: httpx.AsyncClient, b: Bench) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each of HISTOGRAMS, from its service's /metrics."""
+    out: dict[str, tuple[float, float]] = {}
+    for key, (service, name) in HISTOGRAMS.items():
+        url = f"http://{b.services.children[service].metrics_address}/metrics"
+        samples = await _samples(http, url, name)
+        out[key] = (sum(x.value for x in samples if x.name == f"{name}_sum"),
+                    sum(x.value for x in samples if x.name == f"{name}_count"))
+    return out
+
+
+def _mean_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key, (total, count) in after.items():
+        n = count - before[key][1]
+        out[f"{key}_mean_ms"] = round(1000 * (total - before[key][0]) / n, 3) if n > 0 else None
+    return out
+
+
+def chain_ms(tokens: int, block_size: int = 16, repeat: int = 20) -> float:
+    """Milliseconds to build the token chain of a `tokens`-token prompt (median of `repeat`)."""
+    ids = [random.Random(tokens).randrange(1, 150_000) for _ in range(tokens)]
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        build_chain(ids, block_size, "")
+        times.append(time.perf_counter() - t)
+    return round(1000 * sorted(times)[len(times) // 2], 3)
+
+
+async def _one(b: Bench, context: int, hook: bool) -> dict[str, Any]:
+    """Sequential conversations of `context` tokens of history on one path."""
+    path = "hook" if hook else "boomerang"
+    base = {**TURNS_JOB, "gateway": b.gateway_url, "hook": _url(b, "gateway-hook") if hook else "",
+            "paths": [path], "turns_per_conversation": 4, "words": TURN_WORDS,
+            "system_words": int(context / TOKENS_PER_WORD)}
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        before = await _histograms(http, b)
+        per_turn, _, turns, result = await sequential_cpu(
+            b, CONTROL_PLANE_HOOK if hook else CONTROL_PLANE, base, path, HOOKED_ENGINES if hook else ())
+        inside = _mean_ms(before, await _histograms(http, b))
+        engine = (await _engine_stats(http, b)).get("hook", {}) if hook else {}
+    engines_cpu = {k: per_turn.pop(k) for k in HOOKED_ENGINES if k in per_turn}
+    times = summarize(floats(result["times_ms"][path]))
+    out: dict[str, Any] = {
+        "turns": turns,
+        "later_turn_ms": {"p50": times["p50_ms"], "p99": times["p99_ms"]},
+        "plans": result["hook_plans"] if hook else result["plans"],
+        "errors": result["errors"],
+        **inside,
+        "cpu_ms_per_turn": per_turn,
+        "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
+    }
+    if hook:
+        recent = engine.get("plan_ms_recent") or []
+        later = sorted(recent[-max(1, turns):])
+        out["engine_plan_ms_p50"] = round(later[len(later) // 2], 3) if later else None
+        out["engines_cpu_ms_per_turn"] = engines_cpu
+    else:
+        out["stages_ms"] = {k: summarize(floats(v))["p50_ms"] for k, v in result["stages_ms"].items()}
+    return out
+
+
+async def pulled_turn_stages(b: Bench) -> dict[str, Any]:
+    """Both paths at each of CONTEXTS; the chain's cost beside them."""
+    task = b.progress.add_task("a pulled turn, stage by stage (2k and 24k tokens)", total=None)
+    out: dict[str, Any] = {"contexts": {}, "chain_ms": {str(c): chain_ms(c) for c in CONTEXTS}}
+    for context in CONTEXTS:
+        out["contexts"][str(context)] = {"gateway": await _one(b, context, hook=False),
+                                         "hook": await _one(b, context, hook=True)}
+    b.progress.remove_task(task)
+    return out
+
+
+FIRST_TURNS = 20  # pairs (reuse on and off, in turn first) per context, path and id
+
+
+async def first_turns(b: Bench) -> dict[str, Any]:
+    """A first turn has nothing to pull: its TTFT with Boomerang on against off (the same
+    gateway, `X-Boomerang-Reuse: off`), through the gateway and with the hook, with a
+    conversation id and without, at each of CONTEXTS. Each pair runs one request at a time,
+    on first or off first in turn, on the `--time-scale 0` engines: the difference is
+    Boomerang's own time."""
+    task = b.progress.add_task("a first turn with nothing to pull (on against off)", total=None)
+    paths = {"gateway": (b.gateway_url, SIM_MODEL), "hook": (_url(b, "gateway-hook"), HOOK_MODEL)}
+    rng = random.Random(31)
+    out: dict[str, Any] = {}
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        for context in CONTEXTS:
+            system = user_message(rng, int(context / TOKENS_PER_WORD))
+            for name, (base, model) in paths.items():
+                for with_id in (True, False):
+                    on, off = list[float](), list[float]()
+                    for i in range(FIRST_TURNS):
+                        for reuse, into in (("on", on), ("off", off))[::1 if i % 2 else -1]:
+                            await asyncio.sleep(0.05)  # the last turn's report and plan beside it are done
+                            messages = [{"role": "system", "content": system},
+                                        {"role": "user", "content": user_message(rng, TURN_WORDS)}]
+                            body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 2}
+                            if with_id:
+                                body["conversation_id"] = f"first-{uuid.uuid4().hex}"
+                            turn = await stream_chat(http, base, body, {"X-Boomerang-Reuse": reuse})
+                            if not turn.ok:
+                                raise RuntimeError(f"a first turn through {base} failed: {turn.error}")
+                            into.append(turn.ttft_ms)
+                    deltas = sorted(a - o for a, o in zip(on, off, strict=True))
+                    out[f"{context}/{name}/{'id' if with_id else 'no id'}"] = {
+                        "on_p50_ms": summarize(on)["p50_ms"], "off_p50_ms": summarize(off)["p50_ms"],
+                        "delta_p50_ms": round(deltas[len(deltas) // 2], 3)}
+    b.progress.remove_task(task)
+    return out
