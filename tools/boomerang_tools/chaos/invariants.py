@@ -160,8 +160,8 @@ def acknowledged(served: list[Attempt], ledger: list[dict[str, Any]], gateway_lo
     return out
 
 
-def reuse_back(attempts: list[Attempt], ran: list[Ran]) -> tuple[float, float]:
-    """When the last fault ended (epoch s), and seconds from then to the first PULL (inf if none)."""
+def reuse_back(attempts: list[Attempt], ran: list[Ran]) -> float:
+    """Seconds from the end of the last fault to the first PULL after it (inf if none)."""
     last = max((r.ended for r in ran), default=0.0)
     pulls = [a.started for a in attempts if a.ok and a.plan == "PULL" and a.started >= last]
-    return last, (min(pulls) - last) if pulls else float("inf")
+    return (min(pulls) - last) if pulls else float("inf")
