@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,38 +63,33 @@ class Outcome:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
 
-def fault_window(settings: Settings) -> float:
-    """Seconds in which faults start."""
-    return max(10.0, settings.seconds - WARM_UP_SECONDS - QUIET_SECONDS - 30.0)
-
-
-def run(settings: Settings, say: Callable[[str], None] = print) -> Outcome:
+def run(settings: Settings) -> Outcome:
     """The whole campaign (blocking); the cluster is stopped however it ends."""
     cluster = Cluster(settings.folder, settings.synchronous)
-    names = sorted(cluster.procs)
-    outcome = Outcome(settings, plan(settings.seed, fault_window(settings), names))
-    say(f"chaos: seed {settings.seed}, {settings.agents} agents, {settings.seconds:.0f}s, "
-        f"{'synchronous' if settings.synchronous else 'asynchronous'} replication; starting in {settings.folder}")
+    window = max(10.0, settings.seconds - WARM_UP_SECONDS - QUIET_SECONDS - 30.0)  # faults start in it
+    outcome = Outcome(settings, plan(settings.seed, window, sorted(cluster.procs)))
+    print(f"chaos: seed {settings.seed}, {settings.agents} agents, {settings.seconds:.0f}s, "
+          f"{'synchronous' if settings.synchronous else 'asynchronous'} replication; starting in {settings.folder}")
     try:
         cluster.start()
-        say(f"chaos: up ({cluster.ha.where}); {len(outcome.faults)} faults planned")
-        asyncio.run(_campaign(cluster, settings, outcome, say))
+        print(f"chaos: up ({cluster.ha.where}); {len(outcome.faults)} faults planned")
+        asyncio.run(_campaign(cluster, settings, outcome))
     finally:
-        say("chaos: stopping")
+        print("chaos: stopping")
         cluster.stop()
     return outcome
 
 
-async def _campaign(cluster: Cluster, settings: Settings, outcome: Outcome, say: Callable[[str], None]) -> None:
+async def _campaign(cluster: Cluster, settings: Settings, outcome: Outcome) -> None:
     agents = Agents([f"http://{g.address}" for g in cluster.gateways], settings.agents, settings.seed)
     talking = asyncio.create_task(agents.run())
     started = time.monotonic()
     injector = Injector(cluster)
     try:
         await asyncio.sleep(WARM_UP_SECONDS)
-        say("chaos: faults begin")
+        print("chaos: faults begin")
         await injector.run(outcome.faults)
-        say(f"chaos: last fault ended {time.monotonic() - started:.0f}s in; quiet tail")
+        print(f"chaos: last fault ended {time.monotonic() - started:.0f}s in; quiet tail")
         await asyncio.sleep(max(QUIET_SECONDS, settings.seconds - (time.monotonic() - started)))
     finally:
         agents.stop.set()
