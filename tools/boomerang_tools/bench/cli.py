@@ -52,7 +52,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="run the registry and the router as one process (`boomerang control-plane`; "
                         "their figures are that process's, reported under registry)")
     parser.add_argument("--only", help="comma-separated subset of: " + ", ".join(PHASES) + " (default: all)")
-    parser.add_argument("--keep-database", action="store_true", help="keep the scratch database afterwards")
     # The naive proxy runs as its own process through this same command (not for users).
     parser.add_argument("--serve-naive-proxy", metavar="HOST:PORT", help=argparse.SUPPRESS)
     parser.add_argument("--prefill", action="append", default=[], help=argparse.SUPPRESS)
@@ -85,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
         cfg.phases = chosen
     if cfg.leases < 10:
         raise SystemExit("boomerang bench: --leases must be at least 10")
-    run_async(run_bench(cfg, settings.database_url, args.data_dir, args.out, args.keep_database, args.profile))
+    run_async(run_bench(cfg, settings.database_url, args.data_dir, args.out, args.profile))
     return 0
 
 
@@ -160,12 +159,12 @@ async def measure(b: Bench) -> dict[str, Any]:
 
 
 async def run_bench(
-    cfg: BenchConfig, database_url: str, data_dir: Path, out_dir: Path, keep_database: bool, profile: bool = False
+    cfg: BenchConfig, database_url: str, data_dir: Path, out_dir: Path, profile: bool
 ) -> dict[str, Any]:
     """Run the benchmark and write `bench-report.json` and `bench-report.md` into `out_dir`."""
     console = Console(stderr=True)
     started = time.time()
-    bench = Bench(cfg, database_url, data_dir, console, keep_database)
+    bench = Bench(cfg, database_url, data_dir, console)
     if profile:
         bench.profile_dir = out_dir / "bench-profiles"
     host = machine()

@@ -241,11 +241,10 @@ class BenchEngines:
     async def register(self, decode: int, prefill: int) -> None:
         """RegisterEngine for `decode` decode and `prefill` prefill engines."""
         generation = int(time.time() * 1000)
-        for role, count in ((tpb.ENGINE_ROLE_DECODE, decode), (tpb.ENGINE_ROLE_PREFILL, prefill)):
+        for kind, role, count, first_port in (("d", tpb.ENGINE_ROLE_DECODE, decode, 5600),
+                                              ("p", tpb.ENGINE_ROLE_PREFILL, prefill, 5700)):
             for i in range(count):
-                kind = "d" if role == tpb.ENGINE_ROLE_DECODE else "p"
-                engine_id = f"bench-{kind}{i}"
-                port = 5600 + i if kind == "d" else 5700 + i
+                engine_id, port = f"bench-{kind}{i}", first_port + i
                 await self.registry.register_engine(
                     rpb.RegisterEngineRequest(
                         engine=tpb.Engine(
@@ -388,9 +387,9 @@ class CountColumn(ProgressColumn):
 class Bench:
     """Everything a run holds: the database, the services, the engines, the client processes."""
 
-    def __init__(self, cfg: BenchConfig, database_url: str, data_dir: Path, console: Console, keep_database: bool):
+    def __init__(self, cfg: BenchConfig, database_url: str, data_dir: Path, console: Console):
         self.cfg = cfg
-        self.db = BenchDatabase(database_url, data_dir, keep=keep_database)
+        self.db = BenchDatabase(database_url, data_dir)
         self.log_dir = data_dir / "bench-logs"
         self.services: Services
         self.pg: asyncpg.Connection
@@ -433,6 +432,22 @@ class Bench:
         """Keep what a sampler found under `label`."""
         if sampler is not None:
             self.profiles[label] = await asyncio.to_thread(sampler.finish)
+
+    async def run_jobs(self, jobs: list[dict[str, Any]], label: str, start_at: float, seconds: float,
+                       names: tuple[str, ...], profile: str = "") -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """The client processes' `jobs` (starting at `start_at`, lasting `seconds`) under a
+        progress line: their results, and the CPU seconds of the named services, Postgres and
+        the clients from the start on; with `profile` (and `--profile`) py-spy samples them."""
+        task = self.progress.add_task(label, total=None)
+        running = asyncio.ensure_future(self.workers.run(jobs, timeout=seconds + 120))
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        meter = (await self.cpu_meter(*names)).start()
+        sampler = self.sampler(profile, names, seconds) if profile else None
+        results = await running
+        cpu = meter.stop()
+        await self.collect(profile, sampler)
+        self.progress.remove_task(task)
+        return results, cpu
 
     async def start(self) -> None:
         """Database, migrations, registry, router, reaper, engines, client processes."""

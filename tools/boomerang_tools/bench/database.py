@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from boomerang_server.config.settings import normalize_database_url
+from boomerang_server.config.settings import asyncpg_dsn
 
 from boomerang_tools.bench.workload import BLOCK_SIZE, Conversation, chain_for, prompt_end
 from boomerang_tools.stack.postgres import EmbeddedPostgres
@@ -166,14 +166,9 @@ async def copy_leases(
     return time.perf_counter() - started
 
 
-def plain_dsn(url: str) -> str:
-    """A libpq/asyncpg URL (no SQLAlchemy driver suffix)."""
-    return normalize_database_url(url).replace("postgresql+asyncpg://", "postgresql://")
-
-
 def with_database(url: str, name: str) -> str:
     """`url` pointing at database `name`."""
-    parts = urlsplit(plain_dsn(url))
+    parts = urlsplit(asyncpg_dsn(url))
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
@@ -183,7 +178,6 @@ class BenchDatabase:
 
     configured_url: str
     data_dir: Path
-    keep: bool = False
     url: str = ""
     name: str = ""
     embedded: EmbeddedPostgres | None = None
@@ -192,7 +186,7 @@ class BenchDatabase:
     async def start(self) -> str:
         """Start or reach the server and create the scratch database; returns its URL."""
         if self.configured_url:
-            server_url = plain_dsn(self.configured_url)
+            server_url = asyncpg_dsn(self.configured_url)
             self.notes["server"] = "configured (BOOMERANG_DATABASE_URL)"
         else:
             self.embedded = EmbeddedPostgres(self.data_dir.resolve())
@@ -212,9 +206,9 @@ class BenchDatabase:
         return self.url
 
     async def stop(self) -> None:
-        """Drop the scratch database (unless kept) and stop an embedded server this run started."""
+        """Drop the scratch database and stop an embedded server this run started."""
         try:
-            if self.name and not self.keep:
+            if self.name:
                 admin = await asyncpg.connect(with_database(self.url, "postgres"), timeout=10)
                 try:
                     await admin.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')

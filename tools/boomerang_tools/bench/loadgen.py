@@ -196,7 +196,7 @@ async def plan_job(client: Any, job: Job, index: int) -> dict[str, Any]:
     async def send(i: int) -> None:
         t0 = time.perf_counter()
         try:
-            resp = await client.plan_turn(requests[i], timeout=job.get("timeout", 2.0))
+            resp = await client.plan_turn(requests[i], timeout=2.0)
         except BoomerangClientError as err:
             latencies[i] = (time.perf_counter() - t0) * 1000
             errors[err.code] += 1
@@ -240,30 +240,27 @@ async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
     cursor = iter(range(len(requests)))
 
-    batch = int(job.get("batch", 1))
+    batch = int(job["batch"])
 
     async def client_loop() -> None:
         for i in cursor:
             if time.perf_counter() >= end:
                 return
             t0 = time.perf_counter()
-            if batch > 1:  # as a batching sender (the hook's outbox) does: one call, many turns
-                items = [requests[i], *(requests[j] for j in itertools.islice(cursor, batch - 1))]
-                try:
+            # The call's turns: `batch` of them in one call, as a batching sender (the hook's
+            # outbox) sends them.
+            items = [requests[i], *(requests[j] for j in itertools.islice(cursor, batch - 1))]
+            try:
+                if batch > 1:
                     resp = await client.register_retained_blocks_batch(
                         rpb.RegisterRetainedBlocksBatchRequest(registrations=items), timeout=10.0)
-                    for r in resp.results:
-                        key = f"error_{r.error_reason}" if r.error_code else ("created" if r.response.created else "repeated")
-                        outcomes[key] += 1
-                except BoomerangClientError as err:
-                    outcomes[f"error_{err.code}_{err.reason}"] += len(items)
-                latencies.append((time.perf_counter() - t0) * 1000)
-                continue
-            try:
-                resp = await client.register_retained_blocks(requests[i], timeout=10.0)
-                outcomes["created" if resp.created else "repeated"] += 1
+                    outcomes.update(f"error_{r.error_reason}" if r.error_code else
+                                    ("created" if r.response.created else "repeated") for r in resp.results)
+                else:
+                    resp = await client.register_retained_blocks(requests[i], timeout=10.0)
+                    outcomes["created" if resp.created else "repeated"] += 1
             except BoomerangClientError as err:
-                outcomes[f"error_{err.code}_{err.reason}"] += 1
+                outcomes[f"error_{err.code}_{err.reason}"] += len(items)
             latencies.append((time.perf_counter() - t0) * 1000)
 
     t_start = time.perf_counter()

@@ -27,6 +27,11 @@ DEGRADED = "CONTROL_PLANE_DEGRADED"
 EXPIRY_TENANT = "bench-expiry"
 
 
+def _total(results: list[dict[str, Any]], key: str) -> Counter[str]:
+    """The client processes' counts under `key`, added up."""
+    return sum((Counter(r[key]) for r in results), Counter())
+
+
 async def preload_to(b: Bench, target: int) -> dict[str, Any]:
     """Preload conversations until `target` live plan-workload leases exist."""
     have = b.preloaded
@@ -58,22 +63,11 @@ async def plan_step(
              "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
              "engines": cfg.decode_engines, "start_at": start_at, "anonymous": anonymous}
             for i in range(b.workers.count)]
-    task = b.progress.add_task(f"{label}: {rate:,} plans/s for {seconds:g}s", total=None)
-    running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 120))
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    meter = (await b.cpu_meter("registry", "router")).start()
-    sampler = b.sampler(profile, ("registry", "router"), seconds) if profile else None
-    results = await running
-    cpu = meter.stop()
-    await b.collect(profile, sampler)
-    b.progress.remove_task(task)
+    results, cpu = await b.run_jobs(jobs, f"{label}: {rate:,} plans/s for {seconds:g}s", start_at, seconds,
+                                    ("registry", "router"), profile)
     latencies = [x for r in results for x in floats(r["latencies_ms"])]
     lags = [x for r in results for x in floats(r["send_lag_ms"])]
-    reasons: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    for r in results:
-        reasons.update(r["reasons"])
-        errors.update(r["errors"])
+    reasons, errors = _total(results, "reasons"), _total(results, "errors")
     elapsed = max(r["elapsed_s"] for r in results)
     sent = sum(r["sent"] for r in results)
     out: dict[str, Any] = {"rate": rate, **{k: v for k, v in summarize(latencies).items() if k != "count"}}
@@ -160,16 +154,8 @@ async def grpc_floor(b: Bench, rate: int = 1000, seconds: float = 3.0) -> dict[s
     start_at = time.time() + 1.0
     jobs = [{"kind": "health", "target": b.registry_address, "rate": rate / b.workers.count, "duration": seconds,
              "start_at": start_at} for _ in range(b.workers.count)]
-    task = b.progress.add_task(f"gRPC floor: {rate:,} empty calls/s", total=None)
-    running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 60))
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    meter = (await b.cpu_meter("registry")).start()
-    results = await running
-    cpu = meter.stop()
-    b.progress.remove_task(task)
-    errors: Counter[str] = Counter()
-    for r in results:
-        errors.update(r["errors"])
+    results, cpu = await b.run_jobs(jobs, f"gRPC floor: {rate:,} empty calls/s", start_at, seconds, ("registry",))
+    errors = _total(results, "errors")
     sent = sum(r["sent"] for r in results) - sum(errors.values())  # the calls answered
     return {"rate": rate, "calls": sent, "errors": dict(errors),
             "server_cpu_ms_per_call": round(1000 * cpu["registry"] / max(sent, 1), 3),
@@ -229,20 +215,9 @@ async def _registrations(b: Bench, concurrency: int, batch: int) -> dict[str, An
              "engines": cfg.decode_engines, "engine_ids": engine_ids, "generation": b.engines.decode[0].generation,
              "concurrency": concurrency, "batch": batch, "duration": cfg.register_seconds, "start_at": start_at}
             for i in range(b.workers.count)]
-    task = b.progress.add_task(
-        f"registrations: {concurrency * b.workers.count} clients × {batch} per call for {cfg.register_seconds:g}s",
-        total=None)
-    running = asyncio.ensure_future(b.workers.run(jobs, timeout=cfg.register_seconds + 120))
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    meter = (await b.cpu_meter("registry")).start()
-    sampler = b.sampler("registrations", ("registry",), cfg.register_seconds)
-    results = await running
-    cpu = meter.stop()
-    await b.collect("registrations", sampler)
-    b.progress.remove_task(task)
-    outcomes: Counter[str] = Counter()
-    for r in results:
-        outcomes.update(r["outcomes"])
+    label = f"registrations: {concurrency * b.workers.count} clients × {batch} per call for {cfg.register_seconds:g}s"
+    results, cpu = await b.run_jobs(jobs, label, start_at, cfg.register_seconds, ("registry",), "registrations")
+    outcomes = _total(results, "outcomes")
     latencies = [x for r in results for x in floats(r["latencies_ms"])]
     elapsed = max(r["elapsed_s"] for r in results)
     committed = outcomes.get("created", 0)

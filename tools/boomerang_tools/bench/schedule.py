@@ -32,7 +32,7 @@ from boomerang_vllm_hook.mixin import engine_facts
 from boomerang_vllm_hook.requestview import TurnContext
 
 from boomerang_tools.bench.context import Bench
-from boomerang_tools.bench.report import percentile
+from boomerang_tools.bench.report import summarize
 from boomerang_tools.bench.workload import MODEL, conversation, next_prompt
 
 STEP_SECONDS = 0.002  # an engine loop turning while requests wait for their plans
@@ -219,9 +219,8 @@ def _synchronous(hook: BoomerangHook, requests: list[Req], rate: float) -> list[
 
 
 def _summary(steps: list[float]) -> dict[str, Any]:
-    ms = sorted(s * 1000 for s in steps)
-    return {"steps": len(ms), "p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3),
-            "max_ms": round(max(ms), 3) if ms else None}
+    s = summarize(x * 1000 for x in steps)
+    return {"steps": s["count"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "max_ms": s["max_ms"]}
 
 
 def _measure(b: Bench, relay: DelayRelay, delay: float, count: int, rate: float, first: int) -> dict[str, Any]:
