@@ -192,20 +192,24 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
 CONTROL_PLANE = ("gateway", "router", "registry", "reaper")
 CONTROL_PLANE_HOOK = ("gateway-hook", "router", "registry", "reaper")
 HOOKED_ENGINES = ("sim-prefill-hook", "sim-decode-hook")
+SEQUENTIAL_CPU = {"boomerang": CONTROL_PLANE, "hook": CONTROL_PLANE_HOOK + HOOKED_ENGINES,
+                  "naive-hook": ("naive-proxy-hook",)}
 
 
-async def sequential_cpu(b: Bench, names: tuple[str, ...], base: dict[str, Any], path: str,
-                          extra: tuple[str, ...] = ()) -> tuple[dict[str, float], dict[str, float], int, dict[str, Any]]:
-    """Sequential conversations (one slot) on `path`: CPU ms per turn of `names` (and `extra`,
-    reported apart), idle use taken out; the turns answered and the job's result."""
+async def sequential_cpu(b: Bench, path: str, job: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Sequential conversations (one slot) of `job` on `path`: the CPU ms per turn answered of
+    the processes that serve it (SEQUENTIAL_CPU) and this database's Postgres backends, idle
+    use taken out, with the turns answered and the idle use; the hooked engines' apart (not in
+    the total). The figures and the job's result."""
+    names = SEQUENTIAL_CPU[path]
     idle_seconds = 2.0
-    meter = (await b.cpu_meter(*names, *extra)).start()
+    meter = (await b.cpu_meter(*names)).start()
     await asyncio.sleep(idle_seconds)
     idle = {k: v / idle_seconds for k, v in meter.stop().items()}
-    job = {**base, "duration": b.cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": 1}
+    job = {**job, "paths": [path], "duration": b.cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": 1}
     running = asyncio.ensure_future(b.workers.run([job], timeout=b.cfg.gateway_seconds + 120))
     await asyncio.sleep(0.5)
-    meter = (await b.cpu_meter(*names, *extra)).start()
+    meter = (await b.cpu_meter(*names)).start()
     started = time.perf_counter()
     (sequential,) = await running
     cpu = meter.stop()
@@ -213,7 +217,10 @@ async def sequential_cpu(b: Bench, names: tuple[str, ...], base: dict[str, Any],
     turns = int(sequential["turns"].get(path, 0))
     per_turn = {k: round(1000 * max(0.0, v - idle.get(k, 0.0) * seconds) / max(turns, 1), 3)
                 for k, v in cpu.items() if k != "clients"}
-    return per_turn, {k: round(1000 * v, 2) for k, v in idle.items()}, turns, sequential
+    engines = {k: per_turn.pop(k) for k in HOOKED_ENGINES if k in per_turn}
+    figures = {"cpu_ms_per_turn": per_turn, "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
+               "turns": turns, "idle_cpu_ms_per_s": {k: round(1000 * v, 2) for k, v in idle.items()}}
+    return figures | ({"engines_cpu_ms_per_turn": engines} if engines else {}), sequential
 
 
 async def control_plane_hook(b: Bench) -> dict[str, Any]:
@@ -225,24 +232,17 @@ async def control_plane_hook(b: Bench) -> dict[str, Any]:
     vLLM) is reported beside it, not in the total."""
     task = b.progress.add_task(f"control plane, hook mode: CPU per turn, sequential, {b.cfg.gateway_seconds:g}s",
                                total=None)
-    base = {**TURNS_JOB, "hook": _url(b, "gateway-hook"), "paths": ["hook"]}
-    per_turn, idle, turns, sequential = await sequential_cpu(b, CONTROL_PLANE_HOOK, base, "hook", HOOKED_ENGINES)
+    figures, sequential = await sequential_cpu(b, "hook", {**TURNS_JOB, "hook": _url(b, "gateway-hook")})
     # For scale: the naive proxy's CPU per turn over the same engines (what routing a turn's
     # two requests in Python costs with no control plane at all).
-    naive_base = {**TURNS_JOB, "naive_hook": _url(b, "naive-proxy-hook"), "paths": ["naive-hook"]}
-    naive_cpu, _, _, _ = await sequential_cpu(b, ("naive-proxy-hook",), naive_base, "naive-hook")
+    naive, _ = await sequential_cpu(b, "naive-hook", {**TURNS_JOB, "naive_hook": _url(b, "naive-proxy-hook")})
     b.progress.remove_task(task)
     async with httpx.AsyncClient(timeout=5.0) as http:
         stats = await _engine_stats(http, b)
     hook_stats = stats.get("hook", {})
-    engines = {k: per_turn.pop(k) for k in HOOKED_ENGINES if k in per_turn}
-    return {
-        "cpu_ms_per_turn": per_turn,
-        "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
-        "engines_cpu_ms_per_turn": engines,
-        "naive_proxy_cpu_ms_per_turn": naive_cpu.get("naive-proxy-hook"),
-        "turns": turns,
-        "idle_cpu_ms_per_s": idle,
+    return figures | {
+        "engines_cpu_ms_per_turn": figures.get("engines_cpu_ms_per_turn", {}),
+        "naive_proxy_cpu_ms_per_turn": naive["cpu_ms_per_turn"].get("naive-proxy-hook"),
         "sequential_plans": sequential.get("hook_plans", {}),
         "engine_plans": {k.removeprefix("plan_"): v for k, v in hook_stats.items()
                          if k.startswith("plan_") and not k.startswith("plan_ms") and isinstance(v, int)},
@@ -266,10 +266,10 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
     cfg = b.cfg
     task = b.progress.add_task(f"control plane: CPU per turn, sequential, {cfg.gateway_seconds:g}s", total=None)
     gateway = b.gateway_url
-    base = {**TURNS_JOB, "gateway": gateway, "paths": ["boomerang"]}
-    per_turn, idle, turns, sequential = await sequential_cpu(b, CONTROL_PLANE, base, "boomerang")
+    figures, sequential = await sequential_cpu(b, "boomerang", {**TURNS_JOB, "gateway": gateway})
     b.progress.update(task, description=f"control plane: {agents} agents at once, {cfg.gateway_seconds:g}s")
-    job = {**base, "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": agents}
+    job = {**TURNS_JOB, "gateway": gateway, "paths": ["boomerang"], "duration": cfg.gateway_seconds,
+           "start_at": time.time() + 0.5, "slots": agents}
     metrics = {"gateway": f"{gateway}/metrics", "router": f"http://{b.services.children['router'].metrics_address}/metrics"}
     async with httpx.AsyncClient(timeout=10.0) as http:
         before = await _counters(http, metrics)
@@ -283,11 +283,7 @@ async def control_plane(b: Bench, agents: int = 64) -> dict[str, Any]:
     b.sample_memory()
     later = sum(crowd["plans"].values())
     failed = sum(crowd["errors"].values())
-    return {
-        "cpu_ms_per_turn": per_turn,
-        "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
-        "turns": turns,
-        "idle_cpu_ms_per_s": idle,
+    return figures | {
         "sequential_plans": sequential["plans"],
         "sequential_errors": sequential["errors"],
         "agents": agents,
@@ -344,31 +340,24 @@ def chain_ms(tokens: int, block_size: int = 16, repeat: int = 20) -> float:
 async def _one(b: Bench, context: int, hook: bool) -> dict[str, Any]:
     """Sequential conversations of `context` tokens of history on one path."""
     path = "hook" if hook else "boomerang"
-    base = {**TURNS_JOB, "gateway": b.gateway_url, "hook": _url(b, "gateway-hook") if hook else "",
-            "paths": [path], "turns_per_conversation": 4, "words": TURN_WORDS,
-            "system_words": int(context / TOKENS_PER_WORD)}
+    job = {**TURNS_JOB, "gateway": b.gateway_url, "hook": _url(b, "gateway-hook") if hook else "",
+           "turns_per_conversation": 4, "words": TURN_WORDS, "system_words": int(context / TOKENS_PER_WORD)}
     async with httpx.AsyncClient(timeout=10.0) as http:
         before = await _histograms(http, b)
-        per_turn, _, turns, result = await sequential_cpu(
-            b, CONTROL_PLANE_HOOK if hook else CONTROL_PLANE, base, path, HOOKED_ENGINES if hook else ())
+        figures, result = await sequential_cpu(b, path, job)
         inside = _mean_ms(before, await _histograms(http, b))
         engine = (await _engine_stats(http, b)).get("hook", {}) if hook else {}
-    engines_cpu = {k: per_turn.pop(k) for k in HOOKED_ENGINES if k in per_turn}
+    figures.pop("idle_cpu_ms_per_s")
     times = summarize(floats(result["times_ms"][path]))
-    out: dict[str, Any] = {
-        "turns": turns,
+    out: dict[str, Any] = figures | inside | {
         "later_turn_ms": {"p50": times["p50_ms"], "p99": times["p99_ms"]},
         "plans": result["hook_plans"] if hook else result["plans"],
         "errors": result["errors"],
-        **inside,
-        "cpu_ms_per_turn": per_turn,
-        "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
     }
     if hook:
         recent = engine.get("plan_ms_recent") or []
-        later = sorted(recent[-max(1, turns):])
+        later = sorted(recent[-max(1, figures["turns"]):])
         out["engine_plan_ms_p50"] = round(later[len(later) // 2], 3) if later else None
-        out["engines_cpu_ms_per_turn"] = engines_cpu
     else:
         out["stages_ms"] = {k: summarize(floats(v))["p50_ms"] for k, v in result["stages_ms"].items()}
     return out
