@@ -269,9 +269,8 @@ class BenchEngines:
             await asyncio.sleep(2.0)
             for engine_id in ids:
                 with contextlib.suppress(Exception):
-                    await self.registry.heartbeat(
-                        rpb.HeartbeatRequest(engine_id=engine_id, registration_generation=generation), timeout=2.0
-                    )
+                    await self.registry.heartbeat(rpb.HeartbeatRequest(
+                        engine_id=engine_id, registration_generation=generation), timeout=2.0)
 
     async def stop(self) -> None:
         """Stop heartbeating."""
@@ -433,8 +432,10 @@ class Bench:
         if sampler is not None:
             self.profiles[label] = await asyncio.to_thread(sampler.finish)
 
-    async def run_jobs(self, jobs: list[dict[str, Any]], label: str, start_at: float, seconds: float,
-                       names: tuple[str, ...], profile: str = "") -> tuple[list[dict[str, Any]], dict[str, float]]:
+    async def run_jobs(
+        self, jobs: list[dict[str, Any]], label: str, start_at: float, seconds: float,
+        names: tuple[str, ...], profile: str = "",
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """The client processes' `jobs` (starting at `start_at`, lasting `seconds`) under a
         progress line: their results, and the CPU seconds of the named services, Postgres and
         the clients from the start on; with `profile` (and `--profile`) py-spy samples them."""
@@ -487,7 +488,8 @@ class Bench:
             self.router_address, _ = await s.ready("router", "reaper")
         self.workers = await asyncio.to_thread(Workers, self.cfg.clients, self.router_address, self.registry_address)
         self.pg = await asyncpg.connect(url)
-        await wait_engines(self.router_address, MODEL, self.cfg.decode_engines + self.cfg.prefill_engines)
+        engines = self.cfg.decode_engines + self.cfg.prefill_engines
+        await wait_engines(self.router_address, MODEL, engines)
 
     async def stop(self) -> None:
         """Stop what started, in reverse."""

@@ -114,15 +114,17 @@ def lease_records(
         lease_id = uuid.uuid4()
         if spread is not None:
             start, window, count = spread
-            expires = datetime.fromtimestamp(start + window * ((c.index * 7919) % count) / count, UTC)
+            slot = (c.index * 7919) % count
+            expires = datetime.fromtimestamp(start + window * slot / count, UTC)
             finished = expires - timedelta(seconds=e.ttl_seconds - margin_seconds)
         else:
             finished = now - timedelta(milliseconds=c.index % 5000)
             expires = finished + timedelta(seconds=e.ttl_seconds - margin_seconds)
         leases.append((
             lease_id, c.tenant, c.conversation_id, e.model, e.engine_id, e.generation,
-            f"chatcmpl-{lease_id.hex[:24]}", json.dumps(block_ids(c), separators=(",", ":")), c.num_blocks,
-            c.num_tokens, BLOCK_SIZE, chain.block_hashes, chain.tail_hash, e.host, e.port, 1, 1, 1, "RETAINED", 1,
+            f"chatcmpl-{lease_id.hex[:24]}", json.dumps(block_ids(c), separators=(",", ":")),
+            c.num_blocks, c.num_tokens, BLOCK_SIZE, chain.block_hashes, chain.tail_hash, e.host,
+            e.port, 1, 1, 1, "RETAINED", 1,
             finished, now, expires, now, *prompt_end(c, chain),
         ))
         events.append((now, lease_id, c.tenant, c.conversation_id, None, "RETAINED", "REGISTERED", "registry",

@@ -47,8 +47,8 @@ HOOK_MODEL = "bench-hook/Qwen3-32B"
 
 
 # The `turns` job (loadgen.py) each step sends, less its paths and their URLs.
-TURNS_JOB = {"kind": "turns", "model": SIM_MODEL, "hook_model": HOOK_MODEL, "turns_per_conversation": 6,
-             "words": 40, "max_tokens": 16, "think_seconds": 0.02}
+TURNS_JOB = {"kind": "turns", "model": SIM_MODEL, "hook_model": HOOK_MODEL,
+             "turns_per_conversation": 6, "words": 40, "max_tokens": 16, "think_seconds": 0.02}
 
 
 def _url(b: Bench, name: str) -> str:
@@ -141,8 +141,9 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
     await wait_engines(b.router_address, HOOK_MODEL, 2, hook)
     b.progress.update(task, description=f"gateway overhead: turns on 6 paths for {cfg.gateway_seconds:g}s")
     job = {**TURNS_JOB, "gateway": gateway, "naive": naive, "prefill": prefill, "decode": decode,
-           "hook": hook, "naive_hook": naive_hook, "prefill_hook": prefill_hook, "decode_hook": decode_hook,
-           "duration": cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": cfg.gateway_slots}
+           "hook": hook, "naive_hook": naive_hook, "prefill_hook": prefill_hook,
+           "decode_hook": decode_hook, "duration": cfg.gateway_seconds,
+           "start_at": time.time() + 0.5, "slots": cfg.gateway_slots}
     # Each engine pair's three paths from a load-generator process of its own, as many
     # conversations per process as before hook mode was measured: the direct path does
     # the P→D hand-off in the client, so a client process short of CPU slows it most.
@@ -196,7 +197,9 @@ SEQUENTIAL_CPU = {"boomerang": CONTROL_PLANE, "hook": CONTROL_PLANE_HOOK + HOOKE
                   "naive-hook": ("naive-proxy-hook",)}
 
 
-async def sequential_cpu(b: Bench, path: str, job: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+async def sequential_cpu(
+    b: Bench, path: str, job: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Sequential conversations (one slot) of `job` on `path`: the CPU ms per turn answered of
     the processes that serve it (SEQUENTIAL_CPU) and this database's Postgres backends, idle
     use taken out, with the turns answered and the idle use; the hooked engines' apart (not in
@@ -206,7 +209,8 @@ async def sequential_cpu(b: Bench, path: str, job: dict[str, Any]) -> tuple[dict
     meter = (await b.cpu_meter(*names)).start()
     await asyncio.sleep(idle_seconds)
     idle = {k: v / idle_seconds for k, v in meter.stop().items()}
-    job = {**job, "paths": [path], "duration": b.cfg.gateway_seconds, "start_at": time.time() + 0.5, "slots": 1}
+    job = {**job, "paths": [path], "duration": b.cfg.gateway_seconds, "slots": 1,
+           "start_at": time.time() + 0.5}
     running = asyncio.ensure_future(b.workers.run([job], timeout=b.cfg.gateway_seconds + 120))
     await asyncio.sleep(0.5)
     meter = (await b.cpu_meter(*names)).start()
@@ -218,8 +222,9 @@ async def sequential_cpu(b: Bench, path: str, job: dict[str, Any]) -> tuple[dict
     per_turn = {k: round(1000 * max(0.0, v - idle.get(k, 0.0) * seconds) / max(turns, 1), 3)
                 for k, v in cpu.items() if k != "clients"}
     engines = {k: per_turn.pop(k) for k in HOOKED_ENGINES if k in per_turn}
-    figures = {"cpu_ms_per_turn": per_turn, "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
-               "turns": turns, "idle_cpu_ms_per_s": {k: round(1000 * v, 2) for k, v in idle.items()}}
+    figures = {"cpu_ms_per_turn": per_turn, "turns": turns,
+               "cpu_ms_per_turn_total": round(sum(per_turn.values()), 3),
+               "idle_cpu_ms_per_s": {k: round(1000 * v, 2) for k, v in idle.items()}}
     return figures | ({"engines_cpu_ms_per_turn": engines} if engines else {}), sequential
 
 
@@ -232,10 +237,12 @@ async def control_plane_hook(b: Bench) -> dict[str, Any]:
     vLLM) is reported beside it, not in the total."""
     task = b.progress.add_task(f"control plane, hook mode: CPU per turn, sequential, {b.cfg.gateway_seconds:g}s",
                                total=None)
-    figures, sequential = await sequential_cpu(b, "hook", {**TURNS_JOB, "hook": _url(b, "gateway-hook")})
+    hook = {**TURNS_JOB, "hook": _url(b, "gateway-hook")}
+    figures, sequential = await sequential_cpu(b, "hook", hook)
     # For scale: the naive proxy's CPU per turn over the same engines (what routing a turn's
     # two requests in Python costs with no control plane at all).
-    naive, _ = await sequential_cpu(b, "naive-hook", {**TURNS_JOB, "naive_hook": _url(b, "naive-proxy-hook")})
+    naive_hook = {**TURNS_JOB, "naive_hook": _url(b, "naive-proxy-hook")}
+    naive, _ = await sequential_cpu(b, "naive-hook", naive_hook)
     b.progress.remove_task(task)
     async with httpx.AsyncClient(timeout=5.0) as http:
         stats = await _engine_stats(http, b)
@@ -341,7 +348,8 @@ async def _one(b: Bench, context: int, hook: bool) -> dict[str, Any]:
     """Sequential conversations of `context` tokens of history on one path."""
     path = "hook" if hook else "boomerang"
     job = {**TURNS_JOB, "gateway": b.gateway_url, "hook": _url(b, "gateway-hook") if hook else "",
-           "turns_per_conversation": 4, "words": TURN_WORDS, "system_words": int(context / TOKENS_PER_WORD)}
+           "turns_per_conversation": 4, "words": TURN_WORDS,
+           "system_words": int(context / TOKENS_PER_WORD)}
     async with httpx.AsyncClient(timeout=10.0) as http:
         before = await _histograms(http, b)
         figures, result = await sequential_cpu(b, path, job)

@@ -255,7 +255,8 @@ async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
                     resp = await client.register_retained_blocks_batch(
                         rpb.RegisterRetainedBlocksBatchRequest(registrations=items), timeout=10.0)
                     outcomes.update(f"error_{r.error_reason}" if r.error_code else
-                                    ("created" if r.response.created else "repeated") for r in resp.results)
+                                    "created" if r.response.created else "repeated"
+                                    for r in resp.results)
                 else:
                     resp = await client.register_retained_blocks(requests[i], timeout=10.0)
                     outcomes["created" if resp.created else "repeated"] += 1
@@ -365,8 +366,8 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
     # A path's base URL (both engines' for the direct paths), from the job's keys; a job that
     # runs only some paths leaves the others' out.
-    direct = {"direct": DirectClient(http, job.get("prefill", ""), job.get("decode", "")),
-              "direct-hook": DirectClient(http, job.get("prefill_hook", ""), job.get("decode_hook", ""))}
+    direct = {path: DirectClient(http, job.get(f"prefill{key}", ""), job.get(f"decode{key}", ""))
+              for path, key in (("direct", ""), ("direct-hook", "_hook"))}
     urls = {path: job.get(key, "") + "/v1/chat/completions"
             for path, key in (("naive", "naive"), ("boomerang", "gateway"), ("hook", "hook"),
                               ("naive-hook", "naive_hook"))}
@@ -409,7 +410,8 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
                     times[path].append(elapsed)
                     ends[path].extend(end_ms)
                     if path in ("hook", "boomerang"):
-                        (plans if path == "boomerang" else hook_plans)[headers.get("x-boomerang-plan", "?")] += 1
+                        plan = headers.get("x-boomerang-plan", "?")
+                        (plans if path == "boomerang" else hook_plans)[plan] += 1
                     if path == "boomerang":
                         for name, dur in server_timing(headers).items():
                             stages.setdefault(name, []).append(dur)

@@ -63,8 +63,8 @@ async def plan_step(
              "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
              "engines": cfg.decode_engines, "start_at": start_at, "anonymous": anonymous}
             for i in range(b.workers.count)]
-    results, cpu = await b.run_jobs(jobs, f"{label}: {rate:,} plans/s for {seconds:g}s", start_at, seconds,
-                                    ("registry", "router"), profile)
+    label = f"{label}: {rate:,} plans/s for {seconds:g}s"
+    results, cpu = await b.run_jobs(jobs, label, start_at, seconds, ("registry", "router"), profile)
     latencies = [x for r in results for x in floats(r["latencies_ms"])]
     lags = [x for r in results for x in floats(r["send_lag_ms"])]
     reasons, errors = _total(results, "reasons"), _total(results, "errors")
@@ -154,7 +154,8 @@ async def grpc_floor(b: Bench, rate: int = 1000, seconds: float = 3.0) -> dict[s
     start_at = time.time() + 1.0
     jobs = [{"kind": "health", "target": b.registry_address, "rate": rate / b.workers.count, "duration": seconds,
              "start_at": start_at} for _ in range(b.workers.count)]
-    results, cpu = await b.run_jobs(jobs, f"gRPC floor: {rate:,} empty calls/s", start_at, seconds, ("registry",))
+    label = f"gRPC floor: {rate:,} empty calls/s"
+    results, cpu = await b.run_jobs(jobs, label, start_at, seconds, ("registry",))
     errors = _total(results, "errors")
     sent = sum(r["sent"] for r in results) - sum(errors.values())  # the calls answered
     return {"rate": rate, "calls": sent, "errors": dict(errors),
@@ -215,8 +216,10 @@ async def _registrations(b: Bench, concurrency: int, batch: int) -> dict[str, An
              "engines": cfg.decode_engines, "engine_ids": engine_ids, "generation": b.engines.decode[0].generation,
              "concurrency": concurrency, "batch": batch, "duration": cfg.register_seconds, "start_at": start_at}
             for i in range(b.workers.count)]
-    label = f"registrations: {concurrency * b.workers.count} clients × {batch} per call for {cfg.register_seconds:g}s"
-    results, cpu = await b.run_jobs(jobs, label, start_at, cfg.register_seconds, ("registry",), "registrations")
+    label = (f"registrations: {concurrency * b.workers.count} clients × {batch} per call "
+             f"for {cfg.register_seconds:g}s")
+    results, cpu = await b.run_jobs(jobs, label, start_at, cfg.register_seconds, ("registry",),
+                                    "registrations")
     outcomes = _total(results, "outcomes")
     latencies = [x for r in results for x in floats(r["latencies_ms"])]
     elapsed = max(r["elapsed_s"] for r in results)

@@ -220,7 +220,7 @@ def _synchronous(hook: BoomerangHook, requests: list[Req], rate: float) -> list[
 
 def _summary(steps: list[float]) -> dict[str, Any]:
     s = summarize(x * 1000 for x in steps)
-    return {"steps": s["count"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "max_ms": s["max_ms"]}
+    return {"steps": s["count"], **{k: s[k] for k in ("p50_ms", "p99_ms", "max_ms")}}
 
 
 def _measure(b: Bench, relay: DelayRelay, delay: float, count: int, rate: float, first: int) -> dict[str, Any]:

@@ -66,7 +66,8 @@ class Outcome:
 def run(settings: Settings) -> Outcome:
     """The whole campaign (blocking); the cluster is stopped however it ends."""
     cluster = Cluster(settings.folder, settings.synchronous)
-    window = max(10.0, settings.seconds - WARM_UP_SECONDS - QUIET_SECONDS - 30.0)  # faults start in it
+    # The seconds in which faults start.
+    window = max(10.0, settings.seconds - WARM_UP_SECONDS - QUIET_SECONDS - 30.0)
     outcome = Outcome(settings, plan(settings.seed, window, sorted(cluster.procs)))
     print(f"chaos: seed {settings.seed}, {settings.agents} agents, {settings.seconds:.0f}s, "
           f"{'synchronous' if settings.synchronous else 'asynchronous'} replication; starting in {settings.folder}")

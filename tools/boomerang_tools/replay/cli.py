@@ -98,11 +98,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def summarize(samples: list[Sample], edges: tuple[int, ...]) -> list[dict[str, Any]]:
+def summarize(replayed: list[Sample], edges: tuple[int, ...]) -> list[dict[str, Any]]:
     """Per bucket: turns and TTFT p50/p90 per mode, and the speedup of the medians."""
     groups: dict[str, dict[str, list[Sample]]] = {}
     order: dict[str, int] = {}
-    for s in samples:
+    for s in replayed:
         if not s.result.ok or not s.result.prompt_tokens:
             continue
         label = bucket_of(s.result.prompt_tokens, edges)
@@ -112,14 +112,14 @@ def summarize(samples: list[Sample], edges: tuple[int, ...]) -> list[dict[str, A
     rows = []
     for label in sorted(groups, key=lambda b: order[b]):
         row: dict[str, Any] = {"bucket": label}
-        for mode, chosen in sorted(groups[label].items()):
-            ttfts = [s.result.ttft_ms for s in chosen]
+        for mode, samples in sorted(groups[label].items()):
+            ttfts = [s.result.ttft_ms for s in samples]
             row[mode] = {
-                "turns": len(chosen),
+                "turns": len(samples),
                 "ttft_p50_ms": round(statistics.median(ttfts), 1),
                 "ttft_p90_ms": round(_percentile(ttfts, 0.9), 1),
-                "mean_prompt_tokens": round(statistics.fmean(s.result.prompt_tokens for s in chosen)),
-                "plans": dict(Counter(s.result.plan or "—" for s in chosen)),
+                "mean_prompt_tokens": round(statistics.fmean(s.result.prompt_tokens for s in samples)),
+                "plans": dict(Counter(s.result.plan or "—" for s in samples)),
             }
         if "off" in row and "on" in row and row["on"]["ttft_p50_ms"] > 0:
             row["speedup"] = round(row["off"]["ttft_p50_ms"] / row["on"]["ttft_p50_ms"], 2)
@@ -137,8 +137,8 @@ async def _model(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> 
 
 
 async def _replay_one(
-    http: httpx.AsyncClient, conv: Conversation, mode: str, run_id: str, args: argparse.Namespace, model: str,
-    headers: dict[str, str], out: list[Sample], on_turn: Callable[[], None],
+    http: httpx.AsyncClient, conv: Conversation, mode: str, run_id: str, opts: argparse.Namespace,
+    model: str, headers: dict[str, str], out: list[Sample], on_turn: Callable[[], None],
 ) -> None:
     cid = f"{conv.conversation_id}-{run_id}"
     history = list(conv.system)
@@ -149,18 +149,18 @@ async def _replay_one(
             assert turn.user is not None
             history.append(turn.user)
             body = {"messages": list(history)}
-        body["model"] = args.model or body.get("model") or model
-        if args.max_tokens is not None:
-            body["max_tokens"] = args.max_tokens
+        body["model"] = opts.model or body.get("model") or model
+        if opts.max_tokens is not None:
+            body["max_tokens"] = opts.max_tokens
             body.pop("max_completion_tokens", None)
         hdrs = dict(headers)
         if mode == "off":
             hdrs[REUSE_HEADER] = "off"
         else:
             hdrs["X-Conversation-Id"] = cid
-            if args.send_conversation_id:
+            if opts.send_conversation_id:
                 body["conversation_id"] = cid
-        result = await stream_chat(http, args.url, body, hdrs, timeout=TIMEOUT)
+        result = await stream_chat(http, opts.url, body, hdrs, timeout=TIMEOUT)
         out.append(Sample(mode, conv.conversation_id, i, result))
         on_turn()
         if not result.ok:
@@ -237,7 +237,8 @@ def _run(args: argparse.Namespace) -> int:
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("", total=turns)
         try:
-            samples = asyncio.run(replay(conversations, args, modes, headers, lambda: progress.advance(task)))
+            samples = asyncio.run(replay(conversations, args, modes, headers,
+                                         lambda: progress.advance(task)))
         except Exception as exc:  # noqa: BLE001 - e.g. the endpoint is unreachable
             raise SystemExit(f"boomerang replay: {exc!r}") from None
     rows = summarize(samples, edges)
@@ -268,6 +269,7 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"wrote {args.json}")
     failed = [s for s in samples if not s.result.ok]
     if failed:
-        console.print(f"[bold red]{len(failed)} failed turn(s)[/bold red]: {failed[0].result.error[:200]}")
+        console.print(f"[bold red]{len(failed)} failed turn(s)[/bold red]: "
+                      f"{failed[0].result.error[:200]}")
         return 1
     return 0
