@@ -361,7 +361,7 @@ class DirectClient:
 
 
 async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
-    """Run conversations on every path until the duration is over."""
+    """Conversations on the job's `paths` (`slots` at once on each) until the duration is over."""
     http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0),
                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
     # A path's base URL (both engines' for the direct paths), from the job's keys; a job that
@@ -420,13 +420,10 @@ async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
                 # tool call would; every path waits the same.
                 await asyncio.sleep(job["think_seconds"])
 
-    delay = job["start_at"] - time.time()
-    if delay > 0:
-        await asyncio.sleep(delay)
+    await _wait_until(job["start_at"])
     end = time.perf_counter() + job["duration"]
     try:
-        paths = job.get("paths") or [p for p in PATHS if p not in HOOK_PATHS or job.get("hook")]
-        await asyncio.gather(*(conversation_loop(p, s) for p in paths for s in range(job["slots"])))
+        await asyncio.gather(*(conversation_loop(p, s) for p in job["paths"] for s in range(job["slots"])))
     finally:
         await http.aclose()
     return {
