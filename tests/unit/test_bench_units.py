@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 from boomerang.tokenchain import HASH_BYTES, build_chain, common_tokens
-from boomerang_tools.bench.config import BenchConfig
+from boomerang_tools.bench.context import BenchConfig, summarize_collapsed
 from boomerang_tools.bench.loadgen import schedule
-from boomerang_tools.bench.profiling import summarize_collapsed
-from boomerang_tools.bench.report import _targets
-from boomerang_tools.bench.stats import clean, percentile, summarize
+from boomerang_tools.bench.report import _targets, clean, percentile, summarize
 from boomerang_tools.bench.workload import (
     BLOCK_SIZE,
     NEW_TOKENS,
@@ -143,7 +141,7 @@ async def test_a_child_that_exits_before_it_is_ready_is_started_once_more(
 ) -> None:
     """The first start dies at once (as a simulated engine once did between fork and exec);
     the second is ready. A child that dies every time still fails the run."""
-    from boomerang_tools.bench.services import Services
+    from boomerang_tools.bench.context import Services
     from boomerang_tools.stack import children
     from boomerang_tools.stack.children import ChildFailed
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from boomerang_tools.demo.client import TurnResult
+from boomerang_tools.replay.cli import Sample, bucket_of, summarize
 from boomerang_tools.replay.loader import ReplayFormatError, load
-from boomerang_tools.replay.runner import ReplayResult, Sample, bucket_of, summarize
 
 
 def test_jsonl_groups_turns_by_conversation_in_order(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_buckets_and_summary() -> None:
                    ("off", 100, 1000, "COLD"), ("off", 300, 3000, "COLD"), ("off", 500, 3500, "COLD"),
                    ("on", 90, 1000, "COLD"), ("on", 150, 3000, "PULL"), ("on", 250, 3500, "PULL")])]
     samples.append(Sample("on", "c", 9, TurnResult(ok=False, error="boom")))
-    rows = summarize(ReplayResult(samples), edges)
+    rows = summarize(samples, edges)
     assert [r["bucket"] for r in rows] == ["0k–2k", "2k–4k"]
     two = rows[1]
     assert two["off"]["ttft_p50_ms"] == 400 and two["on"]["ttft_p50_ms"] == 200 and two["speedup"] == 2.0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_tools.bench.relay import DelayRelay
+from boomerang_tools.bench.schedule import DelayRelay
 
 from tests.support.procs import ServiceProcess, wait_for
 from tests.vllm.engine import build_engine

@@ -10,13 +10,28 @@ every worker its own slice of conversations and the same wall-clock start.
   send left against its schedule is reported too, to show whether the generator kept up.
 - `register`: closed loop, `concurrency` decode-node clients per worker calling
   RegisterRetainedBlocks back to back (each answer is an acknowledged commit).
-- `turns`: chat turns through the gateway, the naive proxy and directly (`turns.py`).
+- `turns`: chat turns three ways, interleaved in one run: through the gateway, through the
+  naive proxy, and straight to the simulated engines (the client does the P→D hand-off
+  itself); with `hook` in the job, the same three over a second pair of engines that run the
+  vLLM hook (`sim --hook`, model `hook_model`): `hook` through a gateway in `--engine-hook`
+  mode (the engines plan and register themselves), `naive-hook` and `direct-hook` with no
+  conversation id (the hook is installed but does nothing), so each pair of engines carries
+  the same load and hook mode is judged against its own direct path and naive proxy.
+
+  Every path runs the same multi-turn conversations (the assistant's reply appended, a new
+  user message each turn) at the same concurrency in the same seconds, so the machine's
+  noise lands on all three alike. A turn's time is from sending the request to the last byte
+  of the streamed answer. What a path *adds* is its time less the direct path's. A turn's end
+  is the time from its finishing chunk (the one with `finish_reason`) to the end of the
+  stream: where the gateway waits for ReportTurn's answer (the next turn's lease committed)
+  before `[DONE]`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import multiprocessing
 import random
 import time
@@ -29,6 +44,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import grpc
+import httpx
 import uvloop
 from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
@@ -39,9 +55,10 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from boomerang_tools.bench.preload import block_ids_json
-from boomerang_tools.bench.turns import turns_job
+from boomerang_tools.bench.database import block_ids
+from boomerang_tools.bench.naive_proxy import FIRST_TURN
 from boomerang_tools.bench.workload import BLOCK_SIZE, MODEL, chain_for, conversation, next_prompt
+from boomerang_tools.demo.client import server_timing
 
 Job = dict[str, Any]
 
@@ -105,7 +122,7 @@ async def _serve(pipe: Connection, index: int, router: str, registry: str) -> No
     handlers: dict[str, Callable[[Job], Awaitable[dict[str, Any]]]] = {
         "plan": lambda job: plan_job(router_client, job, index),
         "register": lambda job: register_job(registry_client, job, index),
-        "turns": lambda job: _turns(job, index),
+        "turns": lambda job: turns_job(job, index),
         "health": lambda job: health_job(job, index),
     }
     try:
@@ -123,10 +140,6 @@ async def _serve(pipe: Connection, index: int, router: str, registry: str) -> No
         for client in (router_client, registry_client):
             if client is not None:
                 await client.close()
-
-
-async def _turns(job: Job, index: int) -> dict[str, Any]:
-    return await turns_job(job, index)
 
 
 async def _wait_until(epoch: float) -> None:
@@ -183,7 +196,7 @@ async def plan_job(client: Any, job: Job, index: int) -> dict[str, Any]:
     async def send(i: int) -> None:
         t0 = time.perf_counter()
         try:
-            resp = await client.plan_turn(requests[i], timeout=job.get("timeout", 2.0))
+            resp = await client.plan_turn(requests[i], timeout=2.0)
         except BoomerangClientError as err:
             latencies[i] = (time.perf_counter() - t0) * 1000
             errors[err.code] += 1
@@ -216,7 +229,7 @@ async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
         requests.append(rpb.RegisterRetainedBlocksRequest(
             tenant=c.tenant, conversation_id=c.conversation_id, engine_id=engines[c.engine],
             engine_generation=job["generation"], remote_request_id=rid,
-            block_groups=[tpb.BlockIdGroup(block_ids=g) for g in block_ids_json(grown)],
+            block_groups=[tpb.BlockIdGroup(block_ids=g) for g in block_ids(grown)],
             num_tokens=grown.num_tokens,
             token_chain=chainproto.to_proto(chain),
             model=MODEL, request_id=uuid.uuid4().hex,
@@ -227,30 +240,28 @@ async def register_job(client: Any, job: Job, index: int) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
     cursor = iter(range(len(requests)))
 
-    batch = int(job.get("batch", 1))
+    batch = int(job["batch"])
 
     async def client_loop() -> None:
         for i in cursor:
             if time.perf_counter() >= end:
                 return
             t0 = time.perf_counter()
-            if batch > 1:  # as a batching sender (the hook's outbox) does: one call, many turns
-                items = [requests[i], *(requests[j] for j in itertools.islice(cursor, batch - 1))]
-                try:
+            # The call's turns: `batch` of them in one call, as a batching sender (the hook's
+            # outbox) sends them.
+            items = [requests[i], *(requests[j] for j in itertools.islice(cursor, batch - 1))]
+            try:
+                if batch > 1:
                     resp = await client.register_retained_blocks_batch(
                         rpb.RegisterRetainedBlocksBatchRequest(registrations=items), timeout=10.0)
-                    for r in resp.results:
-                        key = f"error_{r.error_reason}" if r.error_code else ("created" if r.response.created else "repeated")
-                        outcomes[key] += 1
-                except BoomerangClientError as err:
-                    outcomes[f"error_{err.code}_{err.reason}"] += len(items)
-                latencies.append((time.perf_counter() - t0) * 1000)
-                continue
-            try:
-                resp = await client.register_retained_blocks(requests[i], timeout=10.0)
-                outcomes["created" if resp.created else "repeated"] += 1
+                    outcomes.update(f"error_{r.error_reason}" if r.error_code else
+                                    "created" if r.response.created else "repeated"
+                                    for r in resp.results)
+                else:
+                    resp = await client.register_retained_blocks(requests[i], timeout=10.0)
+                    outcomes["created" if resp.created else "repeated"] += 1
             except BoomerangClientError as err:
-                outcomes[f"error_{err.code}_{err.reason}"] += 1
+                outcomes[f"error_{err.code}_{err.reason}"] += len(items)
             latencies.append((time.perf_counter() - t0) * 1000)
 
     t_start = time.perf_counter()
@@ -285,3 +296,143 @@ async def health_job(job: Job, index: int) -> dict[str, Any]:
     finally:
         await channel.close()
     return {"sent": len(offsets), "errors": dict(errors)}
+
+
+WORDS = ["the", "decode", "node", "keeps", "every", "block", "of", "the", "finished", "turn", "so", "that", "the", "prefill", "node", "of", "the", "next", "turn", "can", "read", "them", "back", "instead", "of", "computing", "the", "whole", "history", "again"]
+PATHS = ("direct", "naive", "boomerang", "direct-hook", "naive-hook", "hook")
+HOOK_PATHS = ("direct-hook", "naive-hook", "hook")
+
+
+def user_message(rng: random.Random, words: int) -> str:
+    """A user message of about `words` words."""
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+async def _stream(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], ends: list[float] | None = None
+) -> tuple[str, dict[str, Any] | None, dict[str, str]]:
+    """POST a streaming chat request; the reply text, the final kv_transfer_params, headers.
+
+    `ends` gets the milliseconds from the finishing chunk to the end of the stream.
+    """
+    text: list[str] = []
+    params = None
+    finished_at = None
+    async with http.stream("POST", url, json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code} from {url}: {(await resp.aread())[:200]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                text.append((choice.get("delta") or {}).get("content") or "")
+                if choice.get("finish_reason") and finished_at is None:
+                    finished_at = time.perf_counter()
+            if isinstance(chunk.get("kv_transfer_params"), dict):
+                params = chunk["kv_transfer_params"]
+        if ends is not None and finished_at is not None:
+            ends.append((time.perf_counter() - finished_at) * 1000)
+        return "".join(text), params, dict(resp.headers)
+
+
+class DirectClient:
+    """The client does what a proxy would: P with the last handle, then D streaming."""
+
+    def __init__(self, http: httpx.AsyncClient, prefill: str, decode: str):
+        self.http, self.prefill, self.decode = http, prefill, decode
+        self.kv: dict[str, dict[str, Any]] = {}
+
+    async def turn(
+        self, conversation_id: str, body: dict[str, Any], ends: list[float] | None = None
+    ) -> tuple[str, dict[str, str], bool]:
+        """One turn; the reply, headers, whether a handle was passed to P."""
+        handle = self.kv.pop(conversation_id, None)
+        p_body = dict(body, max_tokens=1, stream=False, kv_transfer_params=handle or dict(FIRST_TURN))
+        p_body.pop("stream_options", None)
+        p = await self.http.post(self.prefill + "/v1/chat/completions", json=p_body)
+        p.raise_for_status()
+        params = p.json().get("kv_transfer_params")
+        text, d_params, headers = await _stream(self.http, self.decode + "/v1/chat/completions",
+                                                dict(body, kv_transfer_params=params), ends)
+        if d_params is not None:
+            self.kv[conversation_id] = d_params
+        return text, headers, handle is not None
+
+
+async def turns_job(job: dict[str, Any], index: int) -> dict[str, Any]:
+    """Conversations on the job's `paths` (`slots` at once on each) until the duration is over."""
+    http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0),
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+    # A path's base URL (both engines' for the direct paths), from the job's keys; a job that
+    # runs only some paths leaves the others' out.
+    direct = {path: DirectClient(http, job.get(f"prefill{key}", ""), job.get(f"decode{key}", ""))
+              for path, key in (("direct", ""), ("direct-hook", "_hook"))}
+    urls = {path: job.get(key, "") + "/v1/chat/completions"
+            for path, key in (("naive", "naive"), ("boomerang", "gateway"), ("hook", "hook"),
+                              ("naive-hook", "naive_hook"))}
+    times: dict[str, list[float]] = {p: [] for p in PATHS}
+    ends: dict[str, list[float]] = {p: [] for p in PATHS}
+    stages: dict[str, list[float]] = {}
+    plans: Counter[str] = Counter()
+    hook_plans: Counter[str] = Counter()  # the hook path's X-Boomerang-Plan (ENGINE: the engine planned)
+    reused: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    done: Counter[str] = Counter()  # every answered turn, first turns too
+    end = 0.0
+
+    async def conversation_loop(path: str, slot: int) -> None:
+        rng = random.Random(hash((index, path, slot)))
+        for n in itertools.count():
+            cid = f"bench-{path}-{index}-{slot}-{n}-{uuid.uuid4().hex[:6]}"
+            system = user_message(rng, job["system_words"]) if job.get("system_words") else "You are a helpful assistant."
+            messages = [{"role": "system", "content": system}]
+            for turn in range(job["turns_per_conversation"]):
+                if time.perf_counter() >= end:
+                    return
+                messages.append({"role": "user", "content": user_message(rng, job["words"])})
+                model = job["hook_model"] if path in HOOK_PATHS else job["model"]
+                body = {"model": model, "messages": list(messages), "max_tokens": job["max_tokens"], "stream": True}
+                t0 = time.perf_counter()
+                end_ms: list[float] = []
+                try:
+                    if path in direct:
+                        text, headers, had = await direct[path].turn(cid, body, end_ms)
+                        reused[path] += had
+                    else:
+                        text, _, headers = await _stream(http, urls[path], dict(body, conversation_id=cid), end_ms)
+                except Exception as exc:  # noqa: BLE001 - counted, the run goes on
+                    errors[f"{path}:{type(exc).__name__}"] += 1
+                    break
+                elapsed = (time.perf_counter() - t0) * 1000
+                done[path] += 1
+                if turn >= 1:  # first turns are cold everywhere; compare the reuse turns
+                    times[path].append(elapsed)
+                    ends[path].extend(end_ms)
+                    if path in ("hook", "boomerang"):
+                        plan = headers.get("x-boomerang-plan", "?")
+                        (plans if path == "boomerang" else hook_plans)[plan] += 1
+                    if path == "boomerang":
+                        for name, dur in server_timing(headers).items():
+                            stages.setdefault(name, []).append(dur)
+                messages.append({"role": "assistant", "content": text})
+                # Let the previous turn's ReportTurn land before the next plan, as an agent's
+                # tool call would; every path waits the same.
+                await asyncio.sleep(job["think_seconds"])
+
+    await _wait_until(job["start_at"])
+    end = time.perf_counter() + job["duration"]
+    try:
+        await asyncio.gather(*(conversation_loop(p, s) for p in job["paths"] for s in range(job["slots"])))
+    finally:
+        await http.aclose()
+    return {
+        "times_ms": {p: array("d", v).tobytes() for p, v in times.items()},
+        "ends_ms": {p: array("d", v).tobytes() for p, v in ends.items()},
+        "stages_ms": {k: array("d", v).tobytes() for k, v in stages.items()},
+        "plans": dict(plans),
+        "hook_plans": dict(hook_plans),
+        "reused": dict(reused),
+        "errors": dict(errors),
+        "turns": dict(done),
+    }

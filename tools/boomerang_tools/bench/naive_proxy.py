@@ -27,7 +27,7 @@ import uvicorn
 from boomerang_server.sockets import listen_socket
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 FIRST_TURN: dict[str, Any] = {
@@ -69,13 +69,8 @@ class NaiveProxy:
         params = p_resp.json().get("kv_transfer_params")
         if isinstance(params, dict) and params.get("remote_host"):
             params = dict(params, remote_host=httpx.URL(p_url).host)
+        # Streamed (the benchmark streams every turn).
         decode = dict(body, kv_transfer_params=params)
-        if not body.get("stream"):
-            d_resp = await self.http.post(d_url + "/v1/chat/completions", json=decode)
-            out = d_resp.json()
-            if conversation_id and isinstance(out.get("kv_transfer_params"), dict):
-                self.kv[conversation_id] = (time.monotonic(), out["kv_transfer_params"])
-            return JSONResponse(out, status_code=d_resp.status_code)
         upstream = await self.http.send(self.http.build_request("POST", d_url + "/v1/chat/completions", json=decode),
                                         stream=True)
         return StreamingResponse(self._relay(upstream, conversation_id), status_code=upstream.status_code,

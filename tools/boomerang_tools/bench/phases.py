@@ -8,7 +8,6 @@ import os
 import random
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from typing import Any
 
 from boomerang_tools.bench.context import Bench
@@ -17,15 +16,20 @@ from boomerang_tools.bench.database import (
     BENCH_EXPIRY_LAGS_SQL,
     BENCH_LIVE_BY_TENANT_SQL,
     BENCH_VACUUM_SQL,
+    copy_leases,
     rearm_claims,
     sizes,
 )
-from boomerang_tools.bench.preload import copy_leases
-from boomerang_tools.bench.stats import floats, summarize
-from boomerang_tools.bench.workload import Conversation, conversation, planned_indices
+from boomerang_tools.bench.report import floats, summarize
+from boomerang_tools.bench.workload import conversation, planned_indices
 
 DEGRADED = "CONTROL_PLANE_DEGRADED"
 EXPIRY_TENANT = "bench-expiry"
+
+
+def _total(results: list[dict[str, Any]], key: str) -> Counter[str]:
+    """The client processes' counts under `key`, added up."""
+    return sum((Counter(r[key]) for r in results), Counter())
 
 
 async def preload_to(b: Bench, target: int) -> dict[str, Any]:
@@ -36,8 +40,8 @@ async def preload_to(b: Bench, target: int) -> dict[str, Any]:
     cfg = b.cfg
     convs = [conversation(k, cfg.tenants, cfg.decode_engines) for k in range(have, target)]
     task = b.progress.add_task(f"preload {have:,} → {target:,} leases", total=len(convs))
-    seconds = await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
-                                progress=lambda n: b.progress.advance(task, n))
+    seconds = await copy_leases(b.pg, convs, b.engines.decode, b.margin_seconds,
+                                lambda n: b.progress.advance(task, n))
     await b.pg.execute(BENCH_VACUUM_SQL)
     b.progress.remove_task(task)
     b.preloaded = target
@@ -59,22 +63,11 @@ async def plan_step(
              "conversations": pool[i :: b.workers.count][:per_worker], "tenants": cfg.tenants,
              "engines": cfg.decode_engines, "start_at": start_at, "anonymous": anonymous}
             for i in range(b.workers.count)]
-    task = b.progress.add_task(f"{label}: {rate:,} plans/s for {seconds:g}s", total=None)
-    running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 120))
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    meter = (await b.cpu_meter("registry", "router")).start()
-    sampler = b.sampler(profile, ("registry", "router"), seconds) if profile else None
-    results = await running
-    cpu = meter.stop()
-    await b.collect(profile, sampler)
-    b.progress.remove_task(task)
+    label = f"{label}: {rate:,} plans/s for {seconds:g}s"
+    results, cpu = await b.run_jobs(jobs, label, start_at, seconds, ("registry", "router"), profile)
     latencies = [x for r in results for x in floats(r["latencies_ms"])]
     lags = [x for r in results for x in floats(r["send_lag_ms"])]
-    reasons: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    for r in results:
-        reasons.update(r["reasons"])
-        errors.update(r["errors"])
+    reasons, errors = _total(results, "reasons"), _total(results, "errors")
     elapsed = max(r["elapsed_s"] for r in results)
     sent = sum(r["sent"] for r in results)
     out: dict[str, Any] = {"rate": rate, **{k: v for k, v in summarize(latencies).items() if k != "count"}}
@@ -161,16 +154,9 @@ async def grpc_floor(b: Bench, rate: int = 1000, seconds: float = 3.0) -> dict[s
     start_at = time.time() + 1.0
     jobs = [{"kind": "health", "target": b.registry_address, "rate": rate / b.workers.count, "duration": seconds,
              "start_at": start_at} for _ in range(b.workers.count)]
-    task = b.progress.add_task(f"gRPC floor: {rate:,} empty calls/s", total=None)
-    running = asyncio.ensure_future(b.workers.run(jobs, timeout=seconds + 60))
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    meter = (await b.cpu_meter("registry")).start()
-    results = await running
-    cpu = meter.stop()
-    b.progress.remove_task(task)
-    errors: Counter[str] = Counter()
-    for r in results:
-        errors.update(r["errors"])
+    label = f"gRPC floor: {rate:,} empty calls/s"
+    results, cpu = await b.run_jobs(jobs, label, start_at, seconds, ("registry",))
+    errors = _total(results, "errors")
     sent = sum(r["sent"] for r in results) - sum(errors.values())  # the calls answered
     return {"rate": rate, "calls": sent, "errors": dict(errors),
             "server_cpu_ms_per_call": round(1000 * cpu["registry"] / max(sent, 1), 3),
@@ -230,20 +216,11 @@ async def _registrations(b: Bench, concurrency: int, batch: int) -> dict[str, An
              "engines": cfg.decode_engines, "engine_ids": engine_ids, "generation": b.engines.decode[0].generation,
              "concurrency": concurrency, "batch": batch, "duration": cfg.register_seconds, "start_at": start_at}
             for i in range(b.workers.count)]
-    task = b.progress.add_task(
-        f"registrations: {concurrency * b.workers.count} clients × {batch} per call for {cfg.register_seconds:g}s",
-        total=None)
-    running = asyncio.ensure_future(b.workers.run(jobs, timeout=cfg.register_seconds + 120))
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    meter = (await b.cpu_meter("registry")).start()
-    sampler = b.sampler("registrations", ("registry",), cfg.register_seconds)
-    results = await running
-    cpu = meter.stop()
-    await b.collect("registrations", sampler)
-    b.progress.remove_task(task)
-    outcomes: Counter[str] = Counter()
-    for r in results:
-        outcomes.update(r["outcomes"])
+    label = (f"registrations: {concurrency * b.workers.count} clients × {batch} per call "
+             f"for {cfg.register_seconds:g}s")
+    results, cpu = await b.run_jobs(jobs, label, start_at, cfg.register_seconds, ("registry",),
+                                    "registrations")
+    outcomes = _total(results, "outcomes")
     latencies = [x for r in results for x in floats(r["latencies_ms"])]
     elapsed = max(r["elapsed_s"] for r in results)
     committed = outcomes.get("created", 0)
@@ -257,19 +234,6 @@ async def _registrations(b: Bench, concurrency: int, batch: int) -> dict[str, An
             "cpu_ms_per_registration": per}
 
 
-@dataclasses.dataclass(frozen=True)
-class SpreadDeadline:
-    """Deadlines spread evenly over [start, start + window) (picklable for the preload helper)."""
-
-    start: float
-    window: float
-    count: int
-
-    def __call__(self, c: Conversation, now: datetime) -> datetime:
-        slot = (c.index * 7919) % self.count
-        return datetime.fromtimestamp(self.start + self.window * slot / self.count, UTC)
-
-
 async def expiry(b: Bench) -> dict[str, Any]:
     """Lag from deadline to recorded expiry, `expiry_leases` leases due within the window."""
     cfg = b.cfg
@@ -280,9 +244,8 @@ async def expiry(b: Bench) -> dict[str, Any]:
     lead = 2.0 + 1.5 * n / max(b.copy_rows_per_second, 1000.0)
     start = time.time() + lead
     task = b.progress.add_task(f"expiry: preload {n:,} leases due over {cfg.expiry_window_seconds:g}s", total=n)
-    await copy_leases([b.pg], convs, b.engines.decode, b.margin_seconds,
-                      deadline=SpreadDeadline(start, cfg.expiry_window_seconds, n),
-                      progress=lambda k: b.progress.advance(task, k))
+    await copy_leases(b.pg, convs, b.engines.decode, b.margin_seconds,
+                      lambda k: b.progress.advance(task, k), (start, cfg.expiry_window_seconds, n))
     loaded_at = time.time()
     b.progress.remove_task(task)
     end = start + cfg.expiry_window_seconds

@@ -1,14 +1,61 @@
-"""`bench-report.json` (the issue's shape, plus detail) and its Markdown summary."""
+"""`bench-report.json` (the issue's shape, plus detail) and its Markdown summary; the latency
+summaries behind it: percentiles over raw samples (no histogram rounding)."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from array import array
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from boomerang_tools.bench.config import BenchConfig
-from boomerang_tools.bench.stats import clean
+from boomerang_tools.bench.context import BenchConfig
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The `q`-th percentile (0–100) of already sorted values, nearest-rank; NaN when empty."""
+    if not sorted_values:
+        return math.nan
+    # Rounded first: 99.9 / 100 * 1000 is 999.0000000000001 in floating point.
+    rank = max(1, math.ceil(round(q / 100 * len(sorted_values), 9)))
+    return float(sorted_values[min(rank, len(sorted_values)) - 1])
+
+
+def summarize(values_ms: Iterable[float]) -> dict[str, float]:
+    """p50, p99, p99.9, mean and max of latencies in milliseconds (rounded to µs)."""
+    ordered = sorted(values_ms)
+    if not ordered:
+        return {"count": 0, "p50_ms": math.nan, "p99_ms": math.nan, "p999_ms": math.nan,
+                "mean_ms": math.nan, "max_ms": math.nan}
+    return {
+        "count": len(ordered),
+        "p50_ms": round(percentile(ordered, 50), 3),
+        "p99_ms": round(percentile(ordered, 99), 3),
+        "p999_ms": round(percentile(ordered, 99.9), 3),
+        "mean_ms": round(sum(ordered) / len(ordered), 3),
+        "max_ms": round(ordered[-1], 3),
+    }
+
+
+def clean(value: object) -> object:
+    """`value` with NaN and infinities replaced by None, recursively (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def floats(raw: bytes) -> list[float]:
+    """The float64 samples a client process sent back packed (`array("d").tobytes()`)."""
+    out = array("d")
+    out.frombytes(raw)
+    return out.tolist()
+
 
 # The targets on this 2-core machine (issue 8; docs/design.md, "Where the time goes").
 TARGETS = {
@@ -94,12 +141,8 @@ def build_report(
         "expiry_lag_p99_s": expiry["lag_p99_s"],
         "gateway_overhead": results.get("gateway_overhead") or {"boomerang_p50_ms": None, "naive_p50_ms": None,
                                                                 "ratio": None},
-        "lookup_paths": results.get("lookup_paths"),
-        "control_plane": results.get("control_plane"),
-        "control_plane_hook": results.get("control_plane_hook"),
-        "pulled_turn_stages": results.get("pulled_turn_stages"),
-        "first_turns": results.get("first_turns"),
-        "hook_schedule": results.get("hook_schedule"),
+        **{key: results.get(key) for key in ("lookup_paths", "control_plane", "control_plane_hook",
+                                             "pulled_turn_stages", "first_turns", "hook_schedule")},
         "scale": results["scale"],
         "memory_mb": {name: m["peak_rss_mb"] for name, m in sorted(memory.items())},
         "register": register,

@@ -10,12 +10,15 @@ hook added to that `schedule()`. It is measured twice, the router near and then 
 before plans went to the background (build the chain, then a blocking PlanTurn bounded by
 `plan_deadline_ms`, per new request, inside the step), on the same requests.
 
-`tests/vllm/test_scheduler_never_waits.py` checks the same inside vLLM's real `Scheduler`.
+`tests/vllm/test_scheduler_never_waits.py` checks the same inside vLLM's real `Scheduler`
+(with this module's `DelayRelay`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -29,8 +32,7 @@ from boomerang_vllm_hook.mixin import engine_facts
 from boomerang_vllm_hook.requestview import TurnContext
 
 from boomerang_tools.bench.context import Bench
-from boomerang_tools.bench.relay import DelayRelay
-from boomerang_tools.bench.stats import percentile
+from boomerang_tools.bench.report import summarize
 from boomerang_tools.bench.workload import MODEL, conversation, next_prompt
 
 STEP_SECONDS = 0.002  # an engine loop turning while requests wait for their plans
@@ -50,6 +52,94 @@ class Req:
     kv_transfer_params: dict[str, Any]
     sampling_params: Any = None
     num_preemptions: int = 0
+
+
+class DelayRelay:
+    """Forwards 127.0.0.1:<port> to `upstream`, holding client bytes back `delay` seconds, as
+    a far-away or overloaded peer would.
+
+    Every chunk the client sends reaches the server `delay` seconds after it arrived (in
+    order); the server's answers pass at once. Runs its own event loop on a daemon thread, so
+    synchronous tests (vLLM's scheduler) can use it; `delay` may change while connections live.
+    """
+
+    def __init__(self, upstream: str, delay: float = 0.0):
+        host, _, port = upstream.rpartition(":")
+        self.upstream = (host, int(port))
+        self.delay = delay
+        self.address = ""
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="delay-relay", daemon=True)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def start(self) -> DelayRelay:
+        """Listen on a free port (`address` then says where)."""
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the delay relay did not start")
+        return self
+
+    def stop(self) -> None:
+        """Close the listener and every connection."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        self._ready.set()
+        self._loop.run_forever()
+        # Stopped: close the listener and every connection's sockets, end their tasks, then
+        # the loop (a socket still open when the loop closes is a ResourceWarning).
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.run_until_complete(asyncio.sleep(0.01))  # the transports' close callbacks
+        self._writers.clear()
+        self._loop.close()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self._writers.add(client_w)
+        try:
+            server_r, server_w = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.add(server_w)
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def read_client() -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await client_r.read(65536):
+                    held.put_nowait((time.monotonic() + self.delay, data))
+            held.put_nowait((0.0, b""))
+
+        async def write_server() -> None:
+            with contextlib.suppress(ConnectionError):
+                while True:
+                    due, data = await held.get()
+                    if not data:
+                        break
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                    server_w.write(data)
+                    await server_w.drain()
+            server_w.close()
+
+        async def answer_client() -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await server_r.read(65536):
+                    client_w.write(data)
+                    await client_w.drain()
+            client_w.close()
+
+        await asyncio.gather(read_client(), write_server(), answer_client(), return_exceptions=True)
 
 
 def _hook(router: str, engine_id: str) -> BoomerangHook:
@@ -129,9 +219,8 @@ def _synchronous(hook: BoomerangHook, requests: list[Req], rate: float) -> list[
 
 
 def _summary(steps: list[float]) -> dict[str, Any]:
-    ms = sorted(s * 1000 for s in steps)
-    return {"steps": len(ms), "p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3),
-            "max_ms": round(max(ms), 3) if ms else None}
+    s = summarize(x * 1000 for x in steps)
+    return {"steps": s["count"], **{k: s[k] for k in ("p50_ms", "p99_ms", "max_ms")}}
 
 
 def _measure(b: Bench, relay: DelayRelay, delay: float, count: int, rate: float, first: int) -> dict[str, Any]:

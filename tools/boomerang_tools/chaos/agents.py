@@ -39,7 +39,6 @@ class Attempt:
     ended: float = 0.0
     status: int = 0  # 0: no HTTP answer
     plan: str = ""
-    reason: str = ""
     plan_id: str = ""
     request_id: str = ""
     error: str = ""
@@ -138,7 +137,6 @@ class Agents:
                 resp = await self.clients[gateway].post(gateway + "/v1/chat/completions", json=body)
                 attempt.status = resp.status_code
                 attempt.plan = resp.headers.get("x-boomerang-plan", "")
-                attempt.reason = resp.headers.get("x-boomerang-reason", "")
                 attempt.plan_id = resp.headers.get("x-boomerang-plan-id", "")
                 attempt.request_id = resp.headers.get("x-request-id", "")
                 if resp.status_code != 200:

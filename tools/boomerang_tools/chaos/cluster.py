@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import signal
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from boomerang_server.db.migrate import upgrade
@@ -40,7 +40,6 @@ class Proc:
     port: int
     side_port: int = 0  # an engine's side channel
     child: Child | None = None
-    engine_ids: list[str] = field(default_factory=list)  # an engine's, one per start
 
     @property
     def address(self) -> str:
@@ -111,8 +110,7 @@ class Cluster:
             return ["gateway", *listen, "--router", self.procs[f"router-{x}"].address,
                     "--registry", self.procs[f"registry-{x}"].address, "--allow-anonymous"]
         role, n = proc.name.removeprefix("sim-").split("-")
-        engine_id = f"chaos-{role}-{n}-{uuid.uuid4().hex[:6]}"
-        proc.engine_ids.append(engine_id)
+        engine_id = f"chaos-{role}-{n}-{uuid.uuid4().hex[:6]}"  # new at each start
         registry = self.procs[f"registry-{REPLICAS[int(n)]}"].address
         return ["sim", "--role", role, "--port", str(proc.port), "--side-channel-port", str(proc.side_port),
                 "--profile", PROFILE, "--registry", registry, "--heartbeat-seconds", "1", "--engine-id", engine_id,

@@ -17,7 +17,6 @@ the one before it to end.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 import signal
 import time
@@ -25,8 +24,6 @@ from dataclasses import dataclass, field
 
 from boomerang_tools.chaos.cluster import Cluster, Proc
 from boomerang_tools.stack.children import ChildFailed
-
-KINDS = ("kill", "stop", "pg-failover", "pg-restart")
 
 
 @dataclass(frozen=True)
@@ -116,20 +113,19 @@ class Injector:
         await asyncio.sleep(hold)
         await self.supervise(proc)
 
-    async def supervise(self, proc: Proc, patience: float = 180.0) -> int:
+    async def supervise(self, proc: Proc, patience: float = 180.0) -> None:
         """Start `proc` again until it is ready, as a supervisor (systemd, Kubernetes) would: a service
-        refuses to start while Postgres has no primary. Returns the starts it took."""
+        refuses to start while Postgres has no primary."""
         deadline = time.monotonic() + patience
-        for starts in itertools.count(1):
+        while True:
             child = self.cluster.spawn(proc)  # in the loop's (main) thread: armed to die with us
             try:
                 await asyncio.to_thread(child.wait_ready, 120)
-                return starts
+                return
             except ChildFailed:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(1.0)
-        raise AssertionError("unreachable")
 
     async def _stop(self, proc: Proc, hold: float) -> None:
         assert proc.child is not None

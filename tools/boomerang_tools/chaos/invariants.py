@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,9 +121,6 @@ async def database_checks(url: str, served: list[Attempt], acknowledged: list[At
         invalidated = {r[0] for r in await conn.fetch(
             "SELECT l.remote_request_id FROM leases l JOIN lease_events e ON e.lease_id = l.lease_id "
             "WHERE l.remote_request_id = ANY($1::text[]) AND e.to_state = 'INVALIDATED' AND e.reason <> ''", wanted)}
-        states: dict[str, int] = defaultdict(int)
-        for state in leases.values():
-            states[state] += 1
     finally:
         await conn.close()
     return {
@@ -131,7 +128,7 @@ async def database_checks(url: str, served: list[Attempt], acknowledged: list[At
         "plans_missing": [p for p in plan_ids if p not in have],
         "registrations_lost": [w for w in wanted if w not in leases],
         "invalidated_without_reason": [w for w, s in leases.items() if s == "INVALIDATED" and w not in invalidated],
-        "lease_states": dict(states),
+        "lease_states": dict(Counter(leases.values())),
     }
 
 
@@ -160,8 +157,8 @@ def acknowledged(served: list[Attempt], ledger: list[dict[str, Any]], gateway_lo
     return out
 
 
-def reuse_back(attempts: list[Attempt], ran: list[Ran]) -> tuple[float, float]:
-    """When the last fault ended (epoch s), and seconds from then to the first PULL (inf if none)."""
+def reuse_back(attempts: list[Attempt], ran: list[Ran]) -> float:
+    """Seconds from the end of the last fault to the first PULL after it (inf if none)."""
     last = max((r.ended for r in ran), default=0.0)
     pulls = [a.started for a in attempts if a.ok and a.plan == "PULL" and a.started >= last]
-    return last, (min(pulls) - last) if pulls else float("inf")
+    return (min(pulls) - last) if pulls else float("inf")
