@@ -12,17 +12,10 @@ hold a claim. The reporter asks again with the same `request_id`, which returns 
 plan or at least the same claimed handle, and reports it `HANDLE_USE_NOT_READ`: this engine
 certainly never saw that handle, so the lease goes back to the conversation.
 
-The thread drains up to `batch_size` reports a round and sends them as one ReportTurnBatch
-(in calls of at most 256, the router's limit); the router settles them together, and
-answers each report on its own, in order:
-
-* answered — done;
-* transient (UNAVAILABLE, DEADLINE_EXCEEDED, …) — that report back to the front of the
-  queue, then a growing pause (50 ms to 2 s) before the next round, until its deadline;
-* anything else (an unknown plan, a bad report) — dropped, counted by reason.
-
-A batch refused whole gives each of its reports that error as its answer. A lost plan to
-give back (`replan`) is planned again first, in the same round, and its report joins the
+The thread (`outbox.OutboxWorker`) drains up to `batch_size` reports a round and sends them
+as one ReportTurnBatch; the router settles them together and answers each report on its own.
+A report refused (an unknown plan, a bad report) is dropped and counted by reason. A lost plan
+to give back (`replan`) is planned again first, in the same round, and its report joins the
 batch. Retries are safe: a report is idempotent on its `plan_id`.
 """
 
@@ -30,18 +23,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRouterClient, result
-from boomerang.resilience import TRANSIENT_CODES, Backoff
+from boomerang.resilience import TRANSIENT_CODES
 from boomerang.v1 import router_service_pb2 as opb
 
-from boomerang_vllm_hook.batching import BatchedRpc, BatchedSender
-from boomerang_vllm_hook.outbox import Entry, Outbox, OutboxWorker
+from boomerang_vllm_hook.outbox import Entry, OutboxWorker
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +55,8 @@ class Report:
 class TurnReporter(OutboxWorker[Report]):
     """Owns the thread that sends turn reports; `submit` never blocks."""
 
+    rpc = "ReportTurnBatch"
+
     def __init__(
         self,
         client: SyncRouterClient,
@@ -75,22 +68,11 @@ class TurnReporter(OutboxWorker[Report]):
         deadline: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ):
-        super().__init__("boomerang-reporter")
-        self.client = client
-        self.batch_size = batch_size
-        self.rpc_timeout = rpc_timeout
+        super().__init__("boomerang-reporter", client, queue_size=queue_size, when_full=when_full,
+                         batch_size=batch_size, rpc_timeout=rpc_timeout, clock=clock)
         self.deadline = deadline
-        self.clock = clock
-        self.outbox: Outbox[Report] = Outbox(queue_size, when_full, clock)
         self.reported = 0
         self.given_back = 0
-        self.transient_failures = 0
-        self.rejected: Counter[str] = Counter()
-        self.calls: BatchedSender[Entry[Report]] = BatchedSender(BatchedRpc(
-            "ReportTurnBatch",
-            lambda chunk: client.report_turn_batch_future(
-                opb.ReportTurnBatchRequest(reports=[_request(e.item) for e in chunk]), timeout=rpc_timeout),
-        ))
 
     def submit(self, report: Report) -> bool:
         """Queue a report; False when the full queue rejected it."""
@@ -98,63 +80,24 @@ class TurnReporter(OutboxWorker[Report]):
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for logs and tests."""
-        s = self.outbox.stats
-        return {
-            "queued": len(self.outbox),
-            "reported": self.reported,
-            "given_back": self.given_back,
-            "transient_failures": self.transient_failures,
-            "rejected": dict(self.rejected),
-            "batch_calls": self.calls.batch_calls,
-            "retried": s.retried,
-            "expired": s.expired,
-            "dropped_full": s.dropped_full,
-            "rejected_full": s.rejected_full,
-        }
+        return {**super().snapshot(), "reported": self.reported, "given_back": self.given_back}
 
-    def _run(self) -> None:
-        backoff = Backoff()
-        while not self._stop.is_set():
-            batch = self.outbox.take(self.batch_size, timeout=0.5)
-            if not batch:
-                continue
-            try:
-                clean = self._send(batch)
-            except Exception:  # the thread must outlive any bug in one round
-                log.exception("boomerang: report round failed")
-                clean = True
-            finally:
-                self.outbox.done(len(batch))  # after any retry put its entries back
-            if clean:
-                backoff.reset()
-            else:
-                self._stop.wait(backoff.next())
+    def _batch_future(self, chunk: list[Entry[Report]]) -> Any:
+        request = opb.ReportTurnBatchRequest(reports=[_request(e.item) for e in chunk])
+        return self.client.report_turn_batch_future(request, timeout=self.rpc_timeout)
 
-    def _send(self, batch: list[Entry[Report]]) -> bool:
-        """One round; True when nothing failed transiently."""
-        ready, transient = self._replan(batch)
-        answers = self.calls.send(ready)
-        again: list[Entry[Report]] = []
-        for entry, answer in answers:
-            if isinstance(answer, BoomerangClientError):
-                if answer.code in TRANSIENT_CODES:
-                    transient = True
-                    self.transient_failures += 1
-                    again.append(entry)
-                else:
-                    self.rejected[answer.reason] += 1
-                    log.warning("boomerang: ReportTurn refused for plan %s: %s", entry.item.plan_id, answer)
-                continue
-            if entry.item.handle_use == opb.HANDLE_USE_NOT_READ:
-                self.given_back += 1
-            self.reported += 1
-        if again:
-            self.outbox.retry(again)
-        return not transient
+    def _label(self, entry: Entry[Report]) -> str:
+        return f"the report of plan {entry.item.plan_id}"
 
-    def _replan(self, batch: list[Entry[Report]]) -> tuple[list[Entry[Report]], bool]:
+    def _accepted(self, entry: Entry[Report], response: Any) -> None:
+        if entry.item.handle_use == opb.HANDLE_USE_NOT_READ:
+            self.given_back += 1
+        self.reported += 1
+
+    def _ready(self, batch: list[Entry[Report]]) -> tuple[list[Entry[Report]], bool]:
         """Plan again every lost plan of the round (all in flight at once), so each has its
-        report; returns the entries ready to report and whether a PlanTurn failed transiently."""
+        report; returns the entries ready to report and False when a PlanTurn failed
+        transiently."""
         calls = [(e, self.client.plan_turn_future(e.item.replan, timeout=self.rpc_timeout))
                  for e in batch if e.item.replan is not None]
         failed: list[Entry[Report]] = []
@@ -175,7 +118,7 @@ class TurnReporter(OutboxWorker[Report]):
         ready = [e for e in batch if e.item.replan is None]  # the unplanned ones wait or are dropped
         if failed:
             self.outbox.retry(failed)
-        return ready, bool(failed)
+        return ready, not failed
 
 
 def _request(report: Report) -> opb.ReportTurnRequest:

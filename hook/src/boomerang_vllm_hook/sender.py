@@ -1,23 +1,17 @@
 """The decode side's background sender: retained turns to the registry, off the scheduler thread.
 
 `submit` is all the scheduler thread does (a deque append under a lock). One daemon thread
-keeps the engine registered and heartbeating (`EnginePresence`) and drains the queue in
-batches: it builds each turn's token chain, sends up to `batch_size` of them as one
-RegisterRetainedBlocksBatch call (in calls of at most 256, the registry's limit; the registry
-group-commits them), and sorts the answers, which come one per registration:
-
-* acknowledged (new, or a repeat of a registration that already landed) — done;
-* transient (UNAVAILABLE, DEADLINE_EXCEEDED, …) — back to the front of the queue, then a
-  growing pause (50 ms to 2 s) before the next try, until the turn's deadline;
-* the registry no longer knows this engine at this generation — register it, then retry;
-* anything else (a stale generation, a bad request, another conversation's request id) —
-  dropped and counted by reason: retrying cannot help.
+(`outbox.OutboxWorker`) keeps the engine registered and heartbeating (`EnginePresence`) and
+drains the queue in batches: it builds each turn's token chain and sends up to `batch_size`
+of them as one RegisterRetainedBlocksBatch call (the registry group-commits them). An
+answer that the registry no longer knows this engine at this generation registers it, then
+retries; a registration refused otherwise (a stale generation, a bad request, another
+conversation's request id) is dropped and counted by reason.
 
 Retries are safe because a registration is idempotent on (engine id, generation,
 remote_request_id) in the registry, and its `request_id` is derived from the same triple.
 A turn is abandoned only at its deadline: D's own expiry of the blocks (its
-`remote_blocks_expiry_time`), after which a lease would be useless anyway. A batch the
-registry refuses whole gives each of its registrations that error as its answer.
+`remote_blocks_expiry_time`), after which a lease would be useless anyway.
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,13 +26,11 @@ from typing import Any, Literal
 from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRegistryClient
-from boomerang.resilience import TRANSIENT_CODES, Backoff
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
-from boomerang_vllm_hook.batching import BatchedRpc, BatchedSender
-from boomerang_vllm_hook.outbox import Entry, Outbox, OutboxWorker
+from boomerang_vllm_hook.outbox import Entry, OutboxWorker
 from boomerang_vllm_hook.presence import (
     REREGISTER_REASONS,
     EngineFacts,
@@ -73,6 +64,8 @@ class Registration:
 class RegistrationSender(OutboxWorker[Registration]):
     """Owns the background thread that registers the engine and its retained turns."""
 
+    rpc = "RegisterRetainedBlocksBatch"
+
     def __init__(
         self,
         client: SyncRegistryClient,
@@ -88,14 +81,11 @@ class RegistrationSender(OutboxWorker[Registration]):
         memory: Memory | None = None,
         on_released: OnReleased | None = None,
     ):
-        super().__init__(f"boomerang-sender-{facts.engine_id}")
-        self.client = client
-        self.facts = facts
-        self.batch_size = batch_size
-        self.rpc_timeout = rpc_timeout
         # perf_counter: the clock of D's `remote_blocks_expiry_time`, which sets the deadlines.
-        self.clock = clock
-        self.outbox: Outbox[Registration] = Outbox(queue_size, when_full, clock)
+        super().__init__(f"boomerang-sender-{facts.engine_id}", client, queue_size=queue_size,
+                         when_full=when_full, batch_size=batch_size, rpc_timeout=rpc_timeout,
+                         clock=clock)
+        self.facts = facts
         self.presence = EnginePresence(
             client, facts, rpc_timeout=rpc_timeout, heartbeat_interval=heartbeat_interval, load=load, clock=clock,
             memory=memory, on_released=on_released,
@@ -103,13 +93,6 @@ class RegistrationSender(OutboxWorker[Registration]):
         self.registered = 0
         self.duplicates = 0
         self.stale = 0
-        self.rejected: Counter[str] = Counter()
-        self.transient_failures = 0
-        self.calls: BatchedSender[Entry[Registration]] = BatchedSender(BatchedRpc(
-            "RegisterRetainedBlocksBatch",
-            lambda chunk: client.register_retained_blocks_batch_future(
-                rpb.RegisterRetainedBlocksBatchRequest(registrations=[e.prepared for e in chunk]), timeout=rpc_timeout),
-        ))
 
     # -- the scheduler thread's side -----------------------------------------------------
 
@@ -119,20 +102,12 @@ class RegistrationSender(OutboxWorker[Registration]):
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for logs and tests."""
-        s = self.outbox.stats
         return {
-            "queued": len(self.outbox),
-            "offered": s.offered,
+            **super().snapshot(),
+            "offered": self.outbox.stats.offered,
             "registered": self.registered,
             "duplicates": self.duplicates,
             "stale": self.stale,
-            "rejected": dict(self.rejected),
-            "transient_failures": self.transient_failures,
-            "batch_calls": self.calls.batch_calls,
-            "retried": s.retried,
-            "expired": s.expired,
-            "dropped_full": s.dropped_full,
-            "rejected_full": s.rejected_full,
             "engine_registrations": self.presence.registrations,
             "heartbeats": self.presence.heartbeats,
             "releases_taken": self.presence.released,
@@ -142,36 +117,18 @@ class RegistrationSender(OutboxWorker[Registration]):
 
     # -- the background thread -----------------------------------------------------------
 
-    def _run(self) -> None:
-        backoff = Backoff()
-        while not self._stop.is_set():
-            try:
-                if not self.presence.tick():
-                    if self.presence.superseded:
-                        self._drain_superseded()
-                    self._stop.wait(0.02)
-                    continue
-                wait = min(self.presence.seconds_to_heartbeat(), 0.5)
-                batch = self.outbox.take(self.batch_size, timeout=wait)
-                if not batch:
-                    continue
-                try:
-                    clean = self._send(batch)
-                finally:
-                    self.outbox.done(len(batch))  # after any retry put its entries back
-                if clean:
-                    backoff.reset()
-                else:
-                    self._stop.wait(backoff.next())
-            except Exception:  # the thread must outlive any bug in one round
-                log.exception("boomerang: sender round failed")
-                self._stop.wait(backoff.next())
-
-    def _drain_superseded(self) -> None:
-        dropped = self.outbox.take(self.batch_size, timeout=0)
-        if dropped:
-            self.rejected["ENGINE_SUPERSEDED"] += len(dropped)
-            self.outbox.done(len(dropped))  # taken only to be dropped: nothing left for flush to wait on
+    def _wait(self) -> float | None:
+        """Register or heartbeat when due; with the engine registered, wait for work until
+        the next heartbeat."""
+        if self.presence.tick():
+            return min(self.presence.seconds_to_heartbeat(), 0.5)
+        if self.presence.superseded:
+            dropped = self.outbox.take(self.batch_size, timeout=0)
+            if dropped:
+                self.rejected["ENGINE_SUPERSEDED"] += len(dropped)
+                self.outbox.done(len(dropped))  # taken only to be dropped: nothing left for flush to wait on
+        self._stop.wait(0.02)
+        return None
 
     def _prepare(self, entry: Entry[Registration]) -> rpb.RegisterRetainedBlocksRequest:
         reg = entry.item
@@ -198,8 +155,9 @@ class RegistrationSender(OutboxWorker[Registration]):
             prompt_tail_token_ids=reg.token_ids[prompt - tail : prompt] if tail else (),
         )
 
-    def _send(self, batch: list[Entry[Registration]]) -> bool:
-        """One round; True when nothing failed transiently."""
+    def _ready(self, batch: list[Entry[Registration]]) -> tuple[list[Entry[Registration]], bool]:
+        """The round's registrations built (once) and at the engine's generation; none while
+        the engine registers at a new generation first."""
         ready: list[Entry[Registration]] = []
         for entry in batch:
             if entry.prepared is None:
@@ -218,28 +176,24 @@ class RegistrationSender(OutboxWorker[Registration]):
             ready.append(entry)
         if not self.presence.registered:
             self.outbox.retry(ready)  # the engine registers at the new generation first
-            return True
-        answers = self.calls.send(ready)
-        again: list[Entry[Registration]] = []
-        transient = False
-        for entry, resp in answers:
-            if isinstance(resp, BoomerangClientError):
-                err = resp
-                if err.code in TRANSIENT_CODES:
-                    transient = True
-                    self.transient_failures += 1
-                    again.append(entry)
-                elif err.reason in REREGISTER_REASONS:
-                    self.presence.reregister()
-                    again.append(entry)
-                else:
-                    self.rejected[err.reason] += 1
-                    log.warning("boomerang: registry refused %s: %s", entry.prepared.remote_request_id, err)
-                continue
-            if resp.created:
-                self.registered += 1
-            else:
-                self.duplicates += 1  # the gateway (or an earlier try) registered it first
-        if again:
-            self.outbox.retry(again)
-        return not transient
+            return [], True
+        return ready, True
+
+    def _batch_future(self, chunk: list[Entry[Registration]]) -> Any:
+        request = rpb.RegisterRetainedBlocksBatchRequest(registrations=[e.prepared for e in chunk])
+        return self.client.register_retained_blocks_batch_future(request, timeout=self.rpc_timeout)
+
+    def _label(self, entry: Entry[Registration]) -> str:
+        return str(entry.item.handle.remote_request_id)
+
+    def _fixable(self, err: BoomerangClientError) -> bool:
+        if err.reason not in REREGISTER_REASONS:
+            return False
+        self.presence.reregister()
+        return True
+
+    def _accepted(self, entry: Entry[Registration], response: Any) -> None:
+        if response.created:
+            self.registered += 1
+        else:
+            self.duplicates += 1  # the gateway (or an earlier try) registered it first
