@@ -37,7 +37,7 @@ FIRST_PARTY = {"boomerang": "boomerang-client", "boomerang_vllm_hook": "boomeran
 # Third-party imports inside functions that the hook never reaches: each with the function
 # that leads to it, which no shipped module but its own may name (test_unreached_stays_so).
 UNREACHED = {
-    # boomerang.telemetry and grpcutil.channel load OpenTelemetry once tracing is set up.
+    # boomerang.telemetry and boomerang.grpcutil load OpenTelemetry once tracing is set up.
     "opentelemetry": ("boomerang.telemetry", "setup_tracing"),
 }
 

@@ -36,10 +36,9 @@ from typing import Any
 from boomerang.clients.lease_keys import LeaseKeysThread
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
 from boomerang.leasekeys import LeaseSummary, conversation_key
-from boomerang.plans import decision_name, pull_params
+from boomerang.plans import decision_name, pull_params, worth_waiting
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
-from boomerang.worth import worth_waiting
 
 from boomerang_vllm_hook.config import HookConfig
 from boomerang_vllm_hook.planner import (

@@ -34,7 +34,7 @@ from typing import Any, Generic, Literal, TypeVar
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import result
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.client_status import from_code_number
+from boomerang.grpcutil import from_code_number
 from boomerang.resilience import TRANSIENT_CODES, Backoff
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ the answer lands on a gRPC thread, which files it in the `PendingPlan`. Nothing 
 scheduler thread touches the network, and many plans are in flight at once.
 
 Each plan has a wait: the time after which the scheduler stops holding the request back and
-computes it locally (`worth.worth_waiting`, at most `plan_deadline_ms`). The PlanTurn call
+computes it locally (`plans.worth_waiting`, at most `plan_deadline_ms`). The PlanTurn call
 carries that wait as its deadline, so the router sizes its claim to it.
 
 An answer that arrives after the scheduler gave up (or after the request ended) is *late*:

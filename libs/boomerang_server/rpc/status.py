@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.codes import GRPC_CODES
+from boomerang.grpcutil import GRPC_CODES
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status

@@ -13,9 +13,9 @@ import time
 from collections import Counter as Tally
 
 from boomerang.clients.base import BoomerangClientError
+from boomerang.plans import worth_waiting
 from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
 from boomerang.tokenchain import build_chain
-from boomerang.worth import worth_waiting
 from boomerang_server.leases import ClaimOutcome
 from prometheus_client import Counter
 
@@ -60,7 +60,7 @@ def claim_wait(deadline: float, share: float, prompt_tokens: int, seconds_per_to
     """Seconds a claim may wait for the registry.
 
     Under load a claim queues rather than give up, for as long as the reuse it may bring is
-    worth (`boomerang.worth`, the rule the vLLM hook's plan wait follows too): at least the
+    worth (`boomerang.plans`, the rule the vLLM hook's plan wait follows too): at least the
     claim deadline, and for a long prompt `share` of the prefill time it could save, up to
     MAX_SHARE_WAIT_SECONDS (recomputing 20k tokens costs far more GPU time than a claim that
     waits a hundred milliseconds).
