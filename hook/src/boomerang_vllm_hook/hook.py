@@ -33,9 +33,8 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from boomerang.clients.lease_keys import LeaseKeysThread
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
-from boomerang.leasekeys import LeaseSummary, conversation_key
+from boomerang.leasekeys import LeaseKeysThread, LeaseSummary, conversation_key
 from boomerang.plans import decision_name, pull_params, worth_waiting
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb

@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from boomerang.clients.lease_keys import RETRY_SECONDS, apply
 from boomerang.clients.registry import RegistryClient
-from boomerang.leasekeys import LeaseSummary
+from boomerang.leasekeys import RETRY_SECONDS, LeaseSummary, apply
 
 log = logging.getLogger(__name__)
 
