@@ -188,7 +188,7 @@ sys.path.insert(0, wheel_dir)
 import boomerang_vllm_hook.connector as connector
 from boomerang_vllm_hook.config import parse_config
 from boomerang_vllm_hook.hook import BoomerangHook
-from boomerang_vllm_hook.presence import EngineFacts
+from boomerang_vllm_hook.sender import EngineFacts
 
 config = parse_config({"boomerang": {"role": "prefill", "router": "127.0.0.1:9", "registry": "127.0.0.1:9",
                                      "tenant": "acme"}})

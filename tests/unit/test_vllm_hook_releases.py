@@ -7,8 +7,8 @@ from typing import Any
 
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_vllm_hook.presence import EngineFacts, EnginePresence
 from boomerang_vllm_hook.releases import ReleaseInbox
+from boomerang_vllm_hook.sender import EngineFacts, EnginePresence
 
 from tests.support.hook_fakes import FakeRegistry
 

@@ -47,7 +47,6 @@ from boomerang_vllm_hook.planner import (
     PrefillPlanner,
     plan_breaker,
 )
-from boomerang_vllm_hook.presence import EngineFacts
 from boomerang_vllm_hook.releases import ReleaseInbox
 from boomerang_vllm_hook.reporter import Report, TurnReporter
 from boomerang_vllm_hook.requestview import (
@@ -59,7 +58,7 @@ from boomerang_vllm_hook.requestview import (
     token_ids,
     turn_context,
 )
-from boomerang_vllm_hook.sender import Registration, RegistrationSender
+from boomerang_vllm_hook.sender import EngineFacts, Registration, RegistrationSender
 
 log = logging.getLogger(__name__)
 MAX_TRACKED = 100_000

@@ -28,7 +28,7 @@ from typing import Any
 
 from boomerang_vllm_hook.config import HookConfig, parse_config
 from boomerang_vllm_hook.hook import BoomerangHook
-from boomerang_vllm_hook.presence import EngineFacts
+from boomerang_vllm_hook.sender import EngineFacts
 
 log = logging.getLogger("boomerang_vllm_hook")
 

@@ -123,14 +123,6 @@ class Outbox(Generic[T]):
         with self._cond:
             return len(self._items) + self._taken
 
-    def wait_drained(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds (wall clock) until nothing is `pending`; whether it
-        drained. What a sender's `flush` waits for."""
-        end = time.monotonic() + timeout
-        while self.pending() and time.monotonic() < end:
-            time.sleep(0.005)
-        return not self.pending()
-
     def retry(self, entries: list[Entry[T]]) -> None:
         """Put failed entries back at the front, in their order, within the capacity."""
         with self._cond:
@@ -191,8 +183,12 @@ class OutboxWorker(Generic[T]):
         self._thread.start()
 
     def flush(self, timeout: float) -> bool:
-        """Wait until nothing is queued or being sent; whether that happened in time."""
-        return self.outbox.wait_drained(timeout)
+        """Wait up to `timeout` seconds (wall clock) until nothing is queued or being sent
+        (`Outbox.pending`); whether that happened in time."""
+        end = time.monotonic() + timeout
+        while self.outbox.pending() and time.monotonic() < end:
+            time.sleep(0.005)
+        return not self.outbox.pending()
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what can be sent within `timeout`, then stop the thread and close the client."""
