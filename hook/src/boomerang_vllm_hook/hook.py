@@ -55,7 +55,6 @@ from boomerang_vllm_hook.requestview import (
     TurnContext,
     has_pull_handle,
     retained_handle,
-    token_ids,
     turn_context,
 )
 from boomerang_vllm_hook.sender import EngineFacts, Registration, RegistrationSender
@@ -253,7 +252,7 @@ class BoomerangHook:
 
     def _admit(self, request: Any, rid: str, num_computed_tokens: int) -> TurnState:
         """Track a new request and start its plan when a plan could gain something."""
-        prompt = token_ids(request, "prompt_token_ids")
+        prompt = list(getattr(request, "prompt_token_ids", None) or [])
         found = self._context(request)
         local = max(0, int(num_computed_tokens))
         state = self._track(rid, TurnState(None if isinstance(found, Skip) else found, len(prompt), local_cached=local))
@@ -351,11 +350,9 @@ class BoomerangHook:
     def _give_back(self, pending: PendingPlan, attempt: PlanAttempt, kind: str) -> None:
         report: Report | None = None
         if attempt.response is not None:
-            pulled = attempt.response.decision == opb.PLAN_DECISION_PULL
-            use = opb.HANDLE_USE_NOT_READ if pulled else opb.HANDLE_USE_UNSPECIFIED
-            report = Report(pending.tenant, attempt.response.plan_id, use)
+            report = Report.give_back(pending.context.tenant, attempt.response)
         elif attempt.error == "DEADLINE_EXCEEDED" and attempt.request is not None:
-            report = Report(pending.tenant, replan=attempt.request)
+            report = Report(pending.context.tenant, replan=attempt.request)
         with self._late_lock:
             if report is not None and self.reporter is not None:
                 queued = self.reporter.submit(report)

@@ -71,7 +71,6 @@ class PlanAttempt:
 class PendingPlan:
     """One plan in flight: started on the scheduler thread, answered on another."""
 
-    tenant: str
     context: TurnContext
     prompt: Sequence[int]
     vllm_request_id: str
@@ -156,8 +155,8 @@ class PrefillPlanner:
         nobody waits for, answered to `on_late`); None when too many are in flight (the request
         computes locally). Never blocks."""
         now = self.clock()
-        pending = PendingPlan(context.tenant, context, prompt, vllm_request_id, now, now + min(wait, self.deadline), on_late,
-                              cached, abandoned=beside, beside=beside)
+        pending = PendingPlan(context, prompt, vllm_request_id, now, now + min(wait, self.deadline), on_late, cached,
+                              abandoned=beside, beside=beside)
         with self._lock:
             if self.in_flight >= self.max_in_flight:
                 self.dropped_full += 1

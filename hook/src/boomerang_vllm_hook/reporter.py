@@ -51,6 +51,12 @@ class Report:
     prefill_seconds: float | None = None
     copy_seconds: float | None = None
 
+    @classmethod
+    def give_back(cls, tenant: str, plan: opb.PlanTurnResponse) -> Report:
+        """The report that closes a plan vLLM never used: a PULL's handle goes back unread."""
+        pulled = plan.decision == opb.PLAN_DECISION_PULL
+        return cls(tenant, plan.plan_id, opb.HANDLE_USE_NOT_READ if pulled else opb.HANDLE_USE_UNSPECIFIED)
+
 
 class TurnReporter(OutboxWorker[Report]):
     """Owns the thread that sends turn reports; `submit` never blocks."""
@@ -113,8 +119,7 @@ class TurnReporter(OutboxWorker[Report]):
                     log.warning("boomerang: PlanTurn refused when giving back a lost plan: %s", err)
                 continue
             # From here on the entry is a plain report: a retry sends it without planning again.
-            use = opb.HANDLE_USE_NOT_READ if plan.decision == opb.PLAN_DECISION_PULL else opb.HANDLE_USE_UNSPECIFIED
-            entry.item = Report(entry.item.tenant, plan.plan_id, use)
+            entry.item = Report.give_back(entry.item.tenant, plan)
         ready = [e for e in batch if e.item.replan is None]  # the unplanned ones wait or are dropped
         if failed:
             self.outbox.retry(failed)

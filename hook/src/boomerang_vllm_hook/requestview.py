@@ -186,8 +186,3 @@ def retained_handle(params: Any) -> RetainedHandle | None:
         generation=gen if _is_int(gen) else None,
     )
 
-
-def token_ids(request: Any, attribute: str) -> list[int]:
-    """A copy of the request's `prompt_token_ids` or `all_token_ids` as a plain list."""
-    value = getattr(request, attribute, None)
-    return list(value) if value is not None else []
