@@ -222,45 +222,48 @@ class PrefillPlanner:
                 self._send(pending)
             except Exception as exc:
                 log.exception("boomerang: starting a plan failed")
-                self._finish(pending, PlanAttempt(None, type(exc).__name__, elapsed=self.clock() - pending.started))
+                self._finish(pending, type(exc).__name__)
         for pending in pending_left:
-            self._finish(pending, PlanAttempt(None, "CANCELLED", elapsed=self.clock() - pending.started))
+            self._finish(pending, "CANCELLED")
 
     def _send(self, pending: PendingPlan) -> None:
         if pending.abandoned and not pending.beside:  # the request ended (or gave up) before its plan left
-            self._finish(pending, PlanAttempt(None, "DEADLINE_SPENT", elapsed=self.clock() - pending.started))
+            self._finish(pending, "DEADLINE_SPENT")
             return
         try:
             req = self.build_request(pending.context, pending.prompt, pending.vllm_request_id, pending.cached)
             req.turn_started = pending.beside
         except ValueError:
-            self._finish(pending, PlanAttempt(None, "BAD_TOKENS", elapsed=self.clock() - pending.started))
+            self._finish(pending, "BAD_TOKENS")
             return
         left = pending.wait_until - self.clock()
         if left <= MIN_WAIT_SECONDS:
-            self._finish(pending, PlanAttempt(None, "DEADLINE_SPENT", req, self.clock() - pending.started))
+            self._finish(pending, "DEADLINE_SPENT", req)
             return
         future = self.client.plan_turn_future(req, timeout=left)
         future.add_done_callback(lambda f: self._answered(pending, req, f))
 
     def _answered(self, pending: PendingPlan, req: opb.PlanTurnRequest, future: Any) -> None:
-        elapsed = self.clock() - pending.started
         try:
             resp = result("PlanTurn", future)
         except BoomerangClientError as err:
-            self._finish(pending, PlanAttempt(None, err.code, req, elapsed), failed=err.code not in REFUSALS)
+            self._finish(pending, err.code, req, failed=err.code not in REFUSALS)
             return
         except Exception as exc:  # noqa: BLE001 - a cancelled future raises its own error class
-            self._finish(pending, PlanAttempt(None, type(exc).__name__, req, elapsed), failed=True)
+            self._finish(pending, type(exc).__name__, req, failed=True)
             return
-        self._finish(pending, PlanAttempt(resp, "", req, elapsed), succeeded=True)
+        self._finish(pending, "", req, resp)
 
-    def _finish(self, pending: PendingPlan, attempt: PlanAttempt, *, failed: bool = False, succeeded: bool = False) -> None:
+    def _finish(
+        self, pending: PendingPlan, error: str, req: opb.PlanTurnRequest | None = None,
+        resp: opb.PlanTurnResponse | None = None, *, failed: bool = False,
+    ) -> None:
+        """File the attempt's outcome (a plan, or why there is none) and count it for the
+        breaker: a plan closes it, a failure of the router (not a refusal) counts."""
         with self._lock:
             self.in_flight -= 1
             if failed:
                 self.breaker.record_failure()
-            elif succeeded:
+            elif resp is not None:
                 self.breaker.record_success()
-        pending.resolve(attempt)
-
+        pending.resolve(PlanAttempt(resp, error, req, self.clock() - pending.started))
