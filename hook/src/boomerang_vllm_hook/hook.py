@@ -26,7 +26,6 @@ ended, was aborted) gives back what it claimed.
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
@@ -45,10 +44,11 @@ from boomerang_vllm_hook.planner import (
     PendingPlan,
     PlanAttempt,
     PrefillPlanner,
+    Report,
+    TurnReporter,
     plan_breaker,
 )
 from boomerang_vllm_hook.releases import ReleaseInbox
-from boomerang_vllm_hook.reporter import Report, TurnReporter
 from boomerang_vllm_hook.requestview import (
     KEY,
     Skip,
@@ -59,7 +59,6 @@ from boomerang_vllm_hook.requestview import (
 )
 from boomerang_vllm_hook.sender import EngineFacts, Registration, RegistrationSender
 
-log = logging.getLogger(__name__)
 MAX_TRACKED = 100_000
 
 

@@ -8,7 +8,7 @@ dropped on the way out and counted.
 
 `OutboxWorker` is the sender's thread: the decode side's registrations
 (RegisterRetainedBlocksBatch, `sender.py`) and the prefill side's reports (ReportTurnBatch,
-`reporter.py`). A round's items go out in calls of at most `MAX_CALL` (the services' limit),
+`planner.py`). A round's items go out in calls of at most `MAX_CALL` (the services' limit),
 all in flight at once, and come back as one answer per item, in order — the response, or
 the error that item alone was refused with. An error of the whole call (transient, a
 permission, "register the engine first") is each of its items' answer, and a response with
