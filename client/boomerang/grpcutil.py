@@ -94,24 +94,27 @@ def grpc_channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 # Retries only UNAVAILABLE, and clients enable it only for idempotent methods (every
 # Boomerang RPC is idempotent by request id or natural key; see the protos).
-def retry_service_config(service_names: list[str], max_attempts: int = 3) -> str:
-    """A gRPC service config that retries UNAVAILABLE with backoff for these services."""
-    return json.dumps(
-        {
-            "methodConfig": [
-                {
-                    "name": [{"service": name} for name in service_names],
-                    "retryPolicy": {
-                        "maxAttempts": max_attempts,
-                        "initialBackoff": "0.05s",
-                        "maxBackoff": "1s",
-                        "backoffMultiplier": 2,
-                        "retryableStatusCodes": ["UNAVAILABLE"],
-                    },
-                }
-            ]
-        }
-    )
+def client_options(services: list[str], retries: bool = True) -> list[tuple[str, Any]]:
+    """A client channel's options: the shared ones (16 MiB messages) and, unless `retries` is
+    False, a service config that retries UNAVAILABLE with back-off for these services."""
+    options: list[tuple[str, Any]] = list(grpc_channel_options(16 * 1024 * 1024))
+    if not retries:
+        return [*options, ("grpc.enable_retries", 0)]
+    config = {
+        "methodConfig": [
+            {
+                "name": [{"service": name} for name in services],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+    return [*options, ("grpc.service_config", json.dumps(config)), ("grpc.enable_retries", 1)]
 
 
 # grpc ships no type information: its interceptor bases are Any to mypy.
@@ -148,17 +151,13 @@ class _StreamStreamToken(_BearerToken, grpc.aio.StreamStreamClientInterceptor): 
         return await continuation(self._with_token(client_call_details), request_iterator)
 
 
-def aio_channel(target: str, services: list[str], max_message_bytes: int = 16 * 1024 * 1024) -> grpc.aio.Channel:
+def aio_channel(target: str, services: list[str]) -> grpc.aio.Channel:
     """An asyncio channel that retries UNAVAILABLE for the given services.
 
     It uses TLS when `BOOMERANG_TLS_*` files are configured (mutual TLS with a client
     certificate) and presents `BOOMERANG_AUTH_TOKEN` as a bearer token when set.
     """
-    options: list[tuple[str, Any]] = [
-        *grpc_channel_options(max_message_bytes),
-        ("grpc.service_config", retry_service_config(services)),
-        ("grpc.enable_retries", 1),
-    ]
+    options = client_options(services)
     interceptors: list[Any] = list(grpc_client_interceptors())
     token = client_token()
     if token:
@@ -175,15 +174,10 @@ def sync_channel(
     *,
     retries: bool = True,
     tls: TlsFiles | None = None,
-    max_message_bytes: int = 16 * 1024 * 1024,
 ) -> grpc.Channel:
     """A blocking channel (TLS when `tls` is enabled); retries UNAVAILABLE for `services`
     unless `retries` is False."""
-    options: list[tuple[str, Any]] = list(grpc_channel_options(max_message_bytes))
-    if retries:
-        options += [("grpc.service_config", retry_service_config(services)), ("grpc.enable_retries", 1)]
-    else:
-        options += [("grpc.enable_retries", 0)]
+    options = client_options(services, retries)
     if tls is not None and tls.enabled:
         channel = grpc.secure_channel(target, tls.channel_credentials(), options=options)
     else:
