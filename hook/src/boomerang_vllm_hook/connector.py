@@ -101,34 +101,29 @@ def engine_facts(vllm_config: Any, config: HookConfig, scheduler: Any = None) ->
 class BoomerangConnectorMixin:
     """Boomerang's hook around the NixlConnector's scheduler-side calls."""
 
-    _boomerang: BoomerangHook | None = None
+    boomerang: BoomerangHook | None = None  # the hook (scheduler role only)
     # How the hook is built; tests replace it to hand the hook their own clients.
     hook_factory: Callable[[HookConfig, EngineFacts], BoomerangHook] = BoomerangHook
 
     def __init__(self, vllm_config: Any, role: Any, *args: Any, **kwargs: Any):
         super().__init__(vllm_config, role, *args, **kwargs)  # type: ignore[call-arg]
-        self._boomerang = None
+        self.boomerang = None
         if _role_name(role) != "SCHEDULER":
             return
         extra = getattr(getattr(vllm_config, "kv_transfer_config", None), "kv_connector_extra_config", None)
         config = parse_config(extra)  # a bad configuration stops the engine here, with the keys named
         facts = engine_facts(vllm_config, config, getattr(self, "connector_scheduler", None))
-        self._boomerang = type(self).hook_factory(config, facts)
-        self._boomerang.start()
+        self.boomerang = type(self).hook_factory(config, facts)
+        self.boomerang.start()
         log.info("boomerang: %s hook on engine %s (model %s)", facts.role, facts.engine_id, facts.model)
-
-    @property
-    def boomerang(self) -> BoomerangHook | None:
-        """The hook (scheduler role only)."""
-        return self._boomerang
 
     def _guard(self, what: str, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
         except Exception:
             log.exception("boomerang: %s failed; the request continues without Boomerang", what)
-            if self._boomerang is not None:
-                self._boomerang.counters["hook_errors"] += 1
+            if self.boomerang is not None:
+                self.boomerang.counters["hook_errors"] += 1
             return None
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -137,8 +132,8 @@ class BoomerangConnectorMixin:
         While the plan is in flight and worth waiting for, the answer is vLLM's "ask again
         later", `(None, False)`: the scheduler skips the request this step and goes on with
         the others, so it never waits on the network."""
-        if self._boomerang is not None:
-            ready = self._guard("planning", self._boomerang.before_match, request, num_computed_tokens)
+        if self.boomerang is not None:
+            ready = self._guard("planning", self.boomerang.before_match, request, num_computed_tokens)
             if ready is False:
                 return None, False
         return super().get_num_new_matched_tokens(request, num_computed_tokens)  # type: ignore[misc, no-any-return]
@@ -146,8 +141,8 @@ class BoomerangConnectorMixin:
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """The NixlConnector's allocation step, then note the handle is in use."""
         super().update_state_after_alloc(request, blocks, num_external_tokens)  # type: ignore[misc]
-        if self._boomerang is not None:
-            self._guard("after_alloc", self._boomerang.after_alloc, request, num_external_tokens)
+        if self.boomerang is not None:
+            self._guard("after_alloc", self.boomerang.after_alloc, request, num_external_tokens)
 
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         """The end of a request on an HMA connector (the NixlConnector): the NixlConnector's
@@ -163,21 +158,21 @@ class BoomerangConnectorMixin:
         return self._finished(request, result)
 
     def _finished(self, request: Any, result: tuple[bool, dict[str, Any] | None]) -> tuple[bool, dict[str, Any] | None]:
-        if self._boomerang is None:
+        if self.boomerang is None:
             return result
-        changed = self._guard("request_finished", self._boomerang.on_finished, request, result)
+        changed = self._guard("request_finished", self.boomerang.on_finished, request, result)
         return result if changed is None else changed
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         """Decode engines: released turns get their send deadline moved to now in the
         NixlConnector scheduler's `_reqs_need_send`, which this very call hands to the workers;
         their next `get_finished` frees the blocks (releases.py). Also samples free blocks."""
-        if self._boomerang is not None and self._boomerang.facts.role == "decode":
+        if self.boomerang is not None and self.boomerang.facts.role == "decode":
             self._guard("releases", self._apply_releases)
         return super().build_connector_meta(scheduler_output)  # type: ignore[misc]
 
     def _apply_releases(self) -> None:
-        inbox = self._boomerang.releases  # type: ignore[union-attr]
+        inbox = self.boomerang.releases  # type: ignore[union-attr]
         manager = getattr(self, "_kv_cache_manager", None)  # bound by vLLM's scheduler
         pool = getattr(manager, "block_pool", None)
         if pool is not None:
@@ -201,16 +196,16 @@ class BoomerangConnectorMixin:
         parent = getattr(super(), "update_connector_output", None)
         if parent is not None:
             parent(connector_output)
-        if self._boomerang is not None and getattr(connector_output, "finished_sending", None):
-            self._guard("freed", self._boomerang.releases.freed, connector_output.finished_sending)
-        if self._boomerang is not None and getattr(connector_output, "finished_recving", None):
-            self._guard("loaded", self._boomerang.loaded, connector_output.finished_recving)
+        if self.boomerang is not None and getattr(connector_output, "finished_sending", None):
+            self._guard("freed", self.boomerang.releases.freed, connector_output.finished_sending)
+        if self.boomerang is not None and getattr(connector_output, "finished_recving", None):
+            self._guard("loaded", self.boomerang.loaded, connector_output.finished_recving)
 
     def shutdown(self) -> None:
         """Flush the background senders briefly, then the NixlConnector's own shutdown."""
-        if self._boomerang is not None:
-            self._guard("shutdown", self._boomerang.close)
-            self._boomerang = None
+        if self.boomerang is not None:
+            self._guard("shutdown", self.boomerang.close)
+            self.boomerang = None
         parent = getattr(super(), "shutdown", None)
         if parent is not None:
             parent()
