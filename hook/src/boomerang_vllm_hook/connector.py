@@ -25,77 +25,18 @@ the waiting queue and asks `get_num_new_matched_tokens` again).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from boomerang_vllm_hook.config import HookConfig, parse_config
 from boomerang_vllm_hook.hook import BoomerangHook
-from boomerang_vllm_hook.sender import EngineFacts
+from boomerang_vllm_hook.sender import EngineFacts, engine_facts
 
 log = logging.getLogger("boomerang_vllm_hook")
 
 def _role_name(role: Any) -> str:
     return str(getattr(role, "name", role)).upper()
-
-
-def _first(*values: Any) -> Any:
-    for value in values:
-        if value not in (None, "", 0):
-            return value
-    return None
-
-
-def engine_facts(vllm_config: Any, config: HookConfig, scheduler: Any = None) -> EngineFacts:
-    """What to register, read from vLLM's config (duck-typed) with the hook's overrides."""
-    b = config.boomerang
-    kv = getattr(vllm_config, "kv_transfer_config", None)
-    cache = getattr(vllm_config, "cache_config", None)
-    model_cfg = getattr(vllm_config, "model_config", None)
-    parallel = getattr(vllm_config, "parallel_config", None)
-    engine_id = getattr(kv, "engine_id", None) or getattr(scheduler, "engine_id", None)
-    if not engine_id:
-        raise ValueError("kv_transfer_config.engine_id is not set; the hook cannot name this engine")
-    served = getattr(model_cfg, "served_model_name", None)
-    if isinstance(served, (list, tuple)):
-        served = served[0] if served else None
-    model = _first(b.model, served, getattr(model_cfg, "model", None))
-    if not model:
-        raise ValueError("no served model name; set kv_connector_extra_config.boomerang.model")
-    dp_rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
-    # vLLM's NIXL side channel: VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, the port offset by DP rank.
-    host = _first(
-        b.side_channel_host,
-        getattr(scheduler, "side_channel_host", None),
-        os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST"),
-        "localhost",
-    )
-    port = _first(
-        b.side_channel_port,
-        getattr(scheduler, "side_channel_port", None),
-        int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")) + dp_rank,
-    )
-    generation = _first(
-        getattr(scheduler, "registration_generation", None),
-        getattr(scheduler, "_registration_generation", None),
-        b.registration_generation,
-    )
-    return EngineFacts(
-        engine_id=str(engine_id),
-        role=b.role,
-        model=str(model),
-        block_size=int(getattr(cache, "block_size", 16) or 16),
-        kv_blocks_ttl_seconds=config.decoder_kv_blocks_ttl,
-        kv_recompute_threshold=config.kv_recompute_threshold,
-        side_channel_host=str(host),
-        side_channel_port=int(port),
-        http_base_url=b.http_base_url,
-        generation=int(generation or 0),
-        tp_size=int(getattr(parallel, "tensor_parallel_size", 1) or 1),
-        dcp_size=int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
-        pp_size=int(getattr(parallel, "pipeline_parallel_size", 1) or 1),
-    )
 
 
 class BoomerangConnectorMixin:

@@ -33,8 +33,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from boomerang_vllm_hook.config import parse_config
-from boomerang_vllm_hook.connector import engine_facts
 from boomerang_vllm_hook.hook import BoomerangHook
+from boomerang_vllm_hook.sender import engine_facts
 
 from boomerang_tools.sim.state import GenRequest, SimConfig
 
