@@ -21,7 +21,7 @@ are dropped the same way. `OTEL_TRACES_SAMPLER=parentbased_always_on` traces eve
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -264,16 +264,3 @@ def _span(name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
     ) as current:
         yield current
 
-
-__all__: Sequence[str] = (
-    "annotate",
-    "asgi_app",
-    "enabled",
-    "grpc_client_interceptors",
-    "grpc_server_interceptors",
-    "instrument_engine",
-    "setup_tracing",
-    "shutdown_tracing",
-    "span",
-    "tracing_requested",
-)

@@ -81,16 +81,12 @@ class TokenChain:
             raise ValueError("tail_hash must be empty when num_tokens is a multiple of block_size")
 
 
-def _pack(tokens: Sequence[int]) -> bytes:
-    try:
-        return struct.pack(f"<{len(tokens)}I", *tokens)
-    except struct.error as exc:
-        raise ValueError(f"token ids must be integers 0 to {MAX_TOKEN_ID}") from exc
-
-
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as little-endian u32s, as the chain hashes them (and the claim SQL reads them)."""
-    return _pack(token_ids)
+    try:
+        return struct.pack(f"<{len(token_ids)}I", *token_ids)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be integers 0 to {MAX_TOKEN_ID}") from exc
 
 
 def salt_key(salt: str) -> str:
@@ -117,7 +113,7 @@ def build_chain(token_ids: Sequence[int], block_size: int, salt: str = "") -> To
     """Hash `token_ids` into a chain of `block_size`-token blocks (seeded by `salt`, if any)."""
     if not 1 <= block_size <= 1024:
         raise ValueError(f"block_size must be 1 to 1024, got {block_size}")
-    packed = _pack(token_ids)
+    packed = pack_tokens(token_ids)
     stride = block_size * 4
     whole = len(token_ids) // block_size
     prev = seed_for(salt)
@@ -199,4 +195,4 @@ def prompt_tail_digest(chain: TokenChain, prompt_tokens: int, tail_ids: Sequence
     blocks = prompt_tokens // chain.block_size
     if not tail_ids or blocks < 1:
         return b""
-    return hashlib.sha256(chain.block_hash(blocks - 1) + _pack(tail_ids)).digest()
+    return hashlib.sha256(chain.block_hash(blocks - 1) + pack_tokens(tail_ids)).digest()

@@ -11,7 +11,7 @@ import pytest
 from boomerang.clients.sync import SyncRegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_vllm_hook.mixin import BoomerangConnectorMixin
+from boomerang_vllm_hook.connector import BoomerangConnectorMixin
 
 from tests.support.procs import BOOMERANG, ServiceProcess, wait_for
 from tests.support.vllm_standin import (

@@ -23,7 +23,7 @@ from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_vllm_hook.mixin import BoomerangConnectorMixin
+from boomerang_vllm_hook.connector import BoomerangConnectorMixin
 
 from tests.support.procs import ServiceProcess, wait_for
 from tests.support.router_stack import running_registry, running_router

@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from boomerang.clients.lease_keys import apply
-from boomerang.leasekeys import LeaseSummary, conversation_key, keys_of_leases, lease_keys
+from boomerang.leasekeys import LeaseSummary, apply, conversation_key, keys_of_leases, lease_keys
 from boomerang.tokenchain import build_chain
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.watches import LeaseKeysHub, snapshot_messages

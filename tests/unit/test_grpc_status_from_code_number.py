@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 from boomerang.errors import Code
-from boomerang.grpcutil.client_status import from_code_number
+from boomerang.grpcutil import from_code_number
 
 
 def test_mapped_code_keeps_reason_and_message() -> None:

@@ -37,7 +37,7 @@ FIRST_PARTY = {"boomerang": "boomerang-client", "boomerang_vllm_hook": "boomeran
 # Third-party imports inside functions that the hook never reaches: each with the function
 # that leads to it, which no shipped module but its own may name (test_unreached_stays_so).
 UNREACHED = {
-    # boomerang.telemetry and grpcutil.channel load OpenTelemetry once tracing is set up.
+    # boomerang.telemetry and boomerang.grpcutil load OpenTelemetry once tracing is set up.
     "opentelemetry": ("boomerang.telemetry", "setup_tracing"),
 }
 
@@ -188,7 +188,7 @@ sys.path.insert(0, wheel_dir)
 import boomerang_vllm_hook.connector as connector
 from boomerang_vllm_hook.config import parse_config
 from boomerang_vllm_hook.hook import BoomerangHook
-from boomerang_vllm_hook.presence import EngineFacts
+from boomerang_vllm_hook.sender import EngineFacts
 
 config = parse_config({"boomerang": {"role": "prefill", "router": "127.0.0.1:9", "registry": "127.0.0.1:9",
                                      "tenant": "acme"}})

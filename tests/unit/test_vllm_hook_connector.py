@@ -13,9 +13,9 @@ import pytest
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
 from boomerang_vllm_hook.config import HookConfig, HookConfigError
+from boomerang_vllm_hook.connector import BoomerangConnectorMixin
 from boomerang_vllm_hook.hook import BoomerangHook
-from boomerang_vllm_hook.mixin import BoomerangConnectorMixin
-from boomerang_vllm_hook.presence import EngineFacts
+from boomerang_vllm_hook.sender import EngineFacts
 
 from tests.support.hook_fakes import FakeRegistry, FakeRouter, client_error
 from tests.support.procs import wait_for

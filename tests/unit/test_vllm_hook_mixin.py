@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import inspect
 
-from boomerang_vllm_hook.mixin import BoomerangConnectorMixin
+from boomerang_vllm_hook.connector import BoomerangConnectorMixin
 
 
 def test_connector_module_imports_without_vllm() -> None:

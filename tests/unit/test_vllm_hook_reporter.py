@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from boomerang.v1 import router_service_pb2 as opb
-from boomerang_vllm_hook.reporter import Report, TurnReporter
+from boomerang_vllm_hook.planner import Report, TurnReporter
 
 from tests.support.hook_fakes import FakeRouter, client_error
 

@@ -103,7 +103,7 @@ def test_retained_handle_parsing() -> None:
     h = retained_handle(d)
     assert h is not None
     assert (h.engine_id, h.remote_request_id, h.block_groups) == ("d1", "rq", ((4, 5), (9, 10)))
-    assert (h.num_tokens, h.expiry_time, h.generation, h.tp_size, h.remote_port) == (20, 123.5, 3, 2, 5600)
+    assert (h.num_tokens, h.expiry_time, h.generation, h.remote_port) == (20, 123.5, 3, 5600)
     # P's params for D, an abort, and junk are not D's handle.
     assert retained_handle({**d, "do_remote_decode": False, "do_remote_prefill": True}) is None
     assert retained_handle(None) is None

@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_vllm_hook.presence import EngineFacts
 from boomerang_vllm_hook.requestview import RetainedHandle, TurnContext
-from boomerang_vllm_hook.sender import Registration, RegistrationSender, idempotency_key
+from boomerang_vllm_hook.sender import (
+    EngineFacts,
+    Registration,
+    RegistrationSender,
+    idempotency_key,
+)
 
 from tests.support.hook_fakes import FakeRegistry, client_error
 from tests.support.procs import wait_for
@@ -21,7 +25,7 @@ FACTS = EngineFacts("d-1", "decode", "qwen3-32b", 16, 480, 64, "127.0.0.1", 5600
 
 
 def registration(rid: str, tokens: int = 40, generation: int | None = 1, conversation: str = "c") -> Registration:
-    handle = RetainedHandle("d-1", rid, ((1, 2, 3),), "127.0.0.1", 5600, tokens, None, generation, 1, 1, 1)
+    handle = RetainedHandle("d-1", rid, ((1, 2, 3),), "127.0.0.1", 5600, tokens, None, generation)
     return Registration(TurnContext("acme", conversation), handle, tuple(range(100, 100 + tokens)), 1_700_000_000.0)
 
 

@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from boomerang_vllm_hook.connector import VLLM_AVAILABLE, BoomerangConnector, NixlConnector
-from boomerang_vllm_hook.mixin import BoomerangConnectorMixin
+from boomerang_vllm_hook.connector import (
+    VLLM_AVAILABLE,
+    BoomerangConnector,
+    BoomerangConnectorMixin,
+    NixlConnector,
+)
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma

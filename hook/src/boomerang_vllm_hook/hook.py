@@ -26,20 +26,17 @@ ended, was aborted) gives back what it claimed.
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from boomerang.clients.lease_keys import LeaseKeysThread
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
-from boomerang.leasekeys import LeaseSummary, conversation_key
-from boomerang.plans import decision_name, pull_params
+from boomerang.leasekeys import LeaseKeysThread, LeaseSummary, conversation_key
+from boomerang.plans import decision_name, pull_params, worth_waiting
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
-from boomerang.worth import worth_waiting
 
 from boomerang_vllm_hook.config import HookConfig
 from boomerang_vllm_hook.planner import (
@@ -47,23 +44,21 @@ from boomerang_vllm_hook.planner import (
     PendingPlan,
     PlanAttempt,
     PrefillPlanner,
+    Report,
+    TurnReporter,
     plan_breaker,
 )
-from boomerang_vllm_hook.presence import EngineFacts
 from boomerang_vllm_hook.releases import ReleaseInbox
-from boomerang_vllm_hook.reporter import Report, TurnReporter
 from boomerang_vllm_hook.requestview import (
     KEY,
     Skip,
     TurnContext,
     has_pull_handle,
     retained_handle,
-    token_ids,
     turn_context,
 )
-from boomerang_vllm_hook.sender import Registration, RegistrationSender
+from boomerang_vllm_hook.sender import EngineFacts, Registration, RegistrationSender
 
-log = logging.getLogger(__name__)
 MAX_TRACKED = 100_000
 
 
@@ -256,7 +251,7 @@ class BoomerangHook:
 
     def _admit(self, request: Any, rid: str, num_computed_tokens: int) -> TurnState:
         """Track a new request and start its plan when a plan could gain something."""
-        prompt = token_ids(request, "prompt_token_ids")
+        prompt = list(getattr(request, "prompt_token_ids", None) or [])
         found = self._context(request)
         local = max(0, int(num_computed_tokens))
         state = self._track(rid, TurnState(None if isinstance(found, Skip) else found, len(prompt), local_cached=local))
@@ -354,11 +349,9 @@ class BoomerangHook:
     def _give_back(self, pending: PendingPlan, attempt: PlanAttempt, kind: str) -> None:
         report: Report | None = None
         if attempt.response is not None:
-            pulled = attempt.response.decision == opb.PLAN_DECISION_PULL
-            use = opb.HANDLE_USE_NOT_READ if pulled else opb.HANDLE_USE_UNSPECIFIED
-            report = Report(pending.tenant, attempt.response.plan_id, use)
+            report = Report.give_back(pending.context.tenant, attempt.response)
         elif attempt.error == "DEADLINE_EXCEEDED" and attempt.request is not None:
-            report = Report(pending.tenant, replan=attempt.request)
+            report = Report(pending.context.tenant, replan=attempt.request)
         with self._late_lock:
             if report is not None and self.reporter is not None:
                 queued = self.reporter.submit(report)

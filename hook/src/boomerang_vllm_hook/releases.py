@@ -37,9 +37,9 @@ class ReleaseInbox:
         self.clock = clock  # perf_counter: vLLM's clock for send deadlines
         self.counters: Counter[str] = Counter()
         self._incoming: queue.SimpleQueue[str] = queue.SimpleQueue()
-        # Requests whose blocks vLLM holds for a pull, with their send deadline (scheduler thread).
-        self._pinned: OrderedDict[str, float] = OrderedDict()
-        self._blocks: dict[str, int] = {}
+        # Requests whose blocks vLLM holds for a pull: their send deadline and their number of
+        # blocks (scheduler thread).
+        self._pinned: OrderedDict[str, tuple[float, int]] = OrderedDict()
         # Free and total KV blocks as the scheduler thread last saw them (read by heartbeats).
         self.free_blocks = 0
         self.total_blocks = 0
@@ -60,21 +60,14 @@ class ReleaseInbox:
 
     def pin(self, request_id: str, expiry: float, blocks: int) -> None:
         """vLLM holds this finished request's blocks until `expiry` (on `clock`) or a read."""
-        self._pinned[request_id] = expiry
-        self._blocks[request_id] = blocks
+        self._pinned[request_id] = expiry, blocks
         while len(self._pinned) > MAX_PINNED:
-            old, _ = self._pinned.popitem(last=False)
-            self._blocks.pop(old, None)
+            self._pinned.popitem(last=False)
 
     def freed(self, request_ids: Iterable[str]) -> None:
         """vLLM reported these requests' blocks freed (`finished_sending`)."""
         for rid in request_ids:
-            if self._pinned.pop(rid, None) is not None:
-                self._blocks.pop(rid, None)
-
-    def pinned_blocks(self) -> int:
-        """Blocks of the turns this engine retains for a pull, as far as the hook knows."""
-        return sum(self._blocks.values())
+            self._pinned.pop(rid, None)
 
     def take(self) -> list[str]:
         """The released requests vLLM still holds: the ones to expire now."""
@@ -87,15 +80,16 @@ class ReleaseInbox:
                 rid = self._incoming.get_nowait()
             except queue.Empty:
                 break
-            expiry = self._pinned.get(rid)
-            if expiry is None:
+            held = self._pinned.get(rid)
+            if held is None:
                 self.counters["releases_not_held"] += 1  # read, reaped, or never ours
                 continue
+            expiry, blocks = held
             if expiry <= now:
                 self.counters["releases_already_due"] += 1  # vLLM reaps it this step anyway
                 continue
-            self._pinned[rid] = now
+            self._pinned[rid] = now, blocks
             self.counters["releases_applied"] += 1
-            self.counters["released_blocks"] += self._blocks.get(rid, 0)
+            self.counters["released_blocks"] += blocks
             out.append(rid)
         return out

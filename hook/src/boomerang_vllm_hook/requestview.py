@@ -158,9 +158,6 @@ class RetainedHandle:
     num_tokens: int | None
     expiry_time: float | None  # D's time.perf_counter() seconds
     generation: int | None
-    tp_size: int | None
-    dcp_size: int | None
-    pp_size: int | None
 
 
 def retained_handle(params: Any) -> RetainedHandle | None:
@@ -187,13 +184,5 @@ def retained_handle(params: Any) -> RetainedHandle | None:
         num_tokens=num if _is_int(num) else None,
         expiry_time=None if expiry is None else float(expiry),
         generation=gen if _is_int(gen) else None,
-        tp_size=params.get("tp_size") if _is_int(params.get("tp_size")) else None,
-        dcp_size=params.get("dcp_size") if _is_int(params.get("dcp_size")) else None,
-        pp_size=params.get("pp_size") if _is_int(params.get("pp_size")) else None,
     )
 
-
-def token_ids(request: Any, attribute: str) -> list[int]:
-    """A copy of the request's `prompt_token_ids` or `all_token_ids` as a plain list."""
-    value = getattr(request, attribute, None)
-    return list(value) if value is not None else []

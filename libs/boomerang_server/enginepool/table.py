@@ -10,7 +10,7 @@ connection was refused can be marked down for a few seconds, so a dead engine co
 refused connection, not one per request.
 
 The table keeps no load and makes no choice: the router ranks candidates by load
-(`boomerang_router.pool`), the gateway by its own in-flight count or a conversation's hash
+(`boomerang_router.engines`), the gateway by its own in-flight count or a conversation's hash
 (`boomerang_gateway.engine_routing`).
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from boomerang.grpcutil.channel import aio_channel
+from boomerang.grpcutil import aio_channel
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 

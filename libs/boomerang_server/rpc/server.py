@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 from boomerang.auth import TlsFiles
-from boomerang.grpcutil.options import grpc_channel_options
+from boomerang.grpcutil import grpc_channel_options
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 

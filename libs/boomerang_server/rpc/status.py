@@ -4,7 +4,7 @@ Servicer methods are wrapped with `@rpc`: a `BoomerangError` is sent as its cano
 with `google.rpc.ErrorInfo` (domain `boomerang.dev`, a stable reason) and, for bad input,
 `google.rpc.BadRequest` field violations; a lost database becomes UNAVAILABLE; anything
 else is logged and sent as INTERNAL without internals. A client reads them back with
-client_status.py.
+`boomerang.grpcutil` (`from_rpc_error`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.codes import GRPC_CODES
+from boomerang.grpcutil import GRPC_CODES
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status

@@ -18,10 +18,9 @@ from typing import Any
 
 import httpx2 as httpx
 import uvicorn
-from boomerang.clients.lease_keys import RETRY_SECONDS, apply
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
-from boomerang.leasekeys import LeaseSummary
+from boomerang.leasekeys import RETRY_SECONDS, LeaseSummary, apply
 from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
 from boomerang_server.db.engine import make_engine
 from boomerang_server.db.migrate import upgrade

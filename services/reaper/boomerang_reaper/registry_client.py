@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 from boomerang.clients.base import BoomerangClientError, call
 from boomerang.clients.registry import RegistryClient
-from boomerang.grpcutil.client_status import from_rpc_error
+from boomerang.grpcutil import from_rpc_error
 from boomerang.v1 import registry_service_pb2 as rpb
 from google.protobuf.timestamp_pb2 import Timestamp
 

@@ -20,12 +20,12 @@ from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.client_status import from_code_number
+from boomerang.grpcutil import from_code_number
+from boomerang.plans import worth_waiting
 from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang.worth import worth_waiting
 from boomerang_server.leases import ClaimOutcome
 from boomerang_server.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter as Counted
@@ -71,7 +71,7 @@ def claim_wait(deadline: float, share: float, prompt_tokens: int, seconds_per_to
     """Seconds a claim may wait for the registry.
 
     Under load a claim queues rather than give up, for as long as the reuse it may bring is
-    worth (`boomerang.worth`, the rule the vLLM hook's plan wait follows too): at least the
+    worth (`boomerang.plans`, the rule the vLLM hook's plan wait follows too): at least the
     claim deadline, and for a long prompt `share` of the prefill time it could save, up to
     MAX_SHARE_WAIT_SECONDS (recomputing 20k tokens costs far more GPU time than a claim that
     waits a hundred milliseconds).

@@ -36,7 +36,7 @@ from boomerang import chainproto
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import BoomerangError, Code
-from boomerang.grpcutil.client_status import from_code_number
+from boomerang.grpcutil import from_code_number
 from boomerang.resilience import TRANSIENT_CODES
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb

@@ -28,8 +28,8 @@ from typing import Any
 from boomerang.clients.base import BoomerangClientError
 from boomerang_vllm_hook.config import parse_config
 from boomerang_vllm_hook.hook import BoomerangHook
-from boomerang_vllm_hook.mixin import engine_facts
 from boomerang_vllm_hook.requestview import TurnContext
+from boomerang_vllm_hook.sender import engine_facts
 
 from boomerang_tools.bench.context import Bench
 from boomerang_tools.bench.report import summarize

@@ -34,7 +34,7 @@ from typing import Any
 
 from boomerang_vllm_hook.config import parse_config
 from boomerang_vllm_hook.hook import BoomerangHook
-from boomerang_vllm_hook.mixin import engine_facts
+from boomerang_vllm_hook.sender import engine_facts
 
 from boomerang_tools.sim.state import GenRequest, SimConfig
 
