@@ -24,8 +24,8 @@ callers verify each "no" in the background and count those that were wrong. Unti
 snapshot is in, and from the moment the stream breaks, every prompt is a "maybe".
 
 `LeaseKeysThread` (a daemon thread, the prefill hook's; the gateway's asyncio twin is
-`boomerang_gateway.server.watch_lease_keys`) reads the stream into the summary (`apply`) and reconnects
-after a pause when it ends. While the stream is down the summary is unknown
+`boomerang_gateway.server.watch_lease_keys`) reads the stream into the summary (`apply`) and
+reconnects after a pause when it ends. While the stream is down the summary is unknown
 (`LeaseSummary.lost`).
 """
 
