@@ -35,6 +35,7 @@ class TurnResult:
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens (vLLM's --enable-prompt-tokens-details)
     error: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    kv_transfer_params: dict[str, Any] = field(default_factory=dict)  # an engine's, when asked directly
 
 
 def server_timing(headers: dict[str, str]) -> dict[str, float]:
@@ -100,6 +101,7 @@ async def stream_chat(
                 if text and not result.ttft_ms:
                     result.ttft_ms = (time.perf_counter() - started) * 1000
                 pieces.append(text)
+                result.kv_transfer_params = chunk.get("kv_transfer_params") or result.kv_transfer_params
                 for choice in chunk.get("choices") or ():
                     if isinstance(choice, dict) and choice.get("finish_reason"):
                         result.finish_reason = choice["finish_reason"]
