@@ -26,9 +26,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from boomerang_tools.sim import protocol
 from boomerang_tools.sim.costmodel import Link
-from boomerang_tools.sim.engine import AdmissionError, Engine, GenRequest, Token
+from boomerang_tools.sim.engine import Engine, GenRequest, Token
 from boomerang_tools.sim.kvstore import ReadError
-from boomerang_tools.sim.params import Mode, ParamsError, first_group
+from boomerang_tools.sim.params import Mode, first_group
 
 log = logging.getLogger(__name__)
 VERSION = "0.33.0"
@@ -145,13 +145,9 @@ class Api:
                 req = await self.engine.hook.before_admit(req, request_id)
                 started += loop.time() - held
             admission = self.engine.admit(req, request_id, started)
-        except protocol.ProtocolError as exc:
-            return _error(exc.status, str(exc), exc.kind, exc.param)
-        except (ParamsError, AdmissionError) as exc:
+        except protocol.ProtocolError as exc:  # malformed, or refused once the hook had seen it
             if self.engine.hook is not None and request_id:
                 self.engine.hook.aborted(request_id)
-            if isinstance(exc, ParamsError):
-                return _error(400, str(exc), param="kv_transfer_params")
             return _error(exc.status, str(exc), exc.kind, exc.param)
         if self.engine.hook is not None:
             remote = admission.remote if admission.mode is Mode.PULL else None
@@ -216,10 +212,7 @@ class Api:
         self.engine.stats.tokenize_requests += 1
         try:
             body = await _json(request)
-            if not isinstance(body, dict):
-                raise protocol.ProtocolError(400, "The request body must be a JSON object.")
-            if body.get("model") and body["model"] != cfg.served_model_name:
-                raise protocol.ProtocolError(404, f"The model `{body['model']}` does not exist.", "NotFoundError", "model")
+            protocol.served_model(body, cfg.served_model_name)
             if "messages" in body:
                 ids = protocol.chat_prompt_ids(body, cfg.strip_reasoning)
             else:
@@ -293,7 +286,7 @@ class Api:
             body = await _json(request)
             rid, count, gen = body["request_id"], int(body["num_tokens"]), body.get("registration_generation")
             blocks = first_group(body["block_ids"])
-        except (protocol.ProtocolError, KeyError, TypeError, ValueError, ParamsError) as exc:
+        except (protocol.ProtocolError, KeyError, TypeError, ValueError) as exc:
             return JSONResponse({"reason": "BAD_REQUEST", "message": str(exc)}, status_code=400)
         wanted = body.get("engine_id")
         if wanted and wanted != self.config.engine_id:

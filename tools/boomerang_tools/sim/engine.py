@@ -27,19 +27,12 @@ from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhauste
 from boomerang_tools.sim.nixl import Gone, NixlClient, Unreachable
 from boomerang_tools.sim.params import Mode, RemoteHandle, classify, prefill_params, retained_params
 from boomerang_tools.sim.prefixcache import Hit, PrefixCache
-from boomerang_tools.sim.state import (
-    Admission,
-    AdmissionError,
-    Finish,
-    GenRequest,
-    SimConfig,
-    Stats,
-    Token,
-)
+from boomerang_tools.sim.protocol import ProtocolError
+from boomerang_tools.sim.state import Admission, Finish, GenRequest, SimConfig, Stats, Token
 from boomerang_tools.sim.tokenizer import SKIPPED_IN_TEXT
 
 # Re-exported: the engine's public vocabulary lives in state.py.
-__all__ = ["Admission", "AdmissionError", "Engine", "Finish", "GenRequest", "SimConfig", "Stats", "Token"]
+__all__ = ["Admission", "Engine", "Finish", "GenRequest", "SimConfig", "Stats", "Token"]
 
 log = logging.getLogger(__name__)
 
@@ -116,29 +109,27 @@ class Engine:
     # -- admission -------------------------------------------------------------------------
 
     def admit(self, req: GenRequest, request_id: str, started: float | None = None) -> Admission:
-        """Check limits and allocate the prompt's blocks, or raise AdmissionError. `started`:
+        """Check limits and allocate the prompt's blocks, or raise ProtocolError. `started`:
         when the request arrived (loop time, plus any time Boomerang's hook held it): its
         modelled time counts from there, so the simulator's own parsing and tokenizing are
         inside it, never added to it."""
         n, limit = len(req.prompt_ids), self.config.max_model_len
         if n == 0:
-            raise AdmissionError(400, "BadRequestError", "The prompt is empty.", "prompt")
+            raise ProtocolError(400, "The prompt is empty.", param="prompt")
         if n >= limit:
-            raise AdmissionError(
-                400, "BadRequestError",
-                f"This model's maximum context length is {limit} tokens. However, your request has {n} "
-                "input tokens. Please reduce the length of the input messages.", "messages")
+            raise ProtocolError(
+                400, f"This model's maximum context length is {limit} tokens. However, your request has {n} "
+                "input tokens. Please reduce the length of the input messages.", param="messages")
         if req.max_tokens > limit - n:
-            raise AdmissionError(
-                400, "BadRequestError",
-                f"'max_tokens' or 'max_completion_tokens' is too large: {req.max_tokens}. This model's maximum "
-                f"context length is {limit} tokens and your request has {n} input tokens "
-                f"({req.max_tokens} > {limit} - {n}).", "max_tokens")
+            raise ProtocolError(
+                400, f"'max_tokens' or 'max_completion_tokens' is too large: {req.max_tokens}. This model's "
+                f"maximum context length is {limit} tokens and your request has {n} input tokens "
+                f"({req.max_tokens} > {limit} - {n}).", param="max_tokens")
         mode, remote = classify(req.kv_transfer_params)
         try:
             alloc = self.kv.allocate(n)
         except PoolExhausted as exc:
-            raise AdmissionError(503, "ServiceUnavailableError", str(exc)) from None
+            raise ProtocolError(503, str(exc), "ServiceUnavailableError") from None
         self.stats.requests += 1
         self.stats.prompt_tokens += n
         now = asyncio.get_running_loop().time()

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from boomerang_tools.sim.protocol import ProtocolError
+
 
 class Mode(enum.Enum):
     """What a request's `kv_transfer_params` ask of this engine."""
@@ -35,8 +37,11 @@ class RemoteHandle:
         return bool(self.block_ids) and None not in (self.engine_id, self.request_id, self.host, self.port)
 
 
-class ParamsError(ValueError):
+class ParamsError(ProtocolError):
     """Malformed kv_transfer_params (HTTP 400)."""
+
+    def __init__(self, message: str):
+        super().__init__(400, message, param="kv_transfer_params")
 
 
 def first_group(block_ids: Any) -> list[int]:

@@ -129,11 +129,3 @@ class Admission:
     epoch: int
     started: float
     ran: bool = False  # set once Engine.run starts; otherwise Engine.discard releases it
-
-
-class AdmissionError(Exception):
-    """A request refused before it starts (HTTP status, OpenAI error type)."""
-
-    def __init__(self, status: int, kind: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.param = status, kind, param
