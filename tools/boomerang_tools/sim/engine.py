@@ -23,8 +23,8 @@ from typing import Any
 from boomerang_tools.sim.costmodel import Link
 from boomerang_tools.sim.generate import Piece, generate
 from boomerang_tools.sim.hooked import SimHook
-from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted
-from boomerang_tools.sim.nixl import Gone, NixlClient, Unreachable
+from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted, ReadError
+from boomerang_tools.sim.nixl import NixlClient, Unreachable
 from boomerang_tools.sim.params import Mode, RemoteHandle, classify, prefill_params, retained_params
 from boomerang_tools.sim.prefixcache import Hit, PrefixCache
 from boomerang_tools.sim.protocol import ProtocolError
@@ -338,7 +338,7 @@ class Engine:
             self.stats.pull_failures += 1
             log.warning("pull %s: read failed: %s", adm.request_id, exc)
             return recompute("read_failed")
-        except Gone as exc:
+        except ReadError as exc:
             # Real hardware reads whatever the freed blocks hold now and returns HTTP 200.
             self.stats.expired_or_freed_reads += 1
             pulled, outcome = [0] * (count - local), f"garbage_{exc.reason.lower()}"
@@ -358,7 +358,7 @@ class Engine:
         assert remote.host is not None and remote.port is not None and remote.request_id
         try:
             await self.nixl.free(remote.host, remote.port, remote.request_id)
-        except (Unreachable, Gone) as exc:
+        except (Unreachable, ReadError) as exc:
             log.warning("free %s on %s:%s failed: %s", remote.request_id, remote.host, remote.port, exc)
 
     async def _load(self, adm: Admission) -> _Context:
@@ -388,7 +388,7 @@ class Engine:
         except Unreachable as exc:
             log.warning("load %s failed: %s", adm.request_id, exc)
             return compute("load_failed")
-        except Gone as exc:
+        except ReadError as exc:
             self.stats.expired_or_freed_loads += 1
             loaded, outcome = [0] * count, f"garbage_{exc.reason.lower()}"
         self.stats.loads += 1

@@ -48,7 +48,8 @@ class HandleKind(enum.Enum):
 
 
 class ReadError(Exception):
-    """A read the decode node cannot serve; `reason` is a stable code."""
+    """A read the engine holding the blocks cannot serve (on the reader's side: the blocks are
+    gone); `reason` is a stable code."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)

@@ -23,19 +23,11 @@ from dataclasses import dataclass
 
 import httpx
 
-from boomerang_tools.sim.kvstore import Clock
+from boomerang_tools.sim.kvstore import Clock, ReadError
 
 
 class Unreachable(Exception):
     """The remote side channel did not answer (vLLM: a failed transfer; it recomputes)."""
-
-
-class Gone(Exception):
-    """The remote blocks no longer exist; `reason` says why."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -80,7 +72,8 @@ class NixlClient:
         self, host: str, port: int, request_id: str, block_ids: list[int], num_tokens: int, generation: int | None,
         engine_id: str = "",
     ) -> list[int]:
-        """Read blocks' token contents; the remote engine frees them. Raises Gone or Unreachable.
+        """Read blocks' token contents; the remote engine frees them. Raises Unreachable, or
+        ReadError when the blocks are gone (its `reason` says why).
 
         With `engine_id`, the read is bound to that engine as an RDMA read is to the memory its
         agent registered: an engine restarted on the same address (another id) fails it (409).
@@ -111,7 +104,7 @@ class NixlClient:
             raise Unreachable(f"{url}: {exc!r}") from exc
         if resp.status_code == 410:
             body = resp.json()
-            raise Gone(str(body.get("reason", "FREED")), str(body.get("message", "")))
+            raise ReadError(str(body.get("reason", "FREED")), str(body.get("message", "")))
         if resp.status_code != 200:
             raise Unreachable(f"{url}: HTTP {resp.status_code}")
         result: dict = resp.json()  # type: ignore[type-arg]
