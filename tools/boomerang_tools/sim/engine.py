@@ -279,12 +279,17 @@ class Engine:
         hit = self._lookup(prompt)
         if adm.mode is Mode.PULL:
             return await self._pull(adm, hit)
-        n = len(prompt)
-        self.stats.computed_tokens += n - hit.tokens
-        cost = p.prefill_ms(n, 0, hit.tokens) if adm.mode is Mode.PREFILL else p.standalone_ms(n, hit.tokens)
         if adm.mode is Mode.PLAIN:
             self.stats.local_prefills += 1
-        return _Context(hit.kv + prompt[hit.tokens:], cost, hit.tokens, p.compute_ms(n - hit.tokens, hit.tokens))
+            return self._computed(prompt, hit, p.standalone_ms(len(prompt), hit.tokens))
+        return self._computed(prompt, hit, p.prefill_ms(len(prompt), 0, hit.tokens))
+
+    def _computed(self, prompt: list[int], hit: Hit, budget_ms: float) -> _Context:
+        """The prompt computed here past this engine's own prefix-cache hit."""
+        n = len(prompt)
+        self.stats.computed_tokens += n - hit.tokens
+        compute_ms = self.config.profile.compute_ms(n - hit.tokens, hit.tokens)
+        return _Context(hit.kv + prompt[hit.tokens:], budget_ms, hit.tokens, compute_ms)
 
     def _lookup(self, prompt: list[int]) -> Hit:
         """This engine's own prefix-cache hit for a prompt it is about to compute."""
@@ -311,9 +316,7 @@ class Engine:
 
         def recompute(outcome: str) -> _Context:
             self._note(**event, outcome=outcome)
-            self.stats.computed_tokens += n - hit.tokens
-            return _Context(hit.kv + prompt[hit.tokens:], p.prefill_ms(n, 0, hit.tokens), hit.tokens,
-                            p.compute_ms(n - hit.tokens, hit.tokens))
+            return self._computed(prompt, hit, p.prefill_ms(n, 0, hit.tokens))
 
         try:
             peer = await self.nixl.peer(remote.engine_id or "", remote.host, remote.port)
@@ -370,9 +373,8 @@ class Engine:
         def compute(outcome: str) -> _Context:
             # vLLM's kv_load_failure_policy "recompute": the decode node computes the prompt.
             self.stats.load_failures += 1
-            self.stats.computed_tokens += n
             self._note(**event, outcome=outcome)
-            return _Context(list(prompt), p.decode_first_ms(0) + p.compute_ms(n), 0, p.compute_ms(n))
+            return self._computed(prompt, Hit(0, []), p.decode_first_ms(0) + p.compute_ms(n))
 
         if remote is None or not remote.complete:
             return compute("incomplete_params")
