@@ -24,11 +24,9 @@ class TurnResult:
     ok: bool
     status: int = 0
     ttft_ms: float = 0.0
-    total_ms: float = 0.0
     text: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    finish_reason: str = ""
     plan: str = ""
     reason: str = ""
     reused_tokens: int = 0
@@ -102,9 +100,6 @@ async def stream_chat(
                     result.ttft_ms = (time.perf_counter() - started) * 1000
                 pieces.append(text)
                 result.kv_transfer_params = chunk.get("kv_transfer_params") or result.kv_transfer_params
-                for choice in chunk.get("choices") or ():
-                    if isinstance(choice, dict) and choice.get("finish_reason"):
-                        result.finish_reason = choice["finish_reason"]
                 usage = chunk.get("usage")
                 if isinstance(usage, dict):
                     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -116,7 +111,6 @@ async def stream_chat(
     except (httpx.HTTPError, ValueError) as exc:
         result.error = repr(exc)
         result.ok = False
-    result.total_ms = (time.perf_counter() - started) * 1000
     if result.ok and not result.ttft_ms:
         result.ok, result.error = False, "the stream carried no content"
     return result
