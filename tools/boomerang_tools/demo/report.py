@@ -202,14 +202,7 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path,
         ax.plot(px, ref.off_ms, "s--", color="#c0392b", mfc="none", ms=9, alpha=0.6, label=f"{ref.source} off ({what})")
         ax.plot(px, ref.on_ms, "s--", color="#1f77b4", mfc="none", ms=9, alpha=0.6, label=f"{ref.source} on ({what})")
         ax.set_title(f"{p.served_model_name}")
-        ax.set_xlabel("context length (thousand tokens)")
-        ax.set_ylabel("time to first token (ms)")
-        ax.set_ylim(bottom=0)
-        right = max([r["context_tokens"] / 1000 for r in first] + px)
-        ax.set_xlim(left=0, right=right * 1.34)  # room for the labels right of the lines' ends
-        ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= right])
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        frame(ax, max([r["context_tokens"] / 1000 for r in first] + px), 8)
         placed[ax] = labels
     for ax, (name, _) in zip(axes[1] if lower else [], profiles):
         draw = (lower or {}).get(name)
@@ -223,6 +216,18 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path,
         place_labels(ax, labels)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def frame(ax: Any, right: float, legend_size: float) -> None:
+    """A panel's axes: TTFT against context from 0, up to `right` thousand tokens (and room
+    past it for the labels right of the lines' ends), gridded, the legend top left."""
+    ax.set_xlabel("context length (thousand tokens)")
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0, right=right * 1.34)
+    ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= right])
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=legend_size, loc="upper left")
 
 
 def spread(wanted: list[float], gap: float) -> list[float]:
