@@ -55,6 +55,19 @@ async def _until_disconnected(receive: Receive) -> None:
         pass
 
 
+async def _unless_disconnected(work: asyncio.Future[Any], receive: Receive) -> None:
+    """Wait for `work`, cancelling it if the client disconnects first (vLLM aborts the request)."""
+    watcher = asyncio.ensure_future(_until_disconnected(receive))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await work
+
+
 class EventStream(Response):
     """An SSE response that aborts its producer as soon as the client disconnects.
 
@@ -82,16 +95,9 @@ class EventStream(Response):
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        writer = asyncio.ensure_future(pump())
-        watcher = asyncio.ensure_future(_until_disconnected(receive))
         try:
-            await asyncio.wait({writer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await _unless_disconnected(asyncio.ensure_future(pump()), receive)
         finally:
-            watcher.cancel()
-            if not writer.done():
-                writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await writer
             self.on_close()
 
 
@@ -172,15 +178,7 @@ class Api:
                 return [t async for t in tokens]
 
         work = asyncio.ensure_future(collect())
-        gone = asyncio.ensure_future(_until_disconnected(request.receive))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not work.done():
-                work.cancel()  # the client left: vLLM aborts the request
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
+        await _unless_disconnected(work, request.receive)
         if work.cancelled():
             return Response(status_code=499)
         out = work.result()
