@@ -425,7 +425,7 @@ class Engine:
                 self._record({"kind": "retained", "request_id": adm.request_id, "num_tokens": len(tokens)})
             return retained_params(
                 h.block_ids, cfg.engine_id, adm.request_id, cfg.host, cfg.side_channel_port,
-                len(tokens), h.expires_at, self.generation, (cfg.tp_size, 1, 1))
+                len(tokens), h.expires_at, self.generation, cfg.tp_size)
         self.kv.release(adm.alloc)
         return None
 

@@ -114,21 +114,16 @@ def retained_params(
     num_tokens: int,
     expiry_time: float,
     generation: int,
-    layout: tuple[int, int, int] = (1, 1, 1),
+    tp_size: int = 1,
 ) -> dict[str, Any]:
-    """What a decode node returns when a turn ends with bidirectional transfer on."""
-    tp, dcp, pp = layout
+    """What a decode node returns when a turn ends with bidirectional transfer on: a prefill
+    node's params in the other direction, with what a pull checks."""
     return {
+        **prefill_params(block_ids, engine_id, request_id, host, port, tp_size),
         "do_remote_decode": True,
         "do_remote_prefill": False,
-        "remote_block_ids": [block_ids],
-        "remote_engine_id": engine_id,
-        "remote_request_id": request_id,
-        "remote_host": host,
-        "remote_port": port,
-        "tp_size": tp,
-        "dcp_size": dcp,
-        "pp_size": pp,
+        "dcp_size": 1,
+        "pp_size": 1,
         "remote_num_tokens": num_tokens,
         "remote_blocks_expiry_time": expiry_time,
         "remote_registration_generation": generation,
