@@ -60,7 +60,7 @@ _PAD = [w for w in _WORDS if len(w) <= 8]
 
 
 def _count(text: str) -> int:
-    return len(encode(text).ids)
+    return len(encode(text))
 
 
 def _code_line(rng: random.Random) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boomerang_tools.sim import template
-from boomerang_tools.sim.tokenizer import END_OF_TEXT, IM_END, SPECIAL_BY_ID, VOCAB_SIZE, encode_ids
+from boomerang_tools.sim.tokenizer import END_OF_TEXT, IM_END, SPECIAL_BY_ID, VOCAB_SIZE, encode
 
 # Qwen's instruct models end a chat turn with <|im_end|> and raw text with <|endoftext|>.
 EOS_CHAT = SPECIAL_BY_ID[IM_END]
@@ -138,7 +138,7 @@ def chat_prompt_ids(body: dict[str, Any], strip_reasoning: bool) -> list[int]:
         )
     except template.TemplateError as exc:
         raise ProtocolError(400, str(exc), param="messages") from None
-    return encode_ids(text)
+    return encode(text)
 
 
 def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
@@ -147,7 +147,7 @@ def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return encode_ids(prompt)
+        return encode(prompt)
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):  # not bool, a subclass
         if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
             raise ProtocolError(400, f"prompt: token ids must be in [0, {VOCAB_SIZE})", param="prompt")
