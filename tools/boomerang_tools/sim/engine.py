@@ -449,7 +449,7 @@ class Engine:
     def restart(self, generation: int | None = None) -> int:
         """Simulate an engine restart: a new registration generation, every block dropped."""
         dropped = self.kv.drop_all()
-        self.prefix.clear()
+        self.prefix.blocks.clear()
         self.generation = generation if generation is not None else self.generation + 1
         self.epoch += 1
         self.stats.restarts += 1

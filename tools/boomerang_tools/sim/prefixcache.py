@@ -75,26 +75,17 @@ class PrefixCache:
         engine computes them while its modelled step runs, and inserts at the step's end."""
         return list(self._hashes(prompt, len(prompt) // self.block_size)) if self.enabled else []
 
-    def insert(self, prompt: list[int], kv: list[int], keys: list[bytes] | None = None) -> int:
+    def insert(self, prompt: list[int], kv: list[int], keys: list[bytes] | None = None) -> None:
         """Cache the full blocks of a computed prompt (`kv`: what its KV really holds) as the
-        most recently used, tail block first, then evict down to capacity; returns how many
-        blocks were evicted. `keys`: the prompt's `keys()`, if already computed."""
+        most recently used, tail block first, then evict down to capacity. `keys`: the
+        prompt's `keys()`, if already computed."""
         if not self.enabled:
-            return 0
+            return
         bs = self.block_size
         keys = self.keys(prompt) if keys is None else keys
         for i in reversed(range(len(keys))):
             self.blocks[keys[i]] = list(kv[i * bs : (i + 1) * bs])
             self.blocks.move_to_end(keys[i])
-        evicted = 0
         while len(self.blocks) > self.capacity_blocks:
             self.blocks.popitem(last=False)
-            evicted += 1
-        self.evicted_blocks += evicted
-        return evicted
-
-    def clear(self) -> int:
-        """Drop everything (engine restart); returns how many blocks were dropped."""
-        count = len(self.blocks)
-        self.blocks.clear()
-        return count
+            self.evicted_blocks += 1
