@@ -33,7 +33,8 @@ class TurnResult:
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens (vLLM's --enable-prompt-tokens-details)
     error: str = ""
     headers: dict[str, str] = field(default_factory=dict)
-    kv_transfer_params: dict[str, Any] = field(default_factory=dict)  # an engine's, when asked directly
+    # The engine's, when the turn was sent to an engine directly.
+    kv_transfer_params: dict[str, Any] = field(default_factory=dict)
 
 
 def server_timing(headers: dict[str, str]) -> dict[str, float]:
@@ -99,7 +100,8 @@ async def stream_chat(
                 if text and not result.ttft_ms:
                     result.ttft_ms = (time.perf_counter() - started) * 1000
                 pieces.append(text)
-                result.kv_transfer_params = chunk.get("kv_transfer_params") or result.kv_transfer_params
+                if chunk.get("kv_transfer_params"):
+                    result.kv_transfer_params = chunk["kv_transfer_params"]
                 usage = chunk.get("usage")
                 if isinstance(usage, dict):
                     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)

@@ -190,8 +190,10 @@ class _Grid:
     async def gateway_turn(self, messages: list[dict[str, str]], conv: str, max_tokens: int) -> tuple[float, str, str]:
         """A turn through the gateway: (ms to the first content, text, "plan" or "plan/reason")."""
         result = await _stream(self.http, self.stack.gateway_url, {
-            "model": self.model, "messages": messages, "max_tokens": max_tokens, "conversation_id": conv})
-        return result.ttft_ms, result.text, result.plan + (f"/{result.reason}" if result.reason else "")
+            "model": self.model, "messages": messages, "max_tokens": max_tokens,
+            "conversation_id": conv})
+        decision = result.plan + (f"/{result.reason}" if result.reason else "")
+        return result.ttft_ms, result.text, decision
 
     async def planner(self, context: int, shared: bool) -> tuple[str, float]:
         """A conversation's second turn through the gateway: ("plan" or "plan/reason", TTFT ms)."""
@@ -226,7 +228,8 @@ class _Grid:
             "max_tokens": 4000, "ignore_eos": True}))
         await asyncio.sleep(0.5)
         before = await self._stats(self.d)
-        on_d = await _stream(self.http, self.d, {"model": self.model, "messages": turn, "max_tokens": 2})
+        on_d = await _stream(self.http, self.d, {
+            "model": self.model, "messages": turn, "max_tokens": 2})
         out["prefill_on_decode"] = on_d.ttft_ms
         await asyncio.sleep(0.2)
         after = await self._stats(self.d)

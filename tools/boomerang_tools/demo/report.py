@@ -66,12 +66,6 @@ def write_json(data: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _published(profile: str) -> dict[int, tuple[float, float, float]]:
-    """The reference's (off, on, speedup) at its context lengths: AWS's published TTFTs, or the
-    H200's measured recompute and pulled turn (P's side)."""
-    return sim_profile(profile).reference.points()
-
-
 def _reference_columns(source: str) -> tuple[str, str, str]:
     if source == "AWS":
         return "AWS off", "AWS on", "AWS speedup"
@@ -98,7 +92,7 @@ def table(profile: str, by_mode: dict[str, list[dict[str, Any]]], modes: list[Mo
         t.add_column(col, justify="right", style="dim")
     for mode in modes if plans is not None else []:
         t.add_column(f"{'pulled' if mode.boomerang else 'P cache hits'}: {mode.label}", justify="right")
-    published = _published(profile)
+    published = ref.points()
     by_point = {m.name: {r["context_tokens"]: r for r in by_mode.get(m.name, [])} for m in modes}
     points = sorted({r["context_tokens"] for rows_ in by_mode.values() for r in rows_})
     for point in points:
@@ -144,7 +138,8 @@ def ceiling_targets(profiles: list[Measured]) -> dict[str, Any]:
     for mode, goal in CEILING_TARGETS.items():
         shares = {f"{name} {row['context_tokens']:,}": row["share_of_ceiling"]
                   for name, by_mode in profiles for row in by_mode.get(mode, [])
-                  if row["context_tokens"] in _published(name) and "share_of_ceiling" in row}
+                  if row["context_tokens"] in sim_profile(name).reference.points()
+                  and "share_of_ceiling" in row}
         if shares:
             out[mode] = {"target": goal, "lowest": min(shares.values()), "met": min(shares.values()) >= goal,
                          "below": {k: v for k, v in shares.items() if v < goal}}

@@ -184,7 +184,8 @@ async def _converse(
                 continue
             prompt = conv.prompt_tokens() if step is None else prepare(conv, step)
             result = await stream_chat(http, gateway_url, conv.body(), headers)
-            out.records.append(Record(profile, mode, rep, deployment, step, prompt, result, len(convs)))
+            record = Record(profile, mode, rep, deployment, step, prompt, result, len(convs))
+            out.records.append(record)
             on_turn()
             if not result.ok:
                 live.discard(rep)
@@ -215,7 +216,8 @@ async def run_profile(
         for rep in range(reps):
             cid = f"demo-{profile}-{deployment}-{run_id}-{rep}"
             out.conversation_ids.setdefault((profile, rep), cid)
-            conv = AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/{rep}".encode()), model=model)
+            seed = xxhash.xxh3_64_intdigest(f"{profile}/{rep}".encode())
+            conv = AgentConversation(seed=seed, model=model)
             headers = {REUSE_HEADER: "off"} if mode == "off" else id_headers(cid, send_id)
             await _converse(http, gateway_url, profile, {rep: (conv, headers)}, points, out, on_turn,
                             deployment, mode, THINK_SECONDS)
@@ -235,10 +237,11 @@ async def run_rotation(
     """`conversations` agent sessions sharing the engines, each turn of each in rotation (one
     request at a time); a conversation whose turn fails stops, the others go on."""
     run_id = uuid.uuid4().hex[:8]
-    convs = {i: (AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/x{conversations}/{i}".encode()),
-                                   model=model),
-                 id_headers(f"demo-{profile}-{deployment}-x{conversations}-{run_id}-{i}", send_id))
-             for i in range(conversations)}
+    convs = {}
+    for i in range(conversations):
+        seed = xxhash.xxh3_64_intdigest(f"{profile}/x{conversations}/{i}".encode())
+        convs[i] = (AgentConversation(seed=seed, model=model),
+                    id_headers(f"demo-{profile}-{deployment}-x{conversations}-{run_id}-{i}", send_id))
     async with httpx.AsyncClient(timeout=120.0) as http:
         await _converse(http, gateway_url, profile, convs, points, out, on_turn, deployment)
 

@@ -118,13 +118,14 @@ class Engine:
             raise ProtocolError(400, "The prompt is empty.", param="prompt")
         if n >= limit:
             raise ProtocolError(
-                400, f"This model's maximum context length is {limit} tokens. However, your request has {n} "
-                "input tokens. Please reduce the length of the input messages.", param="messages")
+                400, f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {n} input tokens. Please reduce the length of the input messages.",
+                param="messages")
         if req.max_tokens > limit - n:
             raise ProtocolError(
-                400, f"'max_tokens' or 'max_completion_tokens' is too large: {req.max_tokens}. This model's "
-                f"maximum context length is {limit} tokens and your request has {n} input tokens "
-                f"({req.max_tokens} > {limit} - {n}).", param="max_tokens")
+                400, f"'max_tokens' or 'max_completion_tokens' is too large: {req.max_tokens}. This "
+                f"model's maximum context length is {limit} tokens and your request has {n} input "
+                f"tokens ({req.max_tokens} > {limit} - {n}).", param="max_tokens")
         mode, remote = classify(req.kv_transfer_params)
         try:
             alloc = self.kv.allocate(n)

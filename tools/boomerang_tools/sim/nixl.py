@@ -88,10 +88,9 @@ class NixlClient:
         )
         return [int(t) for t in body["tokens"]]
 
-    async def free(self, host: str, port: int, request_id: str) -> bool:
+    async def free(self, host: str, port: int, request_id: str) -> None:
         """Tell the remote engine to free a handle without reading it."""
-        body = await self._call("POST", host, port, "/sim/nixl/free", {"request_id": request_id})
-        return bool(body.get("freed"))
+        await self._call("POST", host, port, "/sim/nixl/free", {"request_id": request_id})
 
     async def _call(self, method: str, host: str, port: int, path: str, payload: dict | None) -> dict:  # type: ignore[type-arg]
         if host not in ("127.0.0.1", "localhost", "::1"):
