@@ -108,11 +108,6 @@ class Api:
         self.engine = engine
         self.config = engine.config
 
-    def _request_id(self, request: Request, prefix: str) -> str:
-        # vLLM takes the proxy's X-Request-Id so P and D can be correlated.
-        base = request.headers.get("x-request-id") or uuid.uuid4().hex
-        return f"{prefix}-{base}"
-
     async def chat(self, request: Request) -> Response:
         """POST /v1/chat/completions."""
         return await self._generate(request, "chat")
@@ -145,7 +140,9 @@ class Api:
                 min_tokens=parsed.min_tokens,
                 kv_transfer_params=parsed.kv_transfer_params,
             )
-            request_id = self._request_id(request, "chatcmpl" if kind == "chat" else "cmpl")
+            # vLLM takes the proxy's X-Request-Id so P and D can be correlated.
+            base = request.headers.get("x-request-id") or uuid.uuid4().hex
+            request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{base}"
             if self.engine.hook is not None:
                 held = loop.time()
                 req = await self.engine.hook.before_admit(req, request_id)

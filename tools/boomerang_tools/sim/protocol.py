@@ -167,12 +167,6 @@ def parse_completion(body: Any, served: str) -> Parsed:
     return _parse("completion", body, served, completion_prompt_ids, max_tokens)
 
 
-def usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
-    """UsageInfo; `cached` (vLLM's num_cached_tokens) only with --enable-prompt-tokens-details."""
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}
-
-
 # Where a stream chunk's prompt ids go, replaced by their JSON text made in advance.
 _PROMPT_IDS = "\x00prompt_token_ids\x00"
 _PROMPT_IDS_TEXT = json.dumps(_PROMPT_IDS)
@@ -198,7 +192,12 @@ class ResponseBuilder:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.p.model}
 
     def _usage(self, completion: int) -> dict[str, Any]:
-        return usage(len(self.p.prompt_ids), completion, self.cached_tokens if self.details else None)
+        """UsageInfo; the cached tokens (vLLM's num_cached_tokens) only with
+        --enable-prompt-tokens-details."""
+        prompt = len(self.p.prompt_ids)
+        cached = {"cached_tokens": self.cached_tokens} if self.details else None
+        return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                "completion_tokens": completion, "prompt_tokens_details": cached}
 
     def full(self, text: str, ids: list[int], finish: str, kv: dict[str, Any] | None) -> dict[str, Any]:
         """The non-streaming response."""
