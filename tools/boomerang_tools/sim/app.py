@@ -28,7 +28,7 @@ from boomerang_tools.sim import protocol
 from boomerang_tools.sim.costmodel import Link
 from boomerang_tools.sim.engine import Engine, GenRequest, Token
 from boomerang_tools.sim.kvstore import ReadError
-from boomerang_tools.sim.params import Mode, first_group
+from boomerang_tools.sim.nixl import Mode, first_group
 
 log = logging.getLogger(__name__)
 VERSION = "0.33.0"

@@ -1,8 +1,8 @@
 """The simulated engine: one request from admission to finish, with vLLM's KV semantics.
 
 No HTTP here (that is `app.py`); this module decides what a request's
-`kv_transfer_params` mean (`params.py`), pulls or loads remote blocks through the simulated
-NIXL side channel (`nixl.py`), checks every pulled token against the prompt, spends the
+`kv_transfer_params` mean, pulls or loads remote blocks through the simulated NIXL side
+channel (both `nixl.py`), checks every pulled token against the prompt, spends the
 cost model's time (`costmodel.py`), produces the deterministic output (`generate.py`) and
 pins blocks on finish (`kvstore.py`).
 """
@@ -24,8 +24,15 @@ from boomerang_tools.sim.costmodel import Link
 from boomerang_tools.sim.generate import Piece, generate
 from boomerang_tools.sim.hooked import SimHook
 from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted, ReadError
-from boomerang_tools.sim.nixl import NixlClient, Unreachable
-from boomerang_tools.sim.params import Mode, RemoteHandle, classify, prefill_params, retained_params
+from boomerang_tools.sim.nixl import (
+    Mode,
+    NixlClient,
+    RemoteHandle,
+    Unreachable,
+    classify,
+    prefill_params,
+    retained_params,
+)
 from boomerang_tools.sim.prefixcache import Hit, PrefixCache
 from boomerang_tools.sim.protocol import ProtocolError
 from boomerang_tools.sim.state import Admission, Finish, GenRequest, SimConfig, Stats, Token

@@ -7,7 +7,7 @@ from typing import Any
 
 from boomerang_tools.sim.costmodel import Link, Profile
 from boomerang_tools.sim.kvstore import Allocation
-from boomerang_tools.sim.params import Mode, RemoteHandle
+from boomerang_tools.sim.nixl import Mode, RemoteHandle
 
 
 @dataclass(frozen=True)
