@@ -23,7 +23,15 @@ from typing import Any
 from boomerang_tools.sim.costmodel import Link
 from boomerang_tools.sim.generate import Piece, generate
 from boomerang_tools.sim.hooked import SimHook
-from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted, ReadError
+from boomerang_tools.sim.kvstore import (
+    Clock,
+    HandleKind,
+    Hit,
+    KVStore,
+    PoolExhausted,
+    PrefixCache,
+    ReadError,
+)
 from boomerang_tools.sim.nixl import (
     Mode,
     NixlClient,
@@ -33,7 +41,6 @@ from boomerang_tools.sim.nixl import (
     prefill_params,
     retained_params,
 )
-from boomerang_tools.sim.prefixcache import Hit, PrefixCache
 from boomerang_tools.sim.protocol import ProtocolError
 from boomerang_tools.sim.state import Admission, Finish, GenRequest, SimConfig, Stats, Token
 from boomerang_tools.sim.tokenizer import SKIPPED_IN_TEXT
