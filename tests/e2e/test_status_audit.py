@@ -19,7 +19,7 @@ import httpx
 import pytest
 from boomerang.clients.router import RouterClient
 from boomerang.v1 import router_service_pb2 as rtpb
-from boomerang_tools.demo import audit as demo_audit
+from boomerang_tools.demo import show as demo_audit
 from rich.console import Console
 
 from tests.support.ministack import MiniStack, converse

@@ -33,7 +33,7 @@ def test_off_unless_configured_and_then_nothing_of_opentelemetry_is_even_importe
 import json, sys
 from boomerang import telemetry
 import boomerang_gateway.server, boomerang_registry.server, boomerang_router.server, boomerang_reaper.server
-import boomerang_tools.sim.server
+import boomerang_tools.sim.cli
 app = object()
 result = {
     "setup": telemetry.setup_tracing("x"),

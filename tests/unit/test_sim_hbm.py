@@ -5,8 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from boomerang_tools.demo.hbm import MAX_BLOCK_SECONDS_SHARE, MIN_PULLS_KEPT, figures
-from boomerang_tools.sim.hbm import HbmWorkload, Replay, SimClock, compare
+from boomerang_tools.sim.hbm import (
+    MAX_BLOCK_SECONDS_SHARE,
+    MIN_PULLS_KEPT,
+    HbmWorkload,
+    Replay,
+    SimClock,
+    compare,
+    figures,
+)
 from boomerang_tools.sim.kvstore import HandleKind, KVStore
 
 

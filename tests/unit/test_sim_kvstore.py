@@ -6,7 +6,7 @@ import time
 
 import pytest
 from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted, ReadError
-from boomerang_tools.sim.params import Mode, ParamsError, classify, retained_params
+from boomerang_tools.sim.nixl import Mode, ParamsError, classify, retained_params
 
 FIRST_TURN = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
               "remote_block_ids": None, "remote_host": None, "remote_port": None}

@@ -6,7 +6,7 @@ import asyncio
 
 from boomerang_tools.sim.costmodel import PROFILES
 from boomerang_tools.sim.engine import Engine, GenRequest, SimConfig
-from boomerang_tools.sim.prefixcache import PrefixCache
+from boomerang_tools.sim.kvstore import PrefixCache
 
 BS = 4
 FIRST_TURN = {"do_remote_decode": True, "do_remote_prefill": False}

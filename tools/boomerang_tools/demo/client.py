@@ -24,17 +24,17 @@ class TurnResult:
     ok: bool
     status: int = 0
     ttft_ms: float = 0.0
-    total_ms: float = 0.0
     text: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    finish_reason: str = ""
     plan: str = ""
     reason: str = ""
     reused_tokens: int = 0
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens (vLLM's --enable-prompt-tokens-details)
     error: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    # The engine's, when the turn was sent to an engine directly.
+    kv_transfer_params: dict[str, Any] = field(default_factory=dict)
 
 
 def server_timing(headers: dict[str, str]) -> dict[str, float]:
@@ -100,9 +100,8 @@ async def stream_chat(
                 if text and not result.ttft_ms:
                     result.ttft_ms = (time.perf_counter() - started) * 1000
                 pieces.append(text)
-                for choice in chunk.get("choices") or ():
-                    if isinstance(choice, dict) and choice.get("finish_reason"):
-                        result.finish_reason = choice["finish_reason"]
+                if chunk.get("kv_transfer_params"):
+                    result.kv_transfer_params = chunk["kv_transfer_params"]
                 usage = chunk.get("usage")
                 if isinstance(usage, dict):
                     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -114,7 +113,6 @@ async def stream_chat(
     except (httpx.HTTPError, ValueError) as exc:
         result.error = repr(exc)
         result.ok = False
-    result.total_ms = (time.perf_counter() - started) * 1000
     if result.ok and not result.ttft_ms:
         result.ok, result.error = False, "the stream carried no content"
     return result

@@ -27,6 +27,7 @@ before its points (it learns from reported times, so the first pull over a slowe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -39,6 +40,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from boomerang_tools.demo.client import TurnResult, stream_chat
 from boomerang_tools.sim.costmodel import PROFILES
 from boomerang_tools.stack.stack import SimSpec, Stack, StackConfig
 
@@ -142,28 +144,12 @@ class _Words:
                         for _ in range(words))
 
 
-async def _stream(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, str, dict[str, Any], int]:
-    """A streamed chat request: (ms to the first content, text, kv_transfer_params, prompt tokens)."""
-    started = time.perf_counter()
-    ttft, prompt = 0.0, 0
-    parts: list[str] = []
-    params: dict[str, Any] = {}
-    async with http.stream("POST", url + "/v1/chat/completions",
-                           json={**body, "stream": True, "stream_options": {"include_usage": True}}) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            for choice in chunk.get("choices") or ():
-                text = (choice.get("delta") or {}).get("content") or ""
-                if text and not ttft:
-                    ttft = (time.perf_counter() - started) * 1000
-                parts.append(text)
-            params = chunk.get("kv_transfer_params") or params
-            prompt = int((chunk.get("usage") or {}).get("prompt_tokens") or prompt)
-    return ttft, "".join(parts), params, prompt
+async def _stream(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> TurnResult:
+    """A streamed chat request, timed (RuntimeError when it fails)."""
+    result = await stream_chat(http, url, body)
+    if not result.ok:
+        raise RuntimeError(f"{url}: HTTP {result.status}: {result.error[:300]}")
+    return result
 
 
 class _Grid:
@@ -203,25 +189,11 @@ class _Grid:
 
     async def gateway_turn(self, messages: list[dict[str, str]], conv: str, max_tokens: int) -> tuple[float, str, str]:
         """A turn through the gateway: (ms to the first content, text, "plan" or "plan/reason")."""
-        started = time.perf_counter()
-        ttft, text, decision = 0.0, "", ""
-        async with self.http.stream("POST", self.stack.gateway_url + "/v1/chat/completions", json={
-                "model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-                "conversation_id": conv}) as resp:
-            if resp.status_code != 200:
-                raise RuntimeError(f"gateway: HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-            decision = resp.headers.get("x-boomerang-plan", "")
-            if reason := resp.headers.get("x-boomerang-reason", ""):
-                decision += "/" + reason
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                    continue
-                for choice in json.loads(line[5:]).get("choices") or ():
-                    piece = (choice.get("delta") or {}).get("content") or ""
-                    if piece and not ttft:
-                        ttft = (time.perf_counter() - started) * 1000
-                    text += piece
-        return ttft, text, decision
+        result = await _stream(self.http, self.stack.gateway_url, {
+            "model": self.model, "messages": messages, "max_tokens": max_tokens,
+            "conversation_id": conv})
+        decision = result.plan + (f"/{result.reason}" if result.reason else "")
+        return result.ttft_ms, result.text, decision
 
     async def planner(self, context: int, shared: bool) -> tuple[str, float]:
         """A conversation's second turn through the gateway: ("plan" or "plan/reason", TTFT ms)."""
@@ -245,46 +217,47 @@ class _Grid:
         resp = await self.http.post(self.p + "/v1/chat/completions", json={
             "model": self.model, "messages": history, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
         resp.raise_for_status()
-        _, reply, handle, _ = await _stream(self.http, self.d, {
+        first = await _stream(self.http, self.d, {
             "model": self.model, "messages": history, "max_tokens": 16,
             "kv_transfer_params": resp.json()["kv_transfer_params"]})
-        turn = self.next_turn(history, reply, seed)
+        turn = self.next_turn(history, first.text, seed)
         out: dict[str, float] = {}
         # Prefill on D, while D decodes another stream: the pause it adds to that stream's gaps.
-        background = asyncio.create_task(_stream(self.http, self.d, {
+        background = asyncio.create_task(stream_chat(self.http, self.d, {
             "model": self.model, "messages": [{"role": "user", "content": "Count slowly."}],
             "max_tokens": 4000, "ignore_eos": True}))
         await asyncio.sleep(0.5)
         before = await self._stats(self.d)
-        out["prefill_on_decode"], _, _, prompt = await _stream(self.http, self.d, {
+        on_d = await _stream(self.http, self.d, {
             "model": self.model, "messages": turn, "max_tokens": 2})
+        out["prefill_on_decode"] = on_d.ttft_ms
         await asyncio.sleep(0.2)
         after = await self._stats(self.d)
         background.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await background
-        except (asyncio.CancelledError, httpx.HTTPError):
-            pass
         pause = float(after.get("decode_stall_ms", 0.0)) - float(before.get("decode_stall_ms", 0.0))
         itl = float(after.get("itl_ms_p50", 0.0))
         if not shared:
             await self.flush_p()
-        out["recompute"], _, _, _ = await self._timed(turn, {"do_remote_decode": True})
+        out["recompute"] = await self._timed(turn, {"do_remote_decode": True})
         if not shared:
             await self.flush_p()
-        out["pull"], _, _, _ = await self._timed(turn, {**handle, "do_remote_decode": True, "do_remote_prefill": False})
-        return out, pause, itl, prompt
+        out["pull"] = await self._timed(turn, {**first.kv_transfer_params, "do_remote_decode": True,
+                                                "do_remote_prefill": False})
+        return out, pause, itl, on_d.prompt_tokens
 
-    async def _timed(self, messages: list[dict[str, str]], params: dict[str, Any]) -> tuple[float, str, dict[str, Any], int]:
+    async def _timed(self, messages: list[dict[str, str]], params: dict[str, Any]) -> float:
+        """P's prefill then D's first token, as the gateway sends them (ms)."""
         started = time.perf_counter()
         resp = await self.http.post(self.p + "/v1/chat/completions", json={
             "model": self.model, "messages": messages, "max_tokens": 1, "kv_transfer_params": params})
         resp.raise_for_status()
         p_ms = (time.perf_counter() - started) * 1000
-        ttft, text, d_params, prompt = await _stream(self.http, self.d, {
+        decoded = await _stream(self.http, self.d, {
             "model": self.model, "messages": messages, "max_tokens": 2,
             "kv_transfer_params": resp.json()["kv_transfer_params"]})
-        return p_ms + ttft, text, d_params, prompt
+        return p_ms + decoded.ttft_ms
 
     async def set_link(self, gbps: float) -> None:
         (await self.http.post(self.p + "/sim/link", json={"gbps": gbps, "fixed_ms": 0})).raise_for_status()

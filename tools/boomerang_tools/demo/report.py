@@ -66,12 +66,6 @@ def write_json(data: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _published(profile: str) -> dict[int, tuple[float, float, float]]:
-    """The reference's (off, on, speedup) at its context lengths: AWS's published TTFTs, or the
-    H200's measured recompute and pulled turn (P's side)."""
-    return sim_profile(profile).reference.points()
-
-
 def _reference_columns(source: str) -> tuple[str, str, str]:
     if source == "AWS":
         return "AWS off", "AWS on", "AWS speedup"
@@ -98,7 +92,7 @@ def table(profile: str, by_mode: dict[str, list[dict[str, Any]]], modes: list[Mo
         t.add_column(col, justify="right", style="dim")
     for mode in modes if plans is not None else []:
         t.add_column(f"{'pulled' if mode.boomerang else 'P cache hits'}: {mode.label}", justify="right")
-    published = _published(profile)
+    published = ref.points()
     by_point = {m.name: {r["context_tokens"]: r for r in by_mode.get(m.name, [])} for m in modes}
     points = sorted({r["context_tokens"] for rows_ in by_mode.values() for r in rows_})
     for point in points:
@@ -144,7 +138,8 @@ def ceiling_targets(profiles: list[Measured]) -> dict[str, Any]:
     for mode, goal in CEILING_TARGETS.items():
         shares = {f"{name} {row['context_tokens']:,}": row["share_of_ceiling"]
                   for name, by_mode in profiles for row in by_mode.get(mode, [])
-                  if row["context_tokens"] in _published(name) and "share_of_ceiling" in row}
+                  if row["context_tokens"] in sim_profile(name).reference.points()
+                  and "share_of_ceiling" in row}
         if shares:
             out[mode] = {"target": goal, "lowest": min(shares.values()), "met": min(shares.values()) >= goal,
                          "below": {k: v for k, v in shares.items() if v < goal}}
@@ -202,14 +197,7 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path,
         ax.plot(px, ref.off_ms, "s--", color="#c0392b", mfc="none", ms=9, alpha=0.6, label=f"{ref.source} off ({what})")
         ax.plot(px, ref.on_ms, "s--", color="#1f77b4", mfc="none", ms=9, alpha=0.6, label=f"{ref.source} on ({what})")
         ax.set_title(f"{p.served_model_name}")
-        ax.set_xlabel("context length (thousand tokens)")
-        ax.set_ylabel("time to first token (ms)")
-        ax.set_ylim(bottom=0)
-        right = max([r["context_tokens"] / 1000 for r in first] + px)
-        ax.set_xlim(left=0, right=right * 1.34)  # room for the labels right of the lines' ends
-        ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= right])
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        frame(ax, max([r["context_tokens"] / 1000 for r in first] + px), 8)
         placed[ax] = labels
     for ax, (name, _) in zip(axes[1] if lower else [], profiles):
         draw = (lower or {}).get(name)
@@ -223,6 +211,18 @@ def chart(profiles: list[Measured], modes: list[Mode], path: Path,
         place_labels(ax, labels)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def frame(ax: Any, right: float, legend_size: float) -> None:
+    """A panel's axes: TTFT against context from 0, up to `right` thousand tokens (and room
+    past it for the labels right of the lines' ends), gridded, the legend top left."""
+    ax.set_xlabel("context length (thousand tokens)")
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0, right=right * 1.34)
+    ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= right])
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=legend_size, loc="upper left")
 
 
 def spread(wanted: list[float], gap: float) -> list[float]:

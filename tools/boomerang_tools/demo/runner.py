@@ -161,35 +161,40 @@ def id_headers(conversation_id: str, send_id: bool) -> dict[str, str]:
     return {"X-Conversation-Id": conversation_id} if send_id else {}
 
 
-async def run_conversation(
+async def _converse(
     http: httpx.AsyncClient,
     gateway_url: str,
     profile: str,
-    model: str,
-    mode: str,
-    rep: int,
+    convs: dict[int, tuple[AgentConversation, dict[str, str]]],
     points: tuple[int, ...],
-    conversation_id: str,
     out: RunResult,
     on_turn: Callable[[], None],
-    deployment: str = "gateway",
-    send_id: bool = True,
+    deployment: str,
+    mode: str = "on",
+    think: float = 0.0,
 ) -> None:
-    """One agent session, turn after turn; stops at the first failed turn."""
-    conv = AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/{rep}".encode()), model=model)
-    headers = {REUSE_HEADER: "off"} if mode == "off" else id_headers(conversation_id, send_id)
+    """The agent sessions of `convs` (by repetition: the session and its headers), each turn
+    of each in rotation, one request at a time, `think` seconds after each reply; a session
+    whose turn fails stops, the others go on."""
     plan: list[Step | None] = [None, *steps(points)]
-    for i, step in enumerate(plan):
-        prompt = conv.prompt_tokens() if step is None else prepare(conv, step)
-        result = await stream_chat(http, gateway_url, conv.body(), headers)
-        out.records.append(Record(profile, mode, rep, deployment, step, prompt, result))
-        on_turn()
-        if not result.ok:
-            for _ in plan[i + 1:]:
-                on_turn()
-            return
-        conv.add_reply(result.text)
-        await asyncio.sleep(THINK_SECONDS)
+    live = set(convs)
+    for j, step in enumerate(plan):
+        for rep, (conv, headers) in convs.items():
+            if rep not in live:
+                continue
+            prompt = conv.prompt_tokens() if step is None else prepare(conv, step)
+            result = await stream_chat(http, gateway_url, conv.body(), headers)
+            record = Record(profile, mode, rep, deployment, step, prompt, result, len(convs))
+            out.records.append(record)
+            on_turn()
+            if not result.ok:
+                live.discard(rep)
+                for _ in plan[j + 1:]:
+                    on_turn()
+                continue
+            conv.add_reply(result.text)
+            if think:
+                await asyncio.sleep(think)
 
 
 async def run_profile(
@@ -204,15 +209,18 @@ async def run_profile(
     mode: str = "on",
     send_id: bool = True,
 ) -> None:
-    """All conversations of one profile in one deployment, one per repetition, Boomerang
-    `mode` ("off": the baseline's deployment, or "on")."""
+    """All conversations of one profile in one deployment, one per repetition, one after the
+    other, Boomerang `mode` ("off": the baseline's deployment, or "on")."""
     run_id = uuid.uuid4().hex[:8]
     async with httpx.AsyncClient(timeout=120.0) as http:
         for rep in range(reps):
             cid = f"demo-{profile}-{deployment}-{run_id}-{rep}"
             out.conversation_ids.setdefault((profile, rep), cid)
-            await run_conversation(http, gateway_url, profile, model, mode, rep, points, cid, out, on_turn,
-                                   deployment, send_id)
+            seed = xxhash.xxh3_64_intdigest(f"{profile}/{rep}".encode())
+            conv = AgentConversation(seed=seed, model=model)
+            headers = {REUSE_HEADER: "off"} if mode == "off" else id_headers(cid, send_id)
+            await _converse(http, gateway_url, profile, {rep: (conv, headers)}, points, out, on_turn,
+                            deployment, mode, THINK_SECONDS)
 
 
 async def run_rotation(
@@ -229,27 +237,13 @@ async def run_rotation(
     """`conversations` agent sessions sharing the engines, each turn of each in rotation (one
     request at a time); a conversation whose turn fails stops, the others go on."""
     run_id = uuid.uuid4().hex[:8]
-    convs = [AgentConversation(seed=xxhash.xxh3_64_intdigest(f"{profile}/x{conversations}/{i}".encode()), model=model)
-             for i in range(conversations)]
-    headers = [id_headers(f"demo-{profile}-{deployment}-x{conversations}-{run_id}-{i}", send_id)
-               for i in range(conversations)]
-    plan: list[Step | None] = [None, *steps(points)]
-    live = set(range(conversations))
+    convs = {}
+    for i in range(conversations):
+        seed = xxhash.xxh3_64_intdigest(f"{profile}/x{conversations}/{i}".encode())
+        convs[i] = (AgentConversation(seed=seed, model=model),
+                    id_headers(f"demo-{profile}-{deployment}-x{conversations}-{run_id}-{i}", send_id))
     async with httpx.AsyncClient(timeout=120.0) as http:
-        for j, step in enumerate(plan):
-            for i, conv in enumerate(convs):
-                if i not in live:
-                    continue
-                prompt = conv.prompt_tokens() if step is None else prepare(conv, step)
-                result = await stream_chat(http, gateway_url, conv.body(), headers[i])
-                out.records.append(Record(profile, "on", i, deployment, step, prompt, result, conversations))
-                on_turn()
-                if not result.ok:
-                    live.discard(i)
-                    for _ in plan[j + 1:]:
-                        on_turn()
-                    continue
-                conv.add_reply(result.text)
+        await _converse(http, gateway_url, profile, convs, points, out, on_turn, deployment)
 
 
 def turns_per_profile(points: tuple[int, ...], reps: int) -> int:

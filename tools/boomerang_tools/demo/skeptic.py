@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.table import Table
 
+from boomerang_tools.demo import report
 from boomerang_tools.demo.modes import Mode
 from boomerang_tools.demo.runner import RunResult
 from boomerang_tools.sim.costmodel import profile as sim_profile
@@ -149,11 +150,5 @@ def panel(ax: Any, profile: str, entry: list[dict[str, Any]], boomerang: Mode | 
                        f"{n}× {last['cached_share']:.0%} hit", color))
     ax.set_title(f"{p.served_model_name}: the skeptic's alternative (P's cache: {capacity_tokens // 1000}k tokens)",
                  fontsize=10)
-    ax.set_xlabel("context length (thousand tokens)")
-    ax.set_ylabel("time to first token (ms)")
-    ax.set_ylim(bottom=0)
-    ax.set_xlim(left=0, right=max(xs, default=1.0) * 1.34)  # room for the labels right of the lines' ends
-    ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= max(xs, default=1.0)])
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    report.frame(ax, max(xs, default=1.0), 7)
     return labels

@@ -26,9 +26,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from boomerang_tools.sim import protocol
 from boomerang_tools.sim.costmodel import Link
-from boomerang_tools.sim.engine import AdmissionError, Engine, GenRequest, Token
+from boomerang_tools.sim.engine import Engine, GenRequest, Token
 from boomerang_tools.sim.kvstore import ReadError
-from boomerang_tools.sim.params import Mode, ParamsError, first_group
+from boomerang_tools.sim.nixl import Mode, first_group
 
 log = logging.getLogger(__name__)
 VERSION = "0.33.0"
@@ -53,6 +53,19 @@ def _sse(obj: dict[str, Any] | str) -> bytes:
 async def _until_disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def _unless_disconnected(work: asyncio.Future[Any], receive: Receive) -> None:
+    """Wait for `work`, cancelling it if the client disconnects first (vLLM aborts the request)."""
+    watcher = asyncio.ensure_future(_until_disconnected(receive))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await work
 
 
 class EventStream(Response):
@@ -82,16 +95,9 @@ class EventStream(Response):
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        writer = asyncio.ensure_future(pump())
-        watcher = asyncio.ensure_future(_until_disconnected(receive))
         try:
-            await asyncio.wait({writer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await _unless_disconnected(asyncio.ensure_future(pump()), receive)
         finally:
-            watcher.cancel()
-            if not writer.done():
-                writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await writer
             self.on_close()
 
 
@@ -101,11 +107,6 @@ class Api:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.config = engine.config
-
-    def _request_id(self, request: Request, prefix: str) -> str:
-        # vLLM takes the proxy's X-Request-Id so P and D can be correlated.
-        base = request.headers.get("x-request-id") or uuid.uuid4().hex
-        return f"{prefix}-{base}"
 
     async def chat(self, request: Request) -> Response:
         """POST /v1/chat/completions."""
@@ -139,19 +140,17 @@ class Api:
                 min_tokens=parsed.min_tokens,
                 kv_transfer_params=parsed.kv_transfer_params,
             )
-            request_id = self._request_id(request, "chatcmpl" if kind == "chat" else "cmpl")
+            # vLLM takes the proxy's X-Request-Id so P and D can be correlated.
+            base = request.headers.get("x-request-id") or uuid.uuid4().hex
+            request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{base}"
             if self.engine.hook is not None:
                 held = loop.time()
                 req = await self.engine.hook.before_admit(req, request_id)
                 started += loop.time() - held
             admission = self.engine.admit(req, request_id, started)
-        except protocol.ProtocolError as exc:
-            return _error(exc.status, str(exc), exc.kind, exc.param)
-        except (ParamsError, AdmissionError) as exc:
+        except protocol.ProtocolError as exc:  # malformed, or refused once the hook had seen it
             if self.engine.hook is not None and request_id:
                 self.engine.hook.aborted(request_id)
-            if isinstance(exc, ParamsError):
-                return _error(400, str(exc), param="kv_transfer_params")
             return _error(exc.status, str(exc), exc.kind, exc.param)
         if self.engine.hook is not None:
             remote = admission.remote if admission.mode is Mode.PULL else None
@@ -176,15 +175,7 @@ class Api:
                 return [t async for t in tokens]
 
         work = asyncio.ensure_future(collect())
-        gone = asyncio.ensure_future(_until_disconnected(request.receive))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not work.done():
-                work.cancel()  # the client left: vLLM aborts the request
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
+        await _unless_disconnected(work, request.receive)
         if work.cancelled():
             return Response(status_code=499)
         out = work.result()
@@ -216,10 +207,7 @@ class Api:
         self.engine.stats.tokenize_requests += 1
         try:
             body = await _json(request)
-            if not isinstance(body, dict):
-                raise protocol.ProtocolError(400, "The request body must be a JSON object.")
-            if body.get("model") and body["model"] != cfg.served_model_name:
-                raise protocol.ProtocolError(404, f"The model `{body['model']}` does not exist.", "NotFoundError", "model")
+            protocol.served_model(body, cfg.served_model_name)
             if "messages" in body:
                 ids = protocol.chat_prompt_ids(body, cfg.strip_reasoning)
             else:
@@ -293,7 +281,7 @@ class Api:
             body = await _json(request)
             rid, count, gen = body["request_id"], int(body["num_tokens"]), body.get("registration_generation")
             blocks = first_group(body["block_ids"])
-        except (protocol.ProtocolError, KeyError, TypeError, ValueError, ParamsError) as exc:
+        except (protocol.ProtocolError, KeyError, TypeError, ValueError) as exc:
             return JSONResponse({"reason": "BAD_REQUEST", "message": str(exc)}, status_code=400)
         wanted = body.get("engine_id")
         if wanted and wanted != self.config.engine_id:

@@ -157,16 +157,6 @@ class Profile:
     gamma_ctx_ms: float = 0.0  # γc, their attention over the context before them
 
     @property
-    def tau0_ms(self) -> float:
-        """The default link's fixed cost per pull."""
-        return self.link.fixed_ms
-
-    @property
-    def tau1_ms(self) -> float:
-        """The default link's cost per pulled token."""
-        return self.link.copy_ms(1, self.bytes_per_token) - self.link.fixed_ms
-
-    @property
     def reference(self) -> Reference:
         """AWS's published TTFTs, or the H200's measured recompute and pulled turn (P's side,
         128-token turns)."""
@@ -287,28 +277,3 @@ def profile(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
-
-
-def published_errors(p: Profile) -> list[tuple[str, float, float]]:
-    """(point, published ms, model ms) for each of AWS's published figures of a profile."""
-    rows: list[tuple[str, float, float]] = []
-    if p.published is None:
-        return rows
-    for n, off, on, xfer in zip(p.published.contexts, p.published.ttft_off_ms, p.published.ttft_on_ms,
-                                p.published.transfer_ms):
-        r = n - NEW_TOKENS_PER_TURN
-        rows.append((f"off@{n}", off, p.ttft_ms(n, 0)))
-        rows.append((f"on@{n}", on, p.ttft_ms(n, r)))
-        rows.append((f"transfer@{r}", xfer, p.pull_ms(r)))
-    return rows
-
-
-def measured_errors(p: Profile) -> list[tuple[str, float, float]]:
-    """(point, measured ms, model ms) for each H200 figure of a profile: the full prefill, the
-    suffix prefill over the reused context, and the copy of that context."""
-    rows: list[tuple[str, float, float]] = []
-    for m in p.measured:
-        rows.append((f"full@{m.context}", m.full_ms, p.compute_ms(m.context)))
-        rows.append((f"suffix{m.suffix}@{m.context}", m.suffix_ms, p.compute_ms(m.suffix, m.reused)))
-        rows.append((f"copy@{m.reused}", m.copy_ms, p.pull_ms(m.reused)))
-    return rows

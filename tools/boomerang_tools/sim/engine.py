@@ -1,8 +1,8 @@
 """The simulated engine: one request from admission to finish, with vLLM's KV semantics.
 
 No HTTP here (that is `app.py`); this module decides what a request's
-`kv_transfer_params` mean (`params.py`), pulls or loads remote blocks through the simulated
-NIXL side channel (`nixl.py`), checks every pulled token against the prompt, spends the
+`kv_transfer_params` mean, pulls or loads remote blocks through the simulated NIXL side
+channel (both `nixl.py`), checks every pulled token against the prompt, spends the
 cost model's time (`costmodel.py`), produces the deterministic output (`generate.py`) and
 pins blocks on finish (`kvstore.py`).
 """
@@ -23,23 +23,30 @@ from typing import Any
 from boomerang_tools.sim.costmodel import Link
 from boomerang_tools.sim.generate import Piece, generate
 from boomerang_tools.sim.hooked import SimHook
-from boomerang_tools.sim.kvstore import Clock, HandleKind, KVStore, PoolExhausted
-from boomerang_tools.sim.nixl import Gone, NixlClient, Unreachable
-from boomerang_tools.sim.params import Mode, RemoteHandle, classify, prefill_params, retained_params
-from boomerang_tools.sim.prefixcache import Hit, PrefixCache
-from boomerang_tools.sim.state import (
-    Admission,
-    AdmissionError,
-    Finish,
-    GenRequest,
-    SimConfig,
-    Stats,
-    Token,
+from boomerang_tools.sim.kvstore import (
+    Clock,
+    HandleKind,
+    Hit,
+    KVStore,
+    PoolExhausted,
+    PrefixCache,
+    ReadError,
 )
+from boomerang_tools.sim.nixl import (
+    Mode,
+    NixlClient,
+    RemoteHandle,
+    Unreachable,
+    classify,
+    prefill_params,
+    retained_params,
+)
+from boomerang_tools.sim.protocol import ProtocolError
+from boomerang_tools.sim.state import Admission, Finish, GenRequest, SimConfig, Stats, Token
 from boomerang_tools.sim.tokenizer import SKIPPED_IN_TEXT
 
 # Re-exported: the engine's public vocabulary lives in state.py.
-__all__ = ["Admission", "AdmissionError", "Engine", "Finish", "GenRequest", "SimConfig", "Stats", "Token"]
+__all__ = ["Admission", "Engine", "Finish", "GenRequest", "SimConfig", "Stats", "Token"]
 
 log = logging.getLogger(__name__)
 
@@ -116,29 +123,28 @@ class Engine:
     # -- admission -------------------------------------------------------------------------
 
     def admit(self, req: GenRequest, request_id: str, started: float | None = None) -> Admission:
-        """Check limits and allocate the prompt's blocks, or raise AdmissionError. `started`:
+        """Check limits and allocate the prompt's blocks, or raise ProtocolError. `started`:
         when the request arrived (loop time, plus any time Boomerang's hook held it): its
         modelled time counts from there, so the simulator's own parsing and tokenizing are
         inside it, never added to it."""
         n, limit = len(req.prompt_ids), self.config.max_model_len
         if n == 0:
-            raise AdmissionError(400, "BadRequestError", "The prompt is empty.", "prompt")
+            raise ProtocolError(400, "The prompt is empty.", param="prompt")
         if n >= limit:
-            raise AdmissionError(
-                400, "BadRequestError",
-                f"This model's maximum context length is {limit} tokens. However, your request has {n} "
-                "input tokens. Please reduce the length of the input messages.", "messages")
+            raise ProtocolError(
+                400, f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {n} input tokens. Please reduce the length of the input messages.",
+                param="messages")
         if req.max_tokens > limit - n:
-            raise AdmissionError(
-                400, "BadRequestError",
-                f"'max_tokens' or 'max_completion_tokens' is too large: {req.max_tokens}. This model's maximum "
-                f"context length is {limit} tokens and your request has {n} input tokens "
-                f"({req.max_tokens} > {limit} - {n}).", "max_tokens")
+            raise ProtocolError(
+                400, f"'max_tokens' or 'max_completion_tokens' is too large: {req.max_tokens}. This "
+                f"model's maximum context length is {limit} tokens and your request has {n} input "
+                f"tokens ({req.max_tokens} > {limit} - {n}).", param="max_tokens")
         mode, remote = classify(req.kv_transfer_params)
         try:
             alloc = self.kv.allocate(n)
         except PoolExhausted as exc:
-            raise AdmissionError(503, "ServiceUnavailableError", str(exc)) from None
+            raise ProtocolError(503, str(exc), "ServiceUnavailableError") from None
         self.stats.requests += 1
         self.stats.prompt_tokens += n
         now = asyncio.get_running_loop().time()
@@ -288,12 +294,17 @@ class Engine:
         hit = self._lookup(prompt)
         if adm.mode is Mode.PULL:
             return await self._pull(adm, hit)
-        n = len(prompt)
-        self.stats.computed_tokens += n - hit.tokens
-        cost = p.prefill_ms(n, 0, hit.tokens) if adm.mode is Mode.PREFILL else p.standalone_ms(n, hit.tokens)
         if adm.mode is Mode.PLAIN:
             self.stats.local_prefills += 1
-        return _Context(hit.kv + prompt[hit.tokens:], cost, hit.tokens, p.compute_ms(n - hit.tokens, hit.tokens))
+            return self._computed(prompt, hit, p.standalone_ms(len(prompt), hit.tokens))
+        return self._computed(prompt, hit, p.prefill_ms(len(prompt), 0, hit.tokens))
+
+    def _computed(self, prompt: list[int], hit: Hit, budget_ms: float) -> _Context:
+        """The prompt computed here past this engine's own prefix-cache hit."""
+        n = len(prompt)
+        self.stats.computed_tokens += n - hit.tokens
+        compute_ms = self.config.profile.compute_ms(n - hit.tokens, hit.tokens)
+        return _Context(hit.kv + prompt[hit.tokens:], budget_ms, hit.tokens, compute_ms)
 
     def _lookup(self, prompt: list[int]) -> Hit:
         """This engine's own prefix-cache hit for a prompt it is about to compute."""
@@ -320,9 +331,7 @@ class Engine:
 
         def recompute(outcome: str) -> _Context:
             self._note(**event, outcome=outcome)
-            self.stats.computed_tokens += n - hit.tokens
-            return _Context(hit.kv + prompt[hit.tokens:], p.prefill_ms(n, 0, hit.tokens), hit.tokens,
-                            p.compute_ms(n - hit.tokens, hit.tokens))
+            return self._computed(prompt, hit, p.prefill_ms(n, 0, hit.tokens))
 
         try:
             peer = await self.nixl.peer(remote.engine_id or "", remote.host, remote.port)
@@ -347,7 +356,7 @@ class Engine:
             self.stats.pull_failures += 1
             log.warning("pull %s: read failed: %s", adm.request_id, exc)
             return recompute("read_failed")
-        except Gone as exc:
+        except ReadError as exc:
             # Real hardware reads whatever the freed blocks hold now and returns HTTP 200.
             self.stats.expired_or_freed_reads += 1
             pulled, outcome = [0] * (count - local), f"garbage_{exc.reason.lower()}"
@@ -367,7 +376,7 @@ class Engine:
         assert remote.host is not None and remote.port is not None and remote.request_id
         try:
             await self.nixl.free(remote.host, remote.port, remote.request_id)
-        except (Unreachable, Gone) as exc:
+        except (Unreachable, ReadError) as exc:
             log.warning("free %s on %s:%s failed: %s", remote.request_id, remote.host, remote.port, exc)
 
     async def _load(self, adm: Admission) -> _Context:
@@ -379,9 +388,8 @@ class Engine:
         def compute(outcome: str) -> _Context:
             # vLLM's kv_load_failure_policy "recompute": the decode node computes the prompt.
             self.stats.load_failures += 1
-            self.stats.computed_tokens += n
             self._note(**event, outcome=outcome)
-            return _Context(list(prompt), p.decode_first_ms(0) + p.compute_ms(n), 0, p.compute_ms(n))
+            return self._computed(prompt, Hit(0, []), p.decode_first_ms(0) + p.compute_ms(n))
 
         if remote is None or not remote.complete:
             return compute("incomplete_params")
@@ -397,7 +405,7 @@ class Engine:
         except Unreachable as exc:
             log.warning("load %s failed: %s", adm.request_id, exc)
             return compute("load_failed")
-        except Gone as exc:
+        except ReadError as exc:
             self.stats.expired_or_freed_loads += 1
             loaded, outcome = [0] * count, f"garbage_{exc.reason.lower()}"
         self.stats.loads += 1
@@ -432,7 +440,7 @@ class Engine:
                 self._record({"kind": "retained", "request_id": adm.request_id, "num_tokens": len(tokens)})
             return retained_params(
                 h.block_ids, cfg.engine_id, adm.request_id, cfg.host, cfg.side_channel_port,
-                len(tokens), h.expires_at, self.generation, (cfg.tp_size, 1, 1))
+                len(tokens), h.expires_at, self.generation, cfg.tp_size)
         self.kv.release(adm.alloc)
         return None
 
@@ -456,7 +464,7 @@ class Engine:
     def restart(self, generation: int | None = None) -> int:
         """Simulate an engine restart: a new registration generation, every block dropped."""
         dropped = self.kv.drop_all()
-        self.prefix.clear()
+        self.prefix.blocks.clear()
         self.generation = generation if generation is not None else self.generation + 1
         self.epoch += 1
         self.stats.restarts += 1

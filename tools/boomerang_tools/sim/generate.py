@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import xxhash
@@ -50,6 +50,10 @@ def _sentence(rng: random.Random, n: int) -> Iterator[str]:
             yield " " + word
 
 
+def _pieces(texts: Iterable[str]) -> Iterator[Piece]:
+    return (Piece(piece_id(t), t) for t in texts)
+
+
 def generate(context: list[int], eos: str, reasoning: bool = False) -> Iterator[Piece]:
     """An endless stream of pieces for `context`.
 
@@ -58,13 +62,11 @@ def generate(context: list[int], eos: str, reasoning: bool = False) -> Iterator[
     """
     rng = random.Random(seed_of(context))
     if reasoning:
-        yield from (Piece(piece_id(p), p) for p in ("<think>", "\n"))
-        for p in _sentence(rng, rng.randint(MIN_REASONING, MAX_REASONING)):
-            yield Piece(piece_id(p), p)
-        yield from (Piece(piece_id(p), p) for p in ("\n", "</think>", "\n", "\n"))
-    for p in _sentence(rng, rng.randint(MIN_ANSWER, MAX_ANSWER)):
-        yield Piece(piece_id(p), p)
-    yield Piece(piece_id(eos), eos)
+        yield from _pieces(("<think>", "\n"))
+        yield from _pieces(_sentence(rng, rng.randint(MIN_REASONING, MAX_REASONING)))
+        yield from _pieces(("\n", "</think>", "\n", "\n"))
+    yield from _pieces(_sentence(rng, rng.randint(MIN_ANSWER, MAX_ANSWER)))
+    yield from _pieces((eos,))
     while True:
-        for p in _sentence(rng, rng.randint(MIN_ANSWER, MAX_ANSWER)):
-            yield Piece(piece_id(" " + p if p[0].isalpha() else p), " " + p if p[0].isalpha() else p)
+        sentence = _sentence(rng, rng.randint(MIN_ANSWER, MAX_ANSWER))
+        yield from _pieces(" " + p if p[0].isalpha() else p for p in sentence)

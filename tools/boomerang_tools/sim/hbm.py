@@ -31,7 +31,8 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from boomerang_server.retention import (
     Evidence,
@@ -293,3 +294,20 @@ def compare(w: HbmWorkload | None = None) -> tuple[HbmResult, HbmResult]:
     """(fixed TTL, Boomerang) on the same workload."""
     w = w or HbmWorkload()
     return Replay(w, "fixed-ttl").run(), Replay(w, "boomerang").run()
+
+
+# The issue's targets, checked on every run.
+MAX_BLOCK_SECONDS_SHARE = 0.20
+MIN_PULLS_KEPT = 0.98
+
+
+def figures(fixed: HbmResult, boomerang: HbmResult) -> dict[str, Any]:
+    """The comparison's figures and whether each target holds."""
+    share = boomerang.block_seconds / fixed.block_seconds if fixed.block_seconds else 0.0
+    kept = boomerang.pulls / fixed.pulls if fixed.pulls else 1.0
+    return {
+        "policies": {r.policy: {**asdict(r), "pull_share": round(r.pull_share, 4)} for r in (fixed, boomerang)},
+        "block_seconds_share": round(share, 4),
+        "pulls_kept": round(kept, 4),
+        "targets_met": share <= MAX_BLOCK_SECONDS_SHARE and kept >= MIN_PULLS_KEPT and boomerang.bad_reads == 0,
+    }

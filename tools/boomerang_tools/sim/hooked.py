@@ -170,10 +170,7 @@ class SimHook:
         """`update_state_after_alloc` then `build_connector_meta` (the step is over)."""
         request = self._requests.get(request_id)
         if request is not None:
-            await self._call(self._allocated, request, num_external_tokens)
-
-    def _allocated(self, request: SimRequest, num_external_tokens: int) -> None:
-        self.hook.after_alloc(request, num_external_tokens)
+            await self._call(self.hook.after_alloc, request, num_external_tokens)
 
     async def finished(self, request_id: str, output_ids: list[int], params: dict[str, Any] | None) -> dict[str, Any] | None:
         """`request_finished_all_groups`: the params the engine returns (P's gain the conversation)."""
@@ -186,19 +183,15 @@ class SimHook:
         seen = params
         if isinstance(params, dict) and isinstance(params.get("remote_blocks_expiry_time"), (int, float)):
             seen = {**params, "remote_blocks_expiry_time": params["remote_blocks_expiry_time"] - self.clock_offset}
-        result = await self._call(self._finished, request, seen)
+        result = await self._call(self.hook.on_finished, request, (seen is not None, seen))
         out = params if result is None else result[1]
         return params if out is seen else out
-
-    def _finished(self, request: SimRequest, params: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
-        result: tuple[bool, dict[str, Any] | None] = self.hook.on_finished(request, (params is not None, params))
-        return result
 
     def aborted(self, request_id: str) -> None:
         """An aborted or refused request ends with no params (never awaited: it may run in a finally)."""
         request = self._requests.pop(request_id, None)
         if request is not None:
-            self._thread.submit(self._guard, self._finished, request, None)
+            self._thread.submit(self._guard, self.hook.on_finished, request, (False, None))
 
     def stats(self) -> dict[str, Any]:
         """The hook's counters (plans by decision, fallbacks, the sender's and reporter's queues)."""

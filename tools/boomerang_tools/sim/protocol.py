@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boomerang_tools.sim import template
-from boomerang_tools.sim.tokenizer import END_OF_TEXT, IM_END, SPECIAL_BY_ID, VOCAB_SIZE, encode_ids
+from boomerang_tools.sim.tokenizer import END_OF_TEXT, IM_END, SPECIAL_BY_ID, VOCAB_SIZE, encode
 
 # Qwen's instruct models end a chat turn with <|im_end|> and raw text with <|endoftext|>.
 EOS_CHAT = SPECIAL_BY_ID[IM_END]
@@ -76,23 +76,20 @@ def _int(body: dict[str, Any], key: str, minimum: int) -> int | None:
     return value
 
 
-@dataclass(frozen=True)
-class _Options:
-    model: str
-    stream: bool
-    include_usage: bool
-    return_token_ids: bool
-    ignore_eos: bool
-    min_tokens: int
-    kv_transfer_params: Any
-
-
-def _common(body: Any, served: str) -> _Options:
+def served_model(body: Any, served: str) -> str:
+    """The model a request body names (its own, or the one served), if it is an object naming
+    the served model (shared with `/tokenize`)."""
     if not isinstance(body, dict):
         raise ProtocolError(400, "The request body must be a JSON object.")
     model = body.get("model") or served
     if model != served:
         raise ProtocolError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    return str(model)
+
+
+def _parse(kind: str, body: Any, served: str, prompt_ids: Any, max_tokens: Any) -> Parsed:
+    """What both endpoints share; `prompt_ids` and `max_tokens` read the rest of the body."""
+    model = served_model(body, served)
     if body.get("n", 1) not in (1, None):
         raise ProtocolError(400, "n: only n=1 is simulated", param="n")
     options = body.get("stream_options") or {}
@@ -102,7 +99,8 @@ def _common(body: Any, served: str) -> _Options:
     params = body.get("kv_transfer_params")
     if params is not None and not isinstance(params, dict):
         raise ProtocolError(400, "kv_transfer_params: must be an object", param="kv_transfer_params")
-    return _Options(
+    return Parsed(
+        kind=kind,
         model=model,
         stream=stream,
         include_usage=bool(options.get("include_usage")) and stream,
@@ -110,21 +108,20 @@ def _common(body: Any, served: str) -> _Options:
         ignore_eos=_bool(body, "ignore_eos"),
         min_tokens=_int(body, "min_tokens", 0) or 0,
         kv_transfer_params=params,
+        # Checked after the options above (which error a body with several reports first).
+        max_tokens=max_tokens(body),
+        prompt_ids=prompt_ids(body),
     )
-
-
-def _parsed(kind: str, o: _Options, prompt_ids: list[int], max_tokens: int | None) -> Parsed:
-    return Parsed(kind, o.model, prompt_ids, max_tokens, o.stream, o.include_usage, o.return_token_ids,
-                  o.ignore_eos, o.min_tokens, o.kv_transfer_params)
 
 
 def parse_chat(body: Any, served: str, strip_reasoning: bool) -> Parsed:
     """A `/v1/chat/completions` body."""
-    options = _common(body, served)
-    max_tokens = _int(body, "max_completion_tokens", 1)
-    if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1)
-    return _parsed("chat", options, chat_prompt_ids(body, strip_reasoning), max_tokens)
+
+    def max_tokens(body: dict[str, Any]) -> int | None:
+        limit = _int(body, "max_completion_tokens", 1)
+        return _int(body, "max_tokens", 1) if limit is None else limit
+
+    return _parse("chat", body, served, lambda b: chat_prompt_ids(b, strip_reasoning), max_tokens)
 
 
 def chat_prompt_ids(body: dict[str, Any], strip_reasoning: bool) -> list[int]:
@@ -141,7 +138,7 @@ def chat_prompt_ids(body: dict[str, Any], strip_reasoning: bool) -> list[int]:
         )
     except template.TemplateError as exc:
         raise ProtocolError(400, str(exc), param="messages") from None
-    return encode_ids(text)
+    return encode(text)
 
 
 def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
@@ -150,7 +147,7 @@ def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return encode_ids(prompt)
+        return encode(prompt)
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):  # not bool, a subclass
         if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
             raise ProtocolError(400, f"prompt: token ids must be in [0, {VOCAB_SIZE})", param="prompt")
@@ -160,17 +157,14 @@ def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
 
 def parse_completion(body: Any, served: str) -> Parsed:
     """A `/v1/completions` body (max_tokens defaults to 16, as in vLLM)."""
-    options = _common(body, served)
-    if body.get("echo"):
-        raise ProtocolError(400, "echo: not simulated", param="echo")
-    max_tokens = _int(body, "max_tokens", 1)
-    return _parsed("completion", options, completion_prompt_ids(body), 16 if max_tokens is None else max_tokens)
 
+    def max_tokens(body: dict[str, Any]) -> int:
+        if body.get("echo"):
+            raise ProtocolError(400, "echo: not simulated", param="echo")
+        limit = _int(body, "max_tokens", 1)
+        return 16 if limit is None else limit
 
-def usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
-    """UsageInfo; `cached` (vLLM's num_cached_tokens) only with --enable-prompt-tokens-details."""
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}
+    return _parse("completion", body, served, completion_prompt_ids, max_tokens)
 
 
 # Where a stream chunk's prompt ids go, replaced by their JSON text made in advance.
@@ -198,7 +192,12 @@ class ResponseBuilder:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.p.model}
 
     def _usage(self, completion: int) -> dict[str, Any]:
-        return usage(len(self.p.prompt_ids), completion, self.cached_tokens if self.details else None)
+        """UsageInfo; the cached tokens (vLLM's num_cached_tokens) only with
+        --enable-prompt-tokens-details."""
+        prompt = len(self.p.prompt_ids)
+        cached = {"cached_tokens": self.cached_tokens} if self.details else None
+        return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                "completion_tokens": completion, "prompt_tokens_details": cached}
 
     def full(self, text: str, ids: list[int], finish: str, kv: dict[str, Any] | None) -> dict[str, Any]:
         """The non-streaming response."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from boomerang_tools.sim.costmodel import Link, Profile
 from boomerang_tools.sim.kvstore import Allocation
-from boomerang_tools.sim.params import Mode, RemoteHandle
+from boomerang_tools.sim.nixl import Mode, RemoteHandle
 
 
 @dataclass(frozen=True)
@@ -129,11 +129,3 @@ class Admission:
     epoch: int
     started: float
     ran: bool = False  # set once Engine.run starts; otherwise Engine.discard releases it
-
-
-class AdmissionError(Exception):
-    """A request refused before it starts (HTTP status, OpenAI error type)."""
-
-    def __init__(self, status: int, kind: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.param = status, kind, param

@@ -8,7 +8,6 @@ special token (`hfmodel.PIECE_PATTERN`), which keeps tokenization prefix-stable 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 from tokenizers import Tokenizer
@@ -25,14 +24,6 @@ IM_END = SPECIAL_TOKENS["<|im_end|>"]
 END_OF_TEXT = SPECIAL_TOKENS["<|endoftext|>"]
 
 
-@dataclass(frozen=True)
-class Encoding:
-    """Token ids and the text piece each one came from."""
-
-    ids: list[int]
-    pieces: list[str]
-
-
 @lru_cache(maxsize=4096)
 def piece_id(piece: str) -> int:
     """The id of a piece that is one token (a special token, or one of the simulator's words)."""
@@ -42,17 +33,6 @@ def piece_id(piece: str) -> int:
     return int(ids[0])
 
 
-def encode(text: str) -> Encoding:
+def encode(text: str) -> list[int]:
     """Tokenize text (no BOS is added: Qwen has none)."""
-    enc = TOKENIZER.encode(text, add_special_tokens=False)
-    return Encoding(ids=list(enc.ids), pieces=[text[a:b] for a, b in enc.offsets])
-
-
-def encode_ids(text: str) -> list[int]:
-    """Token ids alone (what serving a request needs: no text pieces to cut)."""
     return list(TOKENIZER.encode(text, add_special_tokens=False).ids)
-
-
-def decode_pieces(pieces: list[str]) -> str:
-    """Detokenize with skip_special_tokens: drop control tokens, keep the text of the rest."""
-    return "".join(p for p in pieces if p not in SKIPPED_IN_TEXT)
