@@ -1,4 +1,4 @@
-"""What the operator commands share: how to print it (where to read from: sources.py).
+"""What the operator commands share: how to print it (where to read from: context.py).
 
 `boomerang status` and `boomerang audit` build plain dicts (the `--json` output, printed
 as is) and render them as rich tables for a person.
