@@ -75,10 +75,10 @@ def settings_from_args(cls: type[S], args: argparse.Namespace) -> S:
     return load_settings(cls, **given)
 
 
-def require_database(settings: Any, command: str) -> None:
-    """Exit with an actionable message when no database is configured for `command`."""
+def require_database(settings: Any, command: str) -> str:
+    """The database URL `command` is to use; exits with an actionable message when none is configured."""
     try:
-        settings.require_database()
+        return str(settings.require_database())
     except ValueError as exc:
         raise SystemExit(f"boomerang {command}: {exc}") from None
 

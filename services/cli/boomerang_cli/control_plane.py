@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
@@ -58,12 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    given: dict[str, Any] = {"database_url": args.database_url} if args.database_url is not None else {}
-    if args.listen is not None:
-        given["listen"] = args.listen
-    registry = RegistrySettings(**given)
+    registry = load_settings(RegistrySettings, database_url=args.database_url, listen=args.listen)
     require_database(registry, "control-plane")
-    router = RouterSettings(**{**given, "listen": registry.listen, "metrics_listen": ""})
+    router = load_settings(RouterSettings, database_url=args.database_url, listen=registry.listen, metrics_listen="")
     gateway = None
     if args.gateway_listen is not None:
         gateway = load_settings(GatewaySettings, database_url=registry.database_url, listen=args.gateway_listen,

@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 from boomerang.auth import Principal
-from boomerang_server.config.settings import CommonSettings
+from boomerang_server.config.flags import require_database
+from boomerang_server.config.settings import CommonSettings, load_settings
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.db.engine import make_engine
 from boomerang_server.db.migrate import upgrade
@@ -39,10 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    # A bad value raises ValidationError, which `boomerang` reports in one line (failures.py).
-    settings = CommonSettings(**({"database_url": args.database_url} if args.database_url is not None else {}))
+    # A bad value raises InvalidSettings, which `boomerang` reports in one line (failures.py).
+    url = require_database(load_settings(CommonSettings, database_url=args.database_url), "credentials")
     try:
-        url = settings.require_database()
         principal = Principal.parse(args.principal) if args.action in ("create", "revoke") else None
         if args.action == "ensure":
             files = {Principal.parse(p): token_file(Path(args.dir), Principal.parse(p)) for p in args.principals}

@@ -229,19 +229,12 @@ def _bad_url(e: BaseException, target: Target | None) -> str | None:
 
 
 def _settings(e: BaseException, target: Target | None) -> str | None:
-    """Each bad setting with its flag and variable, on one line (load_settings or pydantic-settings)."""
+    """Each bad setting with its flag and variable, on one line (every command reads its
+    settings through load_settings, which raises InvalidSettings)."""
     # deferred: only on failure (pydantic is not every command's to import)
     from boomerang_server.config.settings import InvalidSettings
 
-    if isinstance(e, InvalidSettings):
-        return str(e)
-    if type(e).__name__ != "ValidationError" or not hasattr(e, "errors"):
-        return None
-    bad = []
-    for err in e.errors():
-        name = ".".join(str(p) for p in err["loc"])
-        bad.append(f"BOOMERANG_{name.upper()} (--{name.replace('_', '-')}) {err['msg'].removeprefix('Value error, ')}")
-    return "invalid configuration: " + "; ".join(bad)
+    return str(e) if isinstance(e, InvalidSettings) else None
 
 
 def _bad_value(e: BaseException, target: Target | None) -> str | None:

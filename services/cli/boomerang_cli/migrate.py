@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from boomerang_server.config.settings import CommonSettings
+from boomerang_server.config.flags import require_database
+from boomerang_server.config.settings import CommonSettings, load_settings
 from boomerang_server.db.migrate import upgrade
 
 
@@ -17,12 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    # A bad value raises ValidationError, which `boomerang` reports in one line (failures.py).
-    settings = CommonSettings(**({"database_url": args.database_url} if args.database_url is not None else {}))
-    try:
-        url = settings.require_database()
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    # A bad value raises InvalidSettings, which `boomerang` reports in one line (failures.py).
+    url = require_database(load_settings(CommonSettings, database_url=args.database_url), "migrate")
     upgrade(url, args.revision)
     print(f"database migrated to {args.revision}")
     return 0
