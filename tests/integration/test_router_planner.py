@@ -30,7 +30,7 @@ from boomerang_router.pool import Role
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
-from boomerang_server.db.engine import make_engine
+from boomerang_server.db import make_engine
 
 from tests.support.procs import ServiceProcess
 

@@ -11,7 +11,7 @@ from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import WARM_UP
 from boomerang_registry.store import Row
 from boomerang_registry.turns import ClaimSettlement, TurnEnd
-from boomerang_server.db.engine import make_engine
+from boomerang_server.db import make_engine
 
 
 @asynccontextmanager

@@ -27,7 +27,7 @@ from boomerang_cli.context import (
     write_context,
 )
 from boomerang_cli.failures import Target, TargetFailure, database_target, describe, safe_url
-from boomerang_server.config.settings import InvalidSettings
+from boomerang_server.config import InvalidSettings
 
 REGISTRY = Target("registry", "127.0.0.1:9", "--registry")
 

@@ -32,8 +32,7 @@ from boomerang_registry import server as registry_server
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router import server as router_server
 from boomerang_router.settings import RouterSettings
-from boomerang_server.config.flags import require_database, run_async
-from boomerang_server.config.settings import load_settings
+from boomerang_server.config import load_settings, require_database, run_async
 from boomerang_server.rpc.inprocess import LocalStub
 from boomerang_server.rpc.server import ServerOptions, serve_together
 

@@ -9,11 +9,9 @@ import re
 from pathlib import Path
 
 from boomerang.auth import Principal
-from boomerang_server.config.flags import require_database
-from boomerang_server.config.settings import CommonSettings, load_settings
+from boomerang_server.config import CommonSettings, load_settings, require_database
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db.engine import make_engine
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import make_engine, upgrade
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -232,7 +232,7 @@ def _settings(e: BaseException, target: Target | None) -> str | None:
     """Each bad setting with its flag and variable, on one line (every command reads its
     settings through load_settings, which raises InvalidSettings)."""
     # deferred: only on failure (pydantic is not every command's to import)
-    from boomerang_server.config.settings import InvalidSettings
+    from boomerang_server.config import InvalidSettings
 
     return str(e) if isinstance(e, InvalidSettings) else None
 

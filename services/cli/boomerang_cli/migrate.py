@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from boomerang_server.config.flags import require_database
-from boomerang_server.config.settings import CommonSettings, load_settings
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.config import CommonSettings, load_settings, require_database
+from boomerang_server.db import upgrade
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -34,7 +34,7 @@ from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_server.config.settings import TelemetrySettings, load_settings
+from boomerang_server.config import TelemetrySettings, load_settings
 from boomerang_server.leases import ENDED_STATES, LIVE_STATES
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -9,7 +9,7 @@ import os
 
 from boomerang.clients.reaper import ReaperClient
 from boomerang.v1 import reaper_service_pb2 as pb
-from boomerang_server.config.flags import service_command
+from boomerang_server.config import service_command
 
 from boomerang_reaper.advice_report import render_table, to_json
 from boomerang_reaper.convert import advice_from_proto

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from boomerang.telemetry import annotate
-from boomerang_server.config.settings import TelemetrySettings, load_settings
+from boomerang_server.config import TelemetrySettings, load_settings
 from boomerang_server.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter, Histogram
 

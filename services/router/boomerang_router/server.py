@@ -13,10 +13,9 @@ import grpc
 from boomerang.clients.registry import RegistryClient
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
-from boomerang_server.config.settings import normalize_database_url
+from boomerang_server.config import normalize_database_url
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db.engine import make_engine, warm_pool
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import make_engine, upgrade, warm_pool
 from boomerang_server.metrics import serve_metrics
 from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
 from sqlalchemy.engine import make_url

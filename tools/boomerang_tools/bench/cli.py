@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from boomerang_server.config.flags import run_async
-from boomerang_server.config.settings import CommonSettings, load_settings
+from boomerang_server.config import CommonSettings, load_settings, run_async
 
 from boomerang_tools.bench.config import PHASES, BenchConfig
 from boomerang_tools.bench.naive_proxy import serve

@@ -14,7 +14,7 @@ import asyncpg
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.v1 import router_service_pb2 as rtpb
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import upgrade
 from rich.console import Console
 from rich.progress import (
     BarColumn,

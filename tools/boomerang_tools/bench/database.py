@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from boomerang_server.config.settings import normalize_database_url
+from boomerang_server.config import normalize_database_url
 
 from boomerang_tools.stack.postgres import EmbeddedPostgres
 

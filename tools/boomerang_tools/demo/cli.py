@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from boomerang_server.config.settings import normalize_database_url
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.config import normalize_database_url
+from boomerang_server.db import upgrade
 from rich.console import Console
 
 from boomerang_tools.demo.grid import run_grid

@@ -7,7 +7,7 @@ import time
 import uuid
 
 import xxhash
-from boomerang_server.config.flags import run_async
+from boomerang_server.config import run_async
 
 from boomerang_tools.sim.costmodel import Link, profile
 from boomerang_tools.sim.engine import SimConfig

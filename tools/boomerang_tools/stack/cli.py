@@ -18,7 +18,7 @@ from boomerang_cli.context import (
     remove_context,
     write_context,
 )
-from boomerang_server.config.settings import normalize_database_url
+from boomerang_server.config import normalize_database_url
 
 from boomerang_tools.sim.costmodel import profile
 from boomerang_tools.stack.children import ChildFailed

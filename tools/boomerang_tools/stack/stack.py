@@ -28,8 +28,8 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_router.settings import RouterSettings
-from boomerang_server.config.fields import env_name, flag_spec
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.config import env_name, flag_spec
+from boomerang_server.db import upgrade
 from pydantic_settings import BaseSettings
 
 from boomerang_tools.sim import hfmodel

@@ -6,7 +6,7 @@ Create Date: 2026-11-30
 """
 
 from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import split_statements
 
 revision = "0002_router"
 down_revision = "0001_registry"

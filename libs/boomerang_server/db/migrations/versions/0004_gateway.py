@@ -11,7 +11,7 @@ Create Date: 2026-11-29
 """
 
 from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import split_statements
 
 revision = "0004_gateway"
 down_revision = "0001_registry"

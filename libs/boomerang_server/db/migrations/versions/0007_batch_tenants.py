@@ -14,7 +14,7 @@ Create Date: 2026-12-01
 """
 
 from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import split_statements
 
 revision = "0007_batch_tenants"
 down_revision = "0006_tenant_rls"

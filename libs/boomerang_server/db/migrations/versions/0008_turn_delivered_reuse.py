@@ -10,7 +10,7 @@ Create Date: 2026-12-01
 """
 
 from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import split_statements
 
 revision = "0008_turn_delivered_reuse"
 down_revision = "0002_router"

@@ -19,7 +19,7 @@ Create Date: 2026-12-02
 """
 
 from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import split_statements
 
 revision = "0010_lease_release"
 down_revision = "0009_lease_prompt_key"

@@ -27,7 +27,7 @@ Create Date: 2026-12-04
 """
 
 from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import split_statements
 
 revision = "0011_database_epoch"
 down_revision = "0010_lease_release"

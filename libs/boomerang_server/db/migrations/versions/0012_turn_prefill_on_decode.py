@@ -9,7 +9,7 @@ Create Date: 2026-12-04
 """
 
 from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import split_statements
 
 revision = "0012_turn_prefill_on_decode"
 down_revision = "0008_turn_delivered_reuse"
