@@ -1,7 +1,7 @@
 """Keeping the engine pool current in the background: registry refresh and health checks.
 
 Plans never ask the registry about engines; a background task refreshes the pool from
-`ListEngines` every `refresh_seconds` (`boomerang_server.enginepool.refresh.RegistryRefresher`,
+`ListEngines` every `refresh_seconds` (`boomerang_server.enginepool.RegistryRefresher`,
 shared with the gateway: a failed refresh keeps the last snapshot). Static engines
 (`--prefill`, `--decode`) are probed with `GET <url>/health`; after `failures` consecutive
 failed probes an engine leaves the pool until a probe succeeds.
@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import httpx
-from boomerang_server.enginepool.refresh import RegistryRefresher
+from boomerang_server.enginepool import RegistryRefresher
 
 from boomerang_router.pool import EnginePool
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from boomerang_server.enginepool.table import EngineInfo, EngineTable, Role, Source, parse_static
-from boomerang_server.enginepool.table import PoolEntry as TableEntry
+from boomerang_server.enginepool import EngineInfo, EngineTable, Role, Source, parse_static
+from boomerang_server.enginepool import PoolEntry as TableEntry
 
 __all__ = ["EngineInfo", "EnginePool", "PoolEntry", "Role", "Source", "parse_static"]
 
