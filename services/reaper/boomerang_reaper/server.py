@@ -13,8 +13,13 @@ from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
 from boomerang_server.config import TelemetrySettings, load_settings
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.db import make_engine, upgrade, warm_pool
-from boomerang_server.metrics import refresh_forever, serve_metrics
-from boomerang_server.rpc.server import ServerOptions, ServiceSpec, serve
+from boomerang_server.rpc.server import (
+    ServerOptions,
+    ServiceSpec,
+    refresh_forever,
+    serve,
+    serve_metrics,
+)
 
 from boomerang_reaper import metrics
 from boomerang_reaper.domain import ClockOffset

@@ -15,7 +15,7 @@ import grpc
 from boomerang.errors import Violations
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang_server.config import asyncpg_dsn
-from boomerang_server.rpc.status import error_for_exception, rpc, to_status
+from boomerang_server.rpc.server import error_for_exception, rpc, to_status
 
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.deadline_watch import DeadlineHub

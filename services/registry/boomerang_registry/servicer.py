@@ -13,7 +13,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.rpc.status import rpc, write_item_error
+from boomerang_server.rpc.server import rpc, write_item_error
 
 from boomerang_registry import convert, metrics, requests
 from boomerang_registry.batching import RegistrationBatcher

@@ -22,7 +22,7 @@ from typing import Any
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
 from boomerang.resilience import TRANSIENT_CODES
-from boomerang_server.metrics import LATENCY_BUCKETS
+from boomerang_server.rpc.server import LATENCY_BUCKETS
 from prometheus_client import Counter as Counted
 from prometheus_client import Gauge, Histogram
 

@@ -16,8 +16,7 @@ from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang_server.config import normalize_database_url
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.db import make_engine, upgrade, warm_pool
-from boomerang_server.metrics import serve_metrics
-from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
+from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec, serve_metrics
 from sqlalchemy.engine import make_url
 
 from boomerang_router.claim_keeper import ClaimKeeper

@@ -8,7 +8,7 @@ import grpc
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.rpc.status import rpc, write_item_error
+from boomerang_server.rpc.server import rpc, write_item_error
 
 from boomerang_router import convert, listing, reports, requests
 from boomerang_router.planner import Router
