@@ -20,8 +20,14 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from boomerang_tools.stack.pg_home import PREFIX, bases
-from boomerang_tools.stack.postgres import ELSEWHERE, EmbeddedPostgres, PostgresError, find_binaries
+from boomerang_tools.stack.postgres import (
+    ELSEWHERE,
+    PREFIX,
+    EmbeddedPostgres,
+    PostgresError,
+    bases,
+    find_binaries,
+)
 
 from tests.support.admin_db import start_cluster
 from tests.support.databases import fetch_value

