@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alembic import command
+from alembic import command, op
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -99,3 +99,9 @@ def split_statements(script: str) -> list[str]:
     if tail:
         statements.append(tail)
     return statements
+
+
+def run_script(script: str) -> None:
+    """Run a migration's SQL script (`upgrade()`, `downgrade()`), one statement at a time."""
+    for statement in split_statements(script):
+        op.execute(statement)
