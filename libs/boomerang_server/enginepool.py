@@ -311,15 +311,11 @@ class RegistryRefresher:
         self.reconnect = reconnect
         self.failures = 0
 
-    async def fetch(self) -> None:
-        """One refresh; raises (the last snapshot kept) when the registry did not answer."""
-        resp = await self.registry.list_engines(rpb.ListEnginesRequest(), timeout=self.timeout)
-        self.table.apply_registry_snapshot(i for i in map(engine_info, resp.engines) if i is not None)
-
     async def refresh(self) -> bool:
         """One refresh; False (and the last snapshot kept) when the registry did not answer."""
         try:
-            await self.fetch()
+            resp = await self.registry.list_engines(rpb.ListEnginesRequest(), timeout=self.timeout)
+            self.table.apply_registry_snapshot(i for i in map(engine_info, resp.engines) if i is not None)
         except Exception as exc:  # noqa: BLE001 - any failure keeps the last snapshot
             self.failures += 1
             if self.failures == 1 or self.failures % 60 == 0:

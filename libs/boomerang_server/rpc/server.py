@@ -72,17 +72,6 @@ def to_status(err: BoomerangError) -> grpc.Status:
     return rpc_status.to_status(proto)
 
 
-def no_retry(status: grpc.Status) -> grpc.Status:
-    """`status` with the server's push-back that tells gRPC clients not to retry it (gRFC A6).
-
-    Clients retry UNAVAILABLE transparently (a restarting service is back in milliseconds),
-    but a database outage is not: three attempts with back-off only turned each failing
-    call into ~200–500 ms on a loaded box, past a plan's claim deadline. The caller's own
-    breaker and back-off handle an outage; the channel's retries still cover the transport.
-    """
-    return status._replace(trailing_metadata=(*status.trailing_metadata, (PUSHBACK_KEY, "-1")))
-
-
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
@@ -130,18 +119,6 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
-async def authorized_call(
-    servicer: Any, method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]], request: Req,
-    context: grpc.aio.ServicerContext,
-) -> Resp:
-    """`method` (a servicer method, unwrapped) on `request`, after the servicer's `authorize`
-    when it has one; its errors raised as they are (`@rpc` and the stream items translate them)."""
-    authorize = getattr(servicer, "authorize", None)
-    if authorize is not None:
-        await authorize(method.__name__, request, context)
-    return await method(servicer, request, context)
-
-
 def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]) -> Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
     """Wrap a servicer method so every failure leaves as a proper status.
 
@@ -152,31 +129,35 @@ def rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]])
     @functools.wraps(method)
     async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
         try:
-            return await authorized_call(self, method, request, context)
+            authorize = getattr(self, "authorize", None)
+            if authorize is not None:
+                await authorize(method.__name__, request, context)
+            return await method(self, request, context)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001 - this is the translation boundary
             error = error_for_exception(exc)
             status = to_status(error)
             if error.reason == "DATABASE_UNAVAILABLE":
-                status = no_retry(status)
+                # The server's push-back that tells gRPC clients not to retry it (gRFC A6).
+                # Clients retry UNAVAILABLE transparently (a restarting service is back in
+                # milliseconds), but a database outage is not: three attempts with back-off only
+                # turned each failing call into ~200–500 ms on a loaded box, past a plan's claim
+                # deadline. The caller's own breaker and back-off handle an outage; the
+                # channel's retries still cover the transport.
+                pushback = (*status.trailing_metadata, (PUSHBACK_KEY, "-1"))
+                status = status._replace(trailing_metadata=pushback)
             await context.abort_with_status(status)
             raise AssertionError("unreachable: abort_with_status raises")  # pragma: no cover
 
     return wrapper
 
 
-def code_number(err: BoomerangError) -> int:
-    """The numeric gRPC code of a domain error, for a failed item of a batch or stream answer
-    (what `from_code_number` reads back)."""
-    return int(GRPC_CODES[err.code].value[0])
-
-
 def write_item_error(item: Any, exc: BaseException) -> None:
     """Set a batch result's `error_code`, `error_reason` and `error_message` to the failure
     `@rpc` would have answered the call alone with."""
     err = error_for_exception(exc)
-    item.error_code = code_number(err)
+    item.error_code = int(GRPC_CODES[err.code].value[0])  # what `from_code_number` reads back
     item.error_reason = err.reason
     item.error_message = err.message
 

@@ -42,12 +42,11 @@ def _run(args: argparse.Namespace) -> int:
     url = require_database(load_settings(CommonSettings, database_url=args.database_url), "credentials")
     try:
         principal = Principal.parse(args.principal) if args.action in ("create", "revoke") else None
-        if args.action == "ensure":
-            files = {Principal.parse(p): token_file(Path(args.dir), Principal.parse(p)) for p in args.principals}
-            return asyncio.run(_ensure(url, files))
+        files = {Principal.parse(p): token_file(Path(args.dir), Principal.parse(p))
+                 for p in args.principals} if args.action == "ensure" else {}
     except ValueError as exc:
         raise SystemExit(f"boomerang credentials: {exc}") from None
-    return asyncio.run(_act(url, args.action, principal))
+    return asyncio.run(_act(url, args.action, principal, files))
 
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -60,23 +59,6 @@ def token_file(directory: Path, principal: Principal) -> Path:
     return directory / f"{principal.kind}-{principal.name}.token"
 
 
-async def _ensure(url: str, files: dict[Principal, Path]) -> int:
-    await asyncio.to_thread(upgrade, url)
-    engine = make_engine(url, pool_size=1)
-    store = CredentialStore(engine, cache_seconds=0)
-    try:
-        for principal, path in files.items():
-            current = path.read_text().strip() if path.is_file() else ""
-            if current and await store.principal_for(current) == principal:
-                print(f"{principal}: kept {path}")
-                continue
-            write_private(path, await store.create(principal))
-            print(f"{principal}: issued {path}")
-    finally:
-        await engine.dispose()
-    return 0
-
-
 def write_private(path: Path, token: str) -> None:
     """Write `token` to `path` atomically, readable by this user only."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,18 +69,26 @@ def write_private(path: Path, token: str) -> None:
     os.replace(tmp, path)
 
 
-async def _act(url: str, action: str, principal: object) -> int:
+async def _act(url: str, action: str, principal: Principal | None, files: dict[Principal, Path]) -> int:
     await asyncio.to_thread(upgrade, url)
     engine = make_engine(url, pool_size=1)
-    store = CredentialStore(engine)
+    store = CredentialStore(engine, cache_seconds=0)
     try:
-        if action == "create":
-            assert isinstance(principal, Principal)
+        if action == "ensure":
+            for owner, path in files.items():
+                current = path.read_text().strip() if path.is_file() else ""
+                if current and await store.principal_for(current) == owner:
+                    print(f"{owner}: kept {path}")
+                    continue
+                write_private(path, await store.create(owner))
+                print(f"{owner}: issued {path}")
+        elif action == "create":
+            assert principal is not None
             token = await store.create(principal)
             print(f"{principal} {token}")
             print("# store this token now: only its hash is kept", flush=True)
         elif action == "revoke":
-            assert isinstance(principal, Principal)
+            assert principal is not None
             print(f"revoked {await store.revoke(principal)} token(s) of {principal}")
         else:
             for name, created, revoked in await store.list():
