@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from importlib.metadata import Distribution, distributions
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -70,6 +70,29 @@ def die_with_parent(signum: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return arm
+
+
+def tail(path: Path, name: str, lines: int = 15) -> str:
+    """The last `lines` lines of the log at `path`, each marked `  name| `."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(f"  {name}| {line}" for line in text[-lines:])
+
+
+def terminate(proc: subprocess.Popen[Any] | None, sig: int, timeout: float,
+              then: int = signal.SIGKILL) -> None:
+    """Send `sig` to `proc` if it still runs, wait up to `timeout` for it to exit, then `then`."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(then)
+        proc.wait(10)
 
 
 class ChildFailed(RuntimeError):
@@ -186,11 +209,7 @@ class Child:
 
     def tail(self, lines: int = 15) -> str:
         """The last lines of its log."""
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(f"  {self.name}| {line}" for line in text[-lines:])
+        return tail(self.log_path, self.name, lines)
 
     def alive(self) -> bool:
         """Whether it still runs."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from boomerang_tools.stack.children import die_with_parent
+from boomerang_tools.stack.children import die_with_parent, tail, terminate
 from boomerang_tools.stack.postgres import (
     DATABASE,
     USER,
@@ -178,7 +178,7 @@ class HaPostgres:
         deadline = time.monotonic() + 30
         while _get_json(f"http://127.0.0.1:{self._etcd_port}/health") is None:
             if self._etcd.poll() is not None or time.monotonic() > deadline:
-                raise PostgresError("etcd did not start:\n" + _tail(self.home / "etcd.log"))
+                raise PostgresError(f"etcd did not start:\n{tail(self.home / 'etcd.log', 'etcd.log')}")
             time.sleep(0.1)
 
     def _config(self, node: HaNode) -> dict[str, Any]:
@@ -252,12 +252,12 @@ class HaPostgres:
             if node.proc is not None and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGTERM)
         for node in self.nodes:
-            _terminate(node.proc, signal.SIGTERM, 30)
+            terminate(node.proc, signal.SIGTERM, 30)
             pid = node.postmaster_pid()
             if pid and _alive(pid):  # its Patroni was killed before it could stop it
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGQUIT)
-        _terminate(self._etcd, signal.SIGTERM, 10)
+        terminate(self._etcd, signal.SIGTERM, 10)
         self._etcd = None
         if self._folder is not None:
             self._folder.remove()  # the guardian waits for any postmaster left, then removes it
@@ -352,10 +352,10 @@ class HaPostgres:
     def _tails(self) -> str:
         parts = []
         for node in self.nodes:
-            parts.append(_tail(node.home / "patroni.out", 8, node.name))
+            parts.append(tail(node.home / "patroni.out", node.name, 8))
             logs = sorted((node.data / "log").glob("*.log")) if (node.data / "log").is_dir() else []
             if logs:
-                parts.append(_tail(logs[-1], 5, node.name + " postgres"))
+                parts.append(tail(logs[-1], node.name + " postgres", 5))
         return "\n".join(p for p in parts if p)
 
 
@@ -423,23 +423,3 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state != "Z"
-
-
-def _terminate(proc: subprocess.Popen[bytes] | None, sig: int, timeout: float) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
-def _tail(path: Path, lines: int = 15, name: str = "") -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(f"  {name or path.name}| {t}" for t in text[-lines:])

@@ -55,7 +55,7 @@ from typing import Any
 
 import asyncpg
 
-from boomerang_tools.stack.children import die_with_parent
+from boomerang_tools.stack.children import die_with_parent, tail, terminate
 
 USER = "boomerang"
 DATABASE = "boomerang"
@@ -536,8 +536,8 @@ class EmbeddedPostgres:
         while not self._ready():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self._halt()
-                tail = (self.data / "server.log").read_text(errors="replace").splitlines()[-15:]
-                raise PostgresError("PostgreSQL did not start:\n" + "\n".join(f"  postgres| {t}" for t in tail))
+                log = tail(self.data / "server.log", "postgres")
+                raise PostgresError(f"PostgreSQL did not start:\n{log}")
             time.sleep(0.05)
 
     def _ready(self) -> bool:
@@ -550,15 +550,7 @@ class EmbeddedPostgres:
 
     def _halt(self, timeout: float = 30.0) -> None:
         """Fast shutdown of the server we run; immediate shutdown if that takes too long."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGQUIT)
-            proc.wait(10)
+        terminate(self._proc, signal.SIGINT, timeout, then=signal.SIGQUIT)
 
     def _as_superuser(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
         """Run `work` on the superuser's connection to this cluster's `postgres` database."""
