@@ -1,4 +1,5 @@
-"""`boomerang credentials`: issue, list and revoke service and engine bearer tokens."""
+"""The operator commands on the database: `boomerang migrate` applies the migrations,
+`boomerang credentials` issues, lists and revokes service and engine bearer tokens."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from boomerang_server.db import make_engine, upgrade
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the `credentials` subcommand."""
+    """Add the `migrate` and `credentials` subcommands."""
+    migrate = subparsers.add_parser("migrate", help="apply database migrations")
+    migrate.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL)")
+    migrate.add_argument("--revision", default="heads", help="target revision (default: all heads)")
+    migrate.set_defaults(handler=_migrate)
+
     parser = subparsers.add_parser("credentials", help="issue, list and revoke service/engine tokens")
     parser.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL)")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -34,12 +40,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ensure.add_argument("principals", nargs="+", metavar="PRINCIPAL")
     for sub in (create, revoke, listing, ensure):
         sub.add_argument("--database-url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    parser.set_defaults(handler=_run)
+    parser.set_defaults(handler=_credentials)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _database_url(args: argparse.Namespace) -> str:
     # A bad value raises InvalidSettings, which `boomerang` reports in one line (failures.py).
-    url = require_database(load_settings(CommonSettings, database_url=args.database_url), "credentials")
+    return require_database(load_settings(CommonSettings, database_url=args.database_url), args.command)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    upgrade(_database_url(args), args.revision)
+    print(f"database migrated to {args.revision}")
+    return 0
+
+
+def _credentials(args: argparse.Namespace) -> int:
+    url = _database_url(args)
     try:
         principal = Principal.parse(args.principal) if args.action in ("create", "revoke") else None
         files = {Principal.parse(p): token_file(Path(args.dir), Principal.parse(p))
