@@ -186,7 +186,7 @@ def _rpc(e: BaseException, target: Target | None) -> str | None:
         return None
     who = _who(target, "the service")
     why = f" ({reason})" if reason else ""
-    message = _first_line_of(message)
+    message = _first_line(message)
     if code == "UNAVAILABLE":
         return f"cannot reach {who}: {message}; is it running? {_fix_setting(target, 'the address')}"
     if code == "UNAUTHENTICATED":
@@ -249,12 +249,8 @@ def _bad_value(e: BaseException, target: Target | None) -> str | None:
     return f"bad value: {message}" if message else None
 
 
-def _first_line(e: BaseException) -> str:
-    return _first_line_of(str(e))
-
-
-def _first_line_of(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+def _first_line(e: BaseException | str) -> str:
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), "")
 
 
 _KINDS: list[Callable[[BaseException, Target | None], str | None]] = [

@@ -244,14 +244,12 @@ class Child:
             self.proc.wait(timeout=10)
         if self._pump is not None:
             self._pump.join(timeout=5)
-        if self.proc.stdout is not None and not self._pump_alive():
+        if self.proc.stdout is not None and not (self._pump is not None and self._pump.is_alive()):
             self.proc.stdout.close()
         if self._log is not None and not self._log.closed:
             self._log.close()
         return self.proc.returncode
 
-    def _pump_alive(self) -> bool:
-        return self._pump is not None and self._pump.is_alive()
 
 
 def stop_all(children: list[Child], timeout: float = 15.0, then: Callable[[], None] | None = None) -> None:

