@@ -43,6 +43,8 @@ from boomerang_tools.stack.postgres import (
     PostgresError,
     RunFolder,
     as_server_user,
+    as_superuser,
+    create_database,
     find_binaries,
     free_port,
     server_user,
@@ -140,7 +142,7 @@ class HaPostgres:
             for node in self.nodes[1:]:
                 self.start_node(node)
             self.wait_streaming(timeout)
-            self._ensure_database()
+            as_superuser(self.wait_primary().pg_port, self.password, create_database)
         except BaseException:
             self.stop()
             raise
@@ -339,15 +341,6 @@ class HaPostgres:
             if time.monotonic() > deadline:
                 raise PostgresError(f"the standbys did not stream within {timeout:.0f}s: {members}\n{self._tails()}")
             time.sleep(0.3)
-
-    def _ensure_database(self) -> None:
-        node = self.wait_primary()
-        out = subprocess.run(
-            [str(self._bindir / "psql") if self._bindir else "psql", "-h", "127.0.0.1", "-p", str(node.pg_port),
-             "-U", USER, "-d", "postgres", "-Atc", f"CREATE DATABASE {DATABASE}"],
-            env={**os.environ, "PGPASSWORD": self.password}, capture_output=True, text=True, check=False, timeout=60)
-        if out.returncode != 0 and "already exists" not in out.stderr:
-            raise PostgresError(f"could not create the database: {out.stderr.strip()}")
 
     def _tails(self) -> str:
         parts = []

@@ -307,6 +307,25 @@ def as_server_user() -> list[str]:
     raise PostgresError("running as root without runuser or setpriv to drop privileges for PostgreSQL")
 
 
+def as_superuser(port: int, password: str, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
+    """Run `work` on the superuser's connection to the `postgres` database at 127.0.0.1:`port`."""
+    async def run() -> None:
+        conn = await asyncpg.connect(host="127.0.0.1", port=port, user=USER, password=password,
+                                     database="postgres", timeout=10)
+        try:
+            await work(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+async def create_database(conn: asyncpg.Connection) -> None:
+    """Create the `boomerang` database unless it exists."""
+    if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE):
+        await conn.execute(f'CREATE DATABASE "{DATABASE}"')
+
+
 @dataclass
 class EmbeddedPostgres:
     """The cluster in `root/pgdata`, or for one run elsewhere when root's folder is private.
@@ -354,10 +373,14 @@ class EmbeddedPostgres:
         return f"data in {self.data}"
 
     @property
+    def password(self) -> str:
+        """The password of user `boomerang`, kept in `root`."""
+        return (self.root / "pg-password").read_text().strip()
+
+    @property
     def url(self) -> str:
         """The database URL services use."""
-        password = (self.root / "pg-password").read_text().strip()
-        return f"postgresql://{USER}:{password}@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql://{USER}:{self.password}@127.0.0.1:{self.port}/{DATABASE}"
 
     @property
     def source(self) -> str:
@@ -514,7 +537,7 @@ class EmbeddedPostgres:
             raise PostgresError(f"{self.data} is locked by another boomerang process but not running")
         self.port = free_port()
         self._serve()
-        self._ensure_database()
+        as_superuser(self.port, self.password, create_database)
         return self.url
 
     def _serve(self, timeout: float = 60.0) -> None:
@@ -536,8 +559,8 @@ class EmbeddedPostgres:
         while not self._ready():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self._halt()
-                log = tail(self.data / "server.log", "postgres")
-                raise PostgresError(f"PostgreSQL did not start:\n{log}")
+                last = tail(self.data / "server.log", "postgres")
+                raise PostgresError(f"PostgreSQL did not start:\n{last}")
             time.sleep(0.05)
 
     def _ready(self) -> bool:
@@ -552,30 +575,10 @@ class EmbeddedPostgres:
         """Fast shutdown of the server we run; immediate shutdown if that takes too long."""
         terminate(self._proc, signal.SIGINT, timeout, then=signal.SIGQUIT)
 
-    def _as_superuser(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
-        """Run `work` on the superuser's connection to this cluster's `postgres` database."""
-        async def run() -> None:
-            password = (self.root / "pg-password").read_text().strip()
-            conn = await asyncpg.connect(host="127.0.0.1", port=self.port, user=USER, password=password,
-                                         database="postgres", timeout=10)
-            try:
-                await work(conn)
-            finally:
-                await conn.close()
-
-        asyncio.run(run())
-
-    def _ensure_database(self) -> None:
-        async def create(conn: asyncpg.Connection) -> None:
-            if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE):
-                await conn.execute(f'CREATE DATABASE "{DATABASE}"')
-
-        self._as_superuser(create)
-
     def checkpoint(self) -> None:
         """Write every dirty page now (CHECKPOINT), so a stop soon after has little to write."""
         if self.owner and self.port:
-            self._as_superuser(lambda conn: conn.execute("CHECKPOINT"))
+            as_superuser(self.port, self.password, lambda conn: conn.execute("CHECKPOINT"))
 
     def stop(self) -> None:
         """Stop the cluster if this process started it (fast shutdown)."""
