@@ -22,8 +22,7 @@ import argparse
 import json
 import os
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from boomerang_cli.failures import Target
@@ -31,7 +30,6 @@ from boomerang_cli.failures import Target
 CONTEXT_ENV = "BOOMERANG_CONTEXT"
 FILE_NAME = "context.json"
 DEFAULT_PATH = Path(".boomerang") / FILE_NAME  # up's default --data-dir, relative to the current folder
-VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -46,15 +44,12 @@ class StackContext:
     database_url: str = ""  # only the embedded cluster's (its password file sits in the same folder)
     pid: int = 0
     process_start: str = ""  # the kernel's start time of `pid`, telling a reused pid apart
-    written_at: float = 0.0
-    version: int = VERSION
 
 
 def write_context(data_dir: Path, context: StackContext) -> Path:
     """Write `context` as `data_dir`/context.json (atomically, mode 0600), stamped with this process."""
     path = data_dir / FILE_NAME
-    stamped = StackContext(**{**asdict(context), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
-                              "written_at": time.time()})
+    stamped = replace(context, pid=os.getpid(), process_start=_process_start(os.getpid()))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{FILE_NAME}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
