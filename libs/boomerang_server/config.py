@@ -99,14 +99,10 @@ def flag_spec(field_name: str, field: FieldInfo) -> Flag:
     return Flag("--" + field_name.replace("_", "-"))
 
 
-def default_value(field: FieldInfo) -> object:
-    """The default of `field`, calling its factory if it has one."""
-    return field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
-
-
 def render_default(field: FieldInfo, empty: str = "(none)") -> str:
     """The default as an operator would type it into the variable; `empty` when empty."""
-    value = default_value(field)
+    factory = field.default_factory
+    value = factory() if factory is not None else field.default  # type: ignore[call-arg]
     if value in ("", [], None):
         return empty
     if isinstance(value, bool):
