@@ -423,11 +423,8 @@ class EmbeddedPostgres:
 
     def _reachable(self, bindir: Path) -> Path:
         """`bindir`, or a copy of pip's binaries the server's OS user can run (root, private venv)."""
-        if not as_server_user():
-            return bindir
-        probe = subprocess.run([*as_server_user(), "test", "-x", str(bindir / "postgres")], capture_output=True,
-                               check=False)
-        if probe.returncode == 0:
+        run_as = as_server_user()
+        if not run_as or server_user_can(run_as, "-x", bindir / "postgres"):
             return bindir
         if bindir != pip_binaries():
             raise PostgresError(f"the 'postgres' OS user cannot run {bindir}/postgres")
