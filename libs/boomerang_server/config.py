@@ -189,7 +189,6 @@ class EnginePoolSettings(RegistryClientSettings):
     )
 
 
-
 class InvalidSettings(Exception):
     """Settings that failed validation, as one line naming each bad setting's flag and variable.
 

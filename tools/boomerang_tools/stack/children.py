@@ -251,7 +251,6 @@ class Child:
         return self.proc.returncode
 
 
-
 def stop_all(children: list[Child], timeout: float = 15.0, then: Callable[[], None] | None = None) -> None:
     """Stop children wave by wave, highest first, so each drains while what it calls (the
     gateway → router → registry) still answers; a wave's children stop side by side.

@@ -44,10 +44,12 @@ from boomerang_tools.stack.postgres import (
     RunFolder,
     as_server_user,
     as_superuser,
+    chown_for_server,
     create_database,
     find_binaries,
     free_port,
     server_user,
+    server_user_kwargs,
 )
 
 SCOPE = "boomerang-ha"
@@ -231,19 +233,15 @@ class HaPostgres:
         config.write_text(json.dumps(self._config(node), indent=1))  # JSON is YAML
         os.chmod(config, 0o600)
         ent = server_user()
-        for path in (node.home, config):
-            if ent is not None:
-                os.chown(path, ent.pw_uid, ent.pw_gid)
+        chown_for_server(node.home, config)
         if self._python is None:
             self._python = _interpreter(ent)
         with open(node.home / "patroni.out", "ab") as out:
-            if ent is not None:
-                os.chown(node.home / "patroni.out", ent.pw_uid, ent.pw_gid)
+            chown_for_server(node.home / "patroni.out")
             node.proc = subprocess.Popen(
                 [self._python, "-m", "patroni", str(config)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd="/", start_new_session=True,
-                user=ent.pw_uid if ent else None, group=ent.pw_gid if ent else None,
-                extra_groups=[] if ent else None, env=_patroni_env(ent),
+                **server_user_kwargs(), env=_patroni_env(ent),
                 preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509 - one pre-resolved prctl call
             )
 
@@ -371,8 +369,7 @@ def _interpreter(ent: pwd.struct_passwd | None) -> str:
         try:
             probe = subprocess.run(
                 [python, "-c", "import patroni, psycopg2, yaml, etcd"], capture_output=True, cwd="/", timeout=60,
-                env=_patroni_env(ent), user=ent.pw_uid if ent else None, group=ent.pw_gid if ent else None,
-                extra_groups=[] if ent else None, check=False)
+                env=_patroni_env(ent), **server_user_kwargs(), check=False)
         except OSError:
             continue
         if probe.returncode == 0:

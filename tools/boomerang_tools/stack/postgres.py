@@ -295,6 +295,21 @@ def server_user() -> pwd.struct_passwd | None:
             f"could not make one ({made.stderr.strip()}); create one or run as a normal user"
         ) from None
 
+
+def server_user_kwargs() -> dict[str, Any]:
+    """`subprocess` arguments that run a child as the server's OS user when we are root."""
+    ent = server_user()
+    return {} if ent is None else {"user": ent.pw_uid, "group": ent.pw_gid, "extra_groups": []}
+
+
+def chown_for_server(*paths: Path) -> None:
+    """Give `paths` to the server's OS user when we are root."""
+    ent = server_user()
+    if ent is not None:
+        for path in paths:
+            os.chown(path, ent.pw_uid, ent.pw_gid)
+
+
 def as_server_user() -> list[str]:
     """The command prefix that runs a PostgreSQL binary as a non-root user."""
     ent = server_user()
@@ -402,11 +417,6 @@ class EmbeddedPostgres:
             raise PostgresError(f"{binary} {' '.join(args[:3])} failed:\n{out.stdout}{out.stderr}".strip())
         return out
 
-    def _chown_for_server(self, path: Path) -> None:
-        ent = server_user()
-        if ent is not None:
-            os.chown(path, ent.pw_uid, ent.pw_gid)
-
     def _choose_binaries(self) -> Path:
         """Binaries of the cluster's major version (any, newest first, for a new cluster)."""
         version_file = self.data / "PG_VERSION"
@@ -483,12 +493,12 @@ class EmbeddedPostgres:
         pwfile.write_text(password + "\n")
         os.chmod(pwfile, 0o600)
         self.data.mkdir(mode=0o700, exist_ok=True)
-        self._chown_for_server(self.data)
+        chown_for_server(self.data)
         # initdb reads the password from a file the server's user can read; removed at once.
         temp = self.home / ".initdb-pwfile"
         temp.write_text(password + "\n")
         os.chmod(temp, 0o600)
-        self._chown_for_server(temp)
+        chown_for_server(temp)
         try:
             self._pg("initdb", "-D", str(self.data), "-U", USER, "--auth=scram-sha-256", f"--pwfile={temp}",
                      "-E", "UTF8", "--no-locale")
@@ -540,14 +550,12 @@ class EmbeddedPostgres:
     def _serve(self, timeout: float = 60.0) -> None:
         """Run `postgres` in the foreground as our child, and wait until it accepts connections."""
         assert self.bindir is not None
-        ent = server_user()
         with open(self.data / "server.log", "ab") as log:
             self._proc = subprocess.Popen(
                 [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/",
                 start_new_session=True,  # Ctrl-C reaches it only through stop(), after the services
-                user=ent.pw_uid if ent else None, group=ent.pw_gid if ent else None,
-                extra_groups=[] if ent else None,
+                **server_user_kwargs(),
                 # Fast shutdown if we die first; one pre-resolved prctl call, safe beside threads.
                 preexec_fn=die_with_parent(signal.SIGINT),  # noqa: PLW1509
             )
