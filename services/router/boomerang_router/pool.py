@@ -1,7 +1,7 @@
 """The router's engine choice over the shared engine table: who is least busy.
 
 Which engines may serve a turn (static or registry, dead, stale, without an HTTP base URL)
-is `boomerang_server.enginepool.table`'s, shared with the gateway. The router adds load: what
+is `boomerang_server.enginepool`'s, shared with the gateway. The router adds load: what
 engines report in heartbeats combined with what this router planned and has not yet seen
 reported (taking the larger of each, since a heartbeat may or may not include the router's
 latest turns). A prefill engine's load is its queued prompt tokens plus a weight per
