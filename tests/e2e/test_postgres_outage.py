@@ -27,7 +27,7 @@ from boomerang.clients.router import RouterClient
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import upgrade
 from boomerang_tools.stack.postgres import EmbeddedPostgres, find_binaries
 
 from tests.e2e.test_gateway_faults import Conversations

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from boomerang_tools.stack.pg_home import PREFIX
-from boomerang_tools.stack.postgres import ELSEWHERE, find_binaries
+from boomerang_tools.stack.postgres import ELSEWHERE, PREFIX, find_binaries
 
 from tests.e2e.test_up_lifecycle import _alive, _descendants
 from tests.support.procs import BOOMERANG, wait_for

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 from boomerang_gateway import tenants
 from boomerang_gateway.tenants import TenantAuth, TenantExists, TenantStore
-from boomerang_server.db.engine import make_engine
+from boomerang_server.db import make_engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from boomerang_registry import wire
 from boomerang_registry.expiry import ExpiryRepository, Fence
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.watches import DeadlineHub, Subscription
-from boomerang_server.db.engine import make_engine
+from boomerang_server.db import make_engine
 
 from tests.support.databases import fresh_database
 from tests.support.registry_data import blocks_request, claim_request, engine_request

@@ -18,7 +18,7 @@ from boomerang_registry.rawsql import SET_TENANTS_LOCAL, TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import CLAIM_BATCH_SQL
 from boomerang_registry.wire import ClaimQuery
-from boomerang_server.db.engine import make_engine
+from boomerang_server.db import make_engine
 from boomerang_server.leases import ClaimOutcome
 
 from tests.integration.test_registry_repository import register, register_engine, turn

@@ -25,7 +25,7 @@ from boomerang_router.repository import (
     to_row,
 )
 from boomerang_router.spool import SET_ASIDE, SPOOL_FULL, SUFFIX, AuditSpool
-from boomerang_server.db.engine import make_engine
+from boomerang_server.db import make_engine
 
 pytestmark = pytest.mark.integration
 

@@ -31,9 +31,8 @@ from boomerang_router.planner import Router
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
-from boomerang_server.db.engine import make_engine
-from boomerang_server.enginepool.refresh import RegistryRefresher
-from boomerang_server.enginepool.table import EngineInfo, Role
+from boomerang_server.db import make_engine
+from boomerang_server.enginepool import EngineInfo, RegistryRefresher, Role
 from prometheus_client import REGISTRY
 
 from tests.support.procs import ServiceProcess

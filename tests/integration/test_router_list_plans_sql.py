@@ -12,7 +12,7 @@ import pytest
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.plan_store import PlanRecord, plan_time
 from boomerang_router.repository import CONVERSATION_PAGE_SQL, TurnPlanRepository, to_row
-from boomerang_server.db.engine import make_engine
+from boomerang_server.db import make_engine
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 

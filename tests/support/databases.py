@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import asyncpg
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import upgrade
 
 from tests.support.admin_db import DEFAULT_ADMIN_URL
 

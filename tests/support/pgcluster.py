@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from boomerang_tools.stack.lifeline import die_with_parent
+from boomerang_tools.stack.children import die_with_parent
 from boomerang_tools.stack.postgres import free_port
 
 BIN = Path(os.environ.get("BOOMERANG_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))

@@ -11,7 +11,7 @@ from boomerang_registry.rawsql import Row, TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import WARM_UP
 from boomerang_registry.wire import ClaimSettlement, RetainedBlocks, TurnEnd
-from boomerang_server.db.engine import make_engine
+from boomerang_server.db import make_engine
 
 
 @asynccontextmanager

@@ -19,10 +19,15 @@ import pytest
 from boomerang.clients.base import BoomerangClientError
 from boomerang.errors import BoomerangError, Code
 from boomerang_cli import main as cli_main
-from boomerang_cli.context import StackContext, load_context, remove_context, write_context
+from boomerang_cli.context import (
+    StackContext,
+    load_context,
+    remove_context,
+    resolve_sources,
+    write_context,
+)
 from boomerang_cli.failures import Target, TargetFailure, database_target, describe, safe_url
-from boomerang_cli.sources import resolve_sources
-from boomerang_server.config.settings import InvalidSettings
+from boomerang_server.config import InvalidSettings
 
 REGISTRY = Target("registry", "127.0.0.1:9", "--registry")
 

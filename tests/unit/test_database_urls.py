@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from boomerang_server.config.settings import asyncpg_dsn, normalize_database_url
+from boomerang_server.config import asyncpg_dsn, normalize_database_url
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 

@@ -9,12 +9,13 @@ import pytest
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_gateway.engine_routing import DECODE, PREFILL, EngineRouting
-from boomerang_server.enginepool.refresh import RegistryRefresher, engine_info
-from boomerang_server.enginepool.table import (
+from boomerang_server.enginepool import (
     EngineTable,
     Progress,
+    RegistryRefresher,
     Role,
     Source,
+    engine_info,
     parse_static,
     progressed,
     static_specs,

@@ -18,7 +18,7 @@ from boomerang.clients.router import RouterClient
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
-from boomerang_server.rpc.status import rpc
+from boomerang_server.rpc.server import rpc
 
 
 class Failing(rtgrpc.RouterServiceServicer):  # type: ignore[misc]

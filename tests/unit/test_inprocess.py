@@ -12,8 +12,8 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.errors import FieldViolation, invalid
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_server.rpc.inprocess import LocalStub
-from boomerang_server.rpc.status import rpc
+from boomerang_cli.control_plane import LocalStub
+from boomerang_server.rpc.server import rpc
 
 
 class Servicer:

@@ -28,7 +28,7 @@ from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router.settings import RouterSettings
-from boomerang_server.config.settings import ENV_PREFIX, CommonSettings, TelemetrySettings
+from boomerang_server.config import ENV_PREFIX, CommonSettings, TelemetrySettings
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_cli import audit, audit_report, status
+from boomerang_cli import audit, status
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import REGISTRY
 from rich.console import Console
@@ -116,7 +116,7 @@ def test_the_audit_timeline_numbers_turns_and_links_leases_to_them() -> None:
         {"lease_id": "L1", "from_state": "CLAIMED", "to_state": "CONSUMED", "reason": "PREFILL_READ", "actor": "registry",
          "request_id": "", "claim_id": "k1", "time": t.format(6)},
     ]
-    d = audit_report.build("database", "c1", "acme", plans, leases, events)
+    d = audit.build("database", "c1", "acme", plans, leases, events)
     assert [(p["plan_id"], p["turn"]) for p in d["turns"]] == [("a", 1), ("b", 2), ("c", 3)]
     assert {x["lease_id"]: x["turn"] for x in d["leases"]} == {"L1": 1, "L2": 2}
     assert [(e["kind"], e["turn"]) for e in d["timeline"]] == [

@@ -1,4 +1,4 @@
-"""The run folder's guardian (pg_home.py): it removes the folder once its maker lets go, and
+"""The run folder's guardian (postgres.RunFolder): it removes the folder once its maker lets go, and
 first stops a server still running there, whose data is forfeit."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from boomerang_tools.stack.pg_home import PREFIX, RunFolder
+from boomerang_tools.stack.postgres import PREFIX, RunFolder
 
 STAND_IN = "import signal, time; signal.signal(signal.SIGQUIT, signal.SIG_DFL); print('ready', flush=True); time.sleep(60)"
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from boomerang_router.engines import EnginePool
 from boomerang_router.plan_store import PlanStore, claim_id_for, new_plan_id, plan_time
-from boomerang_server.enginepool.table import EngineInfo, Role, Source, parse_static
+from boomerang_server.enginepool import EngineInfo, Role, Source, parse_static
 
 
 class Clock:

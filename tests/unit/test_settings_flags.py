@@ -16,9 +16,14 @@ from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router.settings import RouterSettings
-from boomerang_server.config.fields import env_name, flag_spec, render_default
-from boomerang_server.config.flags import flag_dest, settings_from_args
-from boomerang_server.config.settings import InvalidSettings
+from boomerang_server.config import (
+    InvalidSettings,
+    env_name,
+    flag_dest,
+    flag_spec,
+    render_default,
+    settings_from_args,
+)
 from pydantic_settings import BaseSettings
 
 SERVICES: dict[str, type[BaseSettings]] = {

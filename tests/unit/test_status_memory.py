@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_cli.status_memory import block_seconds_from_leases, memory_section, render_memory
+from boomerang_cli.status import block_seconds_from_leases, memory_section, render_memory
 
 
 def lease(lid: str, engine: str, blocks: int, state: int, created: float, updated: float) -> tpb.Lease:

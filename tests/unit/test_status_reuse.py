@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from boomerang_cli.status_reuse import outcomes_from_metrics
+from boomerang_cli.status import outcomes_from_metrics
 from boomerang_gateway import control
 from boomerang_gateway.metrics import GatewayMetrics
 

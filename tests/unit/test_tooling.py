@@ -81,7 +81,7 @@ def test_the_configuration_reference_documents_every_setting() -> None:
 
     from pydantic_settings import BaseSettings
 
-    modules = ["boomerang_server.config.settings"] + [f"boomerang_{s}.settings" for s in ("registry", "router", "reaper", "gateway")]
+    modules = ["boomerang_server.config"] + [f"boomerang_{s}.settings" for s in ("registry", "router", "reaper", "gateway")]
     reference = (ROOT / "docs" / "configuration.md").read_text()
     missing = []
     for obj in (o for m in modules for o in vars(importlib.import_module(m)).values()):

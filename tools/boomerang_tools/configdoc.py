@@ -20,9 +20,8 @@ from boomerang_gateway.settings import GatewaySettings
 from boomerang_reaper.settings import ReaperSettings
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router.settings import RouterSettings
-from boomerang_server.config.fields import env_name, flag_spec
-from boomerang_server.config.fields import render_default as render_value
-from boomerang_server.config.settings import CommonSettings, TelemetrySettings
+from boomerang_server.config import CommonSettings, TelemetrySettings, env_name, flag_spec
+from boomerang_server.config import render_default as render_value
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 

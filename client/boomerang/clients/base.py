@@ -49,7 +49,7 @@ class AsyncClient:
     stub_class: Any = None  # its generated stub
 
     def __init__(self, target: str, timeout: float = 5.0, stub: Any = None):
-        """`stub`: the service in this process (`boomerang_server.rpc.inprocess.LocalStub`), no
+        """`stub`: the service in this process (`boomerang_cli.control_plane.LocalStub`), no
         channel."""
         self.target = target
         self.timeout = timeout

@@ -9,13 +9,14 @@ It reads the services that own the records (docs/design.md, "Who owns which tabl
 router's ListTurnPlans for every plan of the conversation (turns that registered nothing
 too) and the registry's GetConversation for its leases and their events. A conversation
 with plans but no lease (every turn computed, nothing retained) is no error; one with
-neither is.
+neither is. The demo shows the same report (`gather_api`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from typing import Any
 
 from boomerang.clients.base import BoomerangClientError
@@ -25,9 +26,8 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 
-from boomerang_cli.audit_report import build
+from boomerang_cli.context import add_source_flags, resolve_sources, service_target
 from boomerang_cli.failures import run_against
-from boomerang_cli.sources import add_source_flags, resolve_sources, service_target
 from boomerang_cli.tables import emit, iso, short_time, table
 
 PAGE_SIZE = 1000
@@ -151,6 +151,77 @@ async def gather_api(registry: str, router: str, conversation: str, tenant: str,
     leases, events = await conversation_leases(registry, conversation, tenant, timeout)
     turns, notes = await conversation_plans(router, conversation, tenant, timeout)
     return build("api", conversation, tenant, turns, leases, events, notes)
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def build(source: str, conversation: str, tenant: str | None, turns: list[dict[str, Any]],
+          leases: list[dict[str, Any]], events: list[dict[str, Any]], notes: list[str] | None = None) -> dict[str, Any]:
+    """The audit report: numbered turns, leases, the merged timeline and a summary.
+
+    `turns` are plan dicts (`plan_id`, `created_at`, `decision`, `reason`, token counts,
+    engines, `lease_id` claimed, `new_lease_id` registered, report fields); `leases` and
+    `events` as the registry records them. Times are ISO strings.
+    """
+    turns = sorted(turns, key=lambda t: (t["created_at"] or "", t["plan_id"]))
+    lease_turn: dict[str, int] = {}
+    for i, t in enumerate(turns, 1):
+        t["turn"] = i
+        if t.get("new_lease_id"):
+            lease_turn[t["new_lease_id"]] = i
+    for lease in leases:
+        lease["turn"] = lease_turn.get(lease["lease_id"])
+    timeline: list[dict[str, Any]] = []
+    for t in turns:
+        claimed = f"; pulls lease {t['lease_id'][:8]} from {t['source_engine_id']}" if t.get("lease_id") else ""
+        timeline.append({
+            "time": t["created_at"], "turn": t["turn"], "kind": "PLAN", "lease_id": t.get("lease_id") or None,
+            "what": f"{t['decision']} {t['reason']}",
+            "detail": f"{t['reused_tokens']:,} of {t['prompt_tokens']:,} prompt tokens reused, "
+                      f"{t['recomputed_tokens']:,} computed (verified prefix {t['verified_tokens']:,}); "
+                      f"P={t['prefill_engine_id']} D={t['decode_engine_id']}{claimed}",
+        })
+        if t.get("reported_at"):
+            parts = [f"handle {t['handle_use']}" if t.get("handle_use") else "",
+                     f"claimed lease now {t['claimed_lease_state']}" if t.get("claimed_lease_state") else "",
+                     f"retention {t['retention']}" if t.get("retention") else "",
+                     f"new lease {t['new_lease_id'][:8]}" if t.get("new_lease_id") else "",
+                     t.get("outcome_detail") or ""]
+            timeline.append({
+                "time": t["reported_at"], "turn": t["turn"], "kind": "REPORT", "lease_id": t.get("new_lease_id") or None,
+                "what": t.get("outcome") or "REPORTED", "detail": "; ".join(p for p in parts if p),
+            })
+    for e in events:
+        moved = f"{e['from_state']} → {e['to_state']}" if e.get("from_state") else f"→ {e['to_state']}"
+        detail = [f"{e['reason']} by {e['actor']}"]
+        if e.get("claim_id"):
+            detail.append(f"claim {e['claim_id'][:8]}")
+        if e.get("request_id"):
+            detail.append(f"request {e['request_id']}")
+        timeline.append({
+            "time": e["time"], "turn": lease_turn.get(e["lease_id"]), "kind": "LEASE", "lease_id": e["lease_id"],
+            "what": f"lease {e['lease_id'][:8]} {moved}", "detail": ", ".join(detail),
+        })
+    order = {"PLAN": 0, "LEASE": 1, "REPORT": 2}
+    timeline.sort(key=lambda x: (x["time"] or "", order[x["kind"]]))
+    not_reused = Counter(f"{t['decision']} {t['reason']}" for t in turns if t["decision"] != "PULL")
+    return {
+        "source": source,
+        "conversation_id": conversation,
+        "tenant": tenant,
+        "summary": {
+            "turns": len(turns),
+            "pulled_turns": sum(1 for t in turns if t["decision"] == "PULL"),
+            "reused_tokens": sum(t["reused_tokens"] for t in turns),
+            "prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+            "not_reused": dict(not_reused.most_common()),
+        },
+        "turns": turns,
+        "leases": leases,
+        "timeline": timeline,
+        "notes": notes or [],
+    }
 
 
 # -- rendering ---------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ with `--gateway-listen` the gateway too.
 As Mimir's and Loki's single-binary mode: each service keeps its own API (the registry's and
 the router's gRPC on the shared listener, where the hooks, the reaper, the CLI and other
 gateways reach them; the gateway's HTTP on its own), and the calls between them are in-process
-calls (`boomerang_server.rpc.inprocess`): the router's into the registry (ClaimReuse,
+calls (`LocalStub`, below): the router's into the registry (ClaimReuse,
 CompleteTurn, ListEngines, …), and the gateway's into the router (PlanTurn, ReportTurn) and
 the registry (engines, the live-lease summary). A plan through this gateway crosses no
 network hop of Boomerang's; a hook's crosses one. Each service still runs alone (`boomerang
@@ -15,14 +15,25 @@ here, and `/metrics` (one registry of metrics for the process) from the registry
 
 On SIGTERM the gateway drains first (its turns still plan and report in-process), then the
 registry and the router.
+
+An in-process call goes through `LocalStub(servicer)` in place of the generated gRPC stub: the
+same typed client (`RegistryClient(..., stub=...)`), the same servicer methods with their
+validation, authorization and error translation, the same error a caller reads back
+(`grpc.aio.AioRpcError` carrying the rich status in its trailing metadata), but no
+serialization, no HTTP/2 and no second event-loop hop. The caller is authenticated as the
+principal it is given (`service:router`), presented as a verified certificate name would be.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
 from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.telemetry import grpc_server_interceptors, setup_tracing
@@ -33,9 +44,7 @@ from boomerang_registry import server as registry_server
 from boomerang_registry.settings import RegistrySettings
 from boomerang_router import server as router_server
 from boomerang_router.settings import RouterSettings
-from boomerang_server.config.flags import require_database, run_async
-from boomerang_server.config.settings import load_settings
-from boomerang_server.rpc.inprocess import LocalStub
+from boomerang_server.config import load_settings, require_database, run_async
 from boomerang_server.rpc.server import ServerOptions, serve_together
 
 # Who the router and the gateway are to what they call in-process (as `service:` certificates).
@@ -58,12 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    given: dict[str, Any] = {"database_url": args.database_url} if args.database_url is not None else {}
-    if args.listen is not None:
-        given["listen"] = args.listen
-    registry = RegistrySettings(**given)
+    registry = load_settings(RegistrySettings, database_url=args.database_url, listen=args.listen)
     require_database(registry, "control-plane")
-    router = RouterSettings(**{**given, "listen": registry.listen, "metrics_listen": ""})
+    router = load_settings(RouterSettings, database_url=args.database_url, listen=registry.listen, metrics_listen="")
     gateway = None
     if args.gateway_listen is not None:
         gateway = load_settings(GatewaySettings, database_url=registry.database_url, listen=args.gateway_listen,
@@ -115,3 +121,94 @@ async def serve(registry_settings: RegistrySettings, router_settings: RouterSett
             await asyncio.gather(gateway, return_exceptions=True)
     if gateway is not None:
         gateway.result()  # a gateway that failed fails the command
+
+
+# -- in-process calls ---------------------------------------------------------------------
+
+
+class _Aborted(Exception):
+    """A servicer ended the call with a status (`abort`, `abort_with_status`)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, str | bytes], ...]):
+        super().__init__(details)
+        self.code, self.details, self.trailing = code, details, trailing
+
+    def rpc_error(self) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata(*self.trailing), self.details)
+
+
+class LocalContext:
+    """What Boomerang's servicers use of `grpc.aio.ServicerContext`, for an in-process call."""
+
+    def __init__(self, principal: str, timeout: float | None):
+        self._principal = principal.encode()
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"x509_common_name": [self._principal]}
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def peer(self) -> str:
+        return "in-process"
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        raise _Aborted(status.code, status.details, tuple(status.trailing_metadata or ()))
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        raise _Aborted(code, details, tuple(trailing_metadata or ()))
+
+
+class _Stream:
+    """A server-streaming call's answer: iterate it; `cancel` ends it."""
+
+    def __init__(self, items: AsyncIterator[Any]):
+        self._items = items
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._read()
+
+    async def _read(self) -> AsyncIterator[Any]:
+        try:
+            async for item in self._items:
+                yield item
+        except _Aborted as aborted:
+            raise aborted.rpc_error() from None
+
+    def cancel(self) -> bool:
+        asyncio.ensure_future(self._items.aclose())  # type: ignore[attr-defined]
+        return True
+
+
+class LocalStub:
+    """A generated stub's shape (`stub.Method(request, timeout=…)`) over a local servicer."""
+
+    def __init__(self, servicer: Any, principal: str):
+        self._servicer = servicer
+        self._principal = principal
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """The call of servicer method `name`, made once and kept (later lookups find it set)."""
+        call = self._call(getattr(self._servicer, name))
+        setattr(self, name, call)
+        return call
+
+    def _call(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(method):
+            def stream(request: Any, timeout: float | None = None, **_: Any) -> _Stream:
+                return _Stream(method(request, LocalContext(self._principal, timeout)))
+            return stream
+
+        async def unary(request: Any, timeout: float | None = None, **_: Any) -> Any:
+            try:
+                return await asyncio.wait_for(method(request, LocalContext(self._principal, timeout)), timeout)
+            except _Aborted as aborted:
+                raise aborted.rpc_error() from None
+            except TimeoutError:
+                raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(),
+                                           grpc.aio.Metadata(), "Deadline Exceeded") from None
+        return unary

@@ -186,7 +186,7 @@ def _rpc(e: BaseException, target: Target | None) -> str | None:
         return None
     who = _who(target, "the service")
     why = f" ({reason})" if reason else ""
-    message = _first_line_of(message)
+    message = _first_line(message)
     if code == "UNAVAILABLE":
         return f"cannot reach {who}: {message}; is it running? {_fix_setting(target, 'the address')}"
     if code == "UNAUTHENTICATED":
@@ -229,19 +229,12 @@ def _bad_url(e: BaseException, target: Target | None) -> str | None:
 
 
 def _settings(e: BaseException, target: Target | None) -> str | None:
-    """Each bad setting with its flag and variable, on one line (load_settings or pydantic-settings)."""
+    """Each bad setting with its flag and variable, on one line (every command reads its
+    settings through load_settings, which raises InvalidSettings)."""
     # deferred: only on failure (pydantic is not every command's to import)
-    from boomerang_server.config.settings import InvalidSettings
+    from boomerang_server.config import InvalidSettings
 
-    if isinstance(e, InvalidSettings):
-        return str(e)
-    if type(e).__name__ != "ValidationError" or not hasattr(e, "errors"):
-        return None
-    bad = []
-    for err in e.errors():
-        name = ".".join(str(p) for p in err["loc"])
-        bad.append(f"BOOMERANG_{name.upper()} (--{name.replace('_', '-')}) {err['msg'].removeprefix('Value error, ')}")
-    return "invalid configuration: " + "; ".join(bad)
+    return str(e) if isinstance(e, InvalidSettings) else None
 
 
 def _bad_value(e: BaseException, target: Target | None) -> str | None:
@@ -256,12 +249,8 @@ def _bad_value(e: BaseException, target: Target | None) -> str | None:
     return f"bad value: {message}" if message else None
 
 
-def _first_line(e: BaseException) -> str:
-    return _first_line_of(str(e))
-
-
-def _first_line_of(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+def _first_line(e: BaseException | str) -> str:
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), "")
 
 
 _KINDS: list[Callable[[BaseException, Target | None], str | None]] = [

@@ -5,15 +5,28 @@ It asks the services only (registry `ListEngines`/`ListLeases`, router `ListEngi
 derived from the leases (the router lists one conversation's plans, not a window's): a turn
 that pulled consumed the previous turn's lease, and each retained turn created one. The
 gateway's counters add planned against delivered reuse and the misses by reason.
+
+Decode memory: retained blocks say how much decode memory leases hold now; block-seconds say
+what holding it cost over the window (a lease's blocks × the part of its life inside the
+window, ending when the lease ended: D is told to free an ended lease on its next
+heartbeat). Releases by state say why leases ended (read, superseded, expired, invalidated,
+released early); the gateway's misses (`LEASE_RELEASED`) count the reuse lost to an early
+release.
+
+Reuse outcomes are the gateway's counters since it started (`--gateway`), which also see the
+turns the router never planned (`TOKENIZE_FAILED`, `CONTROL_PLANE_DEGRADED`, …). A turn missed
+its reuse when the plan reused nothing (its reason: `NO_LEASE`, `PREFIX_MISMATCH`, …) or when
+the prefill engine reported fewer tokens than planned (`PREFILL_SHORTFALL`).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import httpx
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.reaper import ReaperClient
 from boomerang.clients.registry import RegistryClient
@@ -21,13 +34,12 @@ from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_server.config.settings import TelemetrySettings, load_settings
+from boomerang_server.config import TelemetrySettings, load_settings
 from boomerang_server.leases import ENDED_STATES, LIVE_STATES
+from prometheus_client.parser import text_string_to_metric_families
 
+from boomerang_cli.context import add_source_flags, resolve_sources, service_target
 from boomerang_cli.failures import run_against
-from boomerang_cli.sources import add_source_flags, resolve_sources, service_target
-from boomerang_cli.status_memory import block_seconds_from_leases, memory_section, render_memory
-from boomerang_cli.status_reuse import gateway_outcomes, render_rows
 from boomerang_cli.tables import (
     emit,
     human_bytes,
@@ -39,6 +51,9 @@ from boomerang_cli.tables import (
 )
 
 MAX_PAGES = 50  # × 1000 leases per listing; beyond that counts are marked partial
+# Why a lease ended, in the order the report lists them.
+END_REASONS = ("CONSUMED", "SUPERSEDED", "EXPIRED", "INVALIDATED", "RELEASED")
+_GATEWAY = "boomerang_gateway_reuse_"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -134,6 +149,96 @@ def window_from_leases(leases: Iterable[Any], since: float) -> dict[str, Any]:
         "ended_leases": ended,
         "source": "leases (turns = leases created, pulls = leases consumed; reused tokens are an upper bound)",
     }
+
+
+def block_seconds_from_leases(leases: Iterable[Any], since: float, now: float) -> dict[str, float]:
+    """Block-seconds per engine held inside [since, now] by these `Lease` messages (each counted once)."""
+    seen: set[str] = set()
+    out: dict[str, float] = {}
+    for lease in leases:
+        if lease.lease_id in seen:
+            continue
+        seen.add(lease.lease_id)
+        state = tpb.LeaseState.Name(lease.state).removeprefix("LEASE_STATE_")
+        end = now if state in LIVE_STATES else min(now, _epoch(lease.update_time))
+        start = max(since, _epoch(lease.create_time))
+        blocks = sum(len(g.block_ids) for g in lease.block_groups)
+        if end > start and blocks:
+            out[lease.engine_id] = out.get(lease.engine_id, 0.0) + blocks * (end - start)
+    return out
+
+
+def memory_section(
+    retained: list[dict[str, Any]],
+    block_seconds: Mapping[str, float],
+    ended: Mapping[str, int],
+    window: float,
+) -> dict[str, Any]:
+    """The report's `memory` part: per decode engine (from `retained_rows`) and leases ended by state."""
+    return {
+        "window_seconds": window,
+        "engines": [
+            {"engine_id": r["engine_id"], "retained_blocks": r["blocks"],
+             "block_seconds": round(float(block_seconds.get(r["engine_id"], 0.0)), 1)}
+            for r in retained
+        ],
+        "releases_by_reason": {k: int(ended[k]) for k in END_REASONS if ended.get(k)},
+    }
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def outcomes_from_metrics(exposition: str) -> dict[str, Any]:
+    """The outcomes from a gateway's `/metrics` text (its counters since it started)."""
+    values: dict[str, float] = {}
+    misses: dict[str, int] = {}
+    for family in text_string_to_metric_families(exposition):
+        if not family.name.startswith(_GATEWAY):
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            name = sample.name.removeprefix(_GATEWAY).removesuffix("_total")
+            if name == "declined_turns":
+                reason = sample.labels.get("reason", "UNSPECIFIED")
+                misses[reason] = misses.get(reason, 0) + int(sample.value)
+            else:
+                values[name] = values.get(name, 0.0) + sample.value
+    if "turns" not in values:
+        raise ValueError("the gateway's /metrics has no boomerang_gateway_reuse_turns_total (an older gateway?)")
+    turns = int(values["turns"])
+    reported = turns - int(values.get("unreported_turns", 0))
+    planned = int(values.get("planned_tokens", 0))
+    delivered = int(values.get("delivered_tokens", 0))
+    return {
+        "turns": turns,
+        "prompt_tokens": int(values.get("prompt_tokens", 0)),
+        "planned_tokens": planned,
+        "delivered_tokens": delivered,
+        "reported_turns": reported,
+        # Turns that got the reuse they were planned (and some reuse at all).
+        "reuse_rate": _ratio(turns - sum(misses.values()), turns),
+        # Delivered over planned, over the turns whose prefill engine reported a count.
+        "delivery_rate": _ratio(delivered, planned if reported == turns else 0),
+        "misses_by_reason": [{"reason": r, "turns": n} for r, n in sorted(misses.items(), key=lambda x: (-x[1], x[0]))],
+        "source": "gateway counters since it started",
+    }
+
+
+async def gateway_outcomes(url: str, timeout: float) -> dict[str, Any]:
+    """Fetch and read a gateway's `/metrics`; {"error": …} when it cannot be read."""
+    base = url if "://" in url else f"http://{url}"
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as http:
+            resp = await http.get(base.rstrip("/") + "/metrics")
+            resp.raise_for_status()
+        out = outcomes_from_metrics(resp.text)
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"address": url, "error": str(exc) or type(exc).__name__}
+    out["address"] = url
+    return out
 
 
 async def _scan(registry: Any, req: Any, stop_before: float | None = None) -> tuple[list[Any], bool]:
@@ -348,10 +453,26 @@ def _outcome_tables(r: dict[str, Any]) -> list[Any]:
         return []
     if "error" in o:
         return [f"[bold red]gateway {o['address']}[/]: {o['error']}"]
-
-    summary, misses = render_rows(o)
+    summary = [[o["turns"], percent(o["reuse_rate"]), o["planned_tokens"], o["delivered_tokens"],
+                percent(o["delivery_rate"]), f"{o['reported_turns']}/{o['turns']}"]]
+    misses = [[m["reason"], m["turns"]] for m in o["misses_by_reason"]]
     return [
         table("Reuse outcomes", ["turns", "reuse rate", "planned tokens", "delivered tokens", "delivered/planned",
                                  "reported"], summary, caption=o["source"]),
         table("Reuse misses by reason", ["reason", "turns"], misses or [["none", 0]]),
+    ]
+
+
+def render_memory(m: dict[str, Any] | None) -> list[Any]:
+    """The memory tables, when the report has them."""
+    if not m:
+        return []
+    window = f"last {m['window_seconds']:.0f} s"
+    return [
+        table(f"Decode memory held, {window}", ["engine", "retained blocks", "block-seconds"],
+              [[e["engine_id"], e["retained_blocks"], f"{e['block_seconds']:,.0f}"] for e in m["engines"]],
+              caption="leases' blocks × their life in the window (from the leases listed)"),
+        table(f"Releases by reason, {window}", ["reason", "leases"],
+              [[k, n] for k, n in m["releases_by_reason"].items()] or [["none", 0]],
+              caption="reuse lost to an early release: the gateway's misses (LEASE_RELEASED)"),
     ]

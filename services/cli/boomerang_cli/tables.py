@@ -1,4 +1,4 @@
-"""What the operator commands share: how to print it (where to read from: sources.py).
+"""What the operator commands share: how to print it (where to read from: context.py).
 
 `boomerang status` and `boomerang audit` build plain dicts (the `--json` output, printed
 as is) and render them as rich tables for a person.
@@ -17,23 +17,17 @@ from rich.console import Console
 from rich.table import Table
 
 
-def iso(value: datetime | Timestamp | float | None) -> str | None:
-    """An ISO-8601 UTC time (milliseconds), or None when unset."""
-    if value is None:
-        return None
+def iso(value: Timestamp | float) -> str | None:
+    """An ISO-8601 UTC time (milliseconds) of a Timestamp or epoch seconds; None when unset (zero)."""
     if isinstance(value, Timestamp):
         if not value.seconds and not value.nanos:
             return None
         when: datetime = value.ToDatetime(tzinfo=UTC)
-    elif isinstance(value, (int, float)):
-        if not value:
-            return None
-        when = datetime.fromtimestamp(value, tz=UTC)
+    elif not value:
+        return None
     else:
-        when = value
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        when = datetime.fromtimestamp(value, tz=UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_iso(value: str | None) -> datetime | None:

@@ -7,10 +7,14 @@ import asyncio
 import sys
 
 from boomerang.auth import is_loopback
-from boomerang_server.config.flags import add_settings_flags, run_async, settings_from_args
-from boomerang_server.config.settings import CommonSettings, load_settings
-from boomerang_server.db.engine import make_engine
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.config import (
+    CommonSettings,
+    add_settings_flags,
+    load_settings,
+    run_async,
+    settings_from_args,
+)
+from boomerang_server.db import make_engine, upgrade
 
 from boomerang_gateway.server import run
 from boomerang_gateway.settings import GatewaySettings

@@ -37,13 +37,13 @@ from typing import Any
 import httpx2 as httpx
 import xxhash
 from boomerang.clients.registry import RegistryClient
-from boomerang_server.enginepool.refresh import RegistryRefresher
-from boomerang_server.enginepool.table import (
+from boomerang_server.enginepool import (
     DOWN_SECONDS,
     HEALTH_CHECK_FAILED,
     HEARTBEAT_STALE,
     EngineTable,
     PoolEntry,
+    RegistryRefresher,
     Role,
     parse_static,
 )

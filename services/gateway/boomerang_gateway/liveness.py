@@ -31,7 +31,7 @@ from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_server.enginepool.table import Progress, progressed
+from boomerang_server.enginepool import Progress, progressed
 
 log = logging.getLogger(__name__)
 

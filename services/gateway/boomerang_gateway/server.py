@@ -22,8 +22,7 @@ from boomerang.clients.registry import RegistryClient
 from boomerang.clients.router import RouterClient
 from boomerang.leasekeys import RETRY_SECONDS, LeaseSummary, apply
 from boomerang.telemetry import asgi_app, setup_tracing, shutdown_tracing
-from boomerang_server.db.engine import make_engine
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import make_engine, upgrade
 from boomerang_server.sockets import listen_socket
 
 from boomerang_gateway.app import Handlers, create_app

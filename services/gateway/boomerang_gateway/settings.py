@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang_server.config.fields import Flag
-from boomerang_server.config.settings import EnginePoolSettings, check_listen
-from boomerang_server.enginepool.table import static_specs
+from boomerang_server.config import EnginePoolSettings, Flag, check_listen
+from boomerang_server.enginepool import static_specs
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from boomerang.clients.reaper import ReaperClient
 from boomerang.v1 import reaper_service_pb2 as pb
-from boomerang_server.config.flags import service_command
+from boomerang_server.config import service_command
 
 from boomerang_reaper.advice import TtlAdvice, advice_from_proto
 from boomerang_reaper.server import run

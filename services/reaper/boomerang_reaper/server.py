@@ -10,12 +10,16 @@ import uuid
 
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
-from boomerang_server.config.settings import TelemetrySettings, load_settings
+from boomerang_server.config import TelemetrySettings, load_settings
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db.engine import make_engine, warm_pool
-from boomerang_server.db.migrate import upgrade
-from boomerang_server.metrics import refresh_forever, serve_metrics
-from boomerang_server.rpc.server import ServerOptions, ServiceSpec, serve
+from boomerang_server.db import make_engine, upgrade, warm_pool
+from boomerang_server.rpc.server import (
+    ServerOptions,
+    ServiceSpec,
+    refresh_forever,
+    serve,
+    serve_metrics,
+)
 
 from boomerang_reaper import metrics
 from boomerang_reaper.leader import ClockOffset, LeaderElection, ReaperRepository

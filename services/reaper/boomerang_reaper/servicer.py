@@ -12,7 +12,7 @@ from boomerang.errors import BoomerangError, Code, Violations, failed_preconditi
 from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.rpc.status import rpc
+from boomerang_server.rpc.server import rpc
 from boomerang_server.validation import check_id
 from google.protobuf.timestamp_pb2 import Timestamp
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang_server.config.fields import Flag
-from boomerang_server.config.settings import RegistryClientSettings, check_listen
+from boomerang_server.config import Flag, RegistryClientSettings, check_listen
 from boomerang_server.retention import Policy
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode

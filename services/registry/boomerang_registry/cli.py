@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from boomerang_server.config.flags import service_command
+from boomerang_server.config import service_command
 
 from boomerang_registry.server import run
 from boomerang_registry.settings import RegistrySettings

@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from boomerang_server.leases import ALL_STATES
-from boomerang_server.metrics import LATENCY_BUCKETS
+from boomerang_server.rpc.server import LATENCY_BUCKETS
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine

@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 from boomerang import telemetry
-from boomerang_server.config.settings import asyncpg_dsn
+from boomerang_server.config import asyncpg_dsn
 
 from boomerang_registry.fence import epoch_changed
 

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 from boomerang.errors import Violations
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_server.rpc.status import rpc
+from boomerang_server.rpc.server import rpc
 from boomerang_server.validation import check_id
 
 from boomerang_registry import metrics, wire

@@ -9,10 +9,14 @@ from typing import Any
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db.engine import make_engine, warm_pool
-from boomerang_server.db.migrate import upgrade
-from boomerang_server.metrics import refresh_forever, serve_metrics
-from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
+from boomerang_server.db import make_engine, upgrade, warm_pool
+from boomerang_server.rpc.server import (
+    Hosted,
+    ServerOptions,
+    ServiceSpec,
+    refresh_forever,
+    serve_metrics,
+)
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 

@@ -12,10 +12,10 @@ from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_server.config.settings import asyncpg_dsn
+from boomerang_server.config import asyncpg_dsn
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.leases import ClaimOutcome
-from boomerang_server.rpc.status import rpc, write_item_error
+from boomerang_server.rpc.server import rpc, write_item_error
 from boomerang_server.validation import check_conversation, check_id, check_text
 
 from boomerang_registry import metrics, wire

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from boomerang_server.config.fields import Flag
-from boomerang_server.config.settings import CommonSettings, check_listen
+from boomerang_server.config import CommonSettings, Flag, check_listen
 from pydantic import Field, field_validator
 
 

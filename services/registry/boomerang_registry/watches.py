@@ -41,7 +41,7 @@ import grpc
 from boomerang import leasekeys
 from boomerang.errors import BoomerangError, Code, Violations
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang_server.rpc.status import error_for_exception, to_status
+from boomerang_server.rpc.server import error_for_exception, to_status
 from boomerang_server.validation import check_id
 from sqlalchemy.ext.asyncio import AsyncEngine
 

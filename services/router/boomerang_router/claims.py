@@ -27,7 +27,7 @@ from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.leases import ClaimOutcome
-from boomerang_server.metrics import LATENCY_BUCKETS
+from boomerang_server.rpc.server import LATENCY_BUCKETS
 from prometheus_client import Counter as Counted
 from prometheus_client import Gauge, Histogram
 

@@ -1,7 +1,7 @@
 """The engines: the pool plans choose from, the engines of one plan, and keeping the pool current.
 
 Which engines may serve a turn (static or registry, dead, stale, without an HTTP base URL)
-is `boomerang_server.enginepool.table`'s, shared with the gateway. The router adds load: what
+is `boomerang_server.enginepool`'s, shared with the gateway. The router adds load: what
 engines report in heartbeats combined with what this router planned and has not yet seen
 reported (taking the larger of each, since a heartbeat may or may not include the router's
 latest turns). A prefill engine's load is its queued prompt tokens plus a weight per
@@ -16,7 +16,7 @@ the claimed lease's engine can still be read from and what the engines' learned 
 predict (`learning.CostModels`, read, never fitted, here).
 
 Plans never ask the registry about engines; a background task refreshes the pool from
-`ListEngines` every `engine_refresh_seconds` (`boomerang_server.enginepool.refresh`, shared
+`ListEngines` every `engine_refresh_seconds` (`boomerang_server.enginepool`, shared
 with the gateway: a failed refresh keeps the last snapshot). Static engines (`--prefill`,
 `--decode`) are probed with `GET <url>/health`; after `failures` consecutive failed probes an
 engine leaves the pool until a probe succeeds.
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 from boomerang.errors import BoomerangError, Code
-from boomerang_server.enginepool.table import EngineInfo, EngineTable, Role
-from boomerang_server.enginepool.table import PoolEntry as TableEntry
+from boomerang_server.enginepool import EngineInfo, EngineTable, Role
+from boomerang_server.enginepool import PoolEntry as TableEntry
 from prometheus_client import Counter as Counted
 
 from boomerang_router.domain import ClaimResult, Decision, PlanDecision, decide, decide_started

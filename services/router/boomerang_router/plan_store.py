@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from boomerang.telemetry import annotate
-from boomerang_server.config.settings import TelemetrySettings, load_settings
-from boomerang_server.metrics import LATENCY_BUCKETS
+from boomerang_server.config import TelemetrySettings, load_settings
+from boomerang_server.rpc.server import LATENCY_BUCKETS
 from prometheus_client import Counter, Histogram
 
 from boomerang_router.domain import PlanDecision, PlanReason

@@ -13,14 +13,11 @@ import grpc
 from boomerang.clients.registry import RegistryClient
 from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
-from boomerang_server.config.settings import normalize_database_url
+from boomerang_server.config import normalize_database_url
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db.engine import make_engine, warm_pool
-from boomerang_server.db.migrate import upgrade
-from boomerang_server.enginepool.refresh import RegistryRefresher
-from boomerang_server.enginepool.table import Role, parse_static
-from boomerang_server.metrics import serve_metrics
-from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec
+from boomerang_server.db import make_engine, upgrade, warm_pool
+from boomerang_server.enginepool import RegistryRefresher, Role, parse_static
+from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec, serve_metrics
 from sqlalchemy.engine import make_url
 
 from boomerang_router.claims import ReuseClaimer

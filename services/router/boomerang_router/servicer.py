@@ -13,8 +13,8 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.enginepool.table import Role, Source
-from boomerang_server.rpc.status import rpc, write_item_error
+from boomerang_server.enginepool import Role, Source
+from boomerang_server.rpc.server import rpc, write_item_error
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from boomerang_router import kvparams, listing, requests

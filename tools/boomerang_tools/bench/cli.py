@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from boomerang_server.config.flags import run_async
-from boomerang_server.config.settings import CommonSettings, load_settings
+from boomerang_server.config import CommonSettings, load_settings, run_async
 from rich.console import Console
 
 from boomerang_tools.bench import gateway, phases, schedule

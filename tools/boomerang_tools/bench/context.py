@@ -27,7 +27,7 @@ from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import upgrade
 from rich.console import Console
 from rich.progress import (
     BarColumn,

@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from boomerang_server.config.settings import asyncpg_dsn
+from boomerang_server.config import asyncpg_dsn
 
 from boomerang_tools.bench.workload import BLOCK_SIZE, Conversation, chain_for, prompt_end
 from boomerang_tools.stack.postgres import EmbeddedPostgres

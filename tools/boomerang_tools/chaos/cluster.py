@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import upgrade
 
 from boomerang_tools.stack.children import Child, stop_all
 from boomerang_tools.stack.ha_postgres import HaPostgres

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from boomerang_server.config.settings import normalize_database_url
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.config import normalize_database_url
+from boomerang_server.db import upgrade
 from rich.console import Console
 from rich.table import Table
 

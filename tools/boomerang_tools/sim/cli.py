@@ -31,7 +31,7 @@ from boomerang.clients.registry import RegistryClient
 from boomerang.telemetry import asgi_app, setup_tracing
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_server.config.flags import run_async
+from boomerang_server.config import run_async
 from boomerang_server.sockets import listen_socket
 
 from boomerang_tools.sim.app import make_app

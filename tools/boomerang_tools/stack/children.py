@@ -4,26 +4,95 @@ Each child's output goes to `<log_dir>/<name>.log`; the child is ready when it p
 `BOOMERANG_READY <name> <host:port>`. Children run in their own process group, so Ctrl-C on
 the parent reaches them only through `stop_all()`: in waves, highest first (the gateway,
 then what it calls, the registry last), each with SIGTERM and a deadline before SIGKILL.
-If the parent dies without stopping them (SIGKILL), each gets SIGTERM from the kernel
-(lifeline.py) and drains on its own.
+If the parent dies without stopping them (SIGKILL), each gets SIGTERM from the kernel and
+drains on its own.
+
+That holds for any child started with `preexec_fn=die_with_parent(sig)` (postgres too): on
+Linux the child asks the kernel, between fork and exec, to send it a signal when its parent
+goes away (`prctl(PR_SET_PDEATHSIG)`); the setting survives `exec` of an ordinary binary.
+Elsewhere there is no such call and a child outlives a parent that was killed with SIGKILL.
+The kernel sends the signal when the *thread* that forked the child ends, not the process,
+so only children started from the main thread are armed: a worker thread that started one
+and then finished would otherwise stop it at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from importlib.metadata import Distribution, distributions
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from boomerang_tools.stack.lifeline import die_with_parent
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+# Resolved once, here: the forked child must not load libraries before it execs.
+_PRCTL = _load_prctl()
+
+
+def die_with_parent(signum: int) -> Callable[[], None] | None:
+    """A `preexec_fn` for `subprocess.Popen`: the child gets `signum` when this process dies.
+
+    None where that is not supported (no prctl, or not the main thread: see the module
+    docstring). Runs in the child after Popen's `user=`/`group=` changes, which would
+    otherwise clear the setting.
+    """
+    prctl = _PRCTL
+    if prctl is None or threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+def tail(path: Path, name: str, lines: int = 15) -> str:
+    """The last `lines` lines of the log at `path`, each marked `  name| `."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(f"  {name}| {line}" for line in text[-lines:])
+
+
+def terminate(proc: subprocess.Popen[Any] | None, sig: int, timeout: float,
+              then: int = signal.SIGKILL) -> None:
+    """Send `sig` to `proc` if it still runs, wait up to `timeout` for it to exit, then `then`."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(then)
+        proc.wait(10)
 
 
 class ChildFailed(RuntimeError):
@@ -140,11 +209,7 @@ class Child:
 
     def tail(self, lines: int = 15) -> str:
         """The last lines of its log."""
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(f"  {self.name}| {line}" for line in text[-lines:])
+        return tail(self.log_path, self.name, lines)
 
     def alive(self) -> bool:
         """Whether it still runs."""
@@ -179,14 +244,11 @@ class Child:
             self.proc.wait(timeout=10)
         if self._pump is not None:
             self._pump.join(timeout=5)
-        if self.proc.stdout is not None and not self._pump_alive():
+        if self.proc.stdout is not None and not (self._pump is not None and self._pump.is_alive()):
             self.proc.stdout.close()
         if self._log is not None and not self._log.closed:
             self._log.close()
         return self.proc.returncode
-
-    def _pump_alive(self) -> bool:
-        return self._pump is not None and self._pump.is_alive()
 
 
 def stop_all(children: list[Child], timeout: float = 15.0, then: Callable[[], None] | None = None) -> None:

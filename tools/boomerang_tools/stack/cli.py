@@ -13,12 +13,12 @@ from boomerang_cli.context import (
     CONTEXT_ENV,
     DEFAULT_PATH,
     FILE_NAME,
+    SOURCES,
     StackContext,
     remove_context,
     write_context,
 )
-from boomerang_cli.sources import SOURCES
-from boomerang_server.config.settings import normalize_database_url
+from boomerang_server.config import normalize_database_url
 
 from boomerang_tools.sim.costmodel import profile
 from boomerang_tools.stack.children import ChildFailed

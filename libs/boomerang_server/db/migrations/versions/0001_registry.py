@@ -5,13 +5,10 @@ Revises:
 Create Date: 2026-11-29
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0001_registry"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 CREATE TABLE engines (
@@ -187,10 +184,8 @@ DROP TABLE engines;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

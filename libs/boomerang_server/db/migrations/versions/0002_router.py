@@ -5,13 +5,10 @@ Revises: 0001_registry
 Create Date: 2026-11-30
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0002_router"
 down_revision = "0001_registry"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 CREATE TABLE turn_plans (
@@ -92,10 +89,8 @@ DROP TABLE turn_plans;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

@@ -17,13 +17,10 @@ Revises: 0001_registry
 Create Date: 2026-11-29
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0003_reaper"
 down_revision = "0001_registry"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 CREATE TABLE reaper_leader (
@@ -60,10 +57,8 @@ DROP TABLE reaper_leader;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

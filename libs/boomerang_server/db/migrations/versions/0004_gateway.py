@@ -10,13 +10,10 @@ Revises: 0001_registry
 Create Date: 2026-11-29
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0004_gateway"
 down_revision = "0001_registry"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 CREATE TABLE tenants (
@@ -38,10 +35,8 @@ DROP TABLE tenants;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

@@ -5,13 +5,10 @@ Revises: 0001_registry
 Create Date: 2026-11-29
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0005_credentials"
 down_revision = "0001_registry"
-branch_labels = None
-depends_on = None
 
 UPGRADE = """
 CREATE TABLE credentials (
@@ -29,9 +26,8 @@ CREATE INDEX ix_credentials_principal ON credentials (principal);
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    op.execute("DROP TABLE credentials")
+    run_script("DROP TABLE credentials")

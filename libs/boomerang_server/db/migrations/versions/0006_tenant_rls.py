@@ -11,13 +11,10 @@ Revises: 0001_registry
 Create Date: 2026-11-29
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0006_tenant_rls"
 down_revision = "0001_registry"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 DO $$
@@ -61,10 +58,8 @@ REVOKE ALL ON leases, lease_events, engines FROM boomerang_service;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

@@ -13,13 +13,10 @@ Revises: 0006_tenant_rls
 Create Date: 2026-12-01
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0007_batch_tenants"
 down_revision = "0006_tenant_rls"
-branch_labels = None
-depends_on = None
 
 _IN_BATCH = "tenant = ANY (string_to_array(current_setting('boomerang.tenants', true), ' '))"
 
@@ -37,10 +34,8 @@ DROP POLICY tenant_batch ON leases;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

@@ -9,13 +9,10 @@ Revises: 0002_router
 Create Date: 2026-12-01
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0008_turn_delivered_reuse"
 down_revision = "0002_router"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 ALTER TABLE turn_plans ADD COLUMN delivered_cached_tokens bigint;
@@ -27,10 +24,8 @@ ALTER TABLE turn_plans DROP COLUMN delivered_cached_tokens;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

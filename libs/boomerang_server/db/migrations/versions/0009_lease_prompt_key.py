@@ -17,13 +17,10 @@ Revises: 0007_batch_tenants
 Create Date: 2026-12-02
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0009_lease_prompt_key"
 down_revision = "0007_batch_tenants"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 ALTER TABLE leases ADD COLUMN prompt_tokens bigint DEFAULT 0 NOT NULL;
@@ -46,10 +43,8 @@ ALTER TABLE leases DROP COLUMN prompt_tokens;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

@@ -18,13 +18,10 @@ Revises: 0009_lease_prompt_key
 Create Date: 2026-12-02
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0010_lease_release"
 down_revision = "0009_lease_prompt_key"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 ALTER TABLE leases DROP CONSTRAINT ck_leases_state;
@@ -66,10 +63,8 @@ ALTER TABLE leases ADD CONSTRAINT ck_leases_state CHECK (
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

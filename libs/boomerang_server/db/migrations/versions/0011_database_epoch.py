@@ -26,13 +26,10 @@ Revises: 0010_lease_release
 Create Date: 2026-12-04
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0011_database_epoch"
 down_revision = "0010_lease_release"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 CREATE TABLE database_epoch (
@@ -74,10 +71,8 @@ DROP TABLE database_epoch;
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

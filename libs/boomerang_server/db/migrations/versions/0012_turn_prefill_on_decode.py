@@ -8,13 +8,10 @@ Revises: 0008_turn_delivered_reuse
 Create Date: 2026-12-04
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0012_turn_prefill_on_decode"
 down_revision = "0008_turn_delivered_reuse"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 ALTER TABLE turn_plans DROP CONSTRAINT ck_turn_plans_decision;
@@ -29,10 +26,8 @@ ALTER TABLE turn_plans ADD CONSTRAINT ck_turn_plans_decision CHECK (decision IN 
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

@@ -13,13 +13,10 @@ Revises: 0010_lease_release
 Create Date: 2026-12-04
 """
 
-from alembic import op
-from boomerang_server.db.sqlscript import split_statements
+from boomerang_server.db import run_script
 
 revision = "0013_lease_keys_notify"
 down_revision = "0011_database_epoch"
-branch_labels = None
-depends_on = None
 
 UPGRADE = r"""
 CREATE FUNCTION boomerang_notify_lease_keys() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -39,10 +36,8 @@ DROP FUNCTION boomerang_notify_lease_keys();
 
 
 def upgrade() -> None:
-    for statement in split_statements(UPGRADE):
-        op.execute(statement)
+    run_script(UPGRADE)
 
 
 def downgrade() -> None:
-    for statement in split_statements(DOWNGRADE):
-        op.execute(statement)
+    run_script(DOWNGRADE)

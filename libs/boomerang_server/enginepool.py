@@ -1,4 +1,5 @@
-"""The engines a service may send work to, free of gRPC and HTTP: who may serve (model, role).
+"""One engine pool for the router and the gateway: the engine record, static specs, the
+registry's snapshot, health, and who may serve (model, role); free of HTTP.
 
 Engines come from static flags (`--prefill`, `--decode`: `URL` or `NAME=URL`) or from the
 block registry's `ListEngines` snapshot. Static engines, when configured for a role, are
@@ -9,19 +10,31 @@ base URL to send work to; a static engine, while its health check fails. A URL w
 connection was refused can be marked down for a few seconds, so a dead engine costs one
 refused connection, not one per request.
 
-The table keeps no load and makes no choice: the router ranks candidates by load
-(`boomerang_router.engines`), the gateway by its own in-flight count or a conversation's hash
-(`boomerang_gateway.engine_routing`).
+Services never ask the registry about engines per request: a background task refreshes the
+table (`RegistryRefresher`). When the registry cannot be reached the last good snapshot stays
+(engines do not leave the pool just because the control plane is down).
+
+The table keeps no load and makes no choice: each service adds its own on top. The router
+ranks candidates by reported and planned load (`boomerang_router.engines`); the gateway probes
+static engines' `/v1/models`, vouches for them in the registry and falls back to its own
+in-flight count or a conversation's hash (`boomerang_gateway.engine_routing`).
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+
+from boomerang.clients.registry import RegistryClient
+from boomerang.v1 import registry_service_pb2 as rpb
+from boomerang.v1 import types_pb2 as tpb
+
+log = logging.getLogger(__name__)
 
 DOWN_SECONDS = 5.0
 
@@ -241,3 +254,86 @@ class EngineTable:
             registry = [e for e in self.registry.values() if e.info.role is r and (not model or e.info.model == model)]
             out += [replace(e) for e in sorted([*static, *registry], key=lambda e: e.info.engine_id)]
         return out
+
+
+# -- kept current from the registry ------------------------------------------------------
+
+_ROLE = {tpb.ENGINE_ROLE_PREFILL: Role.PREFILL, tpb.ENGINE_ROLE_DECODE: Role.DECODE}
+
+
+def engine_info(e: tpb.Engine) -> EngineInfo | None:
+    """A table record for a registry Engine message (None for an unknown role)."""
+    role = _ROLE.get(e.role)
+    if role is None:
+        return None
+    return EngineInfo(
+        engine_id=e.engine_id,
+        role=role,
+        model=e.model,
+        http_base_url=e.http_base_url.rstrip("/"),
+        generation=e.registration_generation,
+        active=e.status == tpb.ENGINE_STATUS_ACTIVE,
+        heartbeat_at=e.heartbeat_time.ToDatetime(tzinfo=UTC) if e.HasField("heartbeat_time") else None,
+        in_flight=e.in_flight_requests,
+        queued_prompt_tokens=e.queued_prompt_tokens,
+        retained_blocks=e.retained_blocks,
+        bytes_per_block=e.bytes_per_block,
+        block_size=e.block_size,
+        kv_recompute_threshold=e.kv_recompute_threshold,
+        kv_blocks_ttl_seconds=e.kv_blocks_ttl_seconds,
+        side_channel_host=e.side_channel_host,
+        side_channel_port=e.side_channel_port,
+        tp_size=e.tp_size or 1,
+        dcp_size=e.dcp_size or 1,
+        pp_size=e.pp_size or 1,
+        source=Source.REGISTRY,
+    )
+
+
+class RegistryRefresher:
+    """Refreshes a table's registry engines from ListEngines.
+
+    With `reconnect` (a client factory), a failed refresh closes the client and makes a
+    fresh one, so a registry that comes back is seen at the next refresh, not after gRPC's
+    reconnect back-off; without it the client is the caller's (shared) and left open.
+    """
+
+    def __init__(
+        self,
+        table: EngineTable,
+        registry: RegistryClient,
+        timeout: float = 2.0,
+        reconnect: Callable[[], RegistryClient] | None = None,
+    ):
+        self.table = table
+        self.registry = registry
+        self.timeout = timeout
+        self.reconnect = reconnect
+        self.failures = 0
+
+    async def refresh(self) -> bool:
+        """One refresh; False (and the last snapshot kept) when the registry did not answer."""
+        try:
+            resp = await self.registry.list_engines(rpb.ListEnginesRequest(), timeout=self.timeout)
+            self.table.apply_registry_snapshot(i for i in map(engine_info, resp.engines) if i is not None)
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the last snapshot
+            self.failures += 1
+            if self.failures == 1 or self.failures % 60 == 0:
+                log.warning("engine refresh failed (%d in a row), keeping the last view: %s", self.failures, exc)
+            if self.reconnect is not None:
+                await self.registry.close()
+                self.registry = self.reconnect()
+            return False
+        if self.failures:
+            log.info("engine refresh works again")
+        self.failures = 0
+        return True
+
+    async def tick(self) -> None:
+        """Periodic entry point."""
+        await self.refresh()
+
+    async def close(self) -> None:
+        """Close the client if it is this refresher's own (made by `reconnect`'s factory)."""
+        if self.reconnect is not None:
+            await self.registry.close()

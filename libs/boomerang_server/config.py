@@ -2,16 +2,30 @@
 
 Every service reads one settings class; flags override the environment. Values are
 validated at start-up; a bad one raises `InvalidSettings`, one line naming its flag and variable.
+
+A setting is declared once, as a pydantic `Field`; its `BOOMERANG_*` variable, its command-line
+flag and its row in docs/configuration.md are all read from that one declaration, so they
+cannot drift apart. Each field of a settings class becomes one flag: `--field-name` (or the
+name its `Flag` annotation gives), typed from the field's annotation, with the field's
+description, default and variable as its help. A flag given on the command line overrides the
+variable; one not given is left to the variable and then the default, so
+`boomerang <service> --help` cannot disagree with docs/configuration.md.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+import argparse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar, get_origin
 
+import uvloop
 from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from boomerang_server.config.fields import ENV_PREFIX, Flag, env_name, flag_spec
+ENV_PREFIX = "BOOMERANG_"
+S = TypeVar("S", bound=BaseSettings)
 
 
 def normalize_database_url(url: str) -> str:
@@ -59,6 +73,43 @@ def check_listen(value: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:50051 (port 0 picks a free one)")
     return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A setting's flag when it is not `--field-name`: `Annotated[str, Flag("--registry")]`.
+
+    `metavar` names the value in `--help` (e.g. `[NAME=]URL`).
+    """
+
+    name: str
+    metavar: str | None = None
+
+
+def env_name(field_name: str) -> str:
+    """The variable that sets `field_name`, e.g. `BOOMERANG_DB_POOL_SIZE`."""
+    return f"{ENV_PREFIX}{field_name.upper()}"
+
+
+def flag_spec(field_name: str, field: FieldInfo) -> Flag:
+    """The flag of setting `field_name`: its `Flag` annotation, else `--field-name`."""
+    for meta in field.metadata:
+        if isinstance(meta, Flag):
+            return meta
+    return Flag("--" + field_name.replace("_", "-"))
+
+
+def render_default(field: FieldInfo, empty: str = "(none)") -> str:
+    """The default as an operator would type it into the variable; `empty` when empty."""
+    factory = field.default_factory
+    value = factory() if factory is not None else field.default  # type: ignore[call-arg]
+    if value in ("", [], None):
+        return empty
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 class CommonSettings(BaseSettings):
@@ -138,9 +189,6 @@ class EnginePoolSettings(RegistryClientSettings):
     )
 
 
-S = TypeVar("S", bound=BaseSettings)
-
-
 class InvalidSettings(Exception):
     """Settings that failed validation, as one line naming each bad setting's flag and variable.
 
@@ -182,3 +230,90 @@ class TelemetrySettings(BaseSettings):
         description="Milliseconds of prefill compute per prompt token, to estimate the prefill "
         "time a pull saves (default: the qwen3-32b fit to AWS's table, `boomerang_tools.sim.costmodel`).",
     )
+
+
+# -- flags ----------------------------------------------------------------------------------
+
+# The value's name in --help, by type, where the field's `Flag` names none.
+METAVARS: dict[Any, str] = {int: "N", float: "N", str: "VALUE"}
+
+
+def flag_help(field_name: str, field: FieldInfo) -> str:
+    """The help of a setting's flag: its description, then its default and variable, once each."""
+    description = (field.description or "").rstrip()
+    help_text = f"{description} (default: {render_default(field, empty='none')}; {env_name(field_name)})"
+    return help_text.replace("%", "%%")  # argparse %-formats help texts
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, cls: type[BaseSettings]) -> None:
+    """Add one flag per field of `cls` to `parser`, each defaulting to None (not given)."""
+    group = parser.add_argument_group(
+        "settings", "each flag overrides its BOOMERANG_* variable (docs/configuration.md)"
+    )
+    for name, field in cls.model_fields.items():
+        spec = flag_spec(name, field)
+        kwargs: dict[str, Any] = {"dest": flag_dest(spec.name), "default": None, "help": flag_help(name, field)}
+        annotation = field.annotation
+        if annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction  # --x sets true, --no-x false
+        elif get_origin(annotation) is list:
+            kwargs.update(action="append", metavar=spec.metavar or "VALUE")
+        elif get_origin(annotation) is dict:
+            kwargs.update(action="append", metavar=spec.metavar or "KEY=VALUE")
+        elif annotation in METAVARS:
+            kwargs.update(metavar=spec.metavar or METAVARS[annotation])
+            if annotation is not str:
+                kwargs["type"] = annotation
+        else:
+            raise TypeError(f"{cls.__name__}.{name}: no flag for a {annotation!r}: make it bool, int, float, str, list or dict")
+        group.add_argument(spec.name, **kwargs)
+
+
+def flag_dest(flag: str) -> str:
+    """Where argparse keeps a flag's value (`--registry` → `args.registry`), as it would by itself."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def settings_from_args(cls: type[S], args: argparse.Namespace) -> S:
+    """`cls` from the environment and the flags `add_settings_flags` added and the user gave."""
+    given: dict[str, Any] = {}
+    for name, field in cls.model_fields.items():
+        value = getattr(args, flag_dest(flag_spec(name, field).name), None)
+        if value is not None and get_origin(field.annotation) is dict:
+            # A repeated `--flag KEY=VALUE` is handed over in the variable's comma-separated
+            # form, so the field's own validator reads flag and variable alike.
+            value = ",".join(value)
+        given[name] = value
+    return load_settings(cls, **given)
+
+
+def require_database(settings: Any, command: str) -> str:
+    """The database URL `command` is to use; exits with an actionable message when none is configured."""
+    try:
+        return str(settings.require_database())
+    except ValueError as exc:
+        raise SystemExit(f"boomerang {command}: {exc}") from None
+
+
+def run_async(coro: Awaitable[Any]) -> Any:
+    """Run a service's main coroutine on uvloop."""
+    return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def service_command(name: str, help_text: str, cls: type[S], run: Callable[[S], Awaitable[Any]]
+                    ) -> Callable[[argparse._SubParsersAction], None]:  # type: ignore[type-arg]
+    """The `register(subparsers)` of `boomerang <name>`, a database-backed gRPC service: one flag
+    per field of `cls`, then `run(settings)` until it stops."""
+
+    def handle(args: argparse.Namespace) -> int:
+        settings = settings_from_args(cls, args)
+        require_database(settings, name)
+        run_async(run(settings))
+        return 0
+
+    def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+        parser = subparsers.add_parser(name, help=help_text)
+        add_settings_flags(parser, cls)
+        parser.set_defaults(handler=handle)
+
+    return register

@@ -1,4 +1,5 @@
-"""`boomerang credentials`: issue, list and revoke service and engine bearer tokens."""
+"""The operator commands on the database: `boomerang migrate` applies the migrations,
+`boomerang credentials` issues, lists and revokes service and engine bearer tokens."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import re
 from pathlib import Path
 
 from boomerang.auth import Principal
-from boomerang_server.config.settings import CommonSettings
+from boomerang_server.config import CommonSettings, load_settings, require_database
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db.engine import make_engine
-from boomerang_server.db.migrate import upgrade
+from boomerang_server.db import make_engine, upgrade
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the `credentials` subcommand."""
+    """Add the `migrate` and `credentials` subcommands."""
+    migrate = subparsers.add_parser("migrate", help="apply database migrations")
+    migrate.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL)")
+    migrate.add_argument("--revision", default="heads", help="target revision (default: all heads)")
+    migrate.set_defaults(handler=_migrate)
+
     parser = subparsers.add_parser("credentials", help="issue, list and revoke service/engine tokens")
     parser.add_argument("--database-url", help="PostgreSQL URL (BOOMERANG_DATABASE_URL)")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -35,21 +40,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ensure.add_argument("principals", nargs="+", metavar="PRINCIPAL")
     for sub in (create, revoke, listing, ensure):
         sub.add_argument("--database-url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    parser.set_defaults(handler=_run)
+    parser.set_defaults(handler=_credentials)
 
 
-def _run(args: argparse.Namespace) -> int:
-    # A bad value raises ValidationError, which `boomerang` reports in one line (failures.py).
-    settings = CommonSettings(**({"database_url": args.database_url} if args.database_url is not None else {}))
+def _database_url(args: argparse.Namespace) -> str:
+    # A bad value raises InvalidSettings, which `boomerang` reports in one line (failures.py).
+    return require_database(load_settings(CommonSettings, database_url=args.database_url), args.command)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    upgrade(_database_url(args), args.revision)
+    print(f"database migrated to {args.revision}")
+    return 0
+
+
+def _credentials(args: argparse.Namespace) -> int:
+    url = _database_url(args)
     try:
-        url = settings.require_database()
         principal = Principal.parse(args.principal) if args.action in ("create", "revoke") else None
-        if args.action == "ensure":
-            files = {Principal.parse(p): token_file(Path(args.dir), Principal.parse(p)) for p in args.principals}
-            return asyncio.run(_ensure(url, files))
+        files = {Principal.parse(p): token_file(Path(args.dir), Principal.parse(p))
+                 for p in args.principals} if args.action == "ensure" else {}
     except ValueError as exc:
         raise SystemExit(f"boomerang credentials: {exc}") from None
-    return asyncio.run(_act(url, args.action, principal))
+    return asyncio.run(_act(url, args.action, principal, files))
 
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -62,23 +75,6 @@ def token_file(directory: Path, principal: Principal) -> Path:
     return directory / f"{principal.kind}-{principal.name}.token"
 
 
-async def _ensure(url: str, files: dict[Principal, Path]) -> int:
-    await asyncio.to_thread(upgrade, url)
-    engine = make_engine(url, pool_size=1)
-    store = CredentialStore(engine, cache_seconds=0)
-    try:
-        for principal, path in files.items():
-            current = path.read_text().strip() if path.is_file() else ""
-            if current and await store.principal_for(current) == principal:
-                print(f"{principal}: kept {path}")
-                continue
-            write_private(path, await store.create(principal))
-            print(f"{principal}: issued {path}")
-    finally:
-        await engine.dispose()
-    return 0
-
-
 def write_private(path: Path, token: str) -> None:
     """Write `token` to `path` atomically, readable by this user only."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,18 +85,26 @@ def write_private(path: Path, token: str) -> None:
     os.replace(tmp, path)
 
 
-async def _act(url: str, action: str, principal: object) -> int:
+async def _act(url: str, action: str, principal: Principal | None, files: dict[Principal, Path]) -> int:
     await asyncio.to_thread(upgrade, url)
     engine = make_engine(url, pool_size=1)
-    store = CredentialStore(engine)
+    store = CredentialStore(engine, cache_seconds=0)
     try:
-        if action == "create":
-            assert isinstance(principal, Principal)
+        if action == "ensure":
+            for owner, path in files.items():
+                current = path.read_text().strip() if path.is_file() else ""
+                if current and await store.principal_for(current) == owner:
+                    print(f"{owner}: kept {path}")
+                    continue
+                write_private(path, await store.create(owner))
+                print(f"{owner}: issued {path}")
+        elif action == "create":
+            assert principal is not None
             token = await store.create(principal)
             print(f"{principal} {token}")
             print("# store this token now: only its hash is kept", flush=True)
         elif action == "revoke":
-            assert isinstance(principal, Principal)
+            assert principal is not None
             print(f"revoked {await store.revoke(principal)} token(s) of {principal}")
         else:
             for name, created, revoked in await store.list():

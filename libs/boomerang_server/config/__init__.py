@@ -1,1 +1,0 @@
-"""Configuration shared by every service: settings from `BOOMERANG_*` variables and the common flags."""
