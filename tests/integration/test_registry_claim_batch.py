@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from boomerang_registry import wire
-from boomerang_registry.rawsql import SET_TENANTS_LOCAL, TenantPool
+from boomerang_registry.claim_store import SET_TENANTS_LOCAL, TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import CLAIM_BATCH_SQL
 from boomerang_registry.wire import ClaimQuery

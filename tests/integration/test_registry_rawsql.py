@@ -1,4 +1,5 @@
-"""The registry's asyncpg pool (rawsql.py): named parameters, and the group commit on it.
+"""The registry's asyncpg pool (claim_store.TenantPool): named parameters, and the group
+commit on it.
 
 The repository's own tests (test_registry_repository.py) already run every hot statement
 on this pool, as the service does; there is no second path to compare it with.
@@ -13,8 +14,8 @@ import asyncpg
 import pytest
 from boomerang.errors import BoomerangError
 from boomerang_registry import wire
+from boomerang_registry.claim_store import positional
 from boomerang_registry.group_commit import RegistrationBatcher
-from boomerang_registry.rawsql import positional
 from boomerang_registry.repository import RegistryRepository
 from boomerang_server.leases import ClaimOutcome
 

@@ -24,7 +24,7 @@ from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_router import requests
+from boomerang_router import rpc_surface
 from boomerang_router.domain import PlanDecision, PlanReason
 from boomerang_router.plan_store import PlanRecord
 from boomerang_router.planner import Router
@@ -82,7 +82,7 @@ async def close(router: Router) -> None:
 async def plan(router: Router, tenant: str, conv: str, model: str, tokens: list[int]) -> tuple[PlanRecord, float]:
     start = time.perf_counter()
     req = rtpb.PlanTurnRequest(tenant=tenant, conversation_id=conv, model=model, prompt_token_ids=tokens)
-    record = await router.plan_turn(requests.plan_turn(req, 10**6))
+    record = await router.plan_turn(rpc_surface.plan_turn(req, 10**6))
     return record, time.perf_counter() - start
 
 
@@ -164,7 +164,7 @@ async def test_a_plan_answers_within_its_callers_deadline_when_the_claim_hangs(
             req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model,
                                        prompt_token_ids=history + [1] * 40)
             start = time.perf_counter()
-            record = await router.plan_turn(requests.plan_turn(req, 10**6), caller_seconds=0.3)
+            record = await router.plan_turn(rpc_surface.plan_turn(req, 10**6), caller_seconds=0.3)
             took = time.perf_counter() - start
             assert (record.decision, record.reason) == (PlanDecision.COLD, PlanReason.CONTROL_PLANE_DEGRADED)
             assert took < 0.3, took
@@ -204,7 +204,7 @@ async def test_the_vllm_hooks_default_deadline_leaves_time_for_the_claim(
     try:
         await RegistryRefresher(router.pool, registry_client(router)).refresh()
         req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=history + [1] * 40)
-        record = await router.plan_turn(requests.plan_turn(req, 10**6), caller_seconds=hook_deadline)
+        record = await router.plan_turn(rpc_surface.plan_turn(req, 10**6), caller_seconds=hook_deadline)
         assert router.stats["claims_skipped_caller_deadline"] == 0  # the claim was asked...
         assert budgets == [pytest.approx(hook_deadline / 2)]  # ...with half the deadline (the reply keeps the rest)
         assert (record.decision, record.lease_id) == (PlanDecision.PULL, lease_id), record.outcome_detail
@@ -242,7 +242,7 @@ async def test_a_slow_claim_degrades_a_short_prompt_and_serves_a_long_one(
     try:
         async with pg.transaction():
             await pg.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease_id))
-            planned = asyncio.ensure_future(router.plan_turn(requests.plan_turn(req, 10**6), caller_seconds=0.25))
+            planned = asyncio.ensure_future(router.plan_turn(rpc_surface.plan_turn(req, 10**6), caller_seconds=0.25))
             await asyncio.sleep(0.08)
         record = await planned
         assert record.decision is outcome, (record.reason, record.outcome_detail)
@@ -297,7 +297,7 @@ async def test_orphan_probe_leaves_a_claim_that_a_retry_was_handed(
     try:
         # The retry (on another replica) gets the claim and hands it out...
         req = rtpb.PlanTurnRequest(tenant="acme", conversation_id=conv, model=model, prompt_token_ids=prompt, request_id=f"r-{unique}")
-        handed = await retry.plan_turn(requests.plan_turn(req, 10**6))
+        handed = await retry.plan_turn(rpc_surface.plan_turn(req, 10**6))
         assert handed.decision is PlanDecision.PULL and handed.lease_id == lease_id
         from boomerang.tokenchain import build_chain
 
@@ -338,7 +338,7 @@ async def test_registry_down_answers_degraded_and_the_breaker_stops_asking(datab
             pid = (await plan(router, "acme", f"c-{unique}", "m", [1, 2, 3]))[0].plan_id
             handle = {"do_remote_decode": True, "remote_block_ids": [[1]], "remote_engine_id": "d", "remote_request_id": "r",
                       "remote_host": "h", "remote_port": 1, "remote_num_tokens": 3}
-            await router.report_turn(requests.report_turn(rtpb.ReportTurnRequest(
+            await router.report_turn(rpc_surface.report_turn(rtpb.ReportTurnRequest(
                 tenant="acme", plan_id=pid, decode_kv_transfer_params_json=json.dumps(handle), prompt_token_ids=[1, 2, 3]), 100))
         assert err.value.code is Code.UNAVAILABLE and err.value.reason == "REGISTRY_UNAVAILABLE"
     finally:
@@ -435,10 +435,10 @@ async def test_a_degraded_plan_is_not_replayed_to_a_retry(
     try:
         async with pg.transaction():
             await pg.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", uuid.UUID(lease_id))
-            first = await router.plan_turn(requests.plan_turn(req, 10**6))
+            first = await router.plan_turn(rpc_surface.plan_turn(req, 10**6))
         assert first.reason is PlanReason.CONTROL_PLANE_DEGRADED
-        retry = await router.plan_turn(requests.plan_turn(req, 10**6))
+        retry = await router.plan_turn(rpc_surface.plan_turn(req, 10**6))
         assert retry.plan_id != first.plan_id and retry.decision is PlanDecision.PULL and retry.lease_id == lease_id
-        assert await router.plan_turn(requests.plan_turn(req, 10**6)) is retry  # a real answer is replayed
+        assert await router.plan_turn(rpc_surface.plan_turn(req, 10**6)) is retry  # a real answer is replayed
     finally:
         await close(router)

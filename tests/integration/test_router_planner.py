@@ -22,7 +22,7 @@ from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_router import requests
+from boomerang_router import rpc_surface
 from boomerang_router.domain import PlanDecision, PlanReason, Retention
 from boomerang_router.plan_store import PlanRecord
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
@@ -83,11 +83,11 @@ class Harness:
 
     async def plan(self, tenant: str, conv: str, model: str, tokens: list[int], **kw: Any) -> PlanRecord:
         req = rtpb.PlanTurnRequest(tenant=tenant, conversation_id=conv, model=model, prompt_token_ids=tokens, **kw)
-        return await self.router.plan_turn(requests.plan_turn(req, 10**6))
+        return await self.router.plan_turn(rpc_surface.plan_turn(req, 10**6))
 
     async def report(self, plan: PlanRecord, **kw: Any):  # type: ignore[no-untyped-def]
         req = rtpb.ReportTurnRequest(tenant=plan.tenant, plan_id=plan.plan_id, **kw)
-        return await self.router.report_turn(requests.report_turn(req, 10**6))
+        return await self.router.report_turn(rpc_surface.report_turn(req, 10**6))
 
 
 @pytest.fixture
@@ -243,7 +243,7 @@ async def test_delivered_reuse_is_recorded_beside_the_planned(harness: Harness, 
     await harness.audit.flush()
     assert await pg.fetchval("SELECT delivered_cached_tokens FROM turn_plans WHERE plan_id = $1",
                              uuid.UUID(plan.plan_id)) == 200
-    from boomerang_router.servicer import turn_plan
+    from boomerang_router.rpc_surface import turn_plan
 
     view = turn_plan(await harness.router.find_plan("acme", plan.plan_id, plan.created_at))
     assert view.HasField("delivered_cached_tokens") and view.delivered_cached_tokens == 200
@@ -252,7 +252,7 @@ async def test_delivered_reuse_is_recorded_beside_the_planned(harness: Harness, 
                               "AND decision = 'COLD'", conv)
     assert first["delivered_cached_tokens"] is None
     with pytest.raises(BoomerangError) as err:
-        requests.report_turn(rtpb.ReportTurnRequest(tenant="acme", plan_id=plan.plan_id, delivered_cached_tokens=-1), 10**6)
+        rpc_surface.report_turn(rtpb.ReportTurnRequest(tenant="acme", plan_id=plan.plan_id, delivered_cached_tokens=-1), 10**6)
     assert [v.field for v in err.value.violations] == ["delivered_cached_tokens"]
 
 
@@ -335,7 +335,7 @@ async def test_block_size_mismatch(harness: Harness, registry: RegistryClient, u
         tenant="acme", conversation_id=conv, model=model,
         prompt_chain=tpb.TokenChain(block_size=32, num_tokens=chain.num_tokens, block_hashes=chain.block_hashes, tail_hash=chain.tail_hash),
     )
-    plan = await harness.router.plan_turn(requests.plan_turn(req, 10**6))
+    plan = await harness.router.plan_turn(rpc_surface.plan_turn(req, 10**6))
     assert (plan.decision, plan.reason) == (PlanDecision.RECOMPUTE, PlanReason.BLOCK_SIZE_MISMATCH)
 
 
@@ -450,7 +450,7 @@ async def test_a_prefill_on_d_runs_on_the_engine_holding_the_history_and_gives_t
     assert (plan.decision, plan.reason) == (PlanDecision.PREFILL_ON_DECODE, PlanReason.VERIFIED_PREFIX)
     assert plan.decode_engine_id == decode and plan.reusable_tokens == 352 and plan.recompute_tokens == 58
     assert not plan.lease_id and plan.params is not None and plan.params.remote_engine_id is None
-    from boomerang_router.servicer import plan_response
+    from boomerang_router.rpc_surface import plan_response
 
     response = plan_response(plan)
     assert response.decision == rtpb.PLAN_DECISION_PREFILL_ON_DECODE
@@ -477,7 +477,7 @@ async def test_no_prefill_on_d_when_its_bound_is_zero(database_url: str, registr
 
 async def test_reported_times_teach_the_router_that_the_link_is_slow(database_url: str, registry_proc: ServiceProcess,
                                                                      registry: RegistryClient, unique: str) -> None:
-    from boomerang_router.servicer import pool_engine
+    from boomerang_router.rpc_surface import pool_engine
 
     h = Harness(database_url, registry_proc.address, ttft_learning_turns=30)
     try:

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from boomerang.errors import BoomerangError
+from boomerang_registry.claim_store import Row, TenantPool
 from boomerang_registry.group_commit import Registered
-from boomerang_registry.rawsql import Row, TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.statements import WARM_UP
 from boomerang_registry.wire import ClaimSettlement, RetainedBlocks, TurnEnd

@@ -207,7 +207,7 @@ def test_no_service_imports_another() -> None:
 # A service's conductor (the module that runs a plan or a turn top to bottom) is imported only
 # by the modules that serve it; nothing it calls sits above it for a type it happens to hold.
 CONDUCTORS = {
-    "boomerang_router.planner": {"boomerang_router.server", "boomerang_router.servicer"},
+    "boomerang_router.planner": {"boomerang_router.server", "boomerang_router.rpc_surface"},
     "boomerang_gateway.turn": {"boomerang_gateway.app", "boomerang_gateway.server"},
 }
 

@@ -9,7 +9,7 @@ import pytest
 from boomerang.errors import BoomerangError
 from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
-from boomerang_router import kvparams, requests, servicer
+from boomerang_router import domain, rpc_surface
 from boomerang_router.domain import ClaimResult, LeaseHandle, PlanDecision, decide
 from boomerang_server.leases import ClaimOutcome
 
@@ -54,7 +54,7 @@ def test_first_turn_form_is_exactly_the_proxys() -> None:
         "remote_host": None,
         "remote_port": None,
     }
-    text = kvparams.to_json(kvparams.first_turn())
+    text = domain.params_json(domain.first_turn_params())
     assert json.loads(text) == expected
     assert not prefill_accepts(json.loads(text))  # P computes the whole prompt
 
@@ -65,7 +65,7 @@ def test_pull_params_satisfy_the_prefill_acceptance_rule_field_by_field(prompt_t
     verified = min(320 if prompt_tokens != 330 else 330, prompt_tokens)
     d = decide(ClaimResult(ClaimOutcome.CLAIMED, held, verified, 200.0), prompt_tokens, BS, THRESHOLD)
     assert d.decision is PlanDecision.PULL
-    params = json.loads(kvparams.to_json(kvparams.pull(held, d.reusable_tokens)))
+    params = json.loads(domain.params_json(domain.pull_params(held, d.reusable_tokens)))
 
     # Every field P needs, with the type and value vLLM expects.
     assert params["do_remote_decode"] is True
@@ -94,11 +94,11 @@ def test_pull_params_satisfy_the_prefill_acceptance_rule_field_by_field(prompt_t
 
 
 def test_params_as_json_and_typed_agree() -> None:
-    p = kvparams.pull(lease(), 320)
-    typed = servicer.params(p)
-    assert requests.params_from_proto(typed) == p
-    assert kvparams.from_json(kvparams.to_json(p)) == p
-    first = servicer.params(kvparams.first_turn())
+    p = domain.pull_params(lease(), 320)
+    typed = rpc_surface.params_proto(p)
+    assert rpc_surface.params_from_proto(typed) == p
+    assert domain.params_from_json(domain.params_json(p)) == p
+    first = rpc_surface.params_proto(domain.first_turn_params())
     assert first.do_remote_decode and not first.HasField("remote_engine_id") and not first.remote_block_groups
 
 
@@ -115,11 +115,11 @@ def test_decode_handle_parses_vllms_forms() -> None:
         "remote_blocks_expiry_time": 12345.5,
         "something_new": {"x": 1},
     }
-    p = kvparams.from_dict(d)
+    p = domain.params_from_dict(d)
     assert p.remote_block_ids == ((1, 2, 3),) and p.remote_blocks_expiry_time == 12345.5
-    assert kvparams.accepts_pull(p)
-    assert kvparams.to_dict(p)["something_new"] == {"x": 1}
-    assert kvparams.from_json("null") is None and kvparams.from_json("  ") is None
+    assert domain.accepts_pull(p)
+    assert domain.params_dict(p)["something_new"] == {"x": 1}
+    assert domain.params_from_json("null") is None and domain.params_from_json("  ") is None
 
 
 @pytest.mark.parametrize(
@@ -137,17 +137,17 @@ def test_decode_handle_parses_vllms_forms() -> None:
 )
 def test_bad_decode_handles_name_the_key(text: str, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
-        kvparams.from_json(text)
+        domain.params_from_json(text)
 
 
 def test_acceptance_needs_every_required_field() -> None:
-    full = kvparams.to_dict(kvparams.pull(lease(), 320))
-    assert prefill_accepts(full) and kvparams.accepts_pull(kvparams.from_dict(full))
+    full = domain.params_dict(domain.pull_params(lease(), 320))
+    assert prefill_accepts(full) and domain.accepts_pull(domain.params_from_dict(full))
     for key in ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port"):
         broken = {**full, key: None}
-        assert not kvparams.accepts_pull(kvparams.from_dict(broken)), key
-    assert not kvparams.accepts_pull(kvparams.from_dict({**full, "do_remote_decode": False}))
-    assert not kvparams.accepts_pull(kvparams.from_dict({**full, "remote_block_ids": [[]]}))
+        assert not domain.accepts_pull(domain.params_from_dict(broken)), key
+    assert not domain.accepts_pull(domain.params_from_dict({**full, "do_remote_decode": False}))
+    assert not domain.accepts_pull(domain.params_from_dict({**full, "remote_block_ids": [[]]}))
 
 
 def test_report_validation_names_bad_handle_fields() -> None:
@@ -159,7 +159,7 @@ def test_report_validation_names_bad_handle_fields() -> None:
         ),
     )
     with pytest.raises(BoomerangError) as err:
-        requests.report_turn(req, 10_000)
+        rpc_surface.report_turn(req, 10_000)
     fields = {v.field for v in err.value.violations}
     assert {
         "decode_kv_transfer_params_json.remote_request_id",
@@ -173,5 +173,5 @@ def test_report_validation_names_bad_handle_fields() -> None:
         plan_id="01900000-0000-7000-8000-000000000000",
         decode_kv_transfer_params=tpb.KvTransferParams(do_remote_decode=True),
     )
-    ok = requests.report_turn(typed, 10_000)
-    assert ok.decode_params is not None and not kvparams.accepts_pull(ok.decode_params)
+    ok = rpc_surface.report_turn(typed, 10_000)
+    assert ok.decode_params is not None and not domain.accepts_pull(ok.decode_params)

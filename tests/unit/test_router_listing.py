@@ -8,14 +8,14 @@ import uuid
 import pytest
 from boomerang.errors import BoomerangError, Code
 from boomerang.v1 import router_service_pb2 as rtpb
-from boomerang_router import requests
+from boomerang_router import rpc_surface
 from boomerang_router.listing import PageTokenError, decode_page_token, encode_page_token
 from boomerang_router.plan_store import new_plan_id
 
 
 def violations(req: rtpb.ListTurnPlansRequest) -> dict[str, str]:
     with pytest.raises(BoomerangError) as err:
-        requests.list_plans(req)
+        rpc_surface.list_plans(req)
     assert err.value.code is Code.INVALID_ARGUMENT
     return {v.field: v.description for v in err.value.violations}
 
@@ -24,7 +24,7 @@ def test_a_token_resumes_after_its_plan() -> None:
     plan_id = new_plan_id()
     token = encode_page_token("acme", "c1", plan_id)
     assert decode_page_token(token, "acme", "c1") == plan_id
-    q = requests.list_plans(rtpb.ListTurnPlansRequest(tenant="acme", conversation_id="c1", page_token=token))
+    q = rpc_surface.list_plans(rtpb.ListTurnPlansRequest(tenant="acme", conversation_id="c1", page_token=token))
     assert (q.tenant, q.conversation_id, q.page_size, q.after) == ("acme", "c1", 100, plan_id)
 
 
@@ -57,4 +57,4 @@ def test_every_bad_field_is_named_at_once() -> None:
 def test_page_size_bounds() -> None:
     for size, expected in ((0, 100), (1, 1), (1000, 1000)):
         req = rtpb.ListTurnPlansRequest(tenant="acme", conversation_id="c1", page_size=size)
-        assert requests.list_plans(req).page_size == expected
+        assert rpc_surface.list_plans(req).page_size == expected

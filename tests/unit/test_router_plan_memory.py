@@ -5,8 +5,7 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from boomerang_router.domain import PlanDecision, PlanReason
-from boomerang_router.kvparams import KvParams
+from boomerang_router.domain import KvParams, PlanDecision, PlanReason
 from boomerang_router.plan_store import PlanRecord, PlanStore, new_plan_id, plan_bytes, plan_time
 
 MB = 2**20

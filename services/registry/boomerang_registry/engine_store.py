@@ -17,7 +17,7 @@ from boomerang_server.leases import LeaseState
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from boomerang_registry.rawsql import Row, TenantPool
+from boomerang_registry.claim_store import Row, TenantPool
 from boomerang_registry.statements import (
     ENGINE_COLUMNS,
     HEARTBEAT_SQL,

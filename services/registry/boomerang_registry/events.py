@@ -19,7 +19,7 @@ from boomerang.errors import not_found
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang_registry.rawsql import Row, TenantPool
+from boomerang_registry.claim_store import Row, TenantPool
 from boomerang_registry.statements import LEASE_COLUMNS
 
 _CONVERSATION_LEASES_SQL = (

@@ -36,12 +36,15 @@ from boomerang.tokenchain import prompt_key, prompt_tail_digest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang_registry.claim_store import ClaimStore
+from boomerang_registry.claim_store import ClaimStore, Row, TenantPool, Transaction, db_span, rounds
 from boomerang_registry.engine_store import engine_row
-from boomerang_registry.fence import EpochFence
 from boomerang_registry.metrics import BATCH_SIZE
-from boomerang_registry.rawsql import Row, TenantPool, Transaction, db_span, rounds
-from boomerang_registry.statements import FINISHED_AFTER_FENCE, LEASE_COLUMNS, REGISTER_BATCH_SQL
+from boomerang_registry.statements import (
+    FINISHED_AFTER_FENCE,
+    LEASE_COLUMNS,
+    REGISTER_BATCH_SQL,
+    EpochFence,
+)
 from boomerang_registry.wire import RetainedBlocks, TurnEnd
 
 log = logging.getLogger(__name__)
@@ -117,7 +120,7 @@ class TurnStore:
         An error of the transaction as a whole (a deadlock, a lost connection) is raised and
         nothing of it committed; the caller may repeat every turn of it. Refused on a new
         database epoch (a registration's guard), nothing of it is applied and it runs again
-        after the failover fence (fence.py)."""
+        after the failover fence (statements.EpochFence)."""
 
         async def commit() -> list[TurnEnded]:
             async with self.pool.transaction() as tx:

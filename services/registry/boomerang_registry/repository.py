@@ -2,9 +2,9 @@
 
 Two paths, each chosen by who may see the rows, not by how hot a statement is:
 
-- `pool` (rawsql.py, plain asyncpg as the row-level-security role): every statement about
-  one tenant's leases and events (claims, consume, release, registrations, a conversation's
-  trail) and the heartbeat. The hot statements (statements.py) run here and nowhere else,
+- `pool` (claim_store.TenantPool, plain asyncpg as the row-level-security role): every
+  statement about one tenant's leases and events (claims, consume, release, registrations, a
+  conversation's trail) and the heartbeat. The hot statements (statements.py) run here and nowhere else,
   in tests as in production.
 - `owner` (SQLAlchemy, the table owner, which row-level security does not restrict): the
   rare work across tenants by design (engine registration and invalidation, which end
@@ -18,7 +18,7 @@ The stores:
 - `turns` (group_commit.py): RegisterRetainedBlocks and CompleteTurn, a claim settled and a
   registration in one transaction.
 - `events` (events.py): GetConversation, ListLeases, ListRegistrations.
-- `fence` (fence.py): the failover fence every claim and registration goes through.
+- `fence` (statements.EpochFence): the failover fence every claim and registration goes through.
 
 Each public method is one transaction, and every lease state change in it appends its
 `lease_events` row in the same statement. Expiry is always decided against the database's
@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang_registry.claim_store import ClaimStore
+from boomerang_registry.claim_store import ClaimStore, TenantPool
 from boomerang_registry.engine_store import EngineStore, RetainedTotals
 from boomerang_registry.events import EventStore
-from boomerang_registry.fence import EpochFence
 from boomerang_registry.group_commit import TurnStore
-from boomerang_registry.rawsql import TenantPool
+from boomerang_registry.statements import EpochFence
 
 
 class RegistryRepository:

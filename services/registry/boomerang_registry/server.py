@@ -20,14 +20,13 @@ from boomerang_server.rpc.server import (
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from boomerang_registry.fence import EpochFence
+from boomerang_registry.claim_store import TenantPool
 from boomerang_registry.group_commit import RegistrationBatcher
 from boomerang_registry.metrics import refresh_gauges
-from boomerang_registry.rawsql import TenantPool
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.servicer import BlockRegistryServicer
 from boomerang_registry.settings import RegistrySettings
-from boomerang_registry.statements import WARM_UP
+from boomerang_registry.statements import WARM_UP, EpochFence
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "boomerang.v1.BlockRegistryService"
@@ -67,7 +66,7 @@ async def start(settings: RegistrySettings) -> Hosted:
         await conn.execute(text("SELECT boomerang_ensure_event_partitions(1, 7)"))
     # A registry started on a database that failed over fences before it serves (and before
     # the pool's warm-up claims, which the epoch check would refuse); later changes are found
-    # by the statements themselves (fence.py).
+    # by the statements themselves (statements.EpochFence).
     await EpochFence(engine, "registry").run()
     # Every tenant-scoped statement runs on this pool, as the row-level-security role.
     raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role, warm=WARM_UP)

@@ -19,10 +19,10 @@ from boomerang_server.rpc.server import rpc, write_item_error
 from boomerang_server.validation import check_conversation, check_id, check_text
 
 from boomerang_registry import metrics, wire
+from boomerang_registry.claim_store import Row
 from boomerang_registry.events import decode_page_token
 from boomerang_registry.expiry import ExpiryRepository
 from boomerang_registry.group_commit import Registered, RegistrationBatcher
-from boomerang_registry.rawsql import Row
 from boomerang_registry.reaper_api import ReaperFacingServicer
 from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings

@@ -31,10 +31,9 @@ from boomerang_server.rpc.server import LATENCY_BUCKETS
 from prometheus_client import Counter as Counted
 from prometheus_client import Gauge, Histogram
 
-from boomerang_router.domain import ClaimResult, LeaseHandle, claim_floor
+from boomerang_router.domain import ClaimResult, LeaseHandle, PlanInput, claim_floor
 from boomerang_router.engines import EngineChoice
 from boomerang_router.plan_store import prefill_seconds_per_token
-from boomerang_router.requests import PlanInput
 from boomerang_router.settings import RouterSettings
 from boomerang_router.settlement import ClaimKeeper
 

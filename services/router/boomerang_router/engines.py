@@ -36,9 +36,15 @@ from boomerang_server.enginepool import EngineInfo, EngineTable, Role
 from boomerang_server.enginepool import PoolEntry as TableEntry
 from prometheus_client import Counter as Counted
 
-from boomerang_router.domain import ClaimResult, Decision, PlanDecision, decide, decide_started
+from boomerang_router.domain import (
+    ClaimResult,
+    Decision,
+    PlanDecision,
+    PlanInput,
+    decide,
+    decide_started,
+)
 from boomerang_router.learning import CostModels
-from boomerang_router.requests import PlanInput
 
 log = logging.getLogger(__name__)
 

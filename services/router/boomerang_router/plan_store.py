@@ -33,8 +33,7 @@ from boomerang_server.config import TelemetrySettings, load_settings
 from boomerang_server.rpc.server import LATENCY_BUCKETS
 from prometheus_client import Counter, Histogram
 
-from boomerang_router.domain import PlanDecision, PlanReason
-from boomerang_router.kvparams import KvParams
+from boomerang_router.domain import KvParams, PlanDecision, PlanReason
 
 # Namespace of claim ids derived from a caller's request id (stable across replicas).
 CLAIM_NAMESPACE = uuid.UUID("6d0c1f4e-7a0b-4c61-9d3e-4b6f6f6d6572")

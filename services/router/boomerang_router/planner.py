@@ -7,7 +7,7 @@ retained blocks with a short deadline (`claims`), decide (`engines.decide_plan`,
 record the plan (below: counted in its engines' load while its turn runs, kept in memory
 for retries and reports, and queued for `turn_plans`, written by a background writer in a
 group commit the answer waits for). The decision reads the engines' learned costs
-(`learning.CostModels`); reports update them, never a plan. The servicer answers with it.
+(`learning.CostModels`); reports update them, never a plan. `rpc_surface` answers with it.
 Anything slow or failing in the control plane turns into a COLD plan with reason
 CONTROL_PLANE_DEGRADED, never a failed turn.
 
@@ -39,14 +39,17 @@ from typing import Any
 
 from boomerang.errors import FieldViolation, failed_precondition, invalid, not_found
 
-from boomerang_router import kvparams
 from boomerang_router.claims import ReuseClaimer, answer_by
 from boomerang_router.domain import (
     ClaimResult,
     Decision,
     HandleUse,
     PlanDecision,
+    PlanInput,
     PlanReason,
+    ReportInput,
+    first_turn_params,
+    pull_params,
     turn_outcome,
 )
 from boomerang_router.engines import EngineChoice, EnginePool, decide_plan, pick_engines
@@ -64,7 +67,6 @@ from boomerang_router.plan_store import (
     plan_time,
 )
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
-from boomerang_router.requests import PlanInput, ReportInput
 from boomerang_router.settings import RouterSettings
 from boomerang_router.settlement import Reporter, ReportResult, TurnEnding
 
@@ -317,7 +319,7 @@ def new_record(
         claim_id=claim_id if lease else "",
         router=router,
         outcome_detail=claim.detail,
-        params=kvparams.pull(lease, d.reusable_tokens) if lease else kvparams.first_turn(),
+        params=pull_params(lease, d.reusable_tokens) if lease else first_turn_params(),
         prefill_cached=min(p.prefill_cached, p.prompt_tokens),
     )
 

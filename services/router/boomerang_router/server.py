@@ -26,7 +26,7 @@ from boomerang_router.learning import CostModels, Priors
 from boomerang_router.plan_store import PlanStore
 from boomerang_router.planner import Router
 from boomerang_router.repository import AuditWriter, TurnPlanRepository
-from boomerang_router.servicer import RouterServicer
+from boomerang_router.rpc_surface import RouterServicer
 from boomerang_router.settings import RouterSettings
 from boomerang_router.settlement import ClaimKeeper, Reporter
 from boomerang_router.spool import AuditSpool

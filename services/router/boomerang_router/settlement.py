@@ -42,12 +42,10 @@ from boomerang.tokenchain import build_chain
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 
-from boomerang_router import kvparams
-from boomerang_router.domain import Retention
+from boomerang_router.domain import KvParams, ReportInput, Retention, accepts_pull
 from boomerang_router.engines import EnginePool
 from boomerang_router.plan_store import PlanRecord, PlanStore
 from boomerang_router.repository import TurnPlanRepository
-from boomerang_router.requests import ReportInput
 from boomerang_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
@@ -125,7 +123,7 @@ def registry_down(err: BoomerangClientError) -> BoomerangError:
 
 @dataclass
 class ReportResult:
-    """What ReportTurn did (the servicer's answer is built from it)."""
+    """What ReportTurn did (`rpc_surface` builds the answer from it)."""
 
     record: PlanRecord
     claimed_lease_state: str
@@ -249,7 +247,7 @@ class Reporter:
         if not record.conversation_id and not r.prompt_len:
             return Retention.NO_CONVERSATION
         p = r.decode_params
-        if p is None or not kvparams.accepts_pull(p):
+        if p is None or not accepts_pull(p):
             return Retention.NOT_RETAINED
         assert p.remote_engine_id and p.remote_request_id and p.remote_port and p.remote_num_tokens
         known = self.pool.known(p.remote_engine_id)
@@ -289,7 +287,7 @@ class Reporter:
         )
 
     async def register_decode_engine(
-        self, record: PlanRecord, p: kvparams.KvParams | None, r: rpb.RegisterRetainedBlocksRequest
+        self, record: PlanRecord, p: KvParams | None, r: rpb.RegisterRetainedBlocksRequest
     ) -> str:
         """Register D (unknown to the registry, or at a newer generation) from its own params.
 
