@@ -28,17 +28,8 @@ from boomerang_registry.repository import RegistryRepository
 from boomerang_registry.settings import RegistrySettings
 from boomerang_registry.watches import DeadlineHub, LeaseKeysHub, WatchServicer
 
-_OUTCOME = {
-    ClaimOutcome.CLAIMED: rpb.CLAIM_OUTCOME_CLAIMED,
-    ClaimOutcome.NO_LEASE: rpb.CLAIM_OUTCOME_NO_LEASE,
-    ClaimOutcome.EXPIRING: rpb.CLAIM_OUTCOME_EXPIRING,
-    ClaimOutcome.PREFIX_MISMATCH: rpb.CLAIM_OUTCOME_PREFIX_MISMATCH,
-    ClaimOutcome.BELOW_THRESHOLD: rpb.CLAIM_OUTCOME_BELOW_THRESHOLD,
-    ClaimOutcome.ENGINE_INVALID: rpb.CLAIM_OUTCOME_ENGINE_INVALID,
-    ClaimOutcome.ALREADY_CLAIMED: rpb.CLAIM_OUTCOME_ALREADY_CLAIMED,
-    ClaimOutcome.BLOCK_SIZE_MISMATCH: rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH,
-    ClaimOutcome.LEASE_RELEASED: rpb.CLAIM_OUTCOME_LEASE_RELEASED,
-}
+# Each outcome under its own name in the proto (UNAVAILABLE and NOT_ASKED are the router's).
+_OUTCOME = {ClaimOutcome(n.removeprefix("CLAIM_OUTCOME_")): v for n, v in rpb.ClaimOutcome.items() if v}
 
 # The RPCs an engine may call, each only for itself (the engine id the request names).
 # Every other RPC is for services (gateway, router, reaper, operators) only.

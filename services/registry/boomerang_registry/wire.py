@@ -329,15 +329,7 @@ def turn_end(req: rpb.CompleteTurnRequest, max_blocks: int, max_tokens: int) -> 
 _ROLE = {"PREFILL": tpb.ENGINE_ROLE_PREFILL, "DECODE": tpb.ENGINE_ROLE_DECODE}
 ROLE_NAME = {v: k for k, v in _ROLE.items()}
 _STATUS = {"ACTIVE": tpb.ENGINE_STATUS_ACTIVE, "DEAD": tpb.ENGINE_STATUS_DEAD}
-LEASE_STATE = {
-    "RETAINED": tpb.LEASE_STATE_RETAINED,
-    "CLAIMED": tpb.LEASE_STATE_CLAIMED,
-    "CONSUMED": tpb.LEASE_STATE_CONSUMED,
-    "EXPIRED": tpb.LEASE_STATE_EXPIRED,
-    "SUPERSEDED": tpb.LEASE_STATE_SUPERSEDED,
-    "INVALIDATED": tpb.LEASE_STATE_INVALIDATED,
-    "RELEASED": tpb.LEASE_STATE_RELEASED,
-}
+LEASE_STATE = {n.removeprefix("LEASE_STATE_"): v for n, v in tpb.LeaseState.items() if v}
 LEASE_STATE_NAME = {v: k for k, v in LEASE_STATE.items()}
 
 

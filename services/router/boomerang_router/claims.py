@@ -287,7 +287,8 @@ class ClaimBatcher:
         try:
             results: list[ClaimResult | BoomerangClientError]
             if len(batch) == 1:
-                results = [await claim_reuse(self.registry, batch[0].req, timeout)]
+                answer = await self.registry.claim_reuse(batch[0].req, timeout=timeout)
+                results = [claim_result(answer)]  # CLAIMED without its lease: UNAVAILABLE
             else:
                 reqs = [item.req for item in batch]
                 results = await claim_reuse_batch(self.registry, reqs, timeout)
@@ -312,17 +313,8 @@ def _shed(reason: str, message: str) -> BoomerangClientError:
     return BoomerangClientError("ClaimReuse", BoomerangError(Code.RESOURCE_EXHAUSTED, reason, message))
 
 
-_CLAIM_STATUS = {
-    rpb.CLAIM_OUTCOME_CLAIMED: ClaimOutcome.CLAIMED,
-    rpb.CLAIM_OUTCOME_NO_LEASE: ClaimOutcome.NO_LEASE,
-    rpb.CLAIM_OUTCOME_EXPIRING: ClaimOutcome.EXPIRING,
-    rpb.CLAIM_OUTCOME_PREFIX_MISMATCH: ClaimOutcome.PREFIX_MISMATCH,
-    rpb.CLAIM_OUTCOME_BELOW_THRESHOLD: ClaimOutcome.BELOW_THRESHOLD,
-    rpb.CLAIM_OUTCOME_ENGINE_INVALID: ClaimOutcome.ENGINE_INVALID,
-    rpb.CLAIM_OUTCOME_ALREADY_CLAIMED: ClaimOutcome.ALREADY_CLAIMED,
-    rpb.CLAIM_OUTCOME_BLOCK_SIZE_MISMATCH: ClaimOutcome.BLOCK_SIZE_MISMATCH,
-    rpb.CLAIM_OUTCOME_LEASE_RELEASED: ClaimOutcome.LEASE_RELEASED,
-}
+# The registry's outcomes, each under its own name (an unknown one reads as UNAVAILABLE).
+_CLAIM_STATUS = {v: ClaimOutcome(n.removeprefix("CLAIM_OUTCOME_")) for n, v in rpb.ClaimOutcome.items() if v}
 
 
 def claim_result(resp: rpb.ClaimReuseResponse) -> ClaimResult:
@@ -354,13 +346,6 @@ def lease_handle(lease: tpb.Lease) -> LeaseHandle:
         dcp_size=lease.dcp_size or 1,
         pp_size=lease.pp_size or 1,
     )
-
-
-async def claim_reuse(
-    registry: RegistryClient, req: rpb.ClaimReuseRequest, timeout: float
-) -> ClaimResult:
-    """ClaimReuse; a CLAIMED answer without its lease counts as UNAVAILABLE."""
-    return claim_result(await registry.claim_reuse(req, timeout=timeout))
 
 
 async def claim_reuse_batch(
