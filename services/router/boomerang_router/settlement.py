@@ -70,7 +70,7 @@ def turn_claim(
 
 
 @dataclass
-class TurnEnd:
+class CompleteTurnAnswer:
     """CompleteTurn's answer: each part's result, or the error that part alone failed with."""
 
     claim_state: str = ""  # the claimed lease's state after it, e.g. `CONSUMED`
@@ -96,11 +96,11 @@ async def complete_turn(
     claim: rpb.TurnClaim | None,
     retained: rpb.RegisterRetainedBlocksRequest | None,
     timeout: float,
-) -> TurnEnd:
+) -> CompleteTurnAnswer:
     """CompleteTurn: the claim settled and the blocks registered in one call (either may be None)."""
     req = rpb.CompleteTurnRequest(tenant=tenant, claim=claim, registration=retained)
     resp = await client.complete_turn(req, timeout=timeout)
-    out = TurnEnd()
+    out = CompleteTurnAnswer()
     if claim is not None:
         out.claim_error = _item_error(resp.claim)
         if out.claim_error is None:
@@ -218,7 +218,7 @@ class Reporter:
         raise AssertionError("unreachable: the second attempt returns")  # pragma: no cover
 
     def _settled(
-        self, record: PlanRecord, claim: rpb.TurnClaim | None, end: TurnEnd
+        self, record: PlanRecord, claim: rpb.TurnClaim | None, end: CompleteTurnAnswer
     ) -> tuple[str, str]:
         """The claimed lease's state after CompleteTurn, and why settling it failed (or "")."""
         if claim is None:
