@@ -302,12 +302,8 @@ def copy_costs(models: CostModels, engine_id: str) -> list[rtpb.CopyCost]:
 MAX_SALT = 256
 
 
-_HANDLE_USE = {
-    rtpb.HANDLE_USE_UNSPECIFIED: HandleUse.UNKNOWN,
-    rtpb.HANDLE_USE_READ: HandleUse.READ,
-    rtpb.HANDLE_USE_NOT_READ: HandleUse.NOT_READ,
-    rtpb.HANDLE_USE_UNKNOWN: HandleUse.UNKNOWN,
-}
+# What the caller says P did with the handle; unspecified reads as UNKNOWN.
+_HANDLE_USE = {**{v: h for h, v in HANDLE_USE.items()}, rtpb.HANDLE_USE_UNSPECIFIED: HandleUse.UNKNOWN}
 
 
 def check_plan_id(v: Violations, path: str, value: str) -> datetime | None:
