@@ -292,32 +292,12 @@ class Stack:
         self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
         self._wait_engines()
 
-    def _wait_engines(self, timeout: float = 30.0) -> None:
+    def _wait_engines(self) -> None:
         """Wait until the router (if any) and the gateway both see every engine (they poll the
         registry)."""
-        want = len(self.prefill_urls) + len(self.decode_urls)
         models = {s.profile for s in self.config.sims} | ({"external"} if self.config.prefill_urls else set())
-
-        async def ready() -> bool:
-            if self.router_address:
-                async with RouterClient(self.router_address, timeout=2.0) as router:
-                    listed = await router.list_engines(rtpb.RouterServiceListEnginesRequest())
-                if sum(1 for e in listed.engines if e.available) < want:
-                    return False
-            async with httpx.AsyncClient(timeout=2.0) as http:
-                health = (await http.get(self.gateway_url + "/health")).json()
-            return int(health.get("models", 0)) >= len(models)
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if asyncio.run(ready()):
-                    return
-            except Exception:  # noqa: BLE001 - not yet
-                pass
-            if time.monotonic() > deadline:
-                raise ChildFailed(f"the router and gateway did not see all {want} engines within {timeout:.0f}s")
-            time.sleep(0.2)
+        asyncio.run(wait_engines(self.router_address, len(self.prefill_urls) + len(self.decode_urls),
+                                 self.gateway_url, models=len(models)))
 
     def dead_children(self) -> list[Child]:
         """Children that exited."""
@@ -342,6 +322,33 @@ class Stack:
             self.postgres.stop()
         if self.ha is not None:
             self.ha.stop()
+
+
+async def wait_engines(router: str, want: int, gateway_url: str = "", *, models: int = 1,
+                       model: str = "", timeout: float = 30.0) -> None:
+    """Until the router's pool (it polls the registry) holds `want` available engines (of
+    `model`, if named; no router: skipped) and, with `gateway_url`, that gateway's /health
+    counts `models` models; ChildFailed otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            available = want
+            if router:
+                async with RouterClient(router, timeout=2.0) as client:
+                    listed = await client.list_engines(rtpb.RouterServiceListEnginesRequest(model=model))
+                available = sum(1 for e in listed.engines if e.available)
+            seen = models
+            if gateway_url and available >= want:
+                async with httpx.AsyncClient(timeout=2.0) as http:
+                    seen = int((await http.get(gateway_url + "/health")).json().get("models", 0))
+            if available >= want and seen >= models:
+                return
+        except Exception:  # noqa: BLE001 - not yet
+            pass
+        if time.monotonic() > deadline:
+            raise ChildFailed(f"the router at {router or '-'} and the gateway {gateway_url or '-'} did not "
+                              f"see all {want} engines{f' of {model}' if model else ''} within {timeout:.0f}s")
+        await asyncio.sleep(0.2)
 
 
 def flags_env(flags: Sequence[str], settings: type[BaseSettings]) -> dict[str, str]:
