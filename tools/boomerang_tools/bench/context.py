@@ -21,11 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 from boomerang.clients.registry import RegistryClient
-from boomerang.clients.router import RouterClient
 from boomerang.v1 import registry_service_pb2 as rpb
-from boomerang.v1 import router_service_pb2 as rtpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.db import upgrade
 from rich.console import Console
@@ -45,6 +42,7 @@ from boomerang_tools.bench.loadgen import Workers
 from boomerang_tools.bench.workload import BLOCK_SIZE, MODEL
 from boomerang_tools.sim import hfmodel
 from boomerang_tools.stack.children import Child, ChildFailed, stop_all
+from boomerang_tools.stack.stack import wait_engines
 
 log = logging.getLogger(__name__)
 TTL_MARGIN_SECONDS = 10.0  # the registry's default BOOMERANG_TTL_MARGIN_SECONDS
@@ -354,26 +352,6 @@ SIM_MODEL = "Qwen/Qwen3-32B"
 GATEWAY_ENV = {"BOOMERANG_ALLOW_ANONYMOUS": "true", "BOOMERANG_TOKENIZERS": f"{SIM_MODEL}={hfmodel.folder(thinking=False)}"}
 
 
-async def wait_engines(router: str, model: str, want: int, gateway_url: str = "",
-                       timeout: float = 30.0) -> None:
-    """Until the router's pool (it polls the registry) holds `want` available engines of
-    `model` and, with `gateway_url`, that gateway's /health lists a model."""
-    deadline = time.monotonic() + timeout
-    async with RouterClient(router, timeout=2.0) as client, httpx.AsyncClient(timeout=2.0) as http:
-        while time.monotonic() < deadline:
-            try:
-                listed = await client.list_engines(rtpb.RouterServiceListEnginesRequest(model=model))
-                models = int((await http.get(gateway_url + "/health")).json().get("models", 0)) \
-                    if gateway_url else 1
-                if sum(1 for e in listed.engines if e.available) >= want and models >= 1:
-                    return
-            except Exception:  # noqa: BLE001 - not yet
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"the router at {router} (and the gateway {gateway_url or '-'}) did not see "
-                       f"the engines of {model} in time")
-
-
 class CountColumn(ProgressColumn):
     """`done/total` for tasks with a total, nothing for open-ended ones."""
 
@@ -489,7 +467,7 @@ class Bench:
         self.workers = await asyncio.to_thread(Workers, self.cfg.clients, self.router_address, self.registry_address)
         self.pg = await asyncpg.connect(url)
         engines = self.cfg.decode_engines + self.cfg.prefill_engines
-        await wait_engines(self.router_address, MODEL, engines)
+        await wait_engines(self.router_address, engines, model=MODEL)
 
     async def stop(self) -> None:
         """Stop what started, in reverse."""

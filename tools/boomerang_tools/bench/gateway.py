@@ -36,10 +36,11 @@ import httpx
 from boomerang.tokenchain import build_chain
 from prometheus_client.parser import text_string_to_metric_families
 
-from boomerang_tools.bench.context import GATEWAY_ENV, SIM_MODEL, Bench, wait_engines
+from boomerang_tools.bench.context import GATEWAY_ENV, SIM_MODEL, Bench
 from boomerang_tools.bench.loadgen import PATHS, user_message
 from boomerang_tools.bench.report import floats, summarize
 from boomerang_tools.demo.client import stream_chat
+from boomerang_tools.stack.stack import wait_engines
 
 # The hooked engines serve the same profile under a name of their own, so each gateway's
 # turns reach only its own pair of engines.
@@ -137,8 +138,8 @@ async def gateway_overhead(b: Bench) -> dict[str, Any]:
                                  "--decode", decode_hook])
     naive, hook, naive_hook = (f"http://{a}" for a in await s.ready("naive-proxy", "gateway-hook", "naive-proxy-hook"))
     gateway = b.gateway_url = f"http://{await asyncio.to_thread(s.children['gateway'].wait_ready, 60.0, 'gateway')}"
-    await wait_engines(b.router_address, SIM_MODEL, 2, gateway)
-    await wait_engines(b.router_address, HOOK_MODEL, 2, hook)
+    await wait_engines(b.router_address, 2, gateway, model=SIM_MODEL)
+    await wait_engines(b.router_address, 2, hook, model=HOOK_MODEL)
     b.progress.update(task, description=f"gateway overhead: turns on 6 paths for {cfg.gateway_seconds:g}s")
     job = {**TURNS_JOB, "gateway": gateway, "naive": naive, "prefill": prefill, "decode": decode,
            "hook": hook, "naive_hook": naive_hook, "prefill_hook": prefill_hook,

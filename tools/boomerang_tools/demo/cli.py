@@ -31,8 +31,14 @@ from rich.console import Console
 from rich.table import Table
 
 from boomerang_tools.demo.grid import run_grid
-from boomerang_tools.demo.modes import MODES, OFF, PREFIX_CACHE_BLOCKS, Mode, parse_modes
-from boomerang_tools.demo.plain import PlainStack
+from boomerang_tools.demo.modes import (
+    MODES,
+    OFF,
+    PREFIX_CACHE_BLOCKS,
+    Mode,
+    parse_modes,
+    stack_config,
+)
 from boomerang_tools.demo.runner import RunResult
 from boomerang_tools.demo.show import conclude, measure
 from boomerang_tools.demo.workload import POINTS, QUICK_POINTS
@@ -47,9 +53,8 @@ from boomerang_tools.sim.hbm import (
 )
 from boomerang_tools.stack.children import ChildFailed
 from boomerang_tools.stack.postgres import PostgresError
-from boomerang_tools.stack.stack import SimSpec, Stack, StackConfig
+from boomerang_tools.stack.stack import SimSpec, Stack
 
-CLAIM_DEADLINE_MS = 1000
 DEFAULT_PROFILES = ("qwen3-32b", "glm-5-fp8", "qwen3-32b-h200", "qwen3-8b-h200")
 WIDE = 8  # conversations sharing P beyond which a level runs on the first profile only
 
@@ -120,28 +125,6 @@ def _sim_stats(urls: list[str]) -> tuple[dict[str, int], list[float], dict[str, 
     return total, plan_ms, loop
 
 
-def _stack_config(args: argparse.Namespace, profiles: list[str], mode: Mode) -> StackConfig:
-    return StackConfig(
-        data_dir=Path(args.data_dir),
-        database_url=args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", ""),
-        gateway_port=0,
-        grpc_ports=(0, 0, 0),
-        # Per profile a prefill then a decode engine (the order prefill_urls/decode_urls keep).
-        sims=[SimSpec(role, p, 0) for p in profiles for role in ("prefill", "decode")],
-        log_level="WARNING",
-        hook=mode.hook,
-        # The prefill engine's cached tokens reach the client's usage, as vLLM reports them.
-        sim_args=["--enable-prompt-tokens-details", *mode.sim_args],
-        # Every process shares one small machine here, so a claim can wait on the CPU; a
-        # longer claim deadline keeps a busy laptop from turning pulls into recomputes.
-        router_args=["--claim-deadline-ms", str(CLAIM_DEADLINE_MS)],
-        gateway_args=["--plan-timeout-seconds", str(CLAIM_DEADLINE_MS / 1000 + 0.25), *mode.gateway_args],
-        # Boomerang as one process (`boomerang control-plane --gateway-listen`): no network hop
-        # of Boomerang's on a gateway's turn, one on a hook's.
-        single_process=mode.boomerang,
-    )
-
-
 def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], mode: Mode, last: bool) -> int | None:
     """One deployment: bring it up, measure it, record its engines' counters; on the last
     one (its services still up, for the audit trail) conclude. None: go on."""
@@ -153,13 +136,12 @@ def _run_mode(console: Console, args: argparse.Namespace, run: dict[str, Any], m
     if args.quick and mode.quick_profiles is not None:
         profiles = profiles[:mode.quick_profiles]
     rotations = _rotations(args, profiles, mode)
-    stack: Stack | PlainStack
+    # Per profile a prefill then a decode engine (the order prefill_urls/decode_urls keep).
+    sims = [SimSpec(role, p, 0) for p in profiles for role in ("prefill", "decode")]
+    stack = Stack(stack_config(mode, sims, Path(args.data_dir), _database_url(args)))
     if mode.boomerang:
-        stack = Stack(_stack_config(args, profiles, mode))
         what = "Postgres, registry, router, reaper, gateway and simulated engines"
     else:
-        stack = PlainStack(Path(args.data_dir), profiles, ["--enable-prompt-tokens-details", *mode.sim_args],
-                           list(mode.gateway_args))
         what = "simulated engines and a gateway with no control plane"
     try:
         with console.status(f"Starting {what} ({mode.name})…"):
@@ -240,13 +222,17 @@ def _reasons(r: HbmResult) -> str:
     return ", ".join(f"{k.lower()} {v:,}" for k, v in sorted(r.released.items())) or "—"
 
 
+def _database_url(args: argparse.Namespace) -> str:
+    return str(args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", ""))
+
+
 def _check_database(args: argparse.Namespace) -> None:
     """A configured database, checked before the demo spends a minute on what needs none.
 
     Its migrations are what the first Boomerang deployment would apply; a URL that is malformed,
     a server that cannot be reached or a credential it refuses fails here, in one line
     (`boomerang` words the failure: boomerang_cli.failures)."""
-    url = args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", "")
+    url = _database_url(args)
     if not url:
         return  # the embedded cluster, started by the first deployment
     try:
@@ -276,8 +262,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_database(args)
     if args.grid:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        return run_grid(console, Path(args.data_dir), Path(args.out),
-                        args.database_url or os.environ.get("BOOMERANG_DATABASE_URL", ""), args.time_scale)
+        return run_grid(console, Path(args.data_dir), Path(args.out), _database_url(args), args.time_scale)
     points = {p: (QUICK_POINTS if args.quick else POINTS)[p] for p in profiles}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     console.rule("[bold]Boomerang demo[/bold]: KV-cache reuse in prefill/decode disaggregated serving")

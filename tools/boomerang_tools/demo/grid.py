@@ -32,7 +32,7 @@ import json
 import random
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,9 @@ from rich.console import Console
 from rich.table import Table
 
 from boomerang_tools.demo.client import TurnResult, stream_chat
+from boomerang_tools.demo.modes import GATEWAY, stack_config
 from boomerang_tools.sim.costmodel import PROFILES
-from boomerang_tools.stack.stack import SimSpec, Stack, StackConfig
+from boomerang_tools.stack.stack import SimSpec, Stack
 
 MODELS = ("qwen3-32b-h200", "qwen3-8b-h200")
 CONTEXTS = (2000, 8000, 24000)
@@ -291,14 +292,10 @@ def run_grid(console: Console, data_dir: Path, out: Path, database_url: str, tim
              models: list[str] | None = None, contexts: tuple[int, ...] = CONTEXTS) -> int:
     """Bring up the stack with the H200 profiles, measure the grid, print it and write it; 0 if every point holds."""
     models = models or list(MODELS)
-    config = StackConfig(
-        data_dir=data_dir, database_url=database_url, gateway_port=0, grpc_ports=(0, 0, 0),
-        sims=[s for m in models for s in (SimSpec("prefill", m, 0, ("--prefix-cache-blocks", str(P_CACHE_BLOCKS))),
-                                          SimSpec("decode", m, 0, ("--prefix-cache-blocks", str(D_CACHE_BLOCKS))))],
-        time_scale=time_scale, log_level="WARNING", sim_args=["--enable-prompt-tokens-details"],
-        router_args=["--claim-deadline-ms", "1000"], gateway_args=["--plan-timeout-seconds", "1.25"],
-        gateway_env={"BOOMERANG_PREFILL_ON_DECODE": "true"}, single_process=True)
-    stack = Stack(config)
+    sims = [s for m in models for s in (SimSpec("prefill", m, 0, ("--prefix-cache-blocks", str(P_CACHE_BLOCKS))),
+                                        SimSpec("decode", m, 0, ("--prefix-cache-blocks", str(D_CACHE_BLOCKS))))]
+    stack = Stack(replace(stack_config(GATEWAY, sims, data_dir, database_url), time_scale=time_scale,
+                          gateway_env={"BOOMERANG_PREFILL_ON_DECODE": "true"}))
     console.rule("[bold]The plan by predicted time to first token[/bold], against each option measured")
     console.print(f"Models {', '.join(models)}; contexts {', '.join(f'{c // 1000}k' for c in contexts)}; links "
                   f"{', '.join(f'{g:g}' for g in LINKS_GBPS)} GB/s; P's prefix cache {P_CACHE_BLOCKS} blocks, with and "

@@ -12,6 +12,13 @@ was asked).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from boomerang_tools.stack.stack import SimSpec, StackConfig
+
+# Every process shares one small machine here, so a claim can wait on the CPU; a longer claim
+# deadline keeps a busy laptop from turning pulls into recomputes.
+CLAIM_DEADLINE_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ HOOK = Mode(
     "the engines run Boomerang's vLLM hook (prefill plans from its own token ids, decode registers its own "
     "blocks); the gateway only routes: no /tokenize, no PlanTurn",
     hook=True,
-    # The hook's planning budget, as roomy as the gateway's plan timeout here (CLI.CLAIM_DEADLINE_MS),
+    # The hook's planning budget, as roomy as the gateway's plan timeout here (CLAIM_DEADLINE_MS),
     # and a request waits for its plan up to all the prefill the pull could save (share 1): on one
     # small machine the control plane shares the CPU with the engines.
     sim_args=("--plan-deadline-ms", "1000", "--plan-wait-share", "1"),
@@ -92,3 +99,26 @@ def parse_modes(spec: str) -> list[Mode]:
     if unknown or not names:
         raise ValueError(f"unknown {unknown}; known: {', '.join(known)}")
     return [known[n] for n in dict.fromkeys(names)]
+
+
+def stack_config(mode: Mode, sims: list[SimSpec], data_dir: Path, database_url: str) -> StackConfig:
+    """The stack `mode` runs in, on these engines (the grid's: the gateway's)."""
+    return StackConfig(
+        data_dir=data_dir,
+        database_url=database_url,
+        gateway_port=0,
+        grpc_ports=(0, 0, 0),
+        sims=sims,
+        log_level="WARNING",
+        hook=mode.hook,
+        # The prefill engine's cached tokens reach the client's usage, as vLLM reports them.
+        sim_args=["--enable-prompt-tokens-details", *mode.sim_args],
+        router_args=["--claim-deadline-ms", str(CLAIM_DEADLINE_MS)],
+        gateway_args=["--plan-timeout-seconds", str(CLAIM_DEADLINE_MS / 1000 + 0.25), *mode.gateway_args],
+        # Boomerang as one process (`boomerang control-plane --gateway-listen`): no network hop
+        # of Boomerang's on a gateway's turn, one on a hook's.
+        single_process=mode.boomerang,
+        # Without Boomerang: the engines and a gateway with no router, as an operator runs
+        # them who answers "why not prefix caching on P with sticky routing?".
+        control_plane=mode.boomerang,
+    )

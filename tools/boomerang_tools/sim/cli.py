@@ -33,6 +33,7 @@ from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.config import run_async
 from boomerang_server.sockets import listen_socket
+from boomerang_vllm_hook.sender import EngineFacts
 
 from boomerang_tools.sim.app import make_app
 from boomerang_tools.sim.costmodel import Link, profile
@@ -198,8 +199,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
 class _Server(uvicorn.Server):
     """uvicorn without its own signal capture (this module handles SIGTERM/SIGINT)."""
 
@@ -209,23 +208,17 @@ class _Server(uvicorn.Server):
 
 
 def _engine_proto(engine: Engine, api_port: int) -> tpb.Engine:
+    """The Engine message, as the vLLM hook's registration builds it, with the KV size."""
     cfg = engine.config
-    return tpb.Engine(
-        engine_id=cfg.engine_id,
-        role=tpb.ENGINE_ROLE_PREFILL if cfg.role == "prefill" else tpb.ENGINE_ROLE_DECODE,
-        model=cfg.served_model_name,
-        side_channel_host=cfg.host,
-        side_channel_port=cfg.side_channel_port,
-        http_base_url=f"http://{cfg.host}:{api_port}",
-        registration_generation=engine.generation,
-        kv_blocks_ttl_seconds=max(1, round(cfg.ttl_seconds)),
-        block_size=cfg.block_size,
-        tp_size=cfg.tp_size,
-        dcp_size=1,
-        pp_size=1,
-        bytes_per_block=cfg.profile.bytes_per_token * cfg.block_size,
-        kv_recompute_threshold=cfg.recompute_threshold,
-    )
+    facts = EngineFacts(
+        engine_id=cfg.engine_id, role="prefill" if cfg.role == "prefill" else "decode",
+        model=cfg.served_model_name, block_size=cfg.block_size,
+        kv_blocks_ttl_seconds=max(1, round(cfg.ttl_seconds)), kv_recompute_threshold=cfg.recompute_threshold,
+        side_channel_host=cfg.host, side_channel_port=cfg.side_channel_port,
+        http_base_url=f"http://{cfg.host}:{api_port}", tp_size=cfg.tp_size)
+    proto = facts.engine_proto(engine.generation)
+    proto.bytes_per_block = cfg.profile.bytes_per_token * cfg.block_size
+    return proto
 
 
 async def registry_loop(engine: Engine, target: str, api_port: int, interval: float) -> None:

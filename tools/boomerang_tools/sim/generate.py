@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import xxhash
 
+from boomerang_tools.sim import hfmodel
 from boomerang_tools.sim.tokenizer import piece_id
 
-WORDS = ["the", "a", "of", "to", "and", "in", "that", "it", "is", "was", "for", "on", "with", "as", "at", "by", "this", "from", "or", "be", "are", "have", "not", "but", "we", "they", "can", "will", "one", "all", "would", "there", "their", "what", "so", "if", "about", "which", "when", "make", "like", "time", "just", "know", "take", "into", "year", "good", "some", "could", "them", "see", "other", "than", "then", "now", "look", "only", "come", "its", "over", "think", "also", "back", "after", "use", "two", "how", "our", "work", "first", "well", "way", "even", "new", "want", "because", "any", "these", "give", "day", "most", "us", "cache", "block", "token", "prefill", "decode", "reuse", "turn", "engine", "router", "lease", "claim", "pull"]
+WORDS = hfmodel.GENERATED_WORDS
 PUNCT = [",", ".", ";"]
 MIN_ANSWER, MAX_ANSWER = 12, 48
 MIN_REASONING, MAX_REASONING = 8, 24

@@ -30,15 +30,20 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", 
                   "</tool_response>", "<think>", "</think>")
 PIECE_PATTERN = r"\n| ?[^\W\d_]+|\d| ?[^\s\w]| ?_|[^\S\n]"
 VOCAB = 4096
-# Words the simulator writes (generate.WORDS) and the demo's tool output pads with.
-_WORDS = ("the a of to and in that it is was for on with as at by this from or be are have not but we they can will "
-         "one all would there their what so if about which when make like time just know take into year good some "
-         "could them see other than then now look only come its over think also back after use two how our work "
-         "first well way even new want because any these give day most us cache block token prefill decode reuse "
-         "turn engine router lease claim pull handle request stream reply value index offset buffer queue worker "
-         "session config limit result error retry commit table column select update insert where order group count "
-         "batch chain hash prefix self none return def tool call name arguments weather city paris user assistant system")
-WORDS = tuple(_WORDS.split())
+# The words the simulator writes (generate.py draws its replies from them).
+_GENERATED = ("the a of to and in that it is was for on with as at by this from or be are have not but "
+              "we they can will one all would there their what so if about which when make like time "
+              "just know take into year good some could them see other than then now look only come "
+              "its over think also back after use two how our work first well way even new want "
+              "because any these give day most us cache block token prefill decode reuse turn engine "
+              "router lease claim pull")
+GENERATED_WORDS = tuple(_GENERATED.split())
+# The vocabulary's words: those, then those the demo's tool output pads with.
+_PADDING = ("handle request stream reply value index offset buffer queue worker session config limit "
+            "result error retry commit table column select update insert where order group count batch "
+            "chain hash prefix self none return def tool call name arguments weather city paris user "
+            "assistant system")
+WORDS = (*GENERATED_WORDS, *_PADDING.split())
 
 _SHARED = (
     "{%- set ns = namespace(tools='', last_query=-1) -%}\n"

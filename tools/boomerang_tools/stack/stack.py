@@ -81,6 +81,10 @@ class StackConfig:
     # --gateway-listen`, in-process calls between them; the child is named "control-plane"),
     # not three. Their flags (`router_args`, `gateway_args`) go to it as BOOMERANG_* variables.
     single_process: bool = False
+    # False: the engines and a gateway in front of them only, what an operator runs without
+    # Boomerang (the demo's "off" and "prefix-cache"): no database, registry, router or
+    # reaper; the gateway names the engines statically (`gateway_args` give it `--router ''`).
+    control_plane: bool = True
 
 
 def sims_for(spec: str, profile: str, prefill_base: int = 8100, decode_base: int = 8200) -> list[SimSpec]:
@@ -206,31 +210,35 @@ class Stack:
 
     def _start(self) -> None:
         cfg = self.config
-        self._database()
+        if cfg.single_process and (cfg.prefill_urls or cfg.decode_urls):
+            raise ValueError("a single-process stack finds its engines in the registry: no static engines")
         registry_port, router_port, reaper_port = cfg.grpc_ports
         gateway_flags = [*(["--allow-anonymous"] if cfg.allow_anonymous else []), *(["--engine-hook"] if cfg.hook else []),
                          *cfg.gateway_args]
         gateway_env = {**tokenizers_env(sim_tokenizers({s.profile for s in cfg.sims}, cfg.sim_args, cfg.strip_reasoning)),
                        **cfg.gateway_env}
+        registry = None
+        if cfg.control_plane:
+            self._database()
         if cfg.single_process:
-            if cfg.prefill_urls or cfg.decode_urls:
-                raise ValueError("a single-process stack finds its engines in the registry: no static engines")
             registry = self._spawn("control-plane", [
                 "control-plane", "--listen", f"127.0.0.1:{registry_port}",
                 "--gateway-listen", f"127.0.0.1:{cfg.gateway_port}"], 0,
                 {**flags_env(cfg.router_args, RouterSettings), **flags_env(gateway_flags, GatewaySettings), **gateway_env})
             self.registry_address = registry.wait_ready(name="control-plane")
             router_port = int(self.registry_address.rpartition(":")[2])
-        else:
+        elif cfg.control_plane:
             registry = self._spawn("registry", ["registry", "--listen", f"127.0.0.1:{registry_port}"], 0)
             self.registry_address = registry.wait_ready()
-        self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
-        _retire_unreachable_engines(self.registry_address)
+        if self.registry_address:
+            self.endpoints.append(Endpoint("registry", self.registry_address, "gRPC BlockRegistryService"))
+            _retire_unreachable_engines(self.registry_address)
         if cfg.hook and not router_port:
             router_port = free_port()  # the prefill engines' hooks need the router's address at start
         # The hook's planning budget as the gateway's default plan timeout (0.25 s): one busy
         # machine runs everything here, and the hook's own 20 ms default is for real hosts.
         hook_args = ["--hook", "--router", f"127.0.0.1:{router_port}", "--plan-deadline-ms", "250"] if cfg.hook else []
+        registry_args = ["--registry", self.registry_address] if self.registry_address else []
         sims = []
         # A fresh engine id per run: a restarted engine must never be mistaken for the old
         # one (its blocks are gone), as vLLM's random engine ids ensure.
@@ -239,7 +247,7 @@ class Stack:
             engine_id = f"sim-{spec.role}-{i}-{run}"
             self.sim_engine_ids.append(engine_id)
             args = ["sim", "--role", spec.role, "--port", str(spec.port), "--profile", spec.profile,
-                    "--ttl", str(cfg.ttl_seconds), "--registry", self.registry_address,
+                    "--ttl", str(cfg.ttl_seconds), *registry_args,
                     "--time-scale", str(cfg.time_scale), "--engine-id", engine_id,
                     *(["--strip-reasoning"] if cfg.strip_reasoning else []), *hook_args, *cfg.sim_args, *spec.args]
             sims.append((spec, self._spawn(f"sim-{spec.role}-{i}", args, 1)))
@@ -254,54 +262,42 @@ class Stack:
             self.decode_urls.append(url)
             self.endpoints.append(Endpoint("decode", url, "external engine"))
         static: list[str] = []
-        if cfg.prefill_urls or cfg.decode_urls:
-            # External engines may not register themselves; name every engine statically.
+        if cfg.prefill_urls or cfg.decode_urls or not cfg.control_plane:
+            # External engines may not register themselves (and with no control plane none
+            # does); name every engine statically.
             static = [a for u in self.prefill_urls for a in ("--prefill", u)]
             static += [a for u in self.decode_urls for a in ("--decode", u)]
-        reaper = self._spawn("reaper", ["reaper", "--listen", f"127.0.0.1:{reaper_port}",
-                                        "--registry", self.registry_address], 1)
-        if cfg.single_process:
+        reaper = None
+        if cfg.control_plane:
+            reaper = self._spawn("reaper", ["reaper", "--listen", f"127.0.0.1:{reaper_port}",
+                                            "--registry", self.registry_address], 1)
+        if registry is not None and cfg.single_process:
             self.router_address = self.registry_address
             self.gateway_url = f"http://{registry.wait_ready(name='gateway')}"
         else:
-            router = self._spawn("router", ["router", "--listen", f"127.0.0.1:{router_port}",
-                                            "--registry", self.registry_address, *static, *cfg.router_args], 1)
-            self.router_address = router.wait_ready()
+            calls: list[str] = []
+            if cfg.control_plane:
+                router = self._spawn("router", ["router", "--listen", f"127.0.0.1:{router_port}",
+                                                "--registry", self.registry_address, *static, *cfg.router_args], 1)
+                self.router_address = router.wait_ready()
+                calls = ["--router", self.router_address, "--registry", self.registry_address]
             gateway = self._spawn("gateway", ["gateway", "--listen", f"127.0.0.1:{cfg.gateway_port}",
-                                              "--router", self.router_address, "--registry", self.registry_address,
-                                              *static, *gateway_flags], 2, gateway_env)
+                                              *calls, *static, *gateway_flags], 2, gateway_env)
             self.gateway_url = f"http://{gateway.wait_ready()}"
-        self.endpoints.append(Endpoint("router", self.router_address, "gRPC RouterService"))
-        self.reaper_address = reaper.wait_ready()
-        self.endpoints.append(Endpoint("reaper", self.reaper_address, "gRPC TTLReaperService"))
+        if reaper is not None:
+            self.endpoints.append(Endpoint("router", self.router_address, "gRPC RouterService"))
+            self.reaper_address = reaper.wait_ready()
+            self.endpoints.append(Endpoint("reaper", self.reaper_address, "gRPC TTLReaperService"))
         access = "anonymous allowed" if cfg.allow_anonymous else "API keys required"
         self.endpoints.append(Endpoint("gateway", self.gateway_url + "/v1", f"OpenAI-compatible, {access}"))
         self._wait_engines()
 
-    def _wait_engines(self, timeout: float = 30.0) -> None:
-        """Wait until the router and the gateway both see every engine (they poll the registry)."""
-        want = len(self.prefill_urls) + len(self.decode_urls)
+    def _wait_engines(self) -> None:
+        """Wait until the router (if any) and the gateway both see every engine (they poll the
+        registry)."""
         models = {s.profile for s in self.config.sims} | ({"external"} if self.config.prefill_urls else set())
-
-        async def ready() -> bool:
-            async with RouterClient(self.router_address, timeout=2.0) as router:
-                listed = await router.list_engines(rtpb.RouterServiceListEnginesRequest())
-            if sum(1 for e in listed.engines if e.available) < want:
-                return False
-            async with httpx.AsyncClient(timeout=2.0) as http:
-                health = (await http.get(self.gateway_url + "/health")).json()
-            return int(health.get("models", 0)) >= len(models)
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if asyncio.run(ready()):
-                    return
-            except Exception:  # noqa: BLE001 - not yet
-                pass
-            if time.monotonic() > deadline:
-                raise ChildFailed(f"the router and gateway did not see all {want} engines within {timeout:.0f}s")
-            time.sleep(0.2)
+        asyncio.run(wait_engines(self.router_address, len(self.prefill_urls) + len(self.decode_urls),
+                                 self.gateway_url, models=len(models)))
 
     def dead_children(self) -> list[Child]:
         """Children that exited."""
@@ -326,6 +322,33 @@ class Stack:
             self.postgres.stop()
         if self.ha is not None:
             self.ha.stop()
+
+
+async def wait_engines(router: str, want: int, gateway_url: str = "", *, models: int = 1,
+                       model: str = "", timeout: float = 30.0) -> None:
+    """Until the router's pool (it polls the registry) holds `want` available engines (of
+    `model`, if named; no router: skipped) and, with `gateway_url`, that gateway's /health
+    counts `models` models; ChildFailed otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            available = want
+            if router:
+                async with RouterClient(router, timeout=2.0) as client:
+                    listed = await client.list_engines(rtpb.RouterServiceListEnginesRequest(model=model))
+                available = sum(1 for e in listed.engines if e.available)
+            seen = models
+            if gateway_url and available >= want:
+                async with httpx.AsyncClient(timeout=2.0) as http:
+                    seen = int((await http.get(gateway_url + "/health")).json().get("models", 0))
+            if available >= want and seen >= models:
+                return
+        except Exception:  # noqa: BLE001 - not yet
+            pass
+        if time.monotonic() > deadline:
+            raise ChildFailed(f"the router at {router or '-'} and the gateway {gateway_url or '-'} did not "
+                              f"see all {want} engines{f' of {model}' if model else ''} within {timeout:.0f}s")
+        await asyncio.sleep(0.2)
 
 
 def flags_env(flags: Sequence[str], settings: type[BaseSettings]) -> dict[str, str]:
