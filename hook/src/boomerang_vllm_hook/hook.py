@@ -324,10 +324,7 @@ class BoomerangHook:
         resp = attempt.response
         state.plan_id, state.decision = resp.plan_id, decision_name(resp)
         self.counters[f"plan_{state.decision.lower()}"] += 1
-        try:
-            params = pull_params(resp)
-        except ValueError:
-            params = None
+        params = pull_params(resp)
         if state.decision == "PULL" and params is None:
             # Unusable params: vLLM never sees the handle, so the claim goes back unread.
             self.counters["bad_plan_params"] += 1
