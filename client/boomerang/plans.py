@@ -66,6 +66,14 @@ def pull_params(resp: opb.PlanTurnResponse) -> dict[str, Any] | None:
     return params if isinstance(params, dict) else None
 
 
+def reused_tokens(resp: opb.PlanTurnResponse) -> int:
+    """The prompt tokens a usable plan spares the prefill: a PULL's (pulled from the decode
+    engine) or a PREFILL_ON_DECODE's (the decode engine's own cache); 0 for any other."""
+    if not usable(resp) or decision_name(resp) not in ("PULL", "PREFILL_ON_DECODE"):
+        return 0
+    return int(resp.reusable_tokens)
+
+
 def usable(resp: opb.PlanTurnResponse) -> bool:
     """Whether a caller can act on the answer: a known decision, and a PULL with its params."""
     decision = decision_name(resp)

@@ -325,7 +325,7 @@ class ControlPlane:
             plan_id=resp.plan_id,
             prefill_url=resp.prefill_engine.http_base_url.rstrip("/"),
             decode_url=resp.decode_engine.http_base_url.rstrip("/"),
-            reused_tokens=int(resp.reusable_tokens) if decision in ("PULL", "PREFILL_ON_DECODE") else 0,
+            reused_tokens=plans.reused_tokens(resp),
         )
 
     def send_report_later(self, report: Report) -> asyncio.Task[str] | None:
@@ -398,11 +398,6 @@ class ControlPlane:
         if self.on_report is not None:
             self.on_report(outcome)
         return outcome
-
-    @property
-    def pending_reports(self) -> int:
-        """Reports not yet answered."""
-        return len(self._reports)
 
     async def drain(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for reports in flight, then close the clients."""
