@@ -81,15 +81,8 @@ def usable(resp: opb.PlanTurnResponse) -> bool:
 
 
 def plan_request(
-    tenant: str,
-    conversation_id: str,
-    model: str,
-    prompt: Sequence[int],
-    *,
-    request_id: str,
-    salt: str,
-    chain_block_size: int = 0,
-    turn_started: bool = False,
+    tenant: str, conversation_id: str, model: str, prompt: Sequence[int], *, request_id: str,
+    salt: str, chain_block_size: int = 0, turn_started: bool = False,
 ) -> opb.PlanTurnRequest:
     """A PlanTurn request (`salt`: the request's `salt_key`, which also seeds the chain) with
     the prompt as its token ids, or with `chain_block_size` as its token chain. Without a
@@ -112,15 +105,10 @@ def plan_request(
 
 
 def report_request(
-    tenant: str,
-    plan_id: str,
-    handle_use: opb.HandleUse,
-    *,
+    tenant: str, plan_id: str, handle_use: opb.HandleUse, *,
     delivered_cached_tokens: int | None = None,
-    prefill_seconds: float | None = None,
-    copy_seconds: float | None = None,
-    inter_token_seconds: float | None = None,
-    decode_first_token_seconds: float | None = None,
+    prefill_seconds: float | None = None, copy_seconds: float | None = None,
+    inter_token_seconds: float | None = None, decode_first_token_seconds: float | None = None,
 ) -> opb.ReportTurnRequest:
     """A ReportTurn request's common part: what was not measured stays unset, a measured
     duration is clipped to MAX_REPORTED_SECONDS (the router refuses a longer one, and with it
@@ -129,9 +117,9 @@ def report_request(
     if delivered_cached_tokens is not None:
         req.delivered_cached_tokens = delivered_cached_tokens
     if prefill_seconds is not None:
-        req.prefill_seconds = min(prefill_seconds, MAX_REPORTED_SECONDS)
+        req.prefill_seconds = prefill = min(prefill_seconds, MAX_REPORTED_SECONDS)
         if copy_seconds is not None:
-            req.copy_seconds = min(copy_seconds, req.prefill_seconds)
+            req.copy_seconds = min(copy_seconds, prefill)
     if inter_token_seconds is not None:
         req.inter_token_seconds = min(inter_token_seconds, MAX_REPORTED_SECONDS)
     if decode_first_token_seconds is not None:
