@@ -10,10 +10,10 @@ of computed saves at most `tokens × seconds_per_token` of prefill; waiting `sha
 keeps the expected gain positive even when the wait is spent and the answer is "recompute".
 `cap` bounds the wait whatever the prompt's length.
 
-Both callers of PlanTurn build their requests and read the answer through here: the gateway (`boomerang_gateway.control`)
-and the vLLM hook's planner (`boomerang_vllm_hook.planner`). A decision this build does not
-know, or a PULL whose parameters are not a JSON object, is unusable: the caller then computes
-the turn as it would without a plan.
+Both callers of PlanTurn build their requests and read the answer through here: the gateway
+(`boomerang_gateway.control`) and the vLLM hook's planner (`boomerang_vllm_hook.planner`). A
+decision this build does not know, or a PULL whose parameters are not a JSON object, is
+unusable: the caller then computes the turn as it would without a plan.
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ TRANSIENT_CODES = frozenset(
 # hook's planner counts every other failed plan (codes in neither set too) against the
 # router; the gateway counts only TRANSIENT_CODES, because its breaker pauses every model's
 # turns and an answer outside those is about one request.
-REFUSAL_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "FAILED_PRECONDITION"})
+REFUSAL_CODES = frozenset(
+    {"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "FAILED_PRECONDITION"}
+)
 
 
 class CircuitBreaker:

@@ -373,6 +373,8 @@ class TurnReporter(OutboxWorker[Report]):
 
 def _request(report: Report) -> opb.ReportTurnRequest:
     """The ReportTurn message of a report (its plan found)."""
-    return plans.report_request(report.tenant, report.plan_id, report.handle_use,
-                                delivered_cached_tokens=report.delivered_cached_tokens,
-                                prefill_seconds=report.prefill_seconds, copy_seconds=report.copy_seconds)
+    return plans.report_request(
+        report.tenant, report.plan_id, report.handle_use,
+        delivered_cached_tokens=report.delivered_cached_tokens,
+        prefill_seconds=report.prefill_seconds, copy_seconds=report.copy_seconds,
+    )

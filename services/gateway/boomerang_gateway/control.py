@@ -297,8 +297,9 @@ class ControlPlane:
             await asyncio.wait({pending}, timeout=self.plan_timeout)
             if timings is not None:
                 timings["report_wait"] = time.monotonic() - started
-        req = plans.plan_request(tenant, conversation_id, model, token_ids, request_id=str(uuid.uuid4()),
-                                 salt=salt_key(cache_salt), turn_started=turn_started)
+        req = plans.plan_request(tenant, conversation_id, model, token_ids,
+                                 request_id=str(uuid.uuid4()), salt=salt_key(cache_salt),
+                                 turn_started=turn_started)
         req.can_prefill_on_decode = self.prefill_on_decode  # such a turn goes straight to D
         try:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)

@@ -192,9 +192,10 @@ class Turn:
         if self.plan.planned_after and not (params and prompt):
             # Nothing to register (the client went away): the report only settles the plan.
             if self.plan_after is not None:
-                self.runner.control.send_report_later(
-                    Report(self.tenant, "", self.req.conversation_id, "NOT_READ", background_plan=self.plan_after)
-                )
+                self.runner.control.send_report_later(Report(
+                    self.tenant, "", self.req.conversation_id, "NOT_READ",
+                    background_plan=self.plan_after,
+                ))
             return
         if self.plan.planned_after and self.capture.prompt_token_ids and self.runner.local is not None:
             self.runner.local.remember(self.req, self.capture.prompt_token_ids)
