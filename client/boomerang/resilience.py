@@ -23,6 +23,14 @@ from collections.abc import Callable
 TRANSIENT_CODES = frozenset(
     {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL", "UNKNOWN", "CANCELLED"}
 )
+# gRPC codes that say the peer refused this very request (a bad field, an unknown plan, a
+# tenant it does not serve): the peer is fine, so a breaker does not count them. The vLLM
+# hook's planner counts every other failed plan (codes in neither set too) against the
+# router; the gateway counts only TRANSIENT_CODES, because its breaker pauses every model's
+# turns and an answer outside those is about one request.
+REFUSAL_CODES = frozenset(
+    {"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "FAILED_PRECONDITION"}
+)
 
 
 class CircuitBreaker:

@@ -27,6 +27,16 @@ def chat_stream() -> list[dict]:
     ]
 
 
+def fold(request: protocol.ClientRequest, stream: list[dict]) -> Aggregate:
+    """The non-streamed response's folding of `stream`, beside the turn's capture of it."""
+    capture = Capture()
+    agg = Aggregate(request, capture)
+    for chunk in stream:
+        capture.observe(chunk)
+        agg.add(chunk)
+    return agg
+
+
 def req(**extra: object) -> protocol.ClientRequest:
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **extra}
     return protocol.parse(Kind.CHAT, json.dumps(body).encode(), None)
@@ -96,10 +106,7 @@ def test_client_never_sees_the_handle_nor_unrequested_ids_or_usage() -> None:
 
 
 def test_aggregate_folds_a_chat_stream_into_one_response() -> None:
-    agg = Aggregate(req())
-    for chunk in chat_stream():
-        agg.add(chunk)
-    out = agg.result()
+    out = fold(req(), chat_stream()).result()
     assert out["object"] == "chat.completion" and out["id"] == "chatcmpl-1" and out["created"] == 5
     choice = out["choices"][0]
     assert choice["message"]["content"] == "Hello" and choice["finish_reason"] == "stop"
@@ -107,19 +114,14 @@ def test_aggregate_folds_a_chat_stream_into_one_response() -> None:
         {"id": "call_a", "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}}]
     assert out["usage"]["completion_tokens"] == 3
     assert "token_ids" not in choice and "prompt_token_ids" not in out and "kv_transfer_params" not in out
-    agg = Aggregate(req(return_token_ids=True))
-    for chunk in chat_stream():
-        agg.add(chunk)
-    out = agg.result()
+    out = fold(req(return_token_ids=True), chat_stream()).result()
     assert out["choices"][0]["token_ids"] == [10, 11, 12] and out["prompt_token_ids"] == [1, 2, 3]
 
 
 def test_aggregate_folds_a_completion_stream() -> None:
     comp = protocol.parse(Kind.COMPLETION, json.dumps({"model": "m", "prompt": "hi"}).encode(), None)
-    agg = Aggregate(comp)
-    agg.add({"id": "cmpl-1", "created": 1, "model": "m", "choices": [{"index": 0, "text": "a "}]})
-    agg.add({"id": "cmpl-1", "choices": [{"index": 0, "text": "b", "finish_reason": "length"}]})
-    out = agg.result()
+    out = fold(comp, [{"id": "cmpl-1", "created": 1, "model": "m", "choices": [{"index": 0, "text": "a "}]},
+                      {"id": "cmpl-1", "choices": [{"index": 0, "text": "b", "finish_reason": "length"}]}]).result()
     assert out["object"] == "text_completion" and out["choices"][0]["text"] == "a b"
     assert out["choices"][0]["finish_reason"] == "length"
 

@@ -35,9 +35,9 @@ async def test_dead_router_degrades_within_the_deadline_then_backs_off() -> None
         assert await control.ask_router_for_plan("t", "c", "m", [1, 2, 3]) is None
         assert time.monotonic() - t < 0.5  # no call: well inside the deadline a call would have
         control.send_report_later(Report("t", "0190f3c2-0000-7000-8000-000000000000", "c", "READ", None, [], [], time.time()))
-        assert control.pending_reports == 1
+        assert len(control._reports) == 1
         await control.drain(2.0)
-        assert outcomes == ["FAILED"] and control.pending_reports == 0
+        assert outcomes == ["FAILED"] and len(control._reports) == 0
     finally:
         await router.close()
 
@@ -123,7 +123,7 @@ async def test_no_router_and_no_plan_id_send_nothing() -> None:
     assert not control.available()
     assert await control.ask_router_for_plan("t", "c", "m", [1]) is None
     control.send_report_later(Report("t", "", "c", "READ", None, [], [], 0.0))
-    assert control.pending_reports == 0
+    assert len(control._reports) == 0
 
 
 async def test_the_next_plan_of_a_conversation_waits_for_its_report() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from boomerang_gateway import protocol
-from boomerang_gateway.chunks import Aggregate, for_client
+from boomerang_gateway.chunks import Aggregate, Capture, for_client
 from boomerang_gateway.control import (
     PREFILL_SHORTFALL,
     delivered_by_prefill,
@@ -84,7 +84,9 @@ def test_cached_tokens_reach_the_clients_usage_streamed_and_not() -> None:
     d_usage = {**usage, "prompt_tokens_details": {"cached_tokens": 30, "multimodal_tokens": None}}
     out = for_client({"id": "c", "choices": [], "usage": d_usage}, _req(stream=True, stream_options={"include_usage": True}), 0)
     assert out is not None and out["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "multimodal_tokens": None}
-    folded = Aggregate(_req())
-    folded.add({"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]})
-    folded.add(chunk)
+    capture = Capture()
+    folded = Aggregate(_req(), capture)
+    for each in ({"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}, chunk):
+        capture.observe(each)
+        folded.add(each)
     assert folded.result(24)["usage"]["prompt_tokens_details"] == {"cached_tokens": 24}

@@ -34,7 +34,7 @@ from typing import Any
 
 from boomerang.clients.sync import SyncRegistryClient, SyncRouterClient
 from boomerang.leasekeys import LeaseKeysThread, LeaseSummary, conversation_key
-from boomerang.plans import decision_name, pull_params, worth_waiting
+from boomerang.plans import decision_name, pull_params, reused_tokens, worth_waiting
 from boomerang.tokenchain import build_chain
 from boomerang.v1 import router_service_pb2 as opb
 
@@ -324,10 +324,7 @@ class BoomerangHook:
         resp = attempt.response
         state.plan_id, state.decision = resp.plan_id, decision_name(resp)
         self.counters[f"plan_{state.decision.lower()}"] += 1
-        try:
-            params = pull_params(resp)
-        except ValueError:
-            params = None
+        params = pull_params(resp)
         if state.decision == "PULL" and params is None:
             # Unusable params: vLLM never sees the handle, so the claim goes back unread.
             self.counters["bad_plan_params"] += 1
@@ -337,7 +334,7 @@ class BoomerangHook:
             merged = dict(current) if isinstance(current, dict) else {}
             merged.update(params)
             request.kv_transfer_params = merged
-            self.counters["reused_tokens"] += int(resp.reusable_tokens)
+            self.counters["reused_tokens"] += reused_tokens(resp)
 
     def _late(self, pending: PendingPlan, attempt: PlanAttempt) -> None:
         """An answer nobody waits for any more (any thread): give back what it claimed. vLLM

@@ -51,11 +51,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from boomerang import chainproto
+from boomerang import plans
 from boomerang.clients.base import BoomerangClientError
 from boomerang.clients.sync import SyncRouterClient, result
-from boomerang.resilience import TRANSIENT_CODES, CircuitBreaker
-from boomerang.tokenchain import build_chain
+from boomerang.resilience import REFUSAL_CODES, TRANSIENT_CODES, CircuitBreaker
 from boomerang.v1 import router_service_pb2 as opb
 
 from boomerang_vllm_hook.outbox import Entry, OutboxWorker
@@ -67,8 +66,6 @@ PLAN_NAMESPACE = uuid.UUID("5e1f0c2a-9d3b-4a7e-8f61-2b4c6d8e0a1f")
 # A wait shorter than this cannot see an answer (one loopback round trip is longer): the
 # request is not held back at all.
 MIN_WAIT_SECONDS = 0.0005
-# Gives up that say the router refused this request, not that it is slow or away.
-REFUSALS = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "FAILED_PRECONDITION"})
 
 
 def plan_breaker(failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
@@ -211,21 +208,17 @@ class PrefillPlanner:
     ) -> opb.PlanTurnRequest:
         """The PlanTurn request for this prompt (its chain, or its token ids), made for this
         engine and what its prefix cache holds (`cached`)."""
-        req = opb.PlanTurnRequest(
-            tenant=context.tenant,
-            conversation_id=context.conversation_id,
-            model=self.model,
-            num_prompt_tokens=len(prompt),
+        req = plans.plan_request(
+            context.tenant,
+            context.conversation_id,
+            self.model,
+            prompt,
             request_id=self.request_id(vllm_request_id),
-            cache_salt=context.salt,
-            prefill_cached_tokens=min(max(cached, 0), len(prompt)),
-            prefill_engine_id=self.engine_id,
+            salt=context.salt,
+            chain_block_size=self.chain_block_size if self.plan_with == "chain" else 0,
         )
-        # Without a conversation id the router finds the lease by the prompt, which needs its tokens.
-        if self.plan_with == "tokens" or not context.conversation_id:
-            req.prompt_token_ids.extend(prompt)
-        else:
-            req.prompt_chain.CopyFrom(chainproto.to_proto(build_chain(prompt, self.chain_block_size, context.salt)))
+        req.prefill_cached_tokens = min(max(cached, 0), len(prompt))
+        req.prefill_engine_id = self.engine_id
         return req
 
     def _run(self) -> None:
@@ -267,7 +260,7 @@ class PrefillPlanner:
         try:
             resp = result("PlanTurn", future)
         except BoomerangClientError as err:
-            self._finish(pending, err.code, req, failed=err.code not in REFUSALS)
+            self._finish(pending, err.code, req, failed=err.code not in REFUSAL_CODES)
             return
         except Exception as exc:  # noqa: BLE001 - a cancelled future raises its own error class
             self._finish(pending, type(exc).__name__, req, failed=True)
@@ -295,7 +288,7 @@ class Report:
 
     tenant: str
     plan_id: str = ""
-    handle_use: int = opb.HANDLE_USE_UNSPECIFIED
+    handle_use: opb.HandleUse = opb.HANDLE_USE_UNSPECIFIED
     replan: opb.PlanTurnRequest | None = None
     delivered_cached_tokens: int | None = None  # the hook's count of prompt tokens not computed
     # Measured on P, for the router's cost models: allocation to finish (the pull's copy
@@ -380,11 +373,8 @@ class TurnReporter(OutboxWorker[Report]):
 
 def _request(report: Report) -> opb.ReportTurnRequest:
     """The ReportTurn message of a report (its plan found)."""
-    req = opb.ReportTurnRequest(tenant=report.tenant, plan_id=report.plan_id, handle_use=report.handle_use)  # type: ignore[arg-type]
-    if report.delivered_cached_tokens is not None:
-        req.delivered_cached_tokens = report.delivered_cached_tokens
-    if report.prefill_seconds is not None:
-        req.prefill_seconds = report.prefill_seconds
-        if report.copy_seconds is not None:
-            req.copy_seconds = min(report.copy_seconds, report.prefill_seconds)
-    return req
+    return plans.report_request(
+        report.tenant, report.plan_id, report.handle_use,
+        delivered_cached_tokens=report.delivered_cached_tokens,
+        prefill_seconds=report.prefill_seconds, copy_seconds=report.copy_seconds,
+    )

@@ -129,7 +129,7 @@ class Handlers:
             await turn.finish()
 
     async def _complete(self, turn: Turn, req: ClientRequest, endpoint: str) -> Response:
-        folded = chunks.Aggregate(req)
+        folded = chunks.Aggregate(req, turn.capture)
         try:
             async for chunk in turn.chunks():
                 folded.add(chunk)

@@ -177,41 +177,31 @@ def for_client(chunk: dict[str, Any], req: ClientRequest, cached_tokens: int | N
 
 
 class Aggregate:
-    """Folds a decode stream into one non-streamed OpenAI response."""
+    """Folds a decode stream into one non-streamed OpenAI response: the text, tool calls and
+    log probabilities; its token ids, usage and finish reason are the turn's `capture`'s, which
+    observes the same chunks."""
 
-    def __init__(self, req: ClientRequest):
+    def __init__(self, req: ClientRequest, capture: Capture):
         self.req = req
+        self.capture = capture
         self.head: dict[str, Any] = {}
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.role = "assistant"
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.logprobs: list[Any] = []
-        self.token_ids: list[int] = []
-        self.prompt_token_ids: list[int] | None = None
-        self.finish_reason: str | None = None
         self.stop_reason: Any = None
-        self.usage: dict[str, Any] | None = None
 
     def add(self, chunk: dict[str, Any]) -> None:
         """Fold one chunk in."""
         if not self.head:
             self.head = {k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if k in chunk}
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        if isinstance(chunk.get("prompt_token_ids"), list):
-            self.prompt_token_ids = chunk["prompt_token_ids"]
         for choice in chunk.get("choices") or ():
             if isinstance(choice, dict):
                 self._choice(choice)
 
     def _choice(self, choice: dict[str, Any]) -> None:
-        if isinstance(choice.get("prompt_token_ids"), list):
-            self.prompt_token_ids = choice["prompt_token_ids"]
-        if isinstance(choice.get("token_ids"), list):
-            self.token_ids.extend(choice["token_ids"])
         if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
             self.stop_reason = choice.get("stop_reason")
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
@@ -248,7 +238,10 @@ class Aggregate:
 
     def result(self, cached_tokens: int | None = None) -> dict[str, Any]:
         """The OpenAI response object (`cached_tokens`: see `with_cached_tokens`)."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(), "finish_reason": self.finish_reason}
+        capture = self.capture
+        choice: dict[str, Any] = {
+            "index": 0, "logprobs": self._logprobs(), "finish_reason": capture.finish_reason,
+        }
         if self.stop_reason is not None:
             choice["stop_reason"] = self.stop_reason
         if self.req.kind is Kind.CHAT:
@@ -265,7 +258,7 @@ class Aggregate:
         else:
             choice["text"] = "".join(self.text)
         if self.req.wants_token_ids:
-            choice["token_ids"] = self.token_ids
+            choice["token_ids"] = capture.output_token_ids
         out: dict[str, Any] = {
             "id": self.head.get("id", ""),
             "object": "chat.completion" if self.req.kind is Kind.CHAT else "text_completion",
@@ -275,11 +268,11 @@ class Aggregate:
         }
         if "system_fingerprint" in self.head:
             out["system_fingerprint"] = self.head["system_fingerprint"]
-        if self.usage is not None:
-            out["usage"] = with_cached_tokens(self.usage, cached_tokens)
-        if self.req.wants_token_ids and self.prompt_token_ids is not None:
+        if capture.usage is not None:
+            out["usage"] = with_cached_tokens(capture.usage, cached_tokens)
+        if self.req.wants_token_ids and capture.prompt_token_ids is not None:
             if self.req.kind is Kind.CHAT:
-                out["prompt_token_ids"] = self.prompt_token_ids
+                out["prompt_token_ids"] = capture.prompt_token_ids
             else:
-                choice["prompt_token_ids"] = self.prompt_token_ids
+                choice["prompt_token_ids"] = capture.prompt_token_ids
         return out

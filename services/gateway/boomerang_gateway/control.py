@@ -57,7 +57,6 @@ FIRST_TURN: dict[str, Any] = {
 }
 
 SLOW_PLANS_TO_BACK_OFF = 3
-MAX_REPORTED_SECONDS = 600.0  # ReportTurn's limit on a measured duration
 # UNAVAILABLE answers about one model, not the router: they back nothing off.
 ONE_MODELS_REASONS = frozenset({"NO_PREFILL_ENGINE", "NO_DECODE_ENGINE"})
 
@@ -176,16 +175,17 @@ def reuse_outcome(
 
 @dataclass
 class Report:
-    """What happened in a planned turn, for ReportTurn."""
+    """What happened in a planned turn, for ReportTurn; with the defaults, a turn that ended
+    without a lease to register (its report only settles the plan's claim)."""
 
     tenant: str
     plan_id: str
     conversation_id: str
     handle_use: str
-    decode_kv_transfer_params: dict[str, Any] | None
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    finish_time_unix: float
+    decode_kv_transfer_params: dict[str, Any] | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    finish_time_unix: float = field(default_factory=time.time)
     # Prompt tokens the prefill engine reports it did not compute; None when it reported none.
     delivered_tokens: int | None = None
     cache_salt: str = ""  # the request's, as given to PlanTurn: it seeds the registered chain
@@ -297,16 +297,10 @@ class ControlPlane:
             await asyncio.wait({pending}, timeout=self.plan_timeout)
             if timings is not None:
                 timings["report_wait"] = time.monotonic() - started
-        req = rtpb.PlanTurnRequest(
-            tenant=tenant,
-            conversation_id=conversation_id,
-            model=model,
-            prompt_token_ids=token_ids,
-            request_id=str(uuid.uuid4()),
-            cache_salt=salt_key(cache_salt),
-            can_prefill_on_decode=self.prefill_on_decode,  # such a turn goes straight to D
-            turn_started=turn_started,
-        )
+        req = plans.plan_request(tenant, conversation_id, model, token_ids,
+                                 request_id=str(uuid.uuid4()), salt=salt_key(cache_salt),
+                                 turn_started=turn_started)
+        req.can_prefill_on_decode = self.prefill_on_decode  # such a turn goes straight to D
         try:
             resp = await asyncio.wait_for(self.router.plan_turn(req, timeout=self.plan_timeout), self.plan_timeout * 1.5)
         except (TimeoutError, BoomerangClientError) as exc:
@@ -332,7 +326,7 @@ class ControlPlane:
             plan_id=resp.plan_id,
             prefill_url=resp.prefill_engine.http_base_url.rstrip("/"),
             decode_url=resp.decode_engine.http_base_url.rstrip("/"),
-            reused_tokens=int(resp.reusable_tokens) if decision in ("PULL", "PREFILL_ON_DECODE") else 0,
+            reused_tokens=plans.reused_tokens(resp),
         )
 
     def send_report_later(self, report: Report) -> asyncio.Task[str] | None:
@@ -347,12 +341,6 @@ class ControlPlane:
             self._pending[key] = task
             task.add_done_callback(functools.partial(self._forget, key))
         return task
-
-    def settle_later(self, tenant: str, conversation_id: str, plan: asyncio.Task[Plan | None]) -> None:
-        """Settle a plan made for a turn that then ended without a lease (the client went away):
-        a report with nothing to register."""
-        self.send_report_later(Report(tenant, "", conversation_id, "NOT_READ", None, [], [], time.time(),
-                                      background_plan=plan))
 
     def _forget(self, key: tuple[str, str], task: asyncio.Task[str]) -> None:
         if self._pending.get(key) is task:
@@ -383,23 +371,19 @@ class ControlPlane:
             if plan.decision == "PULL":
                 report.handle_use = "NOT_READ"  # the turn had started without its handle
         assert self.router is not None
-        req = rtpb.ReportTurnRequest(
-            tenant=report.tenant,
-            plan_id=report.plan_id,
-            handle_use=HANDLE_USE[report.handle_use],
-            conversation_id=report.conversation_id,
-            finish_time_unix=report.finish_time_unix,
-            request_id=str(uuid.uuid4()),
-            cache_salt=salt_key(report.cache_salt),
+        req = plans.report_request(
+            report.tenant,
+            report.plan_id,
+            HANDLE_USE[report.handle_use],
+            delivered_cached_tokens=report.delivered_tokens,
+            prefill_seconds=report.prefill_seconds,
+            inter_token_seconds=report.inter_token_seconds,
+            decode_first_token_seconds=report.decode_first_token_seconds,
         )
-        if report.delivered_tokens is not None:
-            req.delivered_cached_tokens = report.delivered_tokens
-        if report.prefill_seconds is not None:
-            req.prefill_seconds = min(report.prefill_seconds, MAX_REPORTED_SECONDS)
-        if report.inter_token_seconds is not None:
-            req.inter_token_seconds = min(report.inter_token_seconds, MAX_REPORTED_SECONDS)
-        if report.decode_first_token_seconds is not None:
-            req.decode_first_token_seconds = min(report.decode_first_token_seconds, MAX_REPORTED_SECONDS)
+        req.conversation_id = report.conversation_id
+        req.finish_time_unix = report.finish_time_unix
+        req.request_id = str(uuid.uuid4())
+        req.cache_salt = salt_key(report.cache_salt)
         if report.decode_kv_transfer_params:
             req.decode_kv_transfer_params_json = json.dumps(report.decode_kv_transfer_params, separators=(",", ":"))
             req.prompt_token_ids.extend(report.prompt_token_ids)
@@ -415,11 +399,6 @@ class ControlPlane:
         if self.on_report is not None:
             self.on_report(outcome)
         return outcome
-
-    @property
-    def pending_reports(self) -> int:
-        """Reports not yet answered."""
-        return len(self._reports)
 
     async def drain(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for reports in flight, then close the clients."""

@@ -190,8 +190,12 @@ class Turn:
         if self.tokenized_locally and self.prompt_token_ids and self.runner.local is not None:
             self.runner.local.verify(self.req.model, self.prompt_token_ids, self.capture.prompt_token_ids)
         if self.plan.planned_after and not (params and prompt):
-            if self.plan_after is not None:  # nothing to register
-                self.runner.control.settle_later(self.tenant, self.req.conversation_id, self.plan_after)
+            # Nothing to register (the client went away): the report only settles the plan.
+            if self.plan_after is not None:
+                self.runner.control.send_report_later(Report(
+                    self.tenant, "", self.req.conversation_id, "NOT_READ",
+                    background_plan=self.plan_after,
+                ))
             return
         if self.plan.planned_after and self.capture.prompt_token_ids and self.runner.local is not None:
             self.runner.local.remember(self.req, self.capture.prompt_token_ids)
@@ -424,6 +428,5 @@ class TurnRunner:
     def _report_unfinished(self, req: ClientRequest, tenant: str, plan: Plan, handle_use: str) -> None:
         """A turn that never reached decoding still reports, so its claim is settled."""
         self.control.send_report_later(
-            Report(tenant, plan.plan_id, req.conversation_id, handle_use, None, [], [], time.time(),
-                   cache_salt=req.cache_salt)
+            Report(tenant, plan.plan_id, req.conversation_id, handle_use, cache_salt=req.cache_salt)
         )
