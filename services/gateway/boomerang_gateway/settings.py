@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang_server.config import EnginePoolSettings, Flag, check_listen
+from boomerang_server.config import EnginePoolSettings, Flag, Listen, check_listen
 from boomerang_server.enginepool import static_specs
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
@@ -29,7 +29,7 @@ def _split_tokenizers(value: Any) -> dict[str, str]:
 class GatewaySettings(EnginePoolSettings):
     """Settings of the OpenAI-compatible gateway (`boomerang gateway`)."""
 
-    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+    listen: Listen = Field(
         default="127.0.0.1:8000", description="HTTP listen address (port 0: a free one)."
     )
     db_pool_size: int = Field(default=2, ge=1, le=200, description="Connections per process.")
@@ -136,11 +136,6 @@ class GatewaySettings(EnginePoolSettings):
         description="Set the prefill engine's kv_transfer_params.remote_host to the host the "
         "gateway reached it at (as vLLM's proxy does) before forwarding them to the decode engine.",
     )
-
-    @field_validator("listen")
-    @classmethod
-    def _gateway_listen(cls, value: str) -> str:
-        return check_listen(value)
 
     @field_validator("router_address")
     @classmethod

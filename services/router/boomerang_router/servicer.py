@@ -4,7 +4,6 @@ translate the router's values into the protobuf answers (below)."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from typing import Any
 
 import grpc
@@ -14,8 +13,7 @@ from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.enginepool import Role, Source
-from boomerang_server.rpc.server import rpc, write_item_error
-from google.protobuf.timestamp_pb2 import Timestamp
+from boomerang_server.rpc.server import rpc, ts, write_item_error
 
 from boomerang_router import kvparams, listing, requests
 from boomerang_router.domain import HandleUse, PlanDecision, PlanReason, Retention
@@ -130,15 +128,6 @@ SOURCE = {Source.REGISTRY: rtpb.ENGINE_SOURCE_REGISTRY, Source.STATIC: rtpb.ENGI
 def lease_state(name: str) -> tpb.LeaseState:
     """LEASE_STATE_CONSUMED for `CONSUMED`; unspecified for ""."""
     return tpb.LeaseState.Value(f"LEASE_STATE_{name}") if name else tpb.LEASE_STATE_UNSPECIFIED
-
-
-def ts(value: datetime | None) -> Timestamp | None:
-    """A protobuf Timestamp for an aware datetime."""
-    if value is None:
-        return None
-    out = Timestamp()
-    out.FromDatetime(value)
-    return out
 
 
 def params(p: KvParams) -> tpb.KvTransferParams:

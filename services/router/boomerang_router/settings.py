@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang_server.config import EnginePoolSettings, Flag, check_listen
+from boomerang_server.config import EnginePoolSettings, Flag, Listen, check_listen
 from boomerang_server.enginepool import static_specs
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
@@ -13,7 +13,7 @@ from pydantic_settings import NoDecode
 class RouterSettings(EnginePoolSettings):
     """Settings of the router service (`boomerang router`)."""
 
-    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+    listen: Listen = Field(
         default="127.0.0.1:50052", description="gRPC listen address (port 0: a free one)."
     )
     claim_deadline_ms: float = Field(
@@ -206,9 +206,9 @@ class RouterSettings(EnginePoolSettings):
         default=16 * 1024 * 1024, ge=1024, description="Largest gRPC message accepted."
     )
 
-    @field_validator("listen", "registry_address")
+    @field_validator("registry_address")
     @classmethod
-    def _listen(cls, value: str) -> str:
+    def _address(cls, value: str) -> str:
         return check_listen(value)
 
     @field_validator("prefill_engines", "decode_engines", mode="before")
