@@ -243,7 +243,8 @@ async def open_database(settings: CommonSettings, name: str, warm: int,
 
 
 def host(name: str, settings: CommonSettings, listen: str, service: ServiceSpec,
-         on_stop: Callable[[], Awaitable[None]], on_drain: Callable[[], Awaitable[None]] | None = None,
+         on_stop: Callable[[], Awaitable[None]],
+         on_drain: Callable[[], Awaitable[None]] | None = None,
          max_message_bytes: int = ServerOptions.max_message_bytes) -> Hosted:
     """The last steps of database-backed gRPC service `name`: its `/metrics` endpoint, and
     `service` on `listen`, ready to serve."""
