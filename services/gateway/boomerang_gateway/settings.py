@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from boomerang_server.config import EnginePoolSettings, Flag, Listen, check_listen
-from boomerang_server.enginepool import static_specs
+from boomerang_server.enginepool import StaticEngines
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
@@ -36,12 +36,12 @@ class GatewaySettings(EnginePoolSettings):
     router_address: Annotated[str, Flag("--router", "HOST:PORT")] = Field(
         default="127.0.0.1:50052", description="HOST:PORT of the router; empty: no router."
     )
-    prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "[NAME=]URL")] = Field(
+    prefill_engines: Annotated[StaticEngines, Flag("--prefill", "[NAME=]URL")] = Field(
         default_factory=list,
         description="Static prefill engines, `URL` or `NAME=URL` (the variable: comma-separated; the flag: "
         "repeated); none: engines come from the registry.",
     )
-    decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "[NAME=]URL")] = Field(
+    decode_engines: Annotated[StaticEngines, Flag("--decode", "[NAME=]URL")] = Field(
         default_factory=list,
         description="Static decode engines, `URL` or `NAME=URL` (the variable: comma-separated; the flag: repeated).",
     )
@@ -146,8 +146,3 @@ class GatewaySettings(EnginePoolSettings):
     @classmethod
     def _tokenizers(cls, value: Any) -> dict[str, str]:
         return _split_tokenizers(value)
-
-    @field_validator("prefill_engines", "decode_engines", mode="before")
-    @classmethod
-    def _urls(cls, value: Any) -> list[str]:
-        return static_specs(value)

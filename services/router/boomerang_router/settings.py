@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from boomerang_server.config import EnginePoolSettings, Flag, Listen, check_listen
-from boomerang_server.enginepool import static_specs
+from boomerang_server.enginepool import StaticEngines
 from pydantic import Field, field_validator
-from pydantic_settings import NoDecode
 
 
 class RouterSettings(EnginePoolSettings):
@@ -130,11 +129,11 @@ class RouterSettings(EnginePoolSettings):
         "it there: the gateway) may raise that engine's p99 inter-token latency by at most this "
         "share; 0: never prefill on the decode engine.",
     )
-    prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "[NAME=]URL")] = Field(
+    prefill_engines: Annotated[StaticEngines, Flag("--prefill", "[NAME=]URL")] = Field(
         default_factory=list, description="Static prefill engines, `URL` or `NAME=URL` (the variable: "
         "comma-separated; the flag: repeated); none: engines come from the registry."
     )
-    decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "[NAME=]URL")] = Field(
+    decode_engines: Annotated[StaticEngines, Flag("--decode", "[NAME=]URL")] = Field(
         default_factory=list, description="Static decode engines, `URL` or `NAME=URL` (the variable: "
         "comma-separated; the flag: repeated); none: engines come from the registry."
     )
@@ -210,8 +209,3 @@ class RouterSettings(EnginePoolSettings):
     @classmethod
     def _address(cls, value: str) -> str:
         return check_listen(value)
-
-    @field_validator("prefill_engines", "decode_engines", mode="before")
-    @classmethod
-    def _engines(cls, value: Any) -> list[str]:
-        return static_specs(value)
