@@ -142,17 +142,20 @@ class LocalTokenizer:
     templates: dict[str, str]
     special_tokens: dict[str, str] = field(default_factory=dict)
 
-    def template(self, tools: Any) -> str:
-        """transformers' `get_chat_template`: `tool_use` when tools are given and it exists."""
-        if tools is not None and "tool_use" in self.templates:
-            return self.templates["tool_use"]
-        if "default" in self.templates:
-            return self.templates["default"]
-        raise Unsupported(f"{self.folder} has no chat template")
+    def render(self, body: dict[str, Any]) -> str:
+        """The prompt text vLLM renders for a chat request body, with the template transformers'
+        `get_chat_template` picks: `tool_use` when tools are given and it exists."""
+        if body.get("tools") is not None and "tool_use" in self.templates:
+            source = self.templates["tool_use"]
+        elif "default" in self.templates:
+            source = self.templates["default"]
+        else:
+            raise Unsupported(f"{self.folder} has no chat template")
+        return chatrender.render(source, body, self.special_tokens)
 
     def chat_ids(self, body: dict[str, Any]) -> list[int]:
         """The prompt ids vLLM computes for a chat request body."""
-        text = chatrender.render(self.template(body.get("tools")), body, self.special_tokens)
+        text = self.render(body)
         return self.encode(text, bool(body.get("add_special_tokens", False)))
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -165,7 +168,7 @@ class LocalTokenizer:
         around the text (its ids come from `chat_ids`)."""
         if body.get("add_special_tokens", False):
             return None
-        return self.encode_after(chatrender.render(self.template(body.get("tools")), body, self.special_tokens), previous)
+        return self.encode_after(self.render(body), previous)
 
     def encode_after(self, text: str, previous: Encoded | None) -> Encoded:
         """`text` tokenized without added special tokens, re-using `previous`'s ids up to the
@@ -200,7 +203,7 @@ class LocalTokenizer:
         adds special tokens), and nothing is kept."""
         if body.get("add_special_tokens", False):
             return None
-        text = chatrender.render(self.template(body.get("tools")), body, self.special_tokens)
+        text = self.render(body)
         added = self.added_ids
         found = [(n, i) for n, i in enumerate(ids) if i in added]
         matches = list(self.added_pattern.finditer(text)) if self.added_pattern is not None else []
