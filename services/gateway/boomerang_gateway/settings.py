@@ -10,22 +10,6 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 
-def _split_tokenizers(value: Any) -> dict[str, str]:
-    """`MODEL=LOCATION` entries (or `MODEL`, a Hugging Face repo id) from a mapping or a comma-separated string."""
-    if isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
-    out: dict[str, str] = {}
-    for item in str(value or "").split(","):
-        if not item.strip():
-            continue
-        model, _, location = item.partition("=")
-        model, location = model.strip(), (location.strip() or model.strip())
-        if not model:
-            raise ValueError(f"{item!r} must be MODEL=LOCATION or a Hugging Face repo id")
-        out[model] = location
-    return out
-
-
 class GatewaySettings(EnginePoolSettings):
     """Settings of the OpenAI-compatible gateway (`boomerang gateway`)."""
 
@@ -145,4 +129,17 @@ class GatewaySettings(EnginePoolSettings):
     @field_validator("tokenizers", mode="before")
     @classmethod
     def _tokenizers(cls, value: Any) -> dict[str, str]:
-        return _split_tokenizers(value)
+        """`MODEL=LOCATION` entries (or `MODEL`, a Hugging Face repo id) from a mapping or a
+        comma-separated string."""
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        out: dict[str, str] = {}
+        for item in str(value or "").split(","):
+            if not item.strip():
+                continue
+            model, _, location = item.partition("=")
+            model, location = model.strip(), (location.strip() or model.strip())
+            if not model:
+                raise ValueError(f"{item!r} must be MODEL=LOCATION or a Hugging Face repo id")
+            out[model] = location
+        return out
