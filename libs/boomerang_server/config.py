@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar, get_origin
 
 import uvloop
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -84,6 +84,11 @@ class Flag:
 
     name: str
     metavar: str | None = None
+
+
+# A service's listen address (`--listen`, `BOOMERANG_LISTEN`), checked at start-up; each
+# service's field gives its own default.
+Listen = Annotated[str, Flag("--listen", "HOST:PORT"), AfterValidator(check_listen)]
 
 
 def env_name(field_name: str) -> str:

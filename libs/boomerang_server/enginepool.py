@@ -28,11 +28,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from boomerang.clients.registry import RegistryClient
 from boomerang.v1 import registry_service_pb2 as rpb
 from boomerang.v1 import types_pb2 as tpb
+from pydantic import BeforeValidator
+from pydantic_settings import NoDecode
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,10 @@ def static_specs(value: Any) -> list[str]:
             named = info.engine_id != item.rstrip("/")
             specs.append(f"{info.engine_id}={info.http_base_url}" if named else info.http_base_url)
     return specs
+
+
+# A setting of static engines (`--prefill`, `--decode`), read by `static_specs`.
+StaticEngines = Annotated[list[str], NoDecode, BeforeValidator(static_specs)]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Llama 3.1 (tools, BOS written by the template), Qwen3 (tool calls, `<think>` str
 before the last user turn), a Mistral-style one (system prompt folded into the first user
 turn, BOS from `bos_token`) and a Gemma-3-style one that loops over content parts (vLLM's
 "openai" content format). The same conversations are rendered through vLLM and through
-`boomerang_server.localtokens` by tests/vllm/test_local_tokenize.py.
+`boomerang_gateway.local_tokenize` by tests/vllm/test_local_tokenize.py.
 """
 
 from __future__ import annotations

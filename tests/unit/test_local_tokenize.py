@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from boomerang_gateway import chatrender, local_tokenize
 from boomerang_gateway.local_tokenize import InProcessTokenizers
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import Kind, parse
 from boomerang_gateway.settings import GatewaySettings
-from boomerang_server import chatrender, localtokens
 from boomerang_tools.sim import hfmodel
 from boomerang_tools.sim.protocol import ProtocolError, chat_prompt_ids
 
@@ -46,7 +46,7 @@ def _sim_conversations() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("thinking", [False, True])
 def test_the_simulator_and_a_gateway_on_its_files_agree(thinking: bool) -> None:
-    local = localtokens.load(str(hfmodel.folder(thinking)))
+    local = local_tokenize.load(str(hfmodel.folder(thinking)))
     for body in _sim_conversations():
         assert local.chat_ids(body) == chat_prompt_ids(body, strip_reasoning=thinking), body
 
@@ -56,7 +56,7 @@ def test_the_simulator_refuses_what_its_template_refuses() -> None:
     with pytest.raises(ProtocolError):
         chat_prompt_ids(body, False)
     with pytest.raises(chatrender.Unsupported):
-        localtokens.load(str(hfmodel.folder(False))).chat_ids(body)
+        local_tokenize.load(str(hfmodel.folder(False))).chat_ids(body)
 
 
 @pytest.mark.parametrize("body", [
@@ -67,7 +67,7 @@ def test_the_simulator_refuses_what_its_template_refuses() -> None:
     {"messages": [{"role": "system", "content": "x-anthropic-billing-header: cch=1\nhi"}]},
 ])
 def test_what_is_not_mirrored_goes_to_the_engine(tmp_path: Path, body: dict[str, Any]) -> None:
-    tok = localtokens.load(str(chat_models.write_model(tmp_path, "llama3")))
+    tok = local_tokenize.load(str(chat_models.write_model(tmp_path, "llama3")))
     with pytest.raises(chatrender.Unsupported):
         tok.chat_ids(body)
 
@@ -84,19 +84,19 @@ def test_files_load_from_the_hugging_face_cache_layout(tmp_path: Path) -> None:
     (repo / "snapshots" / "old").mkdir()
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc123")
-    tok = localtokens.load("acme/tiny", tmp_path)
+    tok = local_tokenize.load("acme/tiny", tmp_path)
     assert tok.folder == repo / "snapshots" / "abc123"
     assert tok.chat_ids({"messages": [{"role": "user", "content": "hi"}]})
-    with pytest.raises(localtokens.TokenizerFilesError, match="hf download acme/other"):
-        localtokens.load("acme/other", tmp_path)
-    with pytest.raises(localtokens.TokenizerFilesError, match="neither a folder"):
-        localtokens.load("./nowhere", tmp_path)
+    with pytest.raises(local_tokenize.TokenizerFilesError, match="hf download acme/other"):
+        local_tokenize.load("acme/other", tmp_path)
+    with pytest.raises(local_tokenize.TokenizerFilesError, match="neither a folder"):
+        local_tokenize.load("./nowhere", tmp_path)
 
 
 def test_chat_template_jinja_file_wins_over_the_config(tmp_path: Path) -> None:
     folder = chat_models.write_model(tmp_path, "qwen3")
     (folder / "chat_template.jinja").write_text("{{ messages[0]['content'] }}!")
-    tok = localtokens.load(str(folder))
+    tok = local_tokenize.load(str(folder))
     assert tok.chat_ids({"messages": [{"role": "user", "content": "hi"}]}) == tok.encode("hi!", False)
 
 

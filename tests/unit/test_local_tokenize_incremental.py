@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from boomerang_gateway import local_tokenize
 from boomerang_gateway.local_tokenize import InProcessTokenizers, history_key
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import Kind, parse
-from boomerang_server import localtokens
 from boomerang_tools.sim import hfmodel
 
 from tests.support import chat_models
@@ -50,12 +50,12 @@ class _Counting:
         return self.inner.get_added_tokens_decoder()
 
 
-def _check(tok: localtokens.LocalTokenizer, bodies: list[dict[str, Any]]) -> tuple[int, int]:
+def _check(tok: local_tokenize.LocalTokenizer, bodies: list[dict[str, Any]]) -> tuple[int, int]:
     """Each body's incremental ids equal its full ids; (characters tokenized, characters sent)."""
-    full = localtokens.LocalTokenizer(tok.folder, tok.tokenizer, tok.templates, tok.special_tokens)
+    full = local_tokenize.LocalTokenizer(tok.folder, tok.tokenizer, tok.templates, tok.special_tokens)
     counting = _Counting(tok.tokenizer)
     tok.tokenizer = counting  # type: ignore[assignment]
-    previous: localtokens.Encoded | None = None
+    previous: local_tokenize.Encoded | None = None
     sent = 0
     for body in bodies:
         encoded = tok.chat_encoding(body, previous)
@@ -69,7 +69,7 @@ def _check(tok: localtokens.LocalTokenizer, bodies: list[dict[str, Any]]) -> tup
 
 @pytest.mark.parametrize("thinking", [False, True])
 def test_the_simulators_tokenizer_grown_and_edited(thinking: bool) -> None:
-    tok = localtokens.load(str(hfmodel.folder(thinking)))
+    tok = local_tokenize.load(str(hfmodel.folder(thinking)))
     rng = random.Random(11)
     tokenized = sent = 0
     for body in _sim_conversations():
@@ -82,7 +82,7 @@ def test_the_simulators_tokenizer_grown_and_edited(thinking: bool) -> None:
 
 @pytest.mark.parametrize("name", sorted(chat_models.TEMPLATES))
 def test_byte_level_bpe_with_real_templates(tmp_path: Path, name: str) -> None:
-    tok = localtokens.load(str(chat_models.write_model(tmp_path / name, name)))
+    tok = local_tokenize.load(str(chat_models.write_model(tmp_path / name, name)))
     rng = random.Random(5)
     for templates, body in chat_models.CONVERSATIONS.values():
         if name not in templates or body.get("add_special_tokens") or body.get("continue_final_message"):
@@ -92,7 +92,7 @@ def test_byte_level_bpe_with_real_templates(tmp_path: Path, name: str) -> None:
 
 
 def test_a_request_adding_special_tokens_is_tokenized_whole(tmp_path: Path) -> None:
-    tok = localtokens.load(str(chat_models.write_model(tmp_path / "llama3", "llama3")))
+    tok = local_tokenize.load(str(chat_models.write_model(tmp_path / "llama3", "llama3")))
     assert tok.chat_encoding({"messages": [{"role": "user", "content": "Hi"}], "add_special_tokens": True}, None) is None
 
 
@@ -100,7 +100,7 @@ async def test_the_gateway_keeps_each_conversations_last_prompt() -> None:
     local = InProcessTokenizers({"sim": str(hfmodel.folder(False))}, "", GatewayMetrics())
     await local.load_all()
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
-    tok = localtokens.load(str(hfmodel.folder(False)))
+    tok = local_tokenize.load(str(hfmodel.folder(False)))
     for turn in range(4):
         messages += [{"role": "user", "content": f"step {turn}: " + "read the cache. " * 50}]
         body = {"model": "sim", "messages": messages, "conversation_id": "c-1"}
@@ -115,7 +115,7 @@ async def test_without_an_id_the_last_prompt_with_the_same_opening_is_kept() -> 
     prompt that opened with the same two messages (the ids still equal a full tokenization)."""
     local = InProcessTokenizers({"sim": str(hfmodel.folder(False))}, "", GatewayMetrics())
     await local.load_all()
-    tok = localtokens.load(str(hfmodel.folder(False)))
+    tok = local_tokenize.load(str(hfmodel.folder(False)))
     system = {"role": "system", "content": "Be brief. " * 200}
     keys = set()
     for first in ("plan the change", "fix the test"):
@@ -136,7 +136,7 @@ async def test_without_an_id_the_last_prompt_with_the_same_opening_is_kept() -> 
 def test_a_prompt_known_by_its_ids_is_kept_without_tokenizing(thinking: bool) -> None:
     """A turn not tokenized here (the lease summary started it at once) is kept from the
     engine's ids: the next prompt, tokenized from it, still equals a full tokenization."""
-    tok = localtokens.load(str(hfmodel.folder(thinking)))
+    tok = local_tokenize.load(str(hfmodel.folder(thinking)))
     for body in _sim_conversations():
         bodies = _grown(body)
         for first, second in itertools.pairwise(bodies):

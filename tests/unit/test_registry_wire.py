@@ -1,11 +1,11 @@
-"""The registry's protobuf conversions agree with protobuf's own."""
+"""The services' protobuf timestamps (`ts`) agree with protobuf's own."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from boomerang_registry.wire import ts
+from boomerang_server.rpc.server import ts
 from google.protobuf.timestamp_pb2 import Timestamp
 
 
@@ -27,3 +27,9 @@ def test_timestamps_match_protobufs_from_datetime(value: datetime) -> None:
 
 def test_no_time_is_no_timestamp() -> None:
     assert ts(None) is None
+
+
+def test_epoch_seconds_are_a_timestamp_as_of_that_utc_time() -> None:
+    expected = Timestamp()
+    expected.FromDatetime(datetime.fromtimestamp(1764761645.25, tz=UTC))
+    assert ts(1764761645.25) == expected

@@ -3,7 +3,7 @@
 Each conversation goes through vLLM 0.33.0's `/tokenize` path — `TokenizeChatRequest`
 validation, `OnlineRenderer.preprocess_chat`, the HF renderer, transformers'
 `apply_chat_template` and the tokenizer `AutoTokenizer` loads from the folder — and through
-`boomerang_server.localtokens` with the same files. Templates: Llama 3.1 (tools), Qwen3 (tool
+`boomerang_gateway.local_tokenize` with the same files. Templates: Llama 3.1 (tools), Qwen3 (tool
 calls, reasoning stripped before the last user turn), Mistral (system prompt), Gemma 3
 (content parts), and the simulator's own Qwen-style files.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from boomerang_server import localtokens
+from boomerang_gateway import local_tokenize
 from boomerang_tools.sim import hfmodel
 from vllm.engine.arg_utils import EngineArgs
 from vllm.entrypoints.serve.tokenize.protocol import TokenizeChatRequest, TokenizeCompletionRequest
@@ -49,17 +49,17 @@ def _vllm_chat_ids(online: OnlineRenderer, body: dict[str, Any]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[OnlineRenderer, localtokens.LocalTokenizer]]:
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[OnlineRenderer, local_tokenize.LocalTokenizer]]:
     out = {}
     for name in chat_models.TEMPLATES:
         folder = chat_models.write_model(tmp_path_factory.mktemp(name), name, TINY_LLAMA)
-        out[name] = (_online(folder), localtokens.load(str(folder)))
+        out[name] = (_online(folder), local_tokenize.load(str(folder)))
     for thinking in (False, True):
         folder = tmp_path_factory.mktemp("sim")
         for f in hfmodel.folder(thinking).iterdir():
             shutil.copy(f, folder / f.name)
         chat_models.write_config(folder, {**TINY_LLAMA, "vocab_size": 151936})
-        out[f"sim-{thinking}"] = (_online(folder), localtokens.load(str(folder)))
+        out[f"sim-{thinking}"] = (_online(folder), local_tokenize.load(str(folder)))
     return out
 
 
@@ -92,4 +92,4 @@ def test_completion_prompts_agree(models: dict[str, Any], template: str, add_spe
                                                     skip_mm_cache=True)
         return list(inputs[0]["prompt_token_ids"])  # type: ignore[typeddict-item]
 
-    assert local.completion_ids(prompt, add_special_tokens) == asyncio.run(run())
+    assert local.encode(prompt, add_special_tokens) == asyncio.run(run())

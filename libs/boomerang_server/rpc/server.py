@@ -1,5 +1,6 @@
-"""Running an asyncio gRPC service: health, reflection, telemetry, graceful drain, and the one
-place where domain errors become gRPC statuses.
+"""Running an asyncio gRPC service: its start-up (tracing, migrations, the database engine,
+metrics), health, reflection, telemetry, graceful drain, and the one place where
+domain errors become gRPC statuses.
 
 On SIGTERM or SIGINT every registered service reports NOT_SERVING at once (so load
 balancers stop sending) but keeps serving for `drain_delay_seconds` (calls already on their
@@ -27,18 +28,25 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import grpc
 from boomerang.auth import TlsFiles
 from boomerang.errors import BoomerangError, Code
 from boomerang.grpcutil import GRPC_CODES, grpc_channel_options
+from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from google.protobuf import any_pb2
+from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 from prometheus_client import start_http_server
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from boomerang_server.config import CommonSettings
+from boomerang_server.db import make_engine, upgrade, warm_pool
 
 log = logging.getLogger(__name__)
 ERROR_DOMAIN = "boomerang.dev"
@@ -161,6 +169,24 @@ def write_item_error(item: Any, exc: BaseException) -> None:
     item.error_message = err.message
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def ts(value: datetime | float | None) -> Timestamp | None:
+    """A protobuf Timestamp for a datetime (naive: UTC) or epoch seconds; None for None.
+
+    Built from the difference to the epoch: protobuf's `FromDatetime` costs about 7.5 µs
+    (time zone and calendar work), this about 1.6, and every lease in an answer has four."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        value = datetime.fromtimestamp(value, tz=UTC)
+    if value.tzinfo is None:  # as FromDatetime reads a naive datetime: UTC
+        value = value.replace(tzinfo=UTC)
+    delta = value - _EPOCH
+    return Timestamp(seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000)
+
+
 # -- serving ---------------------------------------------------------------------------
 
 
@@ -197,6 +223,41 @@ class Hosted:
     async def serve(self) -> None:
         """Serve it alone until SIGTERM/SIGINT."""
         await serve(self.options, self.services, self.on_stop, self.on_drain)
+
+
+async def open_database(settings: CommonSettings, name: str, warm: int,
+                        prepare: Callable[[AsyncEngine], None] | None = None) -> AsyncEngine:
+    """The first steps of database-backed service `boomerang-<name>`: tracing, the migrations
+    (unless `migrate_on_start` is off), then its engine, `prepare`d (before any connection
+    opens) and with `warm` connections open."""
+    url = settings.require_database()
+    setup_tracing(f"boomerang-{name}")
+    if settings.migrate_on_start:
+        await asyncio.to_thread(upgrade, url)
+    engine = make_engine(url, settings.db_pool_size, f"boomerang-{name}")
+    if prepare is not None:
+        prepare(engine)
+    instrument_engine(engine)
+    await warm_pool(engine, min(warm, settings.db_pool_size))
+    return engine
+
+
+def host(name: str, settings: CommonSettings, listen: str, service: ServiceSpec,
+         on_stop: Callable[[], Awaitable[None]],
+         on_drain: Callable[[], Awaitable[None]] | None = None,
+         max_message_bytes: int = ServerOptions.max_message_bytes) -> Hosted:
+    """The last steps of database-backed gRPC service `name`: its `/metrics` endpoint, and
+    `service` on `listen`, ready to serve."""
+    serve_metrics(settings.metrics_listen)
+    options = ServerOptions(
+        name=name,
+        listen=listen,
+        grace_seconds=settings.grace_seconds,
+        drain_delay_seconds=settings.drain_delay_seconds,
+        max_message_bytes=max_message_bytes,
+        interceptors=grpc_server_interceptors(),
+    )
+    return Hosted(options, [service], on_stop=on_stop, on_drain=on_drain)
 
 
 async def serve_together(options: ServerOptions, parts: Sequence[Hosted],

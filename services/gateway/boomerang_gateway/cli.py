@@ -11,6 +11,7 @@ from boomerang_server.config import (
     CommonSettings,
     add_settings_flags,
     load_settings,
+    require_database,
     run_async,
     settings_from_args,
 )
@@ -84,11 +85,7 @@ def check_anonymous_listener(settings: GatewaySettings) -> None:
 
 
 def _run_tenants(args: argparse.Namespace) -> int:
-    settings = load_settings(CommonSettings, database_url=args.database_url)
-    try:
-        url = settings.require_database()
-    except ValueError as exc:
-        raise SystemExit(f"boomerang tenants: {exc}") from None
+    url = require_database(load_settings(CommonSettings, database_url=args.database_url), "tenants")
     return int(asyncio.run(_tenants(url, args)))
 
 

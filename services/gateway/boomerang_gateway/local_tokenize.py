@@ -1,11 +1,17 @@
 """In-process tokenization: the model's own tokenizer and chat template, instead of P's `/tokenize`.
 
-Models named in `BOOMERANG_TOKENIZERS` are tokenized here (`boomerang_server.localtokens`, which
-renders as vLLM does); every other model, and every request the renderer does not mirror
-exactly, still goes to the prefill engine's `/tokenize`, which stays the truth. Each turn
-tokenized here is checked against the prompt ids the decode engine reports for it; one
-disagreement is counted and sends that model back to `/tokenize` for the life of the
-process, since a tokenizer that disagrees once would plan wrong chains again.
+Models named in `BOOMERANG_TOKENIZERS` are tokenized here (rendered as vLLM does, `chatrender`);
+every other model, and every request the renderer does not mirror exactly, still goes to the
+prefill engine's `/tokenize`, which stays the truth. Each turn tokenized here is checked
+against the prompt ids the decode engine reports for it; one disagreement is counted and sends
+that model back to `/tokenize` for the life of the process, since a tokenizer that disagrees
+once would plan wrong chains again.
+
+The files are the ones vLLM loads: `tokenizer.json` (the `tokenizers` library's format),
+`tokenizer_config.json` (its `chat_template` and named special tokens), and, where present,
+`chat_template.jinja` and `additional_chat_templates/*.jinja` (transformers' newer layout,
+which takes precedence). They come from a folder, or from a Hugging Face hub cache
+(`models--ORG--NAME/snapshots/REV/`, the revision `refs/main` names); nothing is fetched.
 
 A conversation resends its whole history every turn. Its last prompt's encoding is kept (the
 most recent conversations', up to `KEEP_TOKENS` tokens in all), and the next prompt is
@@ -20,15 +26,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import re
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import xxhash
-from boomerang_server.chatrender import Unsupported
-from boomerang_server.localtokens import Encoded, LocalTokenizer, TokenizerFilesError, load
+from tokenizers import Tokenizer
 
+from boomerang_gateway import chatrender
+from boomerang_gateway.chatrender import Unsupported
 from boomerang_gateway.metrics import GatewayMetrics
 from boomerang_gateway.protocol import ClientRequest, Kind
 
@@ -39,6 +51,205 @@ THREAD_ABOVE_CHARS = 32_000
 # Tokens of the conversations' last prompts kept for incremental tokenization (4 bytes each,
 # plus their text): the least recently used conversation goes first.
 KEEP_TOKENS = 4_000_000
+
+
+# transformers' `SPECIAL_TOKENS_ATTRIBUTES`: the named special tokens a template sees.
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A text's token ids and the places they may be cut: the (character offset, token index)
+    of each plain added token (a special token such as `<|im_start|>`). The tokenizer splits a
+    text on its added tokens before anything else and tokenizes each piece alone, so the ids
+    before such a cut do not depend on anything after it."""
+
+    text: str
+    ids: array[int]
+    cuts: tuple[tuple[int, int], ...]
+
+
+class TokenizerFilesError(Exception):
+    """The tokenizer files cannot be found or read; the message says where and why."""
+
+
+def default_hf_cache() -> Path:
+    """The hub cache huggingface_hub uses: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def resolve(location: str, hf_cache: Path | None = None) -> Path:
+    """The folder holding `tokenizer.json`: `location` itself, or a repo id in the hub cache."""
+    path = Path(location).expanduser()
+    if path.is_dir():
+        if not (path / "tokenizer.json").is_file():
+            raise TokenizerFilesError(f"{path} has no tokenizer.json")
+        return path
+    if location.count("/") != 1 or location.startswith(("/", ".", "~")):
+        raise TokenizerFilesError(f"{location!r} is neither a folder nor a Hugging Face repo id (ORG/NAME)")
+    cache = hf_cache or default_hf_cache()
+    repo = cache / ("models--" + location.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        raise TokenizerFilesError(f"{location} is not in the Hugging Face cache {cache} (no {snapshots}); "
+                                  f"download it there first, e.g. `hf download {location}`")
+    ref = repo / "refs" / "main"
+    candidates = [snapshots / ref.read_text().strip()] if ref.is_file() else sorted(
+        snapshots.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+    for folder in candidates:
+        if (folder / "tokenizer.json").is_file():
+            return folder
+    raise TokenizerFilesError(f"no snapshot of {location} in {snapshots} has a tokenizer.json")
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken object."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _templates(folder: Path, config: dict[str, Any]) -> dict[str, str]:
+    """The chat templates by name ("default" for the only or default one)."""
+    found: dict[str, str] = {}
+    raw = config.get("chat_template")
+    if isinstance(raw, str):
+        found["default"] = raw
+    elif isinstance(raw, list):
+        found.update({t["name"]: t["template"] for t in raw if isinstance(t, dict) and "name" in t})
+    jinja = folder / "chat_template.jinja"
+    extra = folder / "additional_chat_templates"
+    if jinja.is_file() or extra.is_dir():
+        found = {}  # transformers reads the files instead of the config's templates
+        if jinja.is_file():
+            found["default"] = jinja.read_text(encoding="utf-8")
+        if extra.is_dir():
+            found.update({p.stem: p.read_text(encoding="utf-8") for p in sorted(extra.glob("*.jinja"))})
+    return found
+
+
+@dataclass
+class LocalTokenizer:
+    """One model's tokenizer and chat templates."""
+
+    folder: Path
+    tokenizer: Tokenizer
+    templates: dict[str, str]
+    special_tokens: dict[str, str] = field(default_factory=dict)
+
+    def render(self, body: dict[str, Any]) -> str:
+        """The prompt text vLLM renders for a chat request body, with the template transformers'
+        `get_chat_template` picks: `tool_use` when tools are given and it exists."""
+        if body.get("tools") is not None and "tool_use" in self.templates:
+            source = self.templates["tool_use"]
+        elif "default" in self.templates:
+            source = self.templates["default"]
+        else:
+            raise Unsupported(f"{self.folder} has no chat template")
+        return chatrender.render(source, body, self.special_tokens)
+
+    def chat_ids(self, body: dict[str, Any]) -> list[int]:
+        """The prompt ids vLLM computes for a chat request body."""
+        text = self.render(body)
+        return self.encode(text, bool(body.get("add_special_tokens", False)))
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of `text` (special tokens in it are matched, as transformers does)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def chat_encoding(self, body: dict[str, Any], previous: Encoded | None) -> Encoded | None:
+        """A chat request's prompt, tokenized from where it leaves `previous` (the conversation's
+        last prompt): the same ids as `chat_ids`. None when the request adds special tokens
+        around the text (its ids come from `chat_ids`)."""
+        if body.get("add_special_tokens", False):
+            return None
+        return self.encode_after(self.render(body), previous)
+
+    def encode_after(self, text: str, previous: Encoded | None) -> Encoded:
+        """`text` tokenized without added special tokens, re-using `previous`'s ids up to the
+        last cut the two texts share: only what follows it is tokenized again."""
+        start, kept = 0, 0
+        cuts: tuple[tuple[int, int], ...] = ()
+        if previous is not None:
+            # Cuts are in text order and a shared prefix up to one means up to every earlier
+            # one: the last shared cut, by bisection.
+            lo, hi = 0, len(previous.cuts)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                char = previous.cuts[mid][0]
+                if text[:char] == previous.text[:char]:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo:
+                start, kept = previous.cuts[lo - 1]
+                cuts = previous.cuts[: lo - 1]
+        encoding = self.tokenizer.encode(text[start:], add_special_tokens=False)
+        ids = previous.ids[:kept] if previous is not None and kept else array("I")
+        ids.extend(encoding.ids)
+        plain = self.plain_added
+        more = tuple((start + encoding.offsets[n][0], kept + n) for n, i in enumerate(encoding.ids) if i in plain)
+        return Encoded(text, ids, cuts + more)
+
+    def chat_encoding_of(self, body: dict[str, Any], ids: Sequence[int]) -> Encoded | None:
+        """The `Encoded` of a chat request whose ids are known (the engine's own, for a turn
+        not tokenized here), without tokenizing: its cuts are where the added tokens the ids
+        hold stand in the rendered text. None when the two do not line up (or the request
+        adds special tokens), and nothing is kept."""
+        if body.get("add_special_tokens", False):
+            return None
+        text = self.render(body)
+        added = self.added_ids
+        found = [(n, i) for n, i in enumerate(ids) if i in added]
+        matches = list(self.added_pattern.finditer(text)) if self.added_pattern is not None else []
+        if len(found) != len(matches) or any(added[i] != m.group() for (_, i), m in zip(found, matches, strict=True)):
+            return None
+        plain = self.plain_added
+        cuts = tuple((m.start(), n) for (n, i), m in zip(found, matches, strict=True) if i in plain)
+        return Encoded(text, array("I", ids), cuts)
+
+    @cached_property
+    def added_ids(self) -> dict[int, str]:
+        """Every added token's id and text."""
+        return {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+
+    @cached_property
+    def added_pattern(self) -> re.Pattern[str] | None:
+        """Matches the added tokens in a text, longest first (as the tokenizer extracts them)."""
+        contents = sorted(set(self.added_ids.values()), key=len, reverse=True)
+        return re.compile("|".join(re.escape(c) for c in contents)) if contents else None
+
+    @cached_property
+    def plain_added(self) -> frozenset[int]:
+        """Ids of the added tokens that cut a text cleanly: matched as they are, taking no
+        whitespace or word boundary from their neighbours."""
+        return frozenset(
+            i for i, t in self.tokenizer.get_added_tokens_decoder().items()
+            if not (t.lstrip or t.rstrip or t.single_word or t.normalized)
+        )
+
+
+def load(location: str, hf_cache: Path | None = None) -> LocalTokenizer:
+    """Load a model's tokenizer files; TokenizerFilesError names what is missing or broken."""
+    folder = resolve(location, hf_cache)
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as exc:  # noqa: BLE001 - the Rust library raises plain Exceptions
+        raise TokenizerFilesError(f"{folder / 'tokenizer.json'} cannot be read: {exc}") from None
+    config_path = folder / "tokenizer_config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise TokenizerFilesError(f"{config_path} cannot be read: {exc}") from None
+    if not isinstance(config, dict):
+        raise TokenizerFilesError(f"{config_path} is not a JSON object")
+    special = {name: text for name in SPECIAL_TOKEN_NAMES if (text := _token_text(config.get(name))) is not None}
+    return LocalTokenizer(folder, tokenizer, _templates(folder, config), special)
 
 
 class InProcessTokenizers:
@@ -96,8 +307,10 @@ class InProcessTokenizers:
         try:
             if key is not None:
                 # With the history kept, only the new messages are tokenized: no thread needed.
-                run = asyncio.to_thread if size > THREAD_ABOVE_CHARS and previous is None else _inline
-                encoded = await run(tok.chat_encoding, req.body, previous)
+                if size > THREAD_ABOVE_CHARS and previous is None:
+                    encoded = await asyncio.to_thread(tok.chat_encoding, req.body, previous)
+                else:
+                    encoded = tok.chat_encoding(req.body, previous)
                 assert encoded is not None
                 self._keep(key, encoded)
                 ids = list(encoded.ids)
@@ -162,15 +375,10 @@ def history_key(req: ClientRequest) -> tuple[str, str] | None:
     return req.model, "opening\x00" + xxhash.xxh3_128_hexdigest(opening.encode())
 
 
-async def _inline(fn: Callable[[dict[str, Any], Encoded | None], Encoded | None], body: dict[str, Any],
-                  previous: Encoded | None) -> Encoded | None:
-    return fn(body, previous)
-
-
 def _ids(tok: LocalTokenizer, req: ClientRequest) -> list[int]:
     """The prompt ids of a chat request, or of a completions text prompt."""
     if req.kind is Kind.CHAT:
         return tok.chat_ids(req.body)
     prompt = req.body["prompt"]
     prompt = prompt[0] if isinstance(prompt, list) else prompt
-    return tok.completion_ids(prompt, bool(req.body.get("add_special_tokens", True)))
+    return tok.encode(prompt, bool(req.body.get("add_special_tokens", True)))

@@ -4,44 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang_server.config import EnginePoolSettings, Flag, check_listen
-from boomerang_server.enginepool import static_specs
+from boomerang_server.config import EnginePoolSettings, Flag, Listen, check_listen
+from boomerang_server.enginepool import StaticEngines
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
-
-
-def _split_tokenizers(value: Any) -> dict[str, str]:
-    """`MODEL=LOCATION` entries (or `MODEL`, a Hugging Face repo id) from a mapping or a comma-separated string."""
-    if isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
-    out: dict[str, str] = {}
-    for item in str(value or "").split(","):
-        if not item.strip():
-            continue
-        model, _, location = item.partition("=")
-        model, location = model.strip(), (location.strip() or model.strip())
-        if not model:
-            raise ValueError(f"{item!r} must be MODEL=LOCATION or a Hugging Face repo id")
-        out[model] = location
-    return out
 
 
 class GatewaySettings(EnginePoolSettings):
     """Settings of the OpenAI-compatible gateway (`boomerang gateway`)."""
 
-    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+    listen: Listen = Field(
         default="127.0.0.1:8000", description="HTTP listen address (port 0: a free one)."
     )
     db_pool_size: int = Field(default=2, ge=1, le=200, description="Connections per process.")
     router_address: Annotated[str, Flag("--router", "HOST:PORT")] = Field(
         default="127.0.0.1:50052", description="HOST:PORT of the router; empty: no router."
     )
-    prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "[NAME=]URL")] = Field(
+    prefill_engines: Annotated[StaticEngines, Flag("--prefill", "[NAME=]URL")] = Field(
         default_factory=list,
         description="Static prefill engines, `URL` or `NAME=URL` (the variable: comma-separated; the flag: "
         "repeated); none: engines come from the registry.",
     )
-    decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "[NAME=]URL")] = Field(
+    decode_engines: Annotated[StaticEngines, Flag("--decode", "[NAME=]URL")] = Field(
         default_factory=list,
         description="Static decode engines, `URL` or `NAME=URL` (the variable: comma-separated; the flag: repeated).",
     )
@@ -137,11 +121,6 @@ class GatewaySettings(EnginePoolSettings):
         "gateway reached it at (as vLLM's proxy does) before forwarding them to the decode engine.",
     )
 
-    @field_validator("listen")
-    @classmethod
-    def _gateway_listen(cls, value: str) -> str:
-        return check_listen(value)
-
     @field_validator("router_address")
     @classmethod
     def _optional_address(cls, value: str) -> str:
@@ -150,9 +129,17 @@ class GatewaySettings(EnginePoolSettings):
     @field_validator("tokenizers", mode="before")
     @classmethod
     def _tokenizers(cls, value: Any) -> dict[str, str]:
-        return _split_tokenizers(value)
-
-    @field_validator("prefill_engines", "decode_engines", mode="before")
-    @classmethod
-    def _urls(cls, value: Any) -> list[str]:
-        return static_specs(value)
+        """`MODEL=LOCATION` entries (or `MODEL`, a Hugging Face repo id) from a mapping or a
+        comma-separated string."""
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        out: dict[str, str] = {}
+        for item in str(value or "").split(","):
+            if not item.strip():
+                continue
+            model, _, location = item.partition("=")
+            model, location = model.strip(), (location.strip() or model.strip())
+            if not model:
+                raise ValueError(f"{item!r} must be MODEL=LOCATION or a Hugging Face repo id")
+            out[model] = location
+        return out

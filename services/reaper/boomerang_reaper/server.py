@@ -8,18 +8,10 @@ import os
 import socket
 import uuid
 
-from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
 from boomerang_server.config import TelemetrySettings, load_settings
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db import make_engine, upgrade, warm_pool
-from boomerang_server.rpc.server import (
-    ServerOptions,
-    ServiceSpec,
-    refresh_forever,
-    serve,
-    serve_metrics,
-)
+from boomerang_server.rpc.server import ServiceSpec, host, open_database, refresh_forever
 
 from boomerang_reaper import metrics
 from boomerang_reaper.leader import ClockOffset, LeaderElection, ReaperRepository
@@ -49,13 +41,7 @@ async def refresh_gauges(registry: ReaperRegistryClient, election: LeaderElectio
 
 async def run(settings: ReaperSettings) -> None:
     """Migrate, elect, reap while leading, serve until SIGTERM; release leadership on exit."""
-    url = settings.require_database()
-    setup_tracing("boomerang-reaper")
-    if settings.migrate_on_start:
-        await asyncio.to_thread(upgrade, url)
-    engine = make_engine(url, settings.db_pool_size, "boomerang-reaper")
-    instrument_engine(engine)
-    await warm_pool(engine, min(2, settings.db_pool_size))
+    engine = await open_database(settings, "reaper", warm=2)
     replica_id = settings.replica_id or default_replica_id()
     repo = ReaperRepository(engine)
     registry = ReaperRegistryClient(settings.registry_address, timeout=settings.registry_timeout_seconds)
@@ -73,7 +59,6 @@ async def run(settings: ReaperSettings) -> None:
         asyncio.create_task(election.run(), name="leader-election"),
         asyncio.create_task(reaper.run(), name="reaper"),
     ]
-    serve_metrics(settings.metrics_listen)
     tasks.append(asyncio.create_task(refresh_forever(lambda: refresh_gauges(registry, election), 5.0), name="metrics"))
     log.info("reaper replica %s, election %r, registry %s", replica_id, settings.election, settings.registry_address)
 
@@ -85,12 +70,7 @@ async def run(settings: ReaperSettings) -> None:
         await registry.close()
         await engine.dispose()
 
-    servicer = TTLReaperServicer(settings, repo, registry, election, reaper, CredentialStore.for_listener(engine, "reaper", settings.listen, settings))
-    options = ServerOptions(
-        name="reaper",
-        listen=settings.listen,
-        grace_seconds=settings.grace_seconds,
-        drain_delay_seconds=settings.drain_delay_seconds,
-        interceptors=grpc_server_interceptors(),
-    )
-    await serve(options, [ServiceSpec(SERVICE_NAME, pbgrpc.add_TTLReaperServiceServicer_to_server, servicer)], on_stop=stop)
+    credentials = CredentialStore.for_listener(engine, "reaper", settings.listen, settings)
+    servicer = TTLReaperServicer(settings, repo, registry, election, reaper, credentials)
+    service = ServiceSpec(SERVICE_NAME, pbgrpc.add_TTLReaperServiceServicer_to_server, servicer)
+    await host("reaper", settings, settings.listen, service, stop).serve()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -12,9 +11,8 @@ from boomerang.errors import BoomerangError, Code, Violations, failed_preconditi
 from boomerang.v1 import reaper_service_pb2 as pb
 from boomerang.v1 import reaper_service_pb2_grpc as pbgrpc
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.rpc.server import rpc
+from boomerang_server.rpc.server import rpc, ts
 from boomerang_server.validation import check_id
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from boomerang_reaper.advice import advice_to_proto, advise, make_query, read_history
 from boomerang_reaper.leader import LeaderElection, ReaperRepository
@@ -24,17 +22,6 @@ from boomerang_reaper.settings import ReaperSettings
 from boomerang_reaper.worker import NotLeader, Reaper
 
 log = logging.getLogger(__name__)
-
-
-def ts(value: datetime | float | None) -> Timestamp | None:
-    """A Timestamp from an aware datetime or epoch seconds."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        value = datetime.fromtimestamp(value, tz=UTC)
-    out = Timestamp()
-    out.FromDatetime(value)
-    return out
 
 
 def lag_message(summary: LagSummary) -> pb.LagSummary:

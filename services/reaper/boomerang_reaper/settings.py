@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from boomerang_server.config import Flag, RegistryClientSettings, check_listen
+from boomerang_server.config import Listen, RegistryClientSettings, check_listen
 from boomerang_server.retention import Policy
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
@@ -13,7 +13,7 @@ from pydantic_settings import NoDecode
 class ReaperSettings(RegistryClientSettings):
     """Settings of the TTL-reaper service (`boomerang reaper`)."""
 
-    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+    listen: Listen = Field(
         default="127.0.0.1:50053", description="gRPC listen address (port 0: a free one)."
     )
     db_pool_size: int = Field(default=4, ge=2, le=200, description="Connections per process.")
@@ -101,7 +101,7 @@ class ReaperSettings(RegistryClientSettings):
         default=5.0, gt=0, le=120, description="Deadline of each call to the registry."
     )
 
-    @field_validator("listen", "registry_address")
+    @field_validator("registry_address")
     @classmethod
     def _address(cls, value: str) -> str:
         return check_listen(value)

@@ -6,16 +6,14 @@ import asyncio
 import logging
 from typing import Any
 
-from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import registry_service_pb2_grpc as rgrpc
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db import make_engine, upgrade, warm_pool
 from boomerang_server.rpc.server import (
     Hosted,
-    ServerOptions,
     ServiceSpec,
+    host,
+    open_database,
     refresh_forever,
-    serve_metrics,
 )
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -54,14 +52,7 @@ async def run(settings: RegistrySettings) -> None:
 
 async def start(settings: RegistrySettings) -> Hosted:
     """Migrate, warm the pool, start the background work; the servicer ready to serve."""
-    url = settings.require_database()
-    setup_tracing("boomerang-registry")
-    if settings.migrate_on_start:
-        await asyncio.to_thread(upgrade, url)
-    engine = make_engine(url, settings.db_pool_size, "boomerang-registry")
-    no_jit(engine)
-    instrument_engine(engine)
-    await warm_pool(engine, min(4, settings.db_pool_size))
+    engine = await open_database(settings, "registry", warm=4, prepare=no_jit)
     async with engine.begin() as conn:
         await conn.execute(text("SELECT boomerang_ensure_event_partitions(1, 7)"))
     # A registry started on a database that failed over fences before it serves (and before
@@ -69,14 +60,13 @@ async def start(settings: RegistrySettings) -> Hosted:
     # by the statements themselves (statements.EpochFence).
     await EpochFence(engine, "registry").run()
     # Every tenant-scoped statement runs on this pool, as the row-level-security role.
-    raw = await TenantPool.open(url, settings.db_pool_size, settings.db_tenant_role, warm=WARM_UP)
+    raw = await TenantPool.open(settings.database_url, settings.db_pool_size,
+                                settings.db_tenant_role, warm=WARM_UP)
     repo = RegistryRepository(engine, raw, settings.ttl_margin_seconds)
     batcher = RegistrationBatcher(
         repo.turns, settings.group_commit_max_batch, workers=max(1, settings.db_pool_size // 4)
     )
     batcher.start()
-    servicer = BlockRegistryServicer(repo, settings, batcher, CredentialStore.for_listener(engine, "registry", settings.listen, settings))
-    serve_metrics(settings.metrics_listen)
     gauges = asyncio.create_task(refresh_forever(lambda: refresh_gauges(engine, repo.retained.get), 5.0))
 
     async def stop() -> None:
@@ -85,13 +75,8 @@ async def start(settings: RegistrySettings) -> Hosted:
         await raw.close()
         await engine.dispose()
 
-    options = ServerOptions(
-        name="registry",
-        listen=settings.listen,
-        grace_seconds=settings.grace_seconds,
-        drain_delay_seconds=settings.drain_delay_seconds,
-        max_message_bytes=settings.max_message_bytes,
-        interceptors=grpc_server_interceptors(),
-    )
-    return Hosted(options, [ServiceSpec(SERVICE_NAME, rgrpc.add_BlockRegistryServiceServicer_to_server, servicer)],
-                  on_stop=stop, on_drain=servicer.close_watches)
+    credentials = CredentialStore.for_listener(engine, "registry", settings.listen, settings)
+    servicer = BlockRegistryServicer(repo, settings, batcher, credentials)
+    service = ServiceSpec(SERVICE_NAME, rgrpc.add_BlockRegistryServiceServicer_to_server, servicer)
+    return host("registry", settings, settings.listen, service, stop, servicer.close_watches,
+                settings.max_message_bytes)

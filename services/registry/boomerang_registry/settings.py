@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from boomerang_server.config import CommonSettings, Flag, check_listen
-from pydantic import Field, field_validator
+from boomerang_server.config import CommonSettings, Listen
+from pydantic import Field
 
 
 class RegistrySettings(CommonSettings):
     """Settings of the block-registry service."""
 
-    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+    listen: Listen = Field(
         default="127.0.0.1:50051", description="gRPC listen address (port 0: a free one)."
     )
     ttl_margin_seconds: float = Field(
@@ -41,8 +39,3 @@ class RegistrySettings(CommonSettings):
         le=3600,
         description="Seconds between the fresh snapshots of WatchLeaseKeys, which drop ended leases' keys.",
     )
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, value: str) -> str:
-        return check_listen(value)

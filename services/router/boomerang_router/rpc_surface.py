@@ -21,9 +21,8 @@ from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang.v1 import types_pb2 as tpb
 from boomerang_server.credentials import CredentialStore
 from boomerang_server.enginepool import Role, Source
-from boomerang_server.rpc.server import rpc, write_item_error
+from boomerang_server.rpc.server import rpc, ts, write_item_error
 from boomerang_server.validation import MAX_TEXT, check_conversation, check_id, check_text
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from boomerang_router import listing
 from boomerang_router.domain import (
@@ -155,15 +154,6 @@ SOURCE = {Source.REGISTRY: rtpb.ENGINE_SOURCE_REGISTRY, Source.STATIC: rtpb.ENGI
 def lease_state(name: str) -> tpb.LeaseState:
     """LEASE_STATE_CONSUMED for `CONSUMED`; unspecified for ""."""
     return tpb.LeaseState.Value(f"LEASE_STATE_{name}") if name else tpb.LEASE_STATE_UNSPECIFIED
-
-
-def ts(value: datetime | None) -> Timestamp | None:
-    """A protobuf Timestamp for an aware datetime."""
-    if value is None:
-        return None
-    out = Timestamp()
-    out.FromDatetime(value)
-    return out
 
 
 def params_proto(p: KvParams) -> tpb.KvTransferParams:

@@ -11,13 +11,11 @@ from pathlib import Path
 
 import grpc
 from boomerang.clients.registry import RegistryClient
-from boomerang.telemetry import grpc_server_interceptors, instrument_engine, setup_tracing
 from boomerang.v1 import router_service_pb2_grpc as rtgrpc
 from boomerang_server.config import normalize_database_url
 from boomerang_server.credentials import CredentialStore
-from boomerang_server.db import make_engine, upgrade, warm_pool
 from boomerang_server.enginepool import RegistryRefresher, Role, parse_static
-from boomerang_server.rpc.server import Hosted, ServerOptions, ServiceSpec, serve_metrics
+from boomerang_server.rpc.server import Hosted, ServiceSpec, host, open_database
 from sqlalchemy.engine import make_url
 
 from boomerang_router.claims import ReuseClaimer
@@ -122,13 +120,7 @@ async def start(settings: RouterSettings, registry: RegistryClient | None = None
 
     `registry`: the registry in this process (`boomerang control-plane`); else a client of
     `registry_address`."""
-    url = settings.require_database()
-    setup_tracing("boomerang-router")
-    if settings.migrate_on_start:
-        await asyncio.to_thread(upgrade, url)
-    engine = make_engine(url, settings.db_pool_size, "boomerang-router")
-    instrument_engine(engine)
-    await warm_pool(engine, min(2, settings.db_pool_size))
+    engine = await open_database(settings, "router", warm=2)
     repo = TurnPlanRepository(engine)
     await repo.ensure_partitions()
     audit = AuditWriter(
@@ -152,7 +144,6 @@ async def start(settings: RouterSettings, registry: RegistryClient | None = None
         health = every("engine-health", settings.health_check_seconds, prober.probe_all)
         loops.append(asyncio.create_task(health))
     router = build_router(settings, registry, pool, audit, repo)
-    serve_metrics(settings.metrics_listen)
 
     async def stop() -> None:
         for loop in loops:
@@ -164,13 +155,8 @@ async def start(settings: RouterSettings, registry: RegistryClient | None = None
         await registry.close()
         await engine.dispose()
 
-    options = ServerOptions(
-        name="router",
-        listen=settings.listen,
-        grace_seconds=settings.grace_seconds,
-        drain_delay_seconds=settings.drain_delay_seconds,
-        max_message_bytes=settings.max_message_bytes,
-        interceptors=grpc_server_interceptors(),
-    )
-    servicer = RouterServicer(router, CredentialStore.for_listener(engine, "router", settings.listen, settings))
-    return Hosted(options, [ServiceSpec(SERVICE_NAME, rtgrpc.add_RouterServiceServicer_to_server, servicer)], on_stop=stop)
+    credentials = CredentialStore.for_listener(engine, "router", settings.listen, settings)
+    service = ServiceSpec(SERVICE_NAME, rtgrpc.add_RouterServiceServicer_to_server,
+                          RouterServicer(router, credentials))
+    return host("router", settings, settings.listen, service, stop,
+                max_message_bytes=settings.max_message_bytes)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from boomerang_server.config import EnginePoolSettings, Flag, check_listen
-from boomerang_server.enginepool import static_specs
+from boomerang_server.config import EnginePoolSettings, Flag, Listen, check_listen
+from boomerang_server.enginepool import StaticEngines
 from pydantic import Field, field_validator
-from pydantic_settings import NoDecode
 
 
 class RouterSettings(EnginePoolSettings):
     """Settings of the router service (`boomerang router`)."""
 
-    listen: Annotated[str, Flag("--listen", "HOST:PORT")] = Field(
+    listen: Listen = Field(
         default="127.0.0.1:50052", description="gRPC listen address (port 0: a free one)."
     )
     claim_deadline_ms: float = Field(
@@ -130,11 +129,11 @@ class RouterSettings(EnginePoolSettings):
         "it there: the gateway) may raise that engine's p99 inter-token latency by at most this "
         "share; 0: never prefill on the decode engine.",
     )
-    prefill_engines: Annotated[list[str], NoDecode, Flag("--prefill", "[NAME=]URL")] = Field(
+    prefill_engines: Annotated[StaticEngines, Flag("--prefill", "[NAME=]URL")] = Field(
         default_factory=list, description="Static prefill engines, `URL` or `NAME=URL` (the variable: "
         "comma-separated; the flag: repeated); none: engines come from the registry."
     )
-    decode_engines: Annotated[list[str], NoDecode, Flag("--decode", "[NAME=]URL")] = Field(
+    decode_engines: Annotated[StaticEngines, Flag("--decode", "[NAME=]URL")] = Field(
         default_factory=list, description="Static decode engines, `URL` or `NAME=URL` (the variable: "
         "comma-separated; the flag: repeated); none: engines come from the registry."
     )
@@ -206,12 +205,7 @@ class RouterSettings(EnginePoolSettings):
         default=16 * 1024 * 1024, ge=1024, description="Largest gRPC message accepted."
     )
 
-    @field_validator("listen", "registry_address")
+    @field_validator("registry_address")
     @classmethod
-    def _listen(cls, value: str) -> str:
+    def _address(cls, value: str) -> str:
         return check_listen(value)
-
-    @field_validator("prefill_engines", "decode_engines", mode="before")
-    @classmethod
-    def _engines(cls, value: Any) -> list[str]:
-        return static_specs(value)
