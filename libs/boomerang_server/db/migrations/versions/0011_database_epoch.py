@@ -10,16 +10,16 @@ Every claim and registration statement compares it with the server's (statements
 a one-time filter: a few microseconds) and, when they differ, calls
 `boomerang_epoch_changed()`, which raises SQLSTATE BX001: a promotion starts a new timeline,
 and a restore into another cluster has a new system identifier. The registry then fences
-(fence.py): every live lease becomes INVALIDATED (`TIMELINE_CHANGED` or `SYSTEM_CHANGED`),
-the retained ones are marked for release, and the row takes the server's values and
-`fenced_at`.
+(`EpochFence` in `boomerang_registry/statements.py`): every live lease becomes INVALIDATED
+(`TIMELINE_CHANGED` or `SYSTEM_CHANGED`), the retained ones are marked for release, and the
+row takes the server's values and `fenced_at`.
 
 The server's timeline is the WAL insert timeline in the current WAL file's name (its first
 8 hex digits): right from the moment of promotion, where `pg_control_checkpoint()` still
 names the old timeline until the first checkpoint after it. The system identifier comes
 from `pg_control_system()`, which reads and checksums the control file on every call: the
-hot-path pool reads it once per connection into `boomerang.system_identifier` (rawsql.py),
-and the guard reads the file only on connections that did not.
+hot-path pool reads it once per connection into `boomerang.system_identifier`
+(`claim_store.py`), and the guard reads the file only on connections that did not.
 
 Revision ID: 0011_database_epoch
 Revises: 0010_lease_release
