@@ -237,6 +237,18 @@ async def sizes(conn: asyncpg.Connection) -> dict[str, float]:
 async def rearm_claims(conn: asyncpg.Connection) -> None:
     """Give the benchmark's claimed leases back (CLAIMED → RETAINED) so the next step's plans
     PULL again, then vacuum. A benchmark-only shortcut: in service the prefill node's report
-    settles each claim."""
-    await conn.execute(BENCH_REARM_SQL, "bench-t%")
+    settles each claim.
+
+    The step's last claims may still be being given back (the router's claim keeper, in
+    registry transactions that lock several leases): this one UPDATE locks rows in scan order
+    and can deadlock with one of them. Postgres then aborts one side; when it is this one, it
+    runs again once the other has committed."""
+    for attempt in range(5):
+        try:
+            await conn.execute(BENCH_REARM_SQL, "bench-t%")
+            break
+        except asyncpg.DeadlockDetectedError:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(0.1)
     await conn.execute(BENCH_VACUUM_SQL)
